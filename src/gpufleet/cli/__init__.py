@@ -1,0 +1,1 @@
+"""The ``gpufleet`` command line. May import every other package."""

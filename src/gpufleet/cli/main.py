@@ -1,0 +1,29 @@
+"""Entry point of the ``gpufleet`` command.
+
+Each command group lives in its own module and is registered here with one
+``add_typer`` line, so that groups stay independent of each other.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from gpufleet.cli import policy_cmd
+
+app = typer.Typer(
+    name="gpufleet",
+    help="Run GPU training clusters on Kubernetes: health checks, remediation, Slurm sync, simulation.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(policy_cmd.app, name="policy")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

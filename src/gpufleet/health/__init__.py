@@ -1,0 +1,1 @@
+"""gpufleet.health (see docs/architecture.md)."""

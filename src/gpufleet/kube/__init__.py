@@ -1,0 +1,1 @@
+"""gpufleet.kube (see docs/architecture.md)."""

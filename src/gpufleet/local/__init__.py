@@ -1,0 +1,1 @@
+"""gpufleet.local (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""gpufleet.provision (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""gpufleet.remediate (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""gpufleet.slurm (see docs/architecture.md)."""
