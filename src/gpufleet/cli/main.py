@@ -12,7 +12,10 @@ from gpufleet.cli import policy_cmd
 
 app = typer.Typer(
     name="gpufleet",
-    help="Run GPU training clusters on Kubernetes: health checks, remediation, Slurm sync, simulation.",
+    help=(
+        "Run GPU training clusters on Kubernetes: health checks, remediation, "
+        "Slurm sync, simulation."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -1,0 +1,688 @@
+"""The decision function: (node record, fleet view, event, policy, now) -> decision.
+
+Every handler below proposes a :class:`_Plan` (the record if the change goes
+ahead, the record if it is held, actions, reasons, and which safety rails the
+plan must pass); :func:`_gate` then applies pause, dry-run, the circuit
+breaker, the disruption budget and the rate limit in that order. A held plan
+keeps only its bookkeeping (fault occurrences, a pending fault, a finished
+drain) so that a later ``Tick`` can try again.
+
+Nothing here reads a clock or does I/O; ``now`` is an argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpufleet.domain import events as ev
+from gpufleet.domain import well_known
+from gpufleet.domain.actions import Action, ActionKind
+from gpufleet.domain.faults import FaultEvent
+from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step, severity
+from gpufleet.domain.policy import Policy, Response, Rule, Scope, TaintEffect
+from gpufleet.domain.records import (
+    FleetView,
+    Incident,
+    NodeRecord,
+    Occurrence,
+    Outcome,
+    StepAttempt,
+)
+from gpufleet.domain.safety import (
+    BreakerState,
+    Hold,
+    breaker_observe,
+    breaker_refresh,
+    budget_allows,
+    rate_allows,
+)
+from gpufleet.domain.states import OUT_OF_SERVICE, NodeState, Trigger, transition
+from gpufleet.domain.xids import XID_154_ACTIONS
+
+S = NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do about one event on one node.
+
+    ``record`` is what to store (always; it may only carry bookkeeping when the
+    decision is held). ``actions`` are to be carried out in order, after the
+    record is stored. ``withheld`` lists what a safety rail (``hold``) stopped.
+    """
+
+    record: NodeRecord
+    actions: tuple[Action, ...] = ()
+    reasons: tuple[str, ...] = ()
+    transition: Any = None  # states.Transition | None (Any keeps slots + forward refs simple)
+    withheld: tuple[Action, ...] = ()
+    hold: Hold | None = None
+    breaker: BreakerState | None = None
+    """The circuit breaker after this decision (store it fleet-wide)."""
+
+    @property
+    def changed(self) -> bool:
+        """Whether the node changes state."""
+        return self.transition is not None
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    applied: NodeRecord
+    held: NodeRecord
+    actions: tuple[Action, ...] = ()
+    reasons: tuple[str, ...] = ()
+    transition: Any = None
+    breaker: BreakerState | None = None
+    isolates: bool = False
+    """Takes the node out of production (budget, breaker)."""
+    acts_on_node: bool = False
+    """Runs a remediation step (breaker)."""
+    extra: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class _Ctx:
+    record: NodeRecord
+    fleet: FleetView
+    policy: Policy
+    now: float
+    breaker: BreakerState
+
+
+def decide(
+    record: NodeRecord, fleet: FleetView, event: ev.Event, policy: Policy, now: float
+) -> Decision:
+    """Decide what an event means for a node. Pure: same inputs, same decision."""
+    breaker = breaker_refresh(
+        fleet.breaker, now=now, config=policy.safety.breaker, fleet_size=fleet.size
+    )
+    ctx = _Ctx(_prune(record, policy, now), fleet, policy, now, breaker)
+    handler = _HANDLERS[type(event)]
+    plan = handler(ctx, event)
+    return _gate(ctx, plan)
+
+
+# --------------------------------------------------------------------- gating
+
+
+def _gate(ctx: _Ctx, plan: _Plan) -> Decision:
+    breaker = plan.breaker or ctx.breaker
+    changes = plan.transition is not None or any(
+        a.kind not in (ActionKind.NOTIFY,) for a in plan.actions
+    )
+    hold: Hold | None = None
+    if changes:
+        p = ctx.policy
+        if p.paused:
+            hold = Hold.PAUSED
+        elif p.dry_run:
+            hold = Hold.DRY_RUN
+        elif (plan.isolates or plan.acts_on_node) and breaker.is_open:
+            hold = Hold.BREAKER_OPEN
+        elif plan.isolates and not _budget_ok(ctx):
+            hold = Hold.BUDGET_EXHAUSTED
+        elif any(a.disruptive for a in plan.actions) and not rate_allows(
+            ctx.fleet.recent_actions, now=ctx.now, config=p.safety.rate_limit
+        ):
+            hold = Hold.RATE_LIMITED
+    breaker_out = breaker if breaker != ctx.fleet.breaker else None
+    if hold is None:
+        return Decision(
+            record=plan.applied,
+            actions=plan.actions,
+            reasons=plan.reasons,
+            transition=plan.transition,
+            breaker=breaker_out,
+        )
+    why = _HOLD_TEXT[hold]
+    return Decision(
+        record=plan.held,
+        actions=(),
+        reasons=(*plan.reasons, f"held: {why}"),
+        withheld=plan.actions,
+        hold=hold,
+        breaker=breaker_out,
+    )
+
+
+_HOLD_TEXT = {
+    Hold.PAUSED: "the policy is paused",
+    Hold.DRY_RUN: "dry-run: nothing is changed",
+    Hold.BREAKER_OPEN: "the circuit breaker is open (too many nodes faulted at once)",
+    Hold.BUDGET_EXHAUSTED: "the disruption budget of the pool is used up",
+    Hold.RATE_LIMITED: "the disruptive-action rate limit is reached",
+}
+
+
+def _budget_ok(ctx: _Ctx) -> bool:
+    pool = ctx.fleet.pool(ctx.record.pool)
+    out = pool.out_of_service - (1 if ctx.record.state in OUT_OF_SERVICE else 0)
+    return budget_allows(out_of_service=out, pool_size=pool.size, config=ctx.policy.safety.budget)
+
+
+def _noop(ctx: _Ctx, *reasons: str, record: NodeRecord | None = None) -> _Plan:
+    r = record or ctx.record
+    return _Plan(applied=r, held=r, reasons=reasons)
+
+
+def _move(
+    ctx: _Ctx, record: NodeRecord, target: NodeState, trigger: Trigger, reason: str
+) -> tuple[NodeRecord, Any]:
+    t = transition(record.state, target, trigger=trigger, reason=reason, at=ctx.now)
+    return record.moved(t), t
+
+
+# ---------------------------------------------------------------- bookkeeping
+
+
+def _prune(record: NodeRecord, policy: Policy, now: float) -> NodeRecord:
+    keep = policy_window(policy)
+    occ = tuple(o for o in record.occurrences if now - o.at < keep)
+    inc = tuple(t for t in record.incidents if now - t < policy.lemon.window_seconds)
+    if occ == record.occurrences and inc == record.incidents:
+        return record
+    return replace(record, occurrences=occ, incidents=inc)
+
+
+def policy_window(policy: Policy) -> float:
+    """The longest repeat window of the policy: how long occurrences are kept."""
+    windows = [r.repeat.window_seconds for r in policy.rules if r.repeat is not None]
+    return max(windows, default=0.0)
+
+
+def _remember(record: NodeRecord, fault: FaultEvent) -> NodeRecord:
+    occ = Occurrence(key=fault.key, scope=fault.evidence.scope(), at=fault.at)
+    if occ in record.occurrences:
+        return record
+    return replace(record, occurrences=(*record.occurrences, occ))
+
+
+def respond(rule: Rule, fault: FaultEvent, record: NodeRecord, now: float) -> tuple[Response, str]:
+    """How a rule answers a fault, given the node's recent occurrences.
+
+    ``record`` must already contain this occurrence. Returns the response and
+    a sentence saying why.
+    """
+    response, why = rule.action, f"{fault.key}: rule action {rule.action}"
+    rep = rule.repeat
+    if rep is not None:
+        scope = fault.evidence.scope()
+        count = sum(
+            1
+            for o in record.occurrences
+            if o.key == fault.key
+            and now - o.at < rep.window_seconds
+            and (rep.scope is Scope.NODE or o.scope == scope)
+        )
+        where = "on the node" if rep.scope is Scope.NODE else f"on {scope}"
+        if count >= rep.count:
+            response = rep.then
+            window = f"{rep.window_seconds:g}s"
+            why = f"{fault.key}: {count} occurrences {where} within {window} -> {rep.then}"
+        else:
+            why += f" ({count} of {rep.count} occurrences {where} before {rep.then})"
+    if fault.xid == 154 and fault.evidence.recovery_action:
+        wanted = XID_154_ACTIONS.get(fault.evidence.recovery_action)
+        if (
+            wanted is not None
+            and response.step in NODE_ACTIONS | {None}
+            and (response.step is None or severity(wanted) > severity(response.step))
+        ):
+            response = Response(wanted.value)
+            why += f"; driver asks for {fault.evidence.recovery_action} -> {wanted}"
+    return response, why
+
+
+# ------------------------------------------------------------------- handlers
+
+
+def _on_fault(ctx: _Ctx, event: ev.FaultObserved) -> _Plan:
+    fault = event.fault
+    rule = ctx.policy.rule_for(fault)
+    book = _remember(ctx.record, fault)
+    response, why = respond(rule, fault, book, ctx.now)
+    desc = f"{fault.describe()}: {fault.evidence.summary()}".rstrip(": ")
+    ctx = replace(ctx, record=book)
+    if response is Response.IGNORE:
+        return _noop(ctx, why)
+    if response is Response.LOG or (
+        response is Response.RESTART_JOB and book.state is not S.PRODUCTION
+    ):
+        return _Plan(
+            applied=book,
+            held=book,
+            actions=(Action(ActionKind.NOTIFY, detail=desc),),
+            reasons=(why,),
+        )
+    if response is Response.RESTART_JOB:
+        return _Plan(
+            applied=book,
+            held=book,
+            actions=(Action(ActionKind.RESTART_JOB, detail=desc),),
+            reasons=(why,),
+        )
+    step = response.step
+    assert step is not None
+    state = book.state
+    if state is S.PRODUCTION:
+        return _isolate(ctx, fault, rule, step, why, desc)
+    if state is S.BURN_IN:
+        rec, t = _move(ctx, book, S.TRIAGE, Trigger.BURN_IN_FAILED, f"failed burn-in: {desc}")
+        return _Plan(
+            applied=rec,
+            held=book,
+            actions=(Action(ActionKind.NOTIFY, detail=f"burn-in failed: {desc}"),),
+            reasons=(why, "a fault during burn-in sends new hardware to triage"),
+            transition=t,
+        )
+    if state is S.DRAINING and book.incident is not None:
+        return _raise_plan(ctx, book, book.incident, rule, step, why, desc)
+    if state is S.VERIFYING:
+        return _checks_failed(ctx, f"fault during verification: {desc}", why)
+    return _noop(ctx, why, f"recorded only: the node is in {state}")
+
+
+def _isolate(ctx: _Ctx, fault: FaultEvent, rule: Rule, step: Step, why: str, desc: str) -> _Plan:
+    book = ctx.record
+    policy = ctx.policy
+    reasons = [why]
+    plan = step
+    lemon = len(book.incidents) + 1 >= policy.lemon.incidents
+    if (
+        lemon
+        and policy.lemon.then.step is not None
+        and severity(policy.lemon.then.step) > severity(step)
+    ):
+        plan = policy.lemon.then.step
+        reasons.append(
+            f"lemon: {len(book.incidents) + 1} incidents within {policy.lemon.window_days:g} days"
+            f" -> {plan}"
+        )
+    incident = Incident(
+        key=fault.key,
+        description=desc,
+        opened_at=ctx.now,
+        plan=plan,
+        taint=rule.taint,
+        drain_mode=rule.drain or policy.drain.mode,
+        requeue=rule.requeue,
+    )
+    breaker = breaker_observe(
+        ctx.breaker,
+        node=book.name,
+        now=ctx.now,
+        config=policy.safety.breaker,
+        fleet_size=ctx.fleet.size,
+    )
+    applied = replace(book, incident=incident, incidents=(*book.incidents, ctx.now), pending=None)
+    applied, t = _move(ctx, applied, S.DRAINING, Trigger.FAULT, desc)
+    actions = (
+        Action(ActionKind.CORDON, detail=desc),
+        Action(ActionKind.TAINT, detail=well_known.TAINT_UNHEALTHY, taint=rule.taint),
+        Action(
+            ActionKind.DRAIN,
+            detail=desc,
+            drain_mode=incident.drain_mode,
+            requeue=incident.requeue,
+            timeout_seconds=policy.drain.timeout_seconds,
+        ),
+    )
+    return _Plan(
+        applied=applied,
+        held=replace(book, pending=fault),
+        actions=actions,
+        reasons=tuple(reasons),
+        transition=t,
+        breaker=breaker,
+        isolates=True,
+    )
+
+
+def _raise_plan(
+    ctx: _Ctx, book: NodeRecord, incident: Incident, rule: Rule, step: Step, why: str, desc: str
+) -> _Plan:
+    if incident.plan is None or severity(step) <= severity(incident.plan):
+        return _noop(ctx, why, "recorded: the node is already draining")
+    raised = replace(incident, plan=step)
+    actions: tuple[Action, ...] = ()
+    if rule.taint is TaintEffect.NO_EXECUTE and incident.taint is not TaintEffect.NO_EXECUTE:
+        raised = replace(raised, taint=TaintEffect.NO_EXECUTE)
+        actions = (
+            Action(
+                ActionKind.TAINT, detail=well_known.TAINT_UNHEALTHY, taint=TaintEffect.NO_EXECUTE
+            ),
+        )
+    rec = replace(book, incident=raised)
+    return _Plan(
+        applied=rec,
+        held=rec,
+        actions=actions,
+        reasons=(why, f"remediation will start at {step} ({desc})"),
+    )
+
+
+def _on_cleared(ctx: _Ctx, event: ev.FaultCleared) -> _Plan:
+    r = ctx.record
+    if r.pending is not None and r.pending.key == event.key:
+        rec = replace(r, pending=None)
+        return _noop(ctx, f"{event.key} cleared before the node was taken out", record=rec)
+    return _noop(ctx, f"{event.key} cleared (no effect in {r.state})")
+
+
+def _on_drained(ctx: _Ctx, event: ev.DrainCompleted) -> _Plan:
+    r = ctx.record
+    if r.state is not S.DRAINING or r.incident is None:
+        return _noop(ctx, f"drain completion ignored in {r.state}")
+    rec = replace(r, incident=replace(r.incident, drained=True))
+    return _after_drain(replace(ctx, record=rec))
+
+
+def _after_drain(ctx: _Ctx) -> _Plan:
+    r = ctx.record
+    inc = r.incident
+    assert inc is not None
+    if inc.maintenance:
+        rec, t = _move(ctx, r, S.MAINTENANCE, Trigger.DRAIN_COMPLETED, inc.description)
+        return _Plan(applied=rec, held=r, reasons=("drained for maintenance",), transition=t)
+    return _start_rung(ctx, r, inc, "drained")
+
+
+def _next_rung(inc: Incident, policy: Policy) -> Step:
+    if not inc.tried:
+        assert inc.plan is not None
+        return inc.plan
+    last = inc.tried[-1]
+    entry = policy.ladder_entry(last.step)
+    if last.outcome in (Outcome.FAILED, Outcome.TIMED_OUT) and entry is not None:
+        tries = sum(1 for a in inc.tried if a.step == last.step)
+        if tries < entry.attempts:
+            return last.step
+    return policy.next_step(last.step)
+
+
+def _start_rung(ctx: _Ctx, r: NodeRecord, inc: Incident, why: str) -> _Plan:
+    """Start the next rung (or hand off to people) from draining / remediating / verifying."""
+    step = _next_rung(inc, ctx.policy)
+    if step in TERMINAL:
+        target = S.TRIAGE if step is Step.TRIAGE else S.RMA
+        trigger = Trigger.LADDER_EXHAUSTED if inc.tried else Trigger.FAULT
+        text = f"{step}: {inc.description}"
+        rec, t = _move(ctx, r, target, trigger, text)
+        rec = replace(rec, incident=replace(inc, current=None))
+        return _Plan(
+            applied=rec,
+            held=r,
+            actions=(Action(ActionKind.NOTIFY, detail=text),),
+            reasons=(why, f"-> {target}"),
+            transition=t,
+        )
+    entry = ctx.policy.ladder_entry(step)
+    timeout = entry.timeout_seconds if entry is not None else None
+    attempt = 1 + sum(1 for a in inc.tried if a.step == step)
+    started = replace(
+        inc,
+        current=step,
+        tried=(*inc.tried, StepAttempt(step=step, attempt=attempt, started_at=ctx.now)),
+        checks_started_at=None,
+    )
+    rec = replace(r, incident=started)
+    t = None
+    if r.state is not S.REMEDIATING:
+        rec, t = _move(
+            ctx,
+            rec,
+            S.REMEDIATING,
+            Trigger.DRAIN_COMPLETED if r.state is S.DRAINING else Trigger.VERIFICATION_FAILED,
+            f"{step} (attempt {attempt}): {inc.description}",
+        )
+    action = Action(ActionKind.RUN_STEP, step=step, detail=inc.description, timeout_seconds=timeout)
+    held = replace(r, incident=replace(inc, current=None))
+    return _Plan(
+        applied=rec,
+        held=held,
+        actions=(action,),
+        reasons=(why, f"start {step} (attempt {attempt})"),
+        transition=t,
+        acts_on_node=True,
+    )
+
+
+def _on_step(ctx: _Ctx, event: ev.StepCompleted) -> _Plan:
+    r = ctx.record
+    inc = r.incident
+    if r.state is not S.REMEDIATING or inc is None or inc.current != event.step:
+        return _noop(ctx, f"{event.step} result ignored: not the step in progress")
+    outcome = Outcome.SUCCEEDED if event.succeeded else Outcome.FAILED
+    return _finish_step(ctx, r, inc, outcome, event.detail)
+
+
+def _finish_step(ctx: _Ctx, r: NodeRecord, inc: Incident, outcome: Outcome, detail: str) -> _Plan:
+    last = replace(inc.tried[-1], ended_at=ctx.now, outcome=outcome, detail=detail)
+    done = replace(inc, current=None, tried=(*inc.tried[:-1], last))
+    rec = replace(r, incident=done)
+    if outcome is Outcome.SUCCEEDED:
+        return _verify(ctx, rec, done, Trigger.STEP_SUCCEEDED, f"{last.step} done; verifying")
+    return _start_rung(
+        replace(ctx, record=rec), rec, done, f"{last.step} {outcome}: {detail}".rstrip(": ")
+    )
+
+
+def _verify(ctx: _Ctx, r: NodeRecord, inc: Incident, trigger: Trigger, reason: str) -> _Plan:
+    checks = ctx.policy.checks
+    inc = replace(inc, checks_started_at=ctx.now)
+    rec, t = _move(ctx, replace(r, incident=inc), S.VERIFYING, trigger, reason)
+    actions = (
+        Action(ActionKind.TAINT, detail=well_known.TAINT_UNVERIFIED, taint=TaintEffect.NO_SCHEDULE),
+        Action(
+            ActionKind.RUN_CHECKS,
+            profile=checks.verification_profile,
+            timeout_seconds=checks.verification_timeout_seconds,
+        ),
+    )
+    return _Plan(applied=rec, held=r, actions=actions, reasons=(reason,), transition=t)
+
+
+def _on_checks(ctx: _Ctx, event: ev.ChecksCompleted) -> _Plan:
+    r = ctx.record
+    if r.state is S.VERIFYING:
+        if event.passed:
+            return _to_production(ctx, Trigger.VERIFICATION_PASSED, "verification passed")
+        return _checks_failed(ctx, f"verification failed: {event.detail}".rstrip(": "))
+    if r.state is S.BURN_IN:
+        if event.passed:
+            return _to_production(ctx, Trigger.BURN_IN_PASSED, "burn-in passed")
+        text = f"burn-in failed: {event.detail}".rstrip(": ")
+        rec, t = _move(ctx, r, S.TRIAGE, Trigger.BURN_IN_FAILED, text)
+        return _Plan(
+            applied=replace(rec, checks_started_at=None),
+            held=r,
+            actions=(Action(ActionKind.NOTIFY, detail=text),),
+            reasons=(text,),
+            transition=t,
+        )
+    return _noop(ctx, f"check result ignored in {r.state}")
+
+
+def _checks_failed(ctx: _Ctx, text: str, *why: str) -> _Plan:
+    r = ctx.record
+    inc = r.incident or Incident(
+        key="verification", description=text, opened_at=ctx.now, plan=ctx.policy.first_step()
+    )
+    if inc.plan is None:  # after maintenance: start the ladder from its first rung
+        inc = replace(inc, plan=ctx.policy.first_step())
+    inc = replace(inc, checks_started_at=None)
+    plan = _start_rung(
+        replace(ctx, record=replace(r, incident=inc)), replace(r, incident=inc), inc, text
+    )
+    return replace(plan, reasons=(*why, *plan.reasons))
+
+
+def _to_production(ctx: _Ctx, trigger: Trigger, reason: str) -> _Plan:
+    r = ctx.record
+    rec, t = _move(ctx, r, S.PRODUCTION, trigger, reason)
+    rec = replace(rec, incident=None, pending=None, checks_started_at=None)
+    actions = (Action(ActionKind.UNTAINT), Action(ActionKind.UNCORDON))
+    return _Plan(applied=rec, held=r, actions=actions, reasons=(reason,), transition=t)
+
+
+def _on_tick(ctx: _Ctx, event: ev.Tick) -> _Plan:
+    r, now, policy = ctx.record, ctx.now, ctx.policy
+    inc = r.incident
+    if r.state is S.PRODUCTION and r.pending is not None:
+        fault = r.pending
+        rule = policy.rule_for(fault)
+        response, why = respond(rule, fault, r, now)
+        if response.step is not None:
+            desc = f"{fault.describe()}: {fault.evidence.summary()}".rstrip(": ")
+            return _isolate(ctx, fault, rule, response.step, f"retry: {why}", desc)
+        return _noop(
+            ctx, "pending fault no longer requires action", record=replace(r, pending=None)
+        )
+    if r.state is S.DRAINING and inc is not None and inc.drained:
+        return _after_drain(ctx)
+    if r.state is S.REMEDIATING and inc is not None:
+        if inc.current is None:
+            return _start_rung(ctx, r, inc, "retry")
+        entry = policy.ladder_entry(inc.current)
+        started = inc.tried[-1].started_at
+        if entry is not None and now - started >= entry.timeout_seconds:
+            return _finish_step(
+                ctx, r, inc, Outcome.TIMED_OUT, f"no result in {entry.timeout_seconds:g}s"
+            )
+    if r.state is S.VERIFYING and inc is not None and inc.checks_started_at is not None:
+        limit = policy.checks.verification_timeout_seconds
+        if now - inc.checks_started_at >= limit:
+            return _checks_failed(ctx, f"verification timed out after {limit:g}s")
+    if r.state is S.BURN_IN and r.checks_started_at is not None:
+        limit = policy.checks.burn_in_timeout_seconds
+        if now - r.checks_started_at >= limit:
+            return _on_checks(
+                ctx, ev.ChecksCompleted(passed=False, detail=f"timed out after {limit:g}s")
+            )
+    return _noop(ctx)
+
+
+def _on_registered(ctx: _Ctx, event: ev.Registered) -> _Plan:
+    r = ctx.record
+    if r.state is not S.PROVISIONING:
+        return _noop(ctx, f"registration ignored in {r.state}")
+    checks = ctx.policy.checks
+    rec, t = _move(ctx, r, S.BURN_IN, Trigger.REGISTERED, event.detail or "joined the cluster")
+    rec = replace(rec, checks_started_at=ctx.now)
+    actions = (
+        Action(ActionKind.TAINT, detail=well_known.TAINT_UNVERIFIED, taint=TaintEffect.NO_SCHEDULE),
+        Action(
+            ActionKind.RUN_CHECKS,
+            profile=checks.burn_in_profile,
+            timeout_seconds=checks.burn_in_timeout_seconds,
+        ),
+    )
+    return _Plan(applied=rec, held=r, actions=actions, reasons=("start burn-in",), transition=t)
+
+
+def _simple(
+    source: frozenset[NodeState],
+    target: NodeState,
+    trigger: Trigger,
+    actions: Callable[[_Ctx], tuple[Action, ...]] = lambda c: (),
+) -> Callable[[_Ctx, Any], _Plan]:
+    def handler(ctx: _Ctx, event: Any) -> _Plan:
+        r = ctx.record
+        text = getattr(event, "reason", "") or getattr(event, "detail", "") or str(trigger)
+        if r.state not in source:
+            return _noop(ctx, f"{trigger} ignored in {r.state}")
+        rec, t = _move(ctx, r, target, trigger, text)
+        return _Plan(applied=rec, held=r, actions=actions(ctx), reasons=(text,), transition=t)
+
+    return handler
+
+
+def _on_maintenance(ctx: _Ctx, event: ev.MaintenanceRequested) -> _Plan:
+    r = ctx.record
+    if r.state is S.PRODUCTION:
+        inc = Incident(key="maintenance", description=event.reason, opened_at=ctx.now, plan=None)
+        rec, t = _move(
+            ctx, replace(r, incident=inc), S.DRAINING, Trigger.MAINTENANCE_REQUESTED, event.reason
+        )
+        actions = (
+            Action(ActionKind.CORDON, detail=event.reason),
+            Action(
+                ActionKind.DRAIN,
+                detail=event.reason,
+                drain_mode=ctx.policy.drain.mode,
+                timeout_seconds=ctx.policy.drain.timeout_seconds,
+            ),
+        )
+        return _Plan(
+            applied=rec,
+            held=r,
+            actions=actions,
+            reasons=(event.reason,),
+            transition=t,
+            isolates=True,
+        )
+    if r.state in (S.PROVISIONING, S.BURN_IN, S.TRIAGE):
+        rec, t = _move(ctx, r, S.MAINTENANCE, Trigger.MAINTENANCE_REQUESTED, event.reason)
+        return _Plan(
+            applied=rec,
+            held=r,
+            actions=(Action(ActionKind.CORDON, detail=event.reason),),
+            reasons=(event.reason,),
+            transition=t,
+        )
+    return _noop(ctx, f"maintenance request ignored in {r.state}")
+
+
+def _verify_again(trigger: Trigger) -> Callable[[_Ctx, Any], _Plan]:
+    def handler(ctx: _Ctx, event: Any) -> _Plan:
+        r = ctx.record
+        if r.state is not (S.MAINTENANCE if trigger is Trigger.MAINTENANCE_COMPLETED else S.TRIAGE):
+            return _noop(ctx, f"{trigger} ignored in {r.state}")
+        inc = r.incident or Incident(
+            key="operator", description=event.reason, opened_at=ctx.now, plan=None
+        )
+        plan = _verify(ctx, r, replace(inc, plan=inc.plan), trigger, event.reason or str(trigger))
+        return replace(
+            plan, actions=(Action(ActionKind.CORDON, detail=event.reason), *plan.actions)
+        )
+
+    return handler
+
+
+def _on_replaced(ctx: _Ctx, event: ev.HardwareReplaced) -> _Plan:
+    r = ctx.record
+    if r.state is not S.RMA:
+        return _noop(ctx, f"hardware replacement ignored in {r.state}")
+    rec, t = _move(ctx, r, S.PROVISIONING, Trigger.HARDWARE_REPLACED, event.reason)
+    rec = replace(rec, incident=None, occurrences=(), incidents=(), pending=None)
+    return _Plan(applied=rec, held=r, reasons=("new hardware starts a new history",), transition=t)
+
+
+_HANDLERS: dict[type, Callable[[_Ctx, Any], _Plan]] = {
+    ev.FaultObserved: _on_fault,
+    ev.FaultCleared: _on_cleared,
+    ev.DrainCompleted: _on_drained,
+    ev.StepCompleted: _on_step,
+    ev.ChecksCompleted: _on_checks,
+    ev.Registered: _on_registered,
+    ev.InventoryMismatch: _simple(
+        frozenset({S.PROVISIONING}),
+        S.TRIAGE,
+        Trigger.INVENTORY_MISMATCH,
+        lambda c: (Action(ActionKind.NOTIFY, detail="inventory mismatch"),),
+    ),
+    ev.MaintenanceRequested: _on_maintenance,
+    ev.MaintenanceCompleted: _verify_again(Trigger.MAINTENANCE_COMPLETED),
+    ev.OperatorReturn: _verify_again(Trigger.OPERATOR),
+    ev.OperatorRMA: _simple(
+        frozenset({S.TRIAGE}),
+        S.RMA,
+        Trigger.OPERATOR,
+        lambda c: (Action(ActionKind.NOTIFY, detail="sent to RMA"),),
+    ),
+    ev.HardwareReplaced: _on_replaced,
+    ev.Tick: _on_tick,
+}

@@ -1,0 +1,166 @@
+"""The built-in policy, as the YAML a user would write.
+
+Kept as text (not Python objects) so that ``gpufleet policy show`` prints
+exactly what is in force and users can start their own file from it.
+The reasons for each choice are in docs/policy.md and docs/decisions/0004.
+"""
+
+DEFAULT_POLICY_YAML = """\
+# gpufleet default policy (FleetPolicy spec). Times are in seconds.
+dryRun: false
+paused: false
+unknownXid: log
+
+drain:
+  mode: evict                 # Eviction API; PodDisruptionBudgets are respected
+  timeoutSeconds: 600
+
+rules:
+  # --- XIDs. Application-level ones restart the job and only count against
+  # the GPU when they repeat; the rest start the ladder where NVIDIA says.
+  - match: {xid: 8}
+    action: restart-job
+    repeat: {count: 3, windowSeconds: 3600, scope: component, then: gpu-reset}
+  - match: {xid: 13}
+    action: restart-job
+    repeat: {count: 3, windowSeconds: 3600, scope: component, then: gpu-reset}
+    note: usually a program bug; three on the same GPU within an hour points at the GPU
+  - match: {xid: 31}
+    action: restart-job
+    repeat: {count: 3, windowSeconds: 3600, scope: component, then: gpu-reset}
+  - match: {xid: 43}
+    action: ignore
+  - match: {xid: 45}
+    action: log
+    note: secondary to the XID before it
+  - match: {xid: 48}
+    action: gpu-reset
+    taint: NoExecute
+    note: double-bit ECC; the reset applies the row remap
+  - match: {xid: 63}
+    action: log
+    repeat: {count: 4, windowSeconds: 86400, scope: component, then: gpu-reset}
+  - match: {xid: 64}
+    action: gpu-reset
+    taint: NoExecute
+  - match: {xid: 74}
+    action: gpu-reset
+    taint: NoExecute
+  - match: {xid: 79}
+    action: reboot
+    taint: NoExecute
+    note: GPU fell off the bus; a reboot (reimage for stateless nodes) is the first step
+  - match: {xid: 92}
+    action: log
+  - match: {xid: 94}
+    action: restart-job
+    repeat: {count: 2, windowSeconds: 86400, scope: component, then: gpu-reset}
+  - match: {xid: 95}
+    action: gpu-reset
+    taint: NoExecute
+  - match: {xid: 119}
+    action: reboot
+    taint: NoExecute
+    note: GSP timeouts rarely clear with a GPU reset in practice
+  - match: {xid: 154}
+    action: gpu-reset
+    taint: NoExecute
+    note: the rung is raised to what the driver's recovery action asks for
+
+  # --- GPU memory and presence
+  - match: {fault: ecc-uncorrectable}
+    action: gpu-reset
+    taint: NoExecute
+  - match: {fault: row-remap-pending}
+    action: gpu-reset
+    drain: wait
+    requeue: let-finish
+    note: the remap needs a reset, but not before running jobs end
+  - match: {fault: row-remap-failed}
+    action: rma
+  - match: {fault: retired-pages-limit}
+    action: rma
+  - match: {fault: gpu-missing}
+    action: reboot
+    taint: NoExecute
+  - match: {fault: sdc-mismatch}
+    action: triage
+    taint: NoExecute
+    note: a GPU that computes wrong answers must not run another step
+  - match: {fault: dcgm-diag-failed}
+    action: gpu-reset
+
+  # --- links
+  - match: {fault: nvlink-down}
+    action: gpu-reset
+    taint: NoExecute
+  - match: {fault: ib-port-down}
+    action: reboot
+    taint: NoExecute
+  - match: {fault: ib-link-flap}
+    action: log
+    repeat: {count: 3, windowSeconds: 600, scope: component, then: reboot}
+  - match: {fault: ib-rate-degraded}
+    action: reboot
+    drain: wait
+    requeue: let-finish
+  - match: {fault: ib-symbol-errors}
+    action: log
+    repeat: {count: 3, windowSeconds: 3600, scope: component, then: reboot}
+  - match: {fault: pcie-degraded}
+    action: reboot
+    drain: wait
+    requeue: let-finish
+
+  # --- thermal, kernel
+  - match: {fault: thermal-throttle}
+    action: log
+    repeat: {count: 5, windowSeconds: 3600, scope: node, then: triage}
+    note: cooling problems need a person, not a reboot
+  - match: {fault: power-throttle}
+    action: log
+    repeat: {count: 5, windowSeconds: 3600, scope: node, then: triage}
+  - match: {fault: kernel-soft-lockup}
+    action: log
+    repeat: {count: 3, windowSeconds: 3600, scope: node, then: reboot}
+  - match: {fault: kernel-hung-task}
+    action: log
+    repeat: {count: 3, windowSeconds: 3600, scope: node, then: reboot}
+
+  # --- performance (active checks and job telemetry)
+  - match: {fault: gemm-below-threshold}
+    action: gpu-reset
+  - match: {fault: hbm-below-threshold}
+    action: gpu-reset
+  - match: {fault: nccl-below-threshold}
+    action: reboot
+  - match: {fault: straggler}
+    action: log
+    repeat: {count: 3, windowSeconds: 86400, scope: node, then: reboot}
+
+ladder:
+  - {step: gpu-reset,   timeoutSeconds: 300,  attempts: 1}
+  - {step: reboot,      timeoutSeconds: 1200, attempts: 1}
+  - {step: power-cycle, timeoutSeconds: 1800, attempts: 1}
+  - {step: reimage,     timeoutSeconds: 3600, attempts: 1, onFailure: triage}
+
+lemon:
+  incidents: 3
+  windowDays: 7
+  then: triage
+
+safety:
+  budget:    {maxNodes: 50, maxPercent: 10, minNodes: 1}
+  breaker:   {maxNodes: 20, maxPercent: 10, windowSeconds: 600, cooldownSeconds: 1800}
+  rateLimit: {maxActions: 30, windowSeconds: 600}
+
+checks:
+  verificationProfile: verify
+  verificationTimeoutSeconds: 1800
+  burnInProfile: burn-in
+  burnInTimeoutSeconds: 14400
+
+detection:
+  raiseAfterSeconds: 0
+  clearAfterSeconds: 300
+"""

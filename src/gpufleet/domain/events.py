@@ -1,0 +1,124 @@
+"""What can happen to a node: the inputs of :func:`gpufleet.domain.decide`.
+
+Monitors report faults; executors report the outcome of what they were asked
+to do (drain done, step done, checks passed); operators ask for maintenance,
+return a node from triage, or say hardware was replaced; a periodic ``Tick``
+lets timeouts and withheld actions be re-examined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.domain.faults import FaultEvent
+from gpufleet.domain.ladder import Step
+
+
+@dataclass(frozen=True, slots=True)
+class FaultObserved:
+    """A monitor or check reported a fault (the same one again is harmless)."""
+
+    fault: FaultEvent
+
+
+@dataclass(frozen=True, slots=True)
+class FaultCleared:
+    """A problem condition with this fault key went back to healthy."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrainCompleted:
+    """Every workload left the node (or the drain timeout forced them)."""
+
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepCompleted:
+    """A remediation step finished. ``succeeded`` false means it failed."""
+
+    step: Step
+    succeeded: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChecksCompleted:
+    """A verification or burn-in run finished."""
+
+    passed: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """A provisioning node joined the cluster and matches its inventory."""
+
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryMismatch:
+    """A joining node's hardware differs from its inventory record."""
+
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceRequested:
+    """An operator wants the node out (drained first)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceCompleted:
+    """An operator is done; the node is verified before it returns."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorReturn:
+    """An operator sends a triaged node back through verification."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorRMA:
+    """An operator sends a triaged node to the vendor."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareReplaced:
+    """The vendor replaced the hardware: the only way out of ``rma``."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: check timeouts and retry withheld actions."""
+
+
+Event = (
+    FaultObserved
+    | FaultCleared
+    | DrainCompleted
+    | StepCompleted
+    | ChecksCompleted
+    | Registered
+    | InventoryMismatch
+    | MaintenanceRequested
+    | MaintenanceCompleted
+    | OperatorReturn
+    | OperatorRMA
+    | HardwareReplaced
+    | Tick
+)
+"""Everything :func:`gpufleet.domain.decide` accepts."""

@@ -1,0 +1,504 @@
+"""The remediation policy as validated data.
+
+A policy says, for every fault, what one occurrence does and what repeats
+do; how the remediation ladder escalates; when a node is a lemon; and the
+safety rails (disruption budget, circuit breaker, rate limit, pause,
+dry-run). The same model is the ``spec`` of the ``FleetPolicy`` custom
+resource and the file the simulator reads, so field names are camelCase in
+YAML (``dryRun``, ``timeoutSeconds``) and snake_case in Python.
+
+:func:`load_policy` parses YAML text and reports *every* problem with its
+location (path and line), so that ``gpufleet policy validate`` can show them
+all at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from gpufleet.domain import xids
+from gpufleet.domain.faults import FaultEvent, FaultKind, fault_key
+from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step
+
+
+class Response(StrEnum):
+    """What a rule does: record only, restart the job, or a ladder step."""
+
+    IGNORE = "ignore"
+    LOG = "log"
+    RESTART_JOB = "restart-job"
+    GPU_RESET = "gpu-reset"
+    REBOOT = "reboot"
+    POWER_CYCLE = "power-cycle"
+    REIMAGE = "reimage"
+    TRIAGE = "triage"
+    RMA = "rma"
+
+    @property
+    def step(self) -> Step | None:
+        """The ladder step this response starts, or None if the node stays in."""
+        if self in (Response.IGNORE, Response.LOG, Response.RESTART_JOB):
+            return None
+        return Step(self.value)
+
+    @property
+    def takes_node_out(self) -> bool:
+        """Whether this response isolates the node."""
+        return self.step is not None
+
+
+class Scope(StrEnum):
+    """What repeats are counted on."""
+
+    COMPONENT = "component"
+    """The same GPU (or HCA port) — e.g. XID 13 three times on GPU 3."""
+    NODE = "node"
+    """Anywhere on the node."""
+
+
+class TaintEffect(StrEnum):
+    """Kubernetes taint effect for the fault taint."""
+
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class DrainMode(StrEnum):
+    """How workloads leave a node that is taken out."""
+
+    WAIT = "wait"
+    """Wait for workloads to finish; only interruptible pods are evicted."""
+    EVICT = "evict"
+    """Evict now through the Eviction API (PodDisruptionBudgets respected)."""
+    DELETE_AFTER_TIMEOUT = "delete-after-timeout"
+    """Evict now; delete what is still there after the drain timeout."""
+
+
+class RequeueMode(StrEnum):
+    """What happens to Slurm jobs on a node drained for a fault."""
+
+    NOW = "now"
+    """Requeue at once; they resume from their last checkpoint elsewhere."""
+    LET_FINISH = "let-finish"
+    """Drain in Slurm but let running jobs finish."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class Match(_Model):
+    """Which faults a rule applies to: a fault kind, or an XID number."""
+
+    fault: FaultKind | None = None
+    xid: int | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        if (self.fault is None) == (self.xid is None):
+            raise ValueError("give exactly one of 'fault' or 'xid'")
+        if self.fault is FaultKind.XID:
+            raise ValueError("match XIDs with 'xid: <number>', not 'fault: xid'")
+        if self.xid is not None and self.xid not in xids.XIDS:
+            known = ", ".join(str(x) for x in sorted(xids.XIDS))
+            raise ValueError(f"unknown XID {self.xid}; the catalogue has {known}")
+        return self
+
+    @property
+    def key(self) -> str:
+        """The fault key this rule matches (``xid-79``, ``ib-port-down``)."""
+        if self.xid is not None:
+            return fault_key(FaultKind.XID, self.xid)
+        assert self.fault is not None
+        return self.fault.value
+
+
+class Repeat(_Model):
+    """Escalate when a fault repeats: ``count`` times within ``window_seconds``."""
+
+    count: int = Field(ge=2)
+    window_seconds: float = Field(gt=0)
+    scope: Scope = Scope.COMPONENT
+    then: Response
+
+
+class Rule(_Model):
+    """What one fault does to a node."""
+
+    match: Match
+    action: Response
+    repeat: Repeat | None = None
+    taint: TaintEffect = TaintEffect.NO_SCHEDULE
+    drain: DrainMode | None = None
+    """None: the policy-wide drain mode."""
+    requeue: RequeueMode = RequeueMode.NOW
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _repeat_escalates(self) -> Self:
+        if self.repeat is not None and _rank(self.repeat.then) <= _rank(self.action):
+            raise ValueError(
+                f"repeat.then ({self.repeat.then}) must be stronger than action ({self.action})"
+            )
+        return self
+
+
+def _rank(response: Response) -> int:
+    return list(Response).index(response)
+
+
+class LadderStep(_Model):
+    """One rung: how long it may take, how often to try, where to go on failure."""
+
+    step: Step
+    timeout_seconds: float = Field(default=900, gt=0)
+    attempts: int = Field(default=1, ge=1)
+    on_failure: Step | None = None
+    """Next rung when every attempt failed; None means the next entry."""
+
+
+class Lemon(_Model):
+    """A node with ``incidents`` incidents in ``window_days`` is a lemon."""
+
+    incidents: int = Field(default=3, ge=2)
+    window_days: float = Field(default=7, gt=0)
+    then: Response = Response.TRIAGE
+
+    @property
+    def window_seconds(self) -> float:
+        """The window in seconds."""
+        return self.window_days * 86400.0
+
+
+class Budget(_Model):
+    """The most nodes of one pool that automation may hold out at once."""
+
+    max_nodes: int = Field(default=50, ge=0)
+    max_percent: float = Field(default=10.0, ge=0, le=100)
+    min_nodes: int = Field(default=1, ge=0)
+    """Small pools still get this many (unless max_nodes is lower)."""
+
+    def allowed(self, pool_size: int) -> int:
+        """Nodes that may be out of service in a pool of ``pool_size``."""
+        by_percent = math.floor(pool_size * self.max_percent / 100.0)
+        return min(self.max_nodes, max(self.min_nodes, by_percent), pool_size)
+
+
+class Breaker(_Model):
+    """Stop automatic disruption when too many nodes fault within a window."""
+
+    max_nodes: int = Field(default=20, ge=1)
+    max_percent: float = Field(default=10.0, gt=0, le=100)
+    window_seconds: float = Field(default=600, gt=0)
+    cooldown_seconds: float = Field(default=1800, ge=0)
+    """It closes again after this long without a new faulting node."""
+
+    def threshold(self, fleet_size: int) -> int:
+        """Distinct faulting nodes in the window that are still tolerated."""
+        by_percent = math.floor(fleet_size * self.max_percent / 100.0)
+        return max(1, min(self.max_nodes, by_percent))
+
+
+class RateLimit(_Model):
+    """At most ``max_actions`` disruptive actions fleet-wide per window."""
+
+    max_actions: int = Field(default=30, ge=1)
+    window_seconds: float = Field(default=600, gt=0)
+
+
+class Safety(_Model):
+    """The safety rails."""
+
+    budget: Budget = Budget()
+    breaker: Breaker = Breaker()
+    rate_limit: RateLimit = RateLimit()
+
+
+class Drain(_Model):
+    """Default drain behaviour."""
+
+    mode: DrainMode = DrainMode.EVICT
+    timeout_seconds: float = Field(default=600, gt=0)
+
+
+class Checks(_Model):
+    """Active-check profiles used for verification and burn-in."""
+
+    verification_profile: str = "verify"
+    verification_timeout_seconds: float = Field(default=1800, gt=0)
+    burn_in_profile: str = "burn-in"
+    burn_in_timeout_seconds: float = Field(default=4 * 3600, gt=0)
+
+
+class Detection(_Model):
+    """Debounce of problem conditions (used by the agent)."""
+
+    raise_after_seconds: float = Field(default=0, ge=0)
+    """A condition must be seen this long before it is raised."""
+    clear_after_seconds: float = Field(default=300, ge=0)
+    """A raised condition must be healthy this long before it is cleared."""
+
+
+class Policy(_Model):
+    """A whole policy. See docs/policy.md for every field."""
+
+    dry_run: bool = False
+    """Decide and report, but change nothing."""
+    paused: bool = False
+    """Make no automatic changes at all."""
+    rules: tuple[Rule, ...] = ()
+    unknown_xid: Response = Response.LOG
+    """What an XID missing from the catalogue does."""
+    ladder: tuple[LadderStep, ...] = ()
+    lemon: Lemon = Lemon()
+    safety: Safety = Safety()
+    drain: Drain = Drain()
+    checks: Checks = Checks()
+    detection: Detection = Detection()
+
+    _rules: dict[str, Rule] = PrivateAttr(default_factory=dict)
+    _ladder: dict[Step, int] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        problems: list[str] = []
+        seen: dict[str, int] = {}
+        for i, rule in enumerate(self.rules):
+            key = rule.match.key
+            if key in seen:
+                problems.append(
+                    f"rules[{i}]: a second rule for {key} (first at rules[{seen[key]}])"
+                )
+            seen[key] = i
+        missing = [k.value for k in FaultKind if k is not FaultKind.XID and k.value not in seen]
+        if missing:
+            problems.append(
+                "rules: no rule for " + ", ".join(missing) + " (add one; 'action: ignore' is fine)"
+            )
+        problems.extend(_ladder_problems(self.ladder))
+        on_ladder = {entry.step for entry in self.ladder}
+        for i, rule in enumerate(self.rules):
+            for where, response in (("action", rule.action), ("repeat.then", _then(rule))):
+                step = response.step if response is not None else None
+                if step in NODE_ACTIONS and step not in on_ladder:
+                    problems.append(f"rules[{i}].{where}: {step} is not a step of the ladder")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._rules = {rule.match.key: rule for rule in self.rules}
+        self._ladder = {entry.step: i for i, entry in enumerate(self.ladder)}
+
+    def rule_for(self, fault: FaultEvent) -> Rule:
+        """The rule that applies to a fault (catalogue defaults for other XIDs)."""
+        rule = self._rules.get(fault.key)
+        if rule is not None:
+            return rule
+        if fault.xid is not None:
+            return _catalogue_rule(fault.xid, self.unknown_xid)
+        raise KeyError(f"no rule for {fault.key}")  # unreachable: validated above
+
+    def ladder_entry(self, step: Step) -> LadderStep | None:
+        """The ladder rung for a step, if the ladder has one."""
+        i = self._ladder.get(step)
+        return None if i is None else self.ladder[i]
+
+    def next_step(self, step: Step) -> Step:
+        """Where the ladder goes when ``step`` failed every attempt."""
+        i = self._ladder.get(step)
+        if i is None:
+            return Step.TRIAGE
+        entry = self.ladder[i]
+        if entry.on_failure is not None:
+            return entry.on_failure
+        return self.ladder[i + 1].step if i + 1 < len(self.ladder) else Step.TRIAGE
+
+    def first_step(self) -> Step:
+        """The least disruptive rung (used when verification fails with no history)."""
+        return self.ladder[0].step if self.ladder else Step.TRIAGE
+
+    def walk(self, start: Step) -> list[LadderStep | Step]:
+        """The path of escalation from ``start``: rungs, then a terminal step."""
+        path: list[LadderStep | Step] = []
+        step = start
+        while step not in TERMINAL:
+            entry = self.ladder_entry(step)
+            if entry is None:
+                break
+            path.append(entry)
+            step = self.next_step(step)
+        path.append(step if step in TERMINAL else Step.TRIAGE)
+        return path
+
+
+def _then(rule: Rule) -> Response | None:
+    return rule.repeat.then if rule.repeat is not None else None
+
+
+def _ladder_problems(ladder: tuple[LadderStep, ...]) -> list[str]:
+    problems: list[str] = []
+    index: dict[Step, int] = {}
+    for i, entry in enumerate(ladder):
+        if entry.step is Step.RESTART_JOB:
+            problems.append(f"ladder[{i}]: restart-job is a rule action, not a ladder step")
+        if entry.step in index:
+            problems.append(f"ladder[{i}]: {entry.step} appears twice (a cycle)")
+        index.setdefault(entry.step, i)
+    for i, entry in enumerate(ladder):
+        target = entry.on_failure
+        if target is not None and target not in TERMINAL and target not in index:
+            problems.append(f"ladder[{i}].onFailure: {target} is not a step of the ladder")
+    # Follow on_failure edges from every rung: each walk must reach a terminal step.
+    for i, entry in enumerate(ladder):
+        visited = [entry.step]
+        j: int | None = i
+        while j is not None:
+            current = ladder[j]
+            nxt = current.on_failure or (ladder[j + 1].step if j + 1 < len(ladder) else Step.TRIAGE)
+            if nxt in TERMINAL:
+                break
+            if nxt in visited:
+                chain = " -> ".join([*visited, nxt])
+                problems.append(f"ladder[{i}]: escalation cycles ({chain})")
+                break
+            visited.append(nxt)
+            j = index.get(nxt)
+    return sorted(set(problems))
+
+
+@functools.lru_cache(maxsize=256)
+def _catalogue_rule(xid: int, unknown: Response) -> Rule:
+    info = xids.XIDS.get(xid)
+    if info is None:
+        return Rule.model_construct(match=Match.model_construct(xid=xid), action=unknown)
+    if info.start_at is not None:
+        action = Response(info.start_at.value)
+    elif info.xid_class is xids.XidClass.APPLICATION:
+        action = Response.RESTART_JOB
+    else:
+        action = Response.LOG
+    return Rule.model_construct(
+        match=Match.model_construct(xid=xid, fault=None),
+        action=action,
+        repeat=None,
+        taint=TaintEffect.NO_SCHEDULE,
+        drain=None,
+        requeue=RequeueMode.NOW,
+        note=f"catalogue default ({info.nvidia_action})",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyIssue:
+    """One problem in a policy file."""
+
+    location: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        return f"{where}{self.location}: {self.message}"
+
+
+class PolicyError(ValueError):
+    """A policy file is not valid; ``issues`` lists every problem found."""
+
+    def __init__(self, source: str, issues: list[PolicyIssue]) -> None:
+        self.source = source
+        self.issues = issues
+        lines = "\n".join(f"  {issue}" for issue in issues)
+        super().__init__(f"{source}: {len(issues)} problem(s) in the policy\n{lines}")
+
+
+def load_policy(text: str, source: str = "<policy>") -> Policy:
+    """Parse and validate a policy from YAML text.
+
+    Raises :class:`PolicyError` listing every problem with its path and line.
+    """
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise PolicyError(source, [PolicyIssue("(file)", line, f"not valid YAML: {exc}")]) from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise PolicyError(source, [PolicyIssue("(file)", 1, "a policy must be a YAML mapping")])
+    data = dict(data)
+    if "spec" in data and "kind" in data:  # a FleetPolicy object: validate its spec
+        node = _child(node, "spec")
+        data = dict(data["spec"] or {})
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        issues = [
+            PolicyIssue(
+                _path(err["loc"]),
+                _line(node, err["loc"]),
+                _message(err),
+            )
+            for err in exc.errors()
+        ]
+        raise PolicyError(source, issues) from None
+
+
+def _message(err: Mapping[str, Any]) -> str:
+    msg = str(err["msg"])
+    return msg.removeprefix("Value error, ")
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-", "tagged-union")):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(policy)"
+
+
+def _child(node: yaml.Node | None, key: str | int) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == key:
+                found: yaml.Node = v
+                return found
+    if isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+        child: yaml.Node = node.value[key]
+        return child
+    return None
+
+
+def _line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    best = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        node = _child(node, part)
+        if node is None:
+            break
+        best = node.start_mark.line + 1
+    return best
+
+
+@functools.lru_cache(maxsize=1)
+def default_policy() -> Policy:
+    """The built-in policy (docs/policy.md explains each choice)."""
+    from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
+
+    return load_policy(DEFAULT_POLICY_YAML, "<default policy>")

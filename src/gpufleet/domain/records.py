@@ -1,0 +1,207 @@
+"""What gpufleet remembers about a node and sees of the fleet.
+
+A :class:`NodeRecord` is everything :func:`~gpufleet.domain.decide` needs to
+know about one node's past: its state and why, the open incident and its
+ladder progress, recent fault occurrences (for repeat rules) and incident
+times (for lemon detection). The controller stores it on the Node as an
+annotation (Kubernetes is the database); the simulator keeps it in memory.
+
+:class:`FleetView` is the part of the fleet a single decision needs: pool
+sizes and how many nodes are out, the circuit breaker, recent disruptive
+actions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from gpufleet.domain.faults import FaultEvent
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.policy import DrainMode, RequeueMode, TaintEffect
+from gpufleet.domain.safety import BreakerState
+from gpufleet.domain.states import OUT_OF_SERVICE, NodeState, Transition
+
+HISTORY_LIMIT = 20
+"""Transitions kept per node; older ones live in Events and metrics."""
+
+
+class Outcome(StrEnum):
+    """How a remediation step ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed-out"
+
+
+@dataclass(frozen=True, slots=True)
+class Occurrence:
+    """One fault seen, kept to count repeats."""
+
+    key: str
+    scope: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepAttempt:
+    """One try of a ladder step. Recorded *before* the step is carried out."""
+
+    step: Step
+    attempt: int
+    started_at: float
+    ended_at: float | None = None
+    outcome: Outcome | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """Why the node is out, and how far its repair got."""
+
+    key: str
+    """Fault key (``xid-79``) or ``maintenance``."""
+    description: str
+    opened_at: float
+    plan: Step | None
+    """Where the ladder starts (or triage / rma); None for maintenance."""
+    taint: TaintEffect = TaintEffect.NO_SCHEDULE
+    drain_mode: DrainMode = DrainMode.EVICT
+    requeue: RequeueMode = RequeueMode.NOW
+    drained: bool = False
+    current: Step | None = None
+    """The step in progress; None between steps (or before the first)."""
+    tried: tuple[StepAttempt, ...] = ()
+    checks_started_at: float | None = None
+
+    @property
+    def maintenance(self) -> bool:
+        """Whether an operator, not a fault, took the node out."""
+        return self.plan is None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """One node's lifecycle memory."""
+
+    name: str
+    state: NodeState
+    since: float
+    reason: str
+    pool: str = "default"
+    incident: Incident | None = None
+    occurrences: tuple[Occurrence, ...] = ()
+    incidents: tuple[float, ...] = ()
+    """When each incident opened (lemon detection)."""
+    pending: FaultEvent | None = None
+    """A fault whose isolation a safety rail withheld; retried on Tick."""
+    checks_started_at: float | None = None
+    """When the current burn-in run started."""
+    history: tuple[Transition, ...] = ()
+
+    @classmethod
+    def new(
+        cls,
+        name: str,
+        *,
+        at: float,
+        pool: str = "default",
+        state: NodeState = NodeState.PROVISIONING,
+        reason: str = "new node",
+    ) -> NodeRecord:
+        """A record for a node gpufleet has not seen before."""
+        return cls(name=name, state=state, since=at, reason=reason, pool=pool)
+
+    def moved(self, t: Transition) -> NodeRecord:
+        """This record after a transition (history kept to HISTORY_LIMIT)."""
+        history = (*self.history, t)[-HISTORY_LIMIT:]
+        return replace(self, state=t.target, since=t.at, reason=t.reason, history=history)
+
+
+_RECORD = TypeAdapter(NodeRecord)
+
+
+def record_to_json(record: NodeRecord) -> str:
+    """Serialise for storage (a Node annotation)."""
+    return json.dumps(_RECORD.dump_python(record, mode="json"), separators=(",", ":"))
+
+
+def record_from_json(text: str) -> NodeRecord:
+    """Parse a stored record; raises ValueError if it is not one."""
+    return _RECORD.validate_python(json.loads(text))
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """Size of a node pool and how many of its nodes automation holds out."""
+
+    size: int
+    out_of_service: int = 0
+
+
+_NO_POOLS: Mapping[str, PoolView] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What one decision needs to know about the rest of the fleet."""
+
+    pools: Mapping[str, PoolView] = field(default_factory=lambda: _NO_POOLS)
+    breaker: BreakerState = field(default_factory=BreakerState)
+    recent_actions: tuple[float, ...] = ()
+    """Times of recent disruptive actions (rate limit)."""
+
+    @property
+    def size(self) -> int:
+        """Nodes in the fleet."""
+        return sum(p.size for p in self.pools.values())
+
+    def pool(self, name: str) -> PoolView:
+        """A pool's view; an unknown pool has size 0, so nothing may be taken out of it."""
+        return self.pools.get(name, PoolView(size=0))
+
+    @classmethod
+    def of(
+        cls,
+        records: Iterable[NodeRecord],
+        *,
+        breaker: BreakerState | None = None,
+        recent_actions: tuple[float, ...] = (),
+    ) -> FleetView:
+        """Count pools and out-of-service nodes from node records."""
+        sizes: dict[str, int] = {}
+        out: dict[str, int] = {}
+        for r in records:
+            sizes[r.pool] = sizes.get(r.pool, 0) + 1
+            if r.state in OUT_OF_SERVICE:
+                out[r.pool] = out.get(r.pool, 0) + 1
+        pools = {p: PoolView(size=n, out_of_service=out.get(p, 0)) for p, n in sizes.items()}
+        return cls(
+            pools=MappingProxyType(pools),
+            breaker=breaker or BreakerState(),
+            recent_actions=recent_actions,
+        )
+
+    def with_change(self, before: NodeRecord, after: NodeRecord) -> FleetView:
+        """This view after one node's record changed (pool counts only)."""
+        was = before.state in OUT_OF_SERVICE
+        now = after.state in OUT_OF_SERVICE
+        if was == now and before.pool == after.pool:
+            return self
+        pools = dict(self.pools)
+        for name, delta in ((before.pool, -int(was)), (after.pool, int(now))):
+            p = pools.get(name, PoolView(size=0))
+            pools[name] = PoolView(size=p.size, out_of_service=p.out_of_service + delta)
+        return replace(self, pools=MappingProxyType(pools))
+
+
+def as_plain(record: NodeRecord) -> dict[str, Any]:
+    """The record as plain JSON-able data (for CLIs and reports)."""
+    data: dict[str, Any] = _RECORD.dump_python(record, mode="json")
+    return data

@@ -1,0 +1,71 @@
+"""Names that are part of gpufleet's API: labels, annotations, taints,
+conditions and Slurm reasons. Each says who sets it.
+
+Kept in ``domain`` because the agent, the controllers and the syncer must
+agree on them and may not import each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from gpufleet.domain.faults import Subsystem
+
+GROUP = "gpufleet.io"
+VERSION = "v1alpha1"
+
+LABEL_STATE = "gpufleet.io/state"
+"""Node label, set by the lifecycle controller: the NodeState value."""
+LABEL_POOL = "gpufleet.io/pool"
+"""Node label, set by provisioning or an admin: the node pool (budget scope)."""
+
+ANNOTATION_RECORD = "gpufleet.io/record"
+"""Node annotation, set by the lifecycle controller: the NodeRecord as JSON."""
+ANNOTATION_REASON = "gpufleet.io/reason"
+"""Node annotation, set by the lifecycle controller: why the node is in its state."""
+ANNOTATION_CORDONED = "gpufleet.io/cordoned-by"
+"""Node annotation, set by the lifecycle controller when *it* cordoned the node.
+Without it, a cordon belongs to someone else and is never cleared by gpufleet."""
+ANNOTATION_INTERRUPTIBLE = "gpufleet.io/interruptible"
+"""Pod annotation, set by users: "true" means the pod may be evicted at once."""
+ANNOTATION_SLURM_STATE = "gpufleet.io/slurm-state"
+"""Node annotation, set by the Slurm syncer: the Slurm state and reason of
+drains and DOWN states that gpufleet does not own."""
+
+TAINT_UNHEALTHY = "gpufleet.io/unhealthy"
+"""Taint, set by the lifecycle controller on a faulted node (NoSchedule or NoExecute)."""
+TAINT_UNVERIFIED = "gpufleet.io/unverified"
+"""Taint, set by the lifecycle controller during burn-in and verification (NoSchedule)."""
+OWNED_TAINTS = (TAINT_UNHEALTHY, TAINT_UNVERIFIED)
+
+CONDITIONS: Mapping[Subsystem, str] = MappingProxyType(
+    {
+        Subsystem.GPU: "GpuProblem",
+        Subsystem.NVLINK: "NvlinkProblem",
+        Subsystem.INFINIBAND: "InfinibandProblem",
+        Subsystem.PCIE: "PcieProblem",
+        Subsystem.KERNEL: "KernelProblem",
+        Subsystem.THERMAL: "ThermalProblem",
+        Subsystem.PERFORMANCE: "PerformanceProblem",
+    }
+)
+"""Node condition types, set by the agent, one per subsystem; status "True"
+means a problem (Node-Problem-Detector convention)."""
+
+CONDITION_SLURM = "SlurmUnavailable"
+"""Node condition, set by the Slurm syncer when Slurm holds the node out
+(drain or DOWN) for a reason gpufleet does not own."""
+
+SLURM_REASON_PREFIX = "gpufleet:"
+"""Prefix of every Slurm drain reason gpufleet sets; other drains are not ours."""
+
+
+def slurm_reason(text: str) -> str:
+    """A Slurm drain reason owned by gpufleet."""
+    return f"{SLURM_REASON_PREFIX} {text}"
+
+
+def is_owned_slurm_reason(reason: str | None) -> bool:
+    """Whether a Slurm drain reason was set by gpufleet."""
+    return bool(reason) and str(reason).startswith(SLURM_REASON_PREFIX)
