@@ -77,7 +77,7 @@ class _Plan:
     transition: Any = None
     breaker: BreakerState | None = None
     isolates: bool = False
-    """Takes the node out of production (budget, breaker)."""
+    """Takes the node out of production (circuit breaker)."""
     acts_on_node: bool = False
     """Runs a remediation step (breaker)."""
     extra: tuple[str, ...] = field(default=())
@@ -122,7 +122,7 @@ def _gate(ctx: _Ctx, plan: _Plan) -> Decision:
             hold = Hold.DRY_RUN
         elif (plan.isolates or plan.acts_on_node) and breaker.is_open:
             hold = Hold.BREAKER_OPEN
-        elif plan.isolates and not _budget_ok(ctx):
+        elif _enters_service_hold(plan) and not _budget_ok(ctx):
             hold = Hold.BUDGET_EXHAUSTED
         elif any(a.disruptive for a in plan.actions) and not rate_allows(
             ctx.fleet.recent_actions, now=ctx.now, config=p.safety.rate_limit
@@ -155,6 +155,16 @@ _HOLD_TEXT = {
     Hold.BUDGET_EXHAUSTED: "the disruption budget of the pool is used up",
     Hold.RATE_LIMITED: "the disruptive-action rate limit is reached",
 }
+
+
+def _enters_service_hold(plan: _Plan) -> bool:
+    """Whether the plan moves the node into a state the budget counts.
+
+    Every such entry is checked, not only isolation from production: a batch of
+    nodes returned from triage or maintenance into verification counts too.
+    """
+    t = plan.transition
+    return t is not None and t.target in OUT_OF_SERVICE and t.source not in OUT_OF_SERVICE
 
 
 def _budget_ok(ctx: _Ctx) -> bool:

@@ -151,7 +151,7 @@ lemon:
 
 safety:
   budget:    {maxNodes: 50, maxPercent: 10, minNodes: 1}
-  breaker:   {maxNodes: 20, maxPercent: 10, windowSeconds: 600, cooldownSeconds: 1800}
+  breaker:   {maxNodes: 20, maxPercent: 10, minNodes: 2, windowSeconds: 600, cooldownSeconds: 1800}
   rateLimit: {maxActions: 30, windowSeconds: 600}
 
 checks:

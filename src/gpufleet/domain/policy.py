@@ -200,6 +200,8 @@ class Breaker(_Model):
 
     max_nodes: int = Field(default=20, ge=1)
     max_percent: float = Field(default=10.0, gt=0, le=100)
+    min_nodes: int = Field(default=2, ge=1)
+    """Small fleets always tolerate this many faulting nodes per window."""
     window_seconds: float = Field(default=600, gt=0)
     cooldown_seconds: float = Field(default=1800, ge=0)
     """It closes again after this long without a new faulting node."""
@@ -207,7 +209,7 @@ class Breaker(_Model):
     def threshold(self, fleet_size: int) -> int:
         """Distinct faulting nodes in the window that are still tolerated."""
         by_percent = math.floor(fleet_size * self.max_percent / 100.0)
-        return max(1, min(self.max_nodes, by_percent))
+        return max(self.min_nodes, min(self.max_nodes, by_percent))
 
 
 class RateLimit(_Model):
