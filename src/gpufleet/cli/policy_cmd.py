@@ -1,7 +1,171 @@
-"""``gpufleet policy``: explain and validate remediation policies."""
+"""``gpufleet policy``: explain, validate and show remediation policies."""
 
 from __future__ import annotations
 
-import typer
+import dataclasses
+import json
+from pathlib import Path
 
-app = typer.Typer(help="Explain and validate remediation policies.", no_args_is_help=True)
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpufleet.domain import xids
+from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
+from gpufleet.domain.explain import Explanation, explain
+from gpufleet.domain.faults import FaultKind
+from gpufleet.domain.policy import Policy, PolicyError, default_policy, load_policy
+
+app = typer.Typer(
+    help="Explain, validate and show remediation policies.",
+    no_args_is_help=True,
+)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+_FAULT_NAMES = ", ".join(k.value for k in FaultKind if k is not FaultKind.XID)
+
+
+def _load(path: Path | None) -> Policy:
+    if path is None:
+        return default_policy()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        err.print(f"[red]cannot read policy file {path}: {exc.strerror}[/red]")
+        raise typer.Exit(2) from exc
+    try:
+        return load_policy(text, str(path))
+    except PolicyError as exc:
+        err.print(f"[red]{exc}[/red]")
+        err.print(f"Check it with: gpufleet policy validate {path}")
+        raise typer.Exit(2) from exc
+
+
+@app.command("explain")
+def explain_cmd(
+    xid: int | None = typer.Option(None, "--xid", help="An NVIDIA XID number, e.g. 79."),
+    fault: str | None = typer.Option(
+        None, "--fault", help=f"A non-XID fault: {_FAULT_NAMES}.", metavar="NAME"
+    ),
+    policy: Path | None = typer.Option(
+        None, "--policy", help="Policy YAML file (default: the built-in policy)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+) -> None:
+    """Show how a fault is classified and the remediation that follows.
+
+    Examples:
+
+        gpufleet policy explain --xid 79
+
+        gpufleet policy explain --xid 13 --policy my-policy.yaml
+
+        gpufleet policy explain --fault ib-link-flap --json
+    """
+    if (xid is None) == (fault is None):
+        err.print("[red]give exactly one of --xid N or --fault NAME[/red]")
+        raise typer.Exit(2)
+    kind: FaultKind | None = None
+    if fault is not None:
+        try:
+            kind = FaultKind(fault)
+        except ValueError:
+            err.print(f"[red]unknown fault {fault!r}; known faults: {_FAULT_NAMES}[/red]")
+            raise typer.Exit(2) from None
+        if kind is FaultKind.XID:
+            err.print("[red]use --xid N for XIDs[/red]")
+            raise typer.Exit(2)
+    result = explain(_load(policy), xid=xid, fault=kind)
+    if as_json:
+        out.print_json(json.dumps(dataclasses.asdict(result)))
+    else:
+        _render(result)
+
+
+def _render(e: Explanation) -> None:
+    out.print(f"[bold]{e.title}[/bold]")
+    out.print(f"  meaning:    {e.meaning}")
+    if e.nvidia_action:
+        out.print(f"  NVIDIA:     {e.nvidia_action} (class: {e.xid_class})")
+    out.print(f"  reported:   Node condition {e.condition} (subsystem {e.subsystem})")
+    out.print(f"  rule:       {e.source}")
+    out.print(f"  one occurrence: [bold]{e.first}[/bold] - {e.first_text}")
+    if e.repeat:
+        out.print(f"  repeats:    {e.repeat}")
+    if not e.takes_node_out and not e.repeat_takes_node_out:
+        out.print("  This fault never takes the node out of production under this policy.")
+    if e.isolation:
+        when = "When the node is taken out" if e.takes_node_out else "When repeats take it out"
+        out.print(f"[bold]{when}[/bold]")
+        for line in e.isolation:
+            out.print(f"  - {line}")
+        out.print("[bold]Remediation ladder[/bold]")
+        for i, line in enumerate(e.ladder, 1):
+            out.print(f"  {i}. {line}")
+        out.print(f"  lemon: {e.lemon}")
+        out.print("[bold]Safety rails[/bold]")
+        for line in e.safety:
+            out.print(f"  - {line}")
+    if e.note:
+        out.print(f"  note: {e.note}")
+
+
+@app.command("validate")
+def validate_cmd(
+    files: list[Path] = typer.Argument(..., help="Policy files (YAML; a FleetPolicy or its spec)."),
+) -> None:
+    """Check policy files and report every problem with its line and field.
+
+    Exits 1 if any file is invalid.
+
+    Example:
+
+        gpufleet policy validate deploy/policies/default.yaml
+    """
+    bad = 0
+    for path in files:
+        try:
+            load_policy(path.read_text(), str(path))
+        except OSError as exc:
+            err.print(f"[red]{path}: cannot read: {exc.strerror}[/red]")
+            bad += 1
+        except PolicyError as exc:
+            bad += 1
+            err.print(f"[red]{path}: {len(exc.issues)} problem(s)[/red]")
+            for issue in exc.issues:
+                err.print(f"  {issue}")
+        else:
+            out.print(f"{path}: valid")
+    if bad:
+        raise typer.Exit(1)
+
+
+@app.command("show")
+def show_cmd() -> None:
+    """Print the built-in policy as YAML, to start your own from.
+
+    Example:
+
+        gpufleet policy show > my-policy.yaml
+    """
+    typer.echo(DEFAULT_POLICY_YAML, nl=False)
+
+
+@app.command("table")
+def table_cmd(
+    policy: Path | None = typer.Option(None, "--policy", help="Policy YAML file."),
+) -> None:
+    """List every fault and XID with what one occurrence and repeats do.
+
+    Example:
+
+        gpufleet policy table --policy my-policy.yaml
+    """
+    p = _load(policy)
+    t = Table("fault", "one occurrence", "repeats", "condition")
+    rows = [explain(p, xid=x) for x in sorted(xids.XIDS)]
+    rows += [explain(p, fault=k) for k in FaultKind if k is not FaultKind.XID]
+    for e in rows:
+        t.add_row(e.key, e.first, e.repeat or "", e.condition)
+    out.print(t)

@@ -1,0 +1,161 @@
+"""How a policy treats one fault, in words: the data behind ``gpufleet policy explain``.
+
+Pure: it only reads the policy and the catalogues, so the answer is exactly
+what :func:`gpufleet.domain.decide` will do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpufleet.domain import well_known, xids
+from gpufleet.domain.faults import FAULTS, Evidence, FaultEvent, FaultKind
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.policy import LadderStep, Policy, Response, Rule, Scope
+
+_FIRST_TEXT = {
+    Response.IGNORE: "ignored: nothing is recorded or done",
+    Response.LOG: "logged as an Event; the node stays in production",
+    Response.RESTART_JOB: "the job is restarted; the node stays in production",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Everything the policy says about one fault."""
+
+    key: str
+    title: str
+    meaning: str
+    subsystem: str
+    condition: str
+    source: str
+    """Where the rule comes from: a policy rule or the XID catalogue."""
+    first: str
+    first_text: str
+    takes_node_out: bool
+    nvidia_action: str | None = None
+    xid_class: str | None = None
+    repeat: str | None = None
+    repeat_takes_node_out: bool = False
+    isolation: list[str] = field(default_factory=list)
+    ladder: list[str] = field(default_factory=list)
+    lemon: str = ""
+    safety: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+def explain(
+    policy: Policy, *, xid: int | None = None, fault: FaultKind | None = None
+) -> Explanation:
+    """Explain one XID (``xid``) or one fault kind (``fault``) under ``policy``."""
+    if (xid is None) == (fault is None):
+        raise ValueError("explain needs exactly one of xid or fault")
+    if xid is not None:
+        event = FaultEvent(FaultKind.XID, "node", at=0.0, xid=xid, evidence=Evidence(gpu_index=0))
+        info = xids.XIDS.get(xid)
+        title = f"XID {xid}: {info.meaning}" if info else f"XID {xid}: not in the catalogue"
+        meaning = (info.note or info.meaning) if info else "unknown to gpufleet's catalogue"
+    else:
+        assert fault is not None
+        if fault is FaultKind.XID:
+            raise ValueError("explain an XID with xid=<number>")
+        event = FaultEvent(fault, "node", at=0.0)
+        finfo = FAULTS[fault]
+        title, meaning, info = f"{fault.value}", finfo.meaning, None
+    rule = policy.rule_for(event)
+    explicit = any(r.match.key == event.key for r in policy.rules)
+    index = next((i for i, r in enumerate(policy.rules) if r.match.key == event.key), None)
+    source = f"policy rule rules[{index}]" if explicit else "XID catalogue default"
+    out_rule = rule.action.takes_node_out or (
+        rule.repeat is not None and rule.repeat.then.takes_node_out
+    )
+    return Explanation(
+        key=event.key,
+        title=title,
+        meaning=meaning,
+        subsystem=event.subsystem.value,
+        condition=well_known.CONDITIONS[event.subsystem],
+        source=source,
+        first=rule.action.value,
+        first_text=_first_text(rule.action),
+        takes_node_out=rule.action.takes_node_out,
+        nvidia_action=info.nvidia_action.value if info else None,
+        xid_class=info.xid_class.value if info else None,
+        repeat=_repeat_text(rule),
+        repeat_takes_node_out=rule.repeat is not None and rule.repeat.then.takes_node_out,
+        isolation=_isolation(policy, rule) if out_rule else [],
+        ladder=_ladder(policy, rule) if out_rule else [],
+        lemon=(
+            f"{policy.lemon.incidents} incidents within {policy.lemon.window_days:g} days "
+            f"send the node to {policy.lemon.then}"
+        ),
+        safety=_safety(policy) if out_rule else [],
+        note=rule.note,
+    )
+
+
+def _first_text(action: Response) -> str:
+    if action in _FIRST_TEXT:
+        return _FIRST_TEXT[action]
+    if action in (Response.TRIAGE, Response.RMA):
+        return f"the node is drained and handed to people ({action})"
+    return f"the node is taken out and remediation starts with {action}"
+
+
+def _repeat_text(rule: Rule) -> str | None:
+    rep = rule.repeat
+    if rep is None:
+        return None
+    where = "on the same GPU or port" if rep.scope is Scope.COMPONENT else "anywhere on the node"
+    return f"{rep.count} occurrences {where} within {rep.window_seconds:g}s -> {rep.then}"
+
+
+def _isolation(policy: Policy, rule: Rule) -> list[str]:
+    drain = rule.drain or policy.drain.mode
+    return [
+        f"cordon (annotated {well_known.ANNOTATION_CORDONED})",
+        f"taint {well_known.TAINT_UNHEALTHY}:{rule.taint}",
+        f"drain: {drain} (timeout {policy.drain.timeout_seconds:g}s)",
+        f"Slurm: drain '{well_known.slurm_reason('<fault>')}', jobs requeue {rule.requeue}",
+    ]
+
+
+def _ladder(policy: Policy, rule: Rule) -> list[str]:
+    start = rule.action.step
+    if start is None and rule.repeat is not None:
+        start = rule.repeat.then.step
+    if start is None:
+        return []
+    out: list[str] = []
+    for entry in policy.walk(start):
+        if isinstance(entry, LadderStep):
+            tries = "attempt" if entry.attempts == 1 else "attempts"
+            out.append(
+                f"{entry.step} (timeout {entry.timeout_seconds:g}s, {entry.attempts} {tries})"
+            )
+        else:
+            out.append(f"{entry}" + (" (a person decides)" if entry is Step.TRIAGE else ""))
+    checks = policy.checks
+    if start not in (Step.TRIAGE, Step.RMA):
+        out.insert(
+            len(out) - 1,
+            f"after each successful step: verify with '{checks.verification_profile}' checks "
+            f"(timeout {checks.verification_timeout_seconds:g}s); pass -> production, "
+            "fail -> next step",
+        )
+    return out
+
+
+def _safety(policy: Policy) -> list[str]:
+    s = policy.safety
+    return [
+        f"budget: at most {s.budget.max_nodes} nodes and {s.budget.max_percent:g}% of a pool "
+        f"out at once (at least {s.budget.min_nodes})",
+        f"circuit breaker: more than {s.breaker.max_nodes} nodes or {s.breaker.max_percent:g}% "
+        f"faulting within {s.breaker.window_seconds:g}s stops automatic disruption "
+        f"for {s.breaker.cooldown_seconds:g}s after the last",
+        f"rate limit: {s.rate_limit.max_actions} disruptive actions per "
+        f"{s.rate_limit.window_seconds:g}s",
+        f"dryRun: {str(policy.dry_run).lower()}, paused: {str(policy.paused).lower()}",
+    ]
