@@ -53,6 +53,14 @@ CONDITIONS: Mapping[Subsystem, str] = MappingProxyType(
 """Node condition types, set by the agent, one per subsystem; status "True"
 means a problem (Node-Problem-Detector convention)."""
 
+CONDITION_REQUEST = "GpufleetRequest"
+"""Node condition, set by the agent: the result of the last agent request
+(see :mod:`gpufleet.domain.conditions`). ``True`` means the request failed."""
+
+ANNOTATION_AGENT_REQUEST = "gpufleet.io/agent-request"
+"""Node annotation, set by the lifecycle controller: what the node's agent must
+do next (run a check profile, reset a GPU), as JSON (domain.conditions)."""
+
 CONDITION_SLURM = "SlurmUnavailable"
 """Node condition, set by the Slurm syncer when Slurm holds the node out
 (drain or DOWN) for a reason gpufleet does not own."""

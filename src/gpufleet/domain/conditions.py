@@ -1,0 +1,234 @@
+"""The contract between the node agent and the controllers, on the Node object.
+
+Three things travel on a Node, and this module encodes and decodes each of
+them, so the agent (writer) and the controllers (readers) cannot disagree:
+
+1. **Problem conditions** (one per subsystem, ``True`` = problem). The agent
+   raises a condition only when :func:`gpufleet.domain.decide.respond` says the
+   node must be taken out (the same policy, the same repeat counting), so a
+   condition never means "log this". The message is for people, followed by a
+   JSON list of the occurrences that led there, so the controller can replay
+   them into its own record (replaying is harmless: occurrences are counted
+   once).
+2. **Requests to the agent** (annotation ``gpufleet.io/agent-request``, set by
+   the lifecycle controller): run a check profile, or reset a GPU.
+3. **Results of requests** (condition ``GpufleetRequest``, set by the agent):
+   which request it answers, whether it passed, and why.
+
+Decoding never raises: anything malformed decodes to "nothing", and the
+caller treats that as unknown (fail closed: no action).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpufleet.domain import well_known
+from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
+
+MAX_OCCURRENCES = 16
+"""Occurrences carried in one condition message (the most recent)."""
+
+_JSON_MARK = " | evidence: "
+
+Status = Literal["True", "False", "Unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionReport:
+    """A Node condition as the agent writes it."""
+
+    type: str
+    status: Status
+    reason: str
+    message: str
+
+
+def reason_of(fault: FaultEvent) -> str:
+    """A CamelCase condition reason: ``Xid79``, ``IbPortDown``, ``EccUncorrectable``."""
+    if fault.xid is not None:
+        return f"Xid{fault.xid}"
+    return "".join(part.capitalize() for part in fault.kind.value.split("-"))
+
+
+def _occurrence(f: FaultEvent) -> dict[str, Any]:
+    e = f.evidence
+    data: dict[str, Any] = {"kind": f.kind.value, "at": f.at}
+    if f.xid is not None:
+        data["xid"] = f.xid
+    for name in ("gpu_index", "pci_bus_id", "hca", "port", "recovery_action"):
+        value = getattr(e, name)
+        if value is not None:
+            data[name] = value
+    if e.counters:
+        data["counters"] = dict(e.counters)
+    if e.message:
+        data["message"] = e.message[:300]
+    return data
+
+
+def problem(subsystem: Subsystem, faults: Sequence[FaultEvent]) -> ConditionReport:
+    """The condition for a subsystem with these occurrences (latest last)."""
+    if not faults:
+        return healthy(subsystem)
+    recent = list(faults)[-MAX_OCCURRENCES:]
+    latest = recent[-1]
+    human = f"{latest.describe()}: {latest.evidence.summary()}".rstrip(": ")
+    if len(recent) > 1:
+        human += f" ({len(recent)} occurrences)"
+    payload = json.dumps([_occurrence(f) for f in recent], separators=(",", ":"))
+    return ConditionReport(
+        type=well_known.CONDITIONS[subsystem],
+        status="True",
+        reason=reason_of(latest),
+        message=f"{human}{_JSON_MARK}{payload}",
+    )
+
+
+def healthy(subsystem: Subsystem) -> ConditionReport:
+    """The condition for a subsystem with no problem."""
+    return ConditionReport(
+        type=well_known.CONDITIONS[subsystem],
+        status="False",
+        reason="NoProblem",
+        message=f"no {subsystem.value} problem",
+    )
+
+
+_SUBSYSTEM_OF = {v: k for k, v in well_known.CONDITIONS.items()}
+
+
+def subsystem_of(condition_type: str) -> Subsystem | None:
+    """The subsystem of a gpufleet problem condition type, or None if it is not one."""
+    return _SUBSYSTEM_OF.get(condition_type)
+
+
+def faults_of(node: str, condition_type: str, status: str, message: str) -> list[FaultEvent]:
+    """The occurrences carried by a problem condition (empty if not ``True`` or malformed)."""
+    if status != "True" or condition_type not in _SUBSYSTEM_OF:
+        return []
+    _, sep, payload = message.rpartition(_JSON_MARK)
+    if not sep:
+        return []
+    try:
+        items = json.loads(payload)
+    except ValueError:
+        return []
+    if not isinstance(items, list):
+        return []
+    out: list[FaultEvent] = []
+    for item in items:
+        fault = _fault_from(node, item)
+        if fault is not None:
+            out.append(fault)
+    return out
+
+
+def _fault_from(node: str, item: object) -> FaultEvent | None:
+    if not isinstance(item, Mapping):
+        return None
+    try:
+        kind = FaultKind(item["kind"])
+        at = float(item["at"])
+        xid = int(item["xid"]) if "xid" in item else None
+        counters = {str(k): float(v) for k, v in dict(item.get("counters", {})).items()}
+        gpu = item.get("gpu_index")
+        port = item.get("port")
+        evidence = Evidence(
+            gpu_index=int(gpu) if gpu is not None else None,
+            pci_bus_id=_opt_str(item.get("pci_bus_id")),
+            hca=_opt_str(item.get("hca")),
+            port=int(port) if port is not None else None,
+            counters=counters,
+            message=str(item.get("message", "")),
+            recovery_action=_opt_str(item.get("recovery_action")),
+        )
+        return FaultEvent(kind, node, at=at, xid=xid, evidence=evidence)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+# ------------------------------------------------------------ agent requests
+
+RequestKind = Literal["checks", "gpu-reset"]
+_ID = re.compile(r"^[A-Za-z0-9._:-]{1,80}$")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRequest:
+    """What the controller asks of a node's agent."""
+
+    id: str
+    """Unique per request (the controller uses ``<incident>-<step>-<attempt>``)."""
+    kind: RequestKind
+    profile: str | None = None
+    """For ``checks``: the profile (``verify``, ``burn-in``)."""
+    gpu_index: int | None = None
+    """For ``gpu-reset``: the GPU, or None for every GPU."""
+
+    def encode(self) -> str:
+        """The annotation value."""
+        data: dict[str, Any] = {"id": self.id, "kind": self.kind}
+        if self.profile is not None:
+            data["profile"] = self.profile
+        if self.gpu_index is not None:
+            data["gpu_index"] = self.gpu_index
+        return json.dumps(data, separators=(",", ":"))
+
+
+def decode_request(value: str | None) -> AgentRequest | None:
+    """Parse the request annotation; None if absent or malformed."""
+    if not value:
+        return None
+    try:
+        data = json.loads(value)
+        kind = data["kind"]
+        rid = str(data["id"])
+        if kind not in ("checks", "gpu-reset") or not _ID.match(rid):
+            return None
+        gpu = data.get("gpu_index")
+        profile = data.get("profile")
+        return AgentRequest(
+            id=rid,
+            kind=kind,
+            profile=None if profile is None else str(profile),
+            gpu_index=None if gpu is None else int(gpu),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentResult:
+    """The agent's answer to a request, carried by the ``GpufleetRequest`` condition."""
+
+    id: str
+    passed: bool
+    detail: str = ""
+
+    def condition(self) -> ConditionReport:
+        """The condition that carries this result (``True`` = the request failed)."""
+        return ConditionReport(
+            type=well_known.CONDITION_REQUEST,
+            status="False" if self.passed else "True",
+            reason="Passed" if self.passed else "Failed",
+            message=f"{self.id}: {self.detail}".rstrip(": "),
+        )
+
+
+def decode_result(status: str, reason: str, message: str) -> AgentResult | None:
+    """Parse the ``GpufleetRequest`` condition; None if it answers nothing."""
+    if reason not in ("Passed", "Failed") or status not in ("True", "False"):
+        return None
+    rid, _, detail = message.partition(": ")
+    if not _ID.match(rid):
+        return None
+    return AgentResult(id=rid, passed=reason == "Passed" and status == "False", detail=detail)
