@@ -12,13 +12,10 @@ def test_problem_condition_round_trips_every_occurrence() -> None:
     faults = [
         FaultEvent(FaultKind.XID, "n1", at=10.5 + i, xid=13, evidence=Evidence(gpu_index=2))
         for i in range(3)
-    ] + [
-        FaultEvent(
-            FaultKind.XID, "n1", at=20.0, xid=79,
-            evidence=Evidence(gpu_index=3, pci_bus_id="0000:1b:00.0", counters={"x": 1.0},
-                              message="NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus."),
-        )
-    ]  # fmt: skip
+    ]
+    line = "NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus."
+    evidence = Evidence(gpu_index=3, pci_bus_id="0000:1b:00.0", counters={"x": 1.0}, message=line)
+    faults.append(FaultEvent(FaultKind.XID, "n1", at=20.0, xid=79, evidence=evidence))
     report = c.problem(Subsystem.GPU, faults)
     assert (report.type, report.status, report.reason) == ("GpuProblem", "True", "Xid79")
     assert report.message.startswith("xid79 gpu3: GPU 3; PCI 0000:1b:00.0")

@@ -13,8 +13,11 @@ DOC = Path(__file__).parents[3] / "docs" / "faults.md"
 
 
 def test_fault_table_matches_the_catalogue_and_default_policy() -> None:
-    rows = {line.split("|")[1].strip(): line for line in DOC.read_text().splitlines()
-            if line.startswith("| ") and not line.startswith("| XID") and "---" not in line}  # fmt: skip
+    lines = DOC.read_text().splitlines()
+    table = [
+        x for x in lines if x.startswith("| ") and not x.startswith("| XID") and "---" not in x
+    ]
+    rows = {line.split("|")[1].strip(): line for line in table}
     p = default_policy()
     for code in xids.XIDS:
         assert str(code) in rows, f"XID {code} missing from {DOC}"
