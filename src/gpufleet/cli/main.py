@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from gpufleet.cli import policy_cmd
+from gpufleet.cli import policy_cmd, sim_cmd
 
 app = typer.Typer(
     name="gpufleet",
@@ -21,6 +21,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(policy_cmd.app, name="policy")
+app.command("sim")(sim_cmd.sim)
 
 
 def main() -> None:

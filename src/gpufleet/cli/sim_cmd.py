@@ -1,0 +1,143 @@
+"""``gpufleet sim``: what a policy does to goodput on a simulated fleet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gpufleet.domain.policy import Policy, PolicyError, default_policy, load_policy
+from gpufleet.sim import RunResult, simulate, summarize
+from gpufleet.sim.model import Model, ModelError, default_model, load_model
+from gpufleet.sim.result import BUCKETS, Estimate
+
+
+def _read_policy(path: Path | None) -> Policy:
+    if path is None:
+        return default_policy()
+    return load_policy(path.read_text(encoding="utf-8"), str(path))
+
+
+def _read_model(path: Path | None) -> Model:
+    if path is None:
+        return default_model()
+    return load_model(path.read_text(encoding="utf-8"), str(path))
+
+
+def sim(
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs of the training job.")] = 3504,
+    days: Annotated[float, typer.Option(min=0.001, help="Simulated days.")] = 30.0,
+    policy: Annotated[
+        Path | None, typer.Option(help="Policy YAML (FleetPolicy spec); default: built-in.")
+    ] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="Fleet model YAML; default: built-in (Llama 3 mix).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed of the first run.")] = 0,
+    runs: Annotated[
+        int, typer.Option(min=1, help="Runs (seeds seed..seed+runs-1); mean and 95% CI.")
+    ] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a PNG report (timeline and loss waterfall).")
+    ] = None,
+) -> None:
+    """Simulate a fleet running one large training job under a policy.
+
+    Prints the effective training time ratio (ETTR) and where the rest of the time
+    went. The model (failure rates, detection and repair times, checkpointing) and
+    the policy (the same file the controller uses) are YAML files; without them the
+    built-in defaults are used (docs/simulator.md).
+
+    Example:
+
+        gpufleet sim --gpus 3504 --days 30 --seed 1 --json
+
+        gpufleet sim --gpus 16384 --days 54 --runs 10 --policy my-policy.yaml --plot out.png
+    """
+    try:
+        pol = _read_policy(policy)
+        mod = _read_model(model)
+    except (PolicyError, ModelError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        typer.echo(f"error: cannot read {exc.filename}: {exc.strerror}", err=True)
+        raise typer.Exit(2) from None
+
+    err = Console(stderr=True)
+    results: list[RunResult] = []
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("simulating", total=float(runs))
+        for k in range(runs):
+
+            def tick(fraction: float, base: float = float(k)) -> None:
+                bar.update(task, completed=base + fraction)
+
+            results.append(
+                simulate(
+                    mod,
+                    pol,
+                    gpus=gpus,
+                    days=days,
+                    seed=seed + k,
+                    progress=tick,
+                )
+            )
+    if plot is not None:
+        from gpufleet.sim.report import write_report
+
+        write_report(plot, results)
+
+    if as_json:
+        out = (
+            results[0].to_dict()
+            if runs == 1
+            else {
+                "summary": summarize(results),
+                "runs": [r.to_dict() for r in results],
+            }
+        )
+        typer.echo(json.dumps(out, indent=2))
+        return
+    _print(results)
+
+
+def _print(results: list[RunResult]) -> None:
+    con = Console()
+    first = results[0]
+    ettr = Estimate.of([r.ettr for r in results])
+    ci = f" (95% CI {ettr.low * 100:.2f}-{ettr.high * 100:.2f}%)" if len(results) > 1 else ""
+    con.print(
+        f"{first.gpus} GPUs ({first.job_nodes} nodes + {first.spare_nodes} spare), "
+        f"{first.days:g} days, {len(results)} run(s); checkpoint every "
+        f"{first.checkpoint_interval_seconds / 60:.1f} min"
+    )
+    con.print(f"[bold]ETTR {ettr.mean * 100:.2f}%[/bold]{ci}")
+    table = Table("where the time went", "% of wall time", "hours")
+    for k in BUCKETS:
+        frac = sum(r.fractions()[k] for r in results) / len(results)
+        hours = sum(r.buckets[k] for r in results) / len(results) / 3600.0
+        table.add_row(k, f"{frac * 100:.2f}", f"{hours:.1f}")
+    con.print(table)
+    inter = Table("job interruptions (run 1)", "count")
+    for name, n in first.interruptions.items():
+        inter.add_row(name, str(n))
+    con.print(inter)
+    con.print(
+        f"decisions {first.decisions}, held by safety rails {first.held}, "
+        f"actions by people {first.human_actions}"
+    )

@@ -1,0 +1,105 @@
+"""Named variants of the default model and policy, for comparisons.
+
+A variant is the default model with some fields changed (dotted snake_case
+paths, re-validated like a file) and a policy text. They exist so the
+comparison in docs/sim-comparison.md can be rerun (``bench/sim_compare.py``)
+and so a reader can see exactly what each row switches off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
+from gpufleet.domain.policy import Policy, load_policy
+from gpufleet.sim.model import Model, default_model
+
+
+def with_overrides(model: Model, overrides: Mapping[str, Any]) -> Model:
+    """The model with dotted fields replaced, e.g. ``{"job.restart_seconds": 120}``.
+
+    The result is validated again, so a bad value raises pydantic's error
+    naming the field.
+    """
+    data = model.model_dump()
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            if not isinstance(node.get(key), dict):
+                raise KeyError(f"{dotted}: no such model field")
+            node = node[key]
+        if leaf not in node:
+            raise KeyError(f"{dotted}: no such model field")
+        node[leaf] = value
+    return Model.model_validate(data)
+
+
+NO_LEMON_POLICY_YAML = DEFAULT_POLICY_YAML.replace(
+    "lemon:\n  incidents: 3\n", "lemon:\n  incidents: 1000000\n"
+)
+"""The default policy with lemon detection switched off."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A model variant and a policy, with a one-line description."""
+
+    name: str
+    description: str
+    overrides: Mapping[str, Any]
+    policy_yaml: str = DEFAULT_POLICY_YAML
+
+    def model(self, base: Model | None = None) -> Model:
+        """The scenario's model."""
+        return with_overrides(base or default_model(), self.overrides)
+
+    def policy(self) -> Policy:
+        """The scenario's policy."""
+        return load_policy(self.policy_yaml, f"<{self.name} policy>")
+
+
+_NO_AUTOMATION = {
+    "detection.passive": False,
+    "detection.performance_monitoring": False,
+    "detection.active_checks.enabled": False,
+    "fleet.spare_percent": 0.0,
+}
+
+REACTIVE = Scenario(
+    "reactive",
+    "no monitors: a job failure sends a person to find and repair the node; no spares",
+    _NO_AUTOMATION,
+    NO_LEMON_POLICY_YAML,
+)
+PASSIVE = Scenario(
+    "passive+auto",
+    "passive monitors (30 s) and the default remediation ladder; no active checks, "
+    "no performance monitoring, no lemon detection, no spares",
+    {
+        "detection.performance_monitoring": False,
+        "detection.active_checks.enabled": False,
+        "fleet.spare_percent": 0.0,
+    },
+    NO_LEMON_POLICY_YAML,
+)
+FULL = Scenario(
+    "full",
+    "passive + active checks + performance monitoring + lemon detection + 1% spares "
+    "(the default model and policy)",
+    {},
+)
+FAST = Scenario(
+    "full+fast-recovery",
+    "full, with 1 s in-memory checkpoints, 10 s detection and a 2-minute restart",
+    {
+        "job.checkpoint.blocking_seconds": 1.0,
+        "job.restart_seconds": 105.0,
+        "job.requeue_seconds": 15.0,
+        "detection.passive_seconds": 10.0,
+    },
+)
+
+SCENARIOS: tuple[Scenario, ...] = (REACTIVE, PASSIVE, FULL, FAST)
