@@ -46,7 +46,7 @@ class SkuProfile(_Model):
     hbm_gbps_min: float = Field(gt=0)
     allreduce_busbw_gbps_min: float = Field(gt=0)
     """Intra-node all-reduce bus bandwidth at the check's message size."""
-    peer_tolerance: float = Field(default=0.10, gt=0, lt=1)
+    peer_tolerance: float = Field(default=0.15, gt=0, lt=1)
     """A GPU this fraction below the median of its peers is flagged (straggler GPU)."""
     max_temperature_c: float = Field(default=85, gt=0)
     retired_pages_max: int = Field(default=60, ge=1)

@@ -1,0 +1,105 @@
+"""``gpufleet agent``: the node agent (a DaemonSet in production)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from pathlib import Path
+
+import typer
+
+from gpufleet.domain.policy import default_policy, load_policy
+from gpufleet.health import agent as agent_mod
+from gpufleet.health import backends, skus
+from gpufleet.health.hardware import NoGpuFound
+from gpufleet.health.metrics import AgentMetrics
+
+app = typer.Typer(help="Run the node agent.", invoke_without_command=True)
+
+
+@app.callback()
+def run(
+    node: str = typer.Option(
+        socket.gethostname(), envvar="NODE_NAME", help="This node's Kubernetes Node name."
+    ),
+    backend: str = typer.Option("real", help="Hardware backend: real or simulated."),
+    kubeconfig: str | None = typer.Option(
+        None, envvar="KUBECONFIG", help="Kubeconfig (default: in-cluster service account)."
+    ),
+    no_kube: bool = typer.Option(False, "--no-kube", help="Do not report to Kubernetes."),
+    metrics_port: int = typer.Option(9400, help="Prometheus metrics port (0: off)."),
+    metrics_address: str = typer.Option(
+        "127.0.0.1", help="Metrics bind address (0.0.0.0 in a DaemonSet)."
+    ),
+    inject_port: int = typer.Option(
+        0, help="Simulated backend: loopback fault-injection API port (0: off)."
+    ),
+    policy_file: Path | None = typer.Option(
+        None, "--policy", help="Policy YAML (default: the built-in policy)."
+    ),
+    sku: str = typer.Option("", help="SKU profile; default: from the GPU name."),
+    interval: float = typer.Option(1.0, help="Seconds between passive polls."),
+    active_every: float = typer.Option(
+        0.0, help="Seconds between idle-time active checks (0: only on request)."
+    ),
+    kmsg_lookback: float = typer.Option(
+        300.0, help="At start, kernel log records older than this many seconds are ignored."
+    ),
+) -> None:
+    """Watch GPUs, InfiniBand and the kernel; report Node conditions, Events and metrics.
+
+    Example (one simulated node against the local cluster):
+
+        gpufleet agent --node gpu-node-0000 --backend simulated --inject-port 9401 \\
+            --kubeconfig ~/.local/share/gpufleet/kubeconfig
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    policy = (
+        load_policy(policy_file.read_text(), str(policy_file)) if policy_file else default_policy()
+    )
+    try:
+        hw = backends.open_backend(backend, node=node, kmsg_lookback_s=kmsg_lookback)
+    except NoGpuFound as exc:
+        typer.echo(f"no GPU found: {exc}", err=True)
+        raise typer.Exit(3) from None
+    try:
+        names = [str(g.get("name", "")) for g in hw.gpus()]
+    except Exception:
+        names = []
+    profile = skus.choose(skus.bundled(), sku=sku or None, gpu_names=names)
+    metrics = AgentMetrics(node)
+    reporter = None
+    if not no_kube:
+        from gpufleet.health.kube_report import KubeReporter
+
+        reporter = KubeReporter(node, kubeconfig=kubeconfig)
+    settings = agent_mod.AgentSettings(interval_s=interval, active_every_s=active_every)
+    agent = agent_mod.Agent(
+        hw, profile, policy, node=node, reporter=reporter, metrics=metrics, settings=settings
+    )
+    injector = None
+    if inject_port:
+        if backend != "simulated":
+            raise typer.BadParameter("the injection API needs --backend simulated")
+        injector = agent_mod.InjectionServer(hw, inject_port).start()
+        typer.echo(f"fault injection API on http://127.0.0.1:{injector.port}")
+    if metrics_port:
+        port = metrics.serve(metrics_port, metrics_address)
+        typer.echo(f"metrics on http://{metrics_address}:{port}/metrics")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await agent.run(stop)
+
+    try:
+        asyncio.run(main())
+    finally:
+        if injector is not None:
+            injector.stop()
+        metrics.stop()
+        hw.close()

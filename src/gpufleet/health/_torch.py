@@ -1,0 +1,172 @@
+"""torch adapter: the only module that imports torch (an optional extra).
+
+GEMM in bfloat16 and device copies on CUDA GPUs (or the CPU, for tests),
+and an intra-node all-reduce over ``torch.distributed`` (NCCL on GPUs, gloo
+on the CPU) in spawned processes on a loopback rendezvous.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from gpufleet.health import compute
+from gpufleet.health.hardware import HardwareError
+
+
+def available() -> bool:
+    """Whether torch can be imported."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def cuda_count() -> int:
+    """CUDA devices torch sees (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def cuda_devices() -> list[compute.ComputeDevice] | None:
+    """One device per CUDA GPU; None without torch or CUDA."""
+    n = cuda_count()
+    if n == 0:
+        return None
+    return [TorchDevice(f"cuda:{i}", i) for i in range(n)]
+
+
+class TorchDevice:
+    """A torch device: bf16 GEMM (tensor cores on GPUs) and a device-to-device copy."""
+
+    def __init__(self, device: str, index: int = 0) -> None:
+        self.label = device
+        self.index = index
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.label.startswith("cuda"):
+            torch.cuda.synchronize(self.label)
+
+    def gemm(self, n: int, iters: int, seed: int) -> compute.GemmRun:
+        import torch
+
+        a_np, b_np = compute.inputs(n, seed)
+        a = torch.from_numpy(a_np).to(self.label, torch.bfloat16)
+        b = torch.from_numpy(b_np).to(self.label, torch.bfloat16)
+        c = a @ b  # warm-up (cuBLAS heuristics, clocks up)
+        self._sync()
+        start = time.perf_counter()
+        for _ in range(iters):
+            c = a @ b
+        self._sync()
+        seconds = time.perf_counter() - start
+        rows = c[: compute.SAMPLE_ROWS].float().cpu().numpy().astype(np.float64)
+        return compute.GemmRun(n, iters, seconds, rows, "bfloat16")
+
+    def copy(self, nbytes: int, iters: int) -> compute.CopyRun:
+        import torch
+
+        src = torch.empty(nbytes, dtype=torch.uint8, device=self.label)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        self._sync()
+        start = time.perf_counter()
+        for _ in range(iters):
+            dst.copy_(src)
+        self._sync()
+        return compute.CopyRun(nbytes, iters, time.perf_counter() - start)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _rank(
+    rank: int, world: int, port: int, backend: str, nbytes: int, iters: int, out: Any
+) -> None:
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        )
+        device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        n = max(1, nbytes // 4)
+        t = torch.full((n,), float(rank + 1), dtype=torch.float32, device=device)
+        dist.all_reduce(t)  # warm-up; also the correctness probe
+        expected = world * (world + 1) / 2
+        correct = bool(torch.all(t == expected).item())
+        dist.barrier()
+        if backend == "nccl":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(t)
+        if backend == "nccl":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        out.put((rank, seconds, correct, ""))
+        dist.destroy_process_group()
+    except Exception as exc:
+        out.put((rank, 0.0, False, f"{type(exc).__name__}: {exc}"))
+
+
+def allreduce(
+    *, world: int, nbytes: int, iters: int, backend: str, timeout_s: float = 120.0
+) -> compute.AllReduceRun:
+    """All-reduce ``nbytes`` of float32 over ``world`` local ranks, ``iters`` times."""
+    if not available():
+        raise HardwareError("torch is not installed (pip install 'gpufleet[gpu]')")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_rank, args=(r, world, port, backend, nbytes, iters, out), daemon=True)
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    results: list[tuple[int, float, bool, str]] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise HardwareError(
+                    f"all-reduce over {world} ranks did not finish in {timeout_s:g}s"
+                )
+            try:
+                results.append(out.get(timeout=min(remaining, 1.0)))
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs) and out.empty():
+                    raise HardwareError("all-reduce workers exited without a result") from None
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    errors = [e for _, _, _, e in results if e]
+    if errors:
+        raise HardwareError(f"all-reduce failed: {errors[0]}")
+    seconds = max(s for _, s, _, _ in results)
+    return compute.AllReduceRun(
+        world, max(1, nbytes // 4) * 4, iters, seconds, backend, all(c for _, _, c, _ in results)
+    )

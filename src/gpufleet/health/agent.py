@@ -1,0 +1,316 @@
+"""The agent loop: poll, classify with the policy, debounce, report.
+
+Every ``interval`` seconds the agent polls its passive monitors once. Each
+new fault occurrence is judged with :func:`gpufleet.domain.decide.respond`
+(the same rule and repeat counting the lifecycle controller uses): an
+occurrence that takes the node out feeds the subsystem's problem condition
+(debounced with :mod:`gpufleet.domain.debounce`); every other occurrence
+that the policy does not ignore becomes a Node Event only. Conditions are
+written when they change (and re-asserted every ``resync`` seconds), in the
+format of :mod:`gpufleet.domain.conditions`.
+
+Active checks run on a schedule only while the node is idle, and stop
+(between checks) when a workload appears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from gpufleet.domain import conditions, debounce
+from gpufleet.domain.decide import respond
+from gpufleet.domain.faults import FaultEvent, Subsystem
+from gpufleet.domain.policy import Policy, Response
+from gpufleet.domain.profiles import SkuProfile
+from gpufleet.domain.records import NodeRecord, Occurrence
+from gpufleet.health import checks
+from gpufleet.health.hardware import Hardware
+from gpufleet.health.metrics import AgentMetrics
+from gpufleet.health.monitors import PassiveMonitors
+
+log = logging.getLogger(__name__)
+
+
+class Reporter(Protocol):
+    """Where conditions and Events go (Kubernetes, or a list in tests)."""
+
+    async def set_conditions(
+        self, reports: list[conditions.ConditionReport], now: float
+    ) -> None: ...
+
+    async def event(
+        self, fault: FaultEvent, *, reason: str, message: str, now: float, warning: bool = True
+    ) -> None: ...
+
+
+@dataclass
+class AgentSettings:
+    """How often the agent does what."""
+
+    interval_s: float = 1.0
+    """Passive poll period. 1 s keeps fault-to-condition latency under 2 s."""
+    resync_s: float = 60.0
+    """Conditions are re-written this often even without a change (heartbeat)."""
+    active_every_s: float = 0.0
+    """Period of idle-time active checks; 0 disables them."""
+    active_checks: tuple[str, ...] = ("gemm", "sdc", "hbm", "allreduce")
+
+
+@dataclass
+class _Sub:
+    state: debounce.ConditionState = field(default_factory=debounce.ConditionState)
+    reported: conditions.ConditionReport | None = None
+
+
+class Agent:
+    """One node's agent."""
+
+    def __init__(
+        self,
+        hw: Hardware,
+        profile: SkuProfile,
+        policy: Policy,
+        *,
+        node: str,
+        reporter: Reporter | None,
+        metrics: AgentMetrics | None = None,
+        settings: AgentSettings | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.hw = hw
+        self.profile = profile
+        self.policy = policy
+        self.node = node
+        self.reporter = reporter
+        self.metrics = metrics
+        self.settings = settings or AgentSettings()
+        self.clock = clock
+        self.monitors = PassiveMonitors(hw, profile, node=node)
+        self.subs: dict[Subsystem, _Sub] = {s: _Sub() for s in Subsystem}
+        self.record = NodeRecord.new(node, at=clock())
+        self._present: set[tuple[str, str]] = set()
+        self._worthy: set[tuple[str, str]] = set()
+        self._last_write = 0.0
+        self._last_active = clock()
+        self.last_results: list[Any] = []
+
+    # ----------------------------------------------------------------- one poll
+
+    def _judge(self, fault: FaultEvent, now: float) -> Response:
+        occ = Occurrence(fault.key, fault.evidence.scope(), fault.at)
+        keep = [o for o in self.record.occurrences if now - o.at < _window(self.policy)]
+        self.record = replace(self.record, occurrences=(*keep, occ))
+        response, _why = respond(self.policy.rule_for(fault), fault, self.record, now)
+        return response
+
+    def step(
+        self, now: float
+    ) -> tuple[list[conditions.ConditionReport], list[tuple[FaultEvent, Response]]]:
+        """Poll once; returns changed conditions and new occurrences with their response."""
+        snap = self.monitors.poll(now)
+        if self.metrics is not None:
+            self.metrics.observe(snap)
+        changed: list[conditions.ConditionReport] = []
+        events: list[tuple[FaultEvent, Response]] = []
+        present: set[tuple[str, str]] = set()
+        resync = now - self._last_write >= self.settings.resync_s
+        for sub, obs in snap.observations.items():
+            worthy_state: list[FaultEvent] = []
+            worthy_instant: list[FaultEvent] = []
+            for fault, instant in [(f, False) for f in obs.faults] + [
+                (f, True) for f in obs.instant
+            ]:
+                ident = (fault.key, fault.evidence.scope())
+                if not instant:
+                    present.add(ident)
+                    if ident in self._present:  # still there: not a new occurrence
+                        if ident in self._worthy:
+                            worthy_state.append(fault)
+                        continue
+                response = self._judge(fault, now)
+                if response is not Response.IGNORE:
+                    events.append((fault, response))
+                if response.takes_node_out:
+                    (worthy_instant if instant else worthy_state).append(fault)
+                    if not instant:
+                        self._worthy.add(ident)
+            o = debounce.Observation(
+                now, tuple(worthy_state), tuple(worthy_instant), obs.readable, obs.unreadable_reason
+            )
+            entry = self.subs[sub]
+            entry.state = debounce.observe(entry.state, o, self.policy.detection)
+            report = _report(sub, entry.state)
+            if report != entry.reported or resync:
+                entry.reported = report
+                changed.append(report)
+            if self.metrics is not None:
+                self.metrics.condition.labels(self.node, report.type).set(
+                    int(report.status == "True")
+                )
+        self._present = present
+        self._worthy &= present
+        if changed:
+            self._last_write = now
+        return changed, events
+
+    # ---------------------------------------------------------------- the loop
+
+    async def publish(
+        self,
+        changed: list[conditions.ConditionReport],
+        events: list[tuple[FaultEvent, Response]],
+        now: float,
+    ) -> None:
+        if self.reporter is None:
+            return
+        for fault, response in events:
+            msg = f"{fault.describe()}: {fault.evidence.summary()} (policy: {response.value})"
+            try:
+                await self.reporter.event(
+                    fault, reason=conditions.reason_of(fault), message=msg, now=now, warning=True
+                )
+            except Exception as exc:  # reporting must never stop monitoring
+                log.warning("node=%s event not written: %s", self.node, exc)
+        if changed:
+            try:
+                await self.reporter.set_conditions(changed, now)
+            except Exception as exc:
+                log.warning("node=%s conditions not written: %s", self.node, exc)
+                for sub in self.subs.values():  # write again on the next poll
+                    if sub.reported in changed:
+                        sub.reported = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until ``stop`` is set."""
+        log.info(
+            "node=%s agent started backend=%s sku=%s", self.node, self.hw.name, self.profile.name
+        )
+        while not stop.is_set():
+            now = self.clock()
+            changed, events = self.step(now)
+            for fault, response in events:
+                log.info(
+                    "node=%s fault=%s response=%s evidence=%s",
+                    self.node,
+                    fault.describe(),
+                    response.value,
+                    fault.evidence.summary(),
+                )
+            await self.publish(changed, events, now)
+            if self._active_due(now):
+                await asyncio.to_thread(self.run_active, now)
+            try:  # noqa: SIM105
+                await asyncio.wait_for(stop.wait(), timeout=self.settings.interval_s)
+            except TimeoutError:
+                pass
+        log.info("node=%s agent stopped", self.node)
+
+    def _active_due(self, now: float) -> bool:
+        every = self.settings.active_every_s
+        return every > 0 and now - self._last_active >= every and not self.hw.busy()
+
+    def run_active(self, now: float) -> list[Any]:
+        """Run the scheduled active checks (skipping the rest if a workload starts)."""
+        self._last_active = now
+        results = []
+        for name in self.settings.active_checks:
+            if self.hw.busy():
+                log.info("node=%s active checks preempted by a workload", self.node)
+                break
+            results.extend(
+                checks.run_checks(self.hw, self.profile, [name], node=self.node, clock=self.clock)
+            )
+        if self.metrics is not None:
+            for r in results:
+                self.metrics.check(r, self.clock())
+        self.last_results = results
+        return results
+
+
+def _window(policy: Policy) -> float:
+    windows = [r.repeat.window_seconds for r in policy.rules if r.repeat is not None]
+    return max(windows, default=3600.0)
+
+
+def _report(sub: Subsystem, state: debounce.ConditionState) -> conditions.ConditionReport:
+    if state.problem:
+        return conditions.problem(sub, sorted(state.faults, key=lambda f: f.at))
+    if state.status is debounce.Status.UNKNOWN:
+        return conditions.ConditionReport(
+            type=conditions.healthy(sub).type,
+            status="Unknown",
+            reason="MonitorUnavailable",
+            message=state.note or "not observed yet",
+        )
+    return conditions.healthy(sub)
+
+
+# ------------------------------------------------------------- injection API
+
+
+class InjectionServer:
+    """Loopback HTTP API of the simulated backend: POST /inject {"fault": ...}, POST /recover."""
+
+    def __init__(self, hw: Any, port: int, address: str = "127.0.0.1") -> None:
+        hardware = hw
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("inject-api " + format, *args)
+
+            def _reply(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path == "/faults":
+                    self._reply(200, {"injected": list(hardware.injected)})
+                else:
+                    self._reply(404, {"error": "GET /faults, POST /inject, POST /recover"})
+
+            def do_POST(self) -> None:
+                from gpufleet.health.backend_sim import InjectionError
+
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                except ValueError:
+                    self._reply(400, {"error": "body must be JSON"})
+                    return
+                if self.path == "/recover":
+                    hardware.recover()
+                    self._reply(200, {"recovered": True})
+                elif self.path == "/inject":
+                    try:
+                        spec = hardware.inject(str(body.get("fault", "")))
+                    except InjectionError as exc:
+                        self._reply(400, {"error": str(exc)})
+                        return
+                    self._reply(200, {"injected": spec.kind, "params": spec.params})
+                else:
+                    self._reply(404, {"error": "POST /inject or /recover"})
+
+        self.server = ThreadingHTTPServer((address, port), Handler)
+        self.port: int = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> InjectionServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)

@@ -1,0 +1,155 @@
+"""The real hardware backend: NVML, ``/dev/kmsg``, sysfs, ``dcgmi`` and torch.
+
+Every source is opened lazily and fails on its own: no NVML means the GPU
+subsystems are unknown, an unreadable ``/dev/kmsg`` (the agent needs
+CAP_SYSLOG or root) means the kernel subsystem is unknown, and so on.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from gpufleet.health import compute, kmsg
+from gpufleet.health.hardware import HardwareError, NoGpuFound
+
+KMSG = "/dev/kmsg"
+
+
+class KmsgReader:
+    """Non-blocking reader of ``/dev/kmsg`` records."""
+
+    def __init__(self, path: str = KMSG, *, lookback_s: float | None = None) -> None:
+        self.path = path
+        self.lookback_s = lookback_s
+        self._fd: int | None = None
+
+    def _open(self) -> int:
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                raise HardwareError(f"cannot open {self.path}: {exc.strerror}") from exc
+        return self._fd
+
+    def read(self) -> list[str]:
+        fd = self._open()
+        first = self.lookback_s is not None and not hasattr(self, "_started")
+        cutoff = None
+        if first:
+            self._started = True
+            assert self.lookback_s is not None
+            cutoff = (time.clock_gettime(time.CLOCK_MONOTONIC) - self.lookback_s) * 1e6
+        lines: list[str] = []
+        while True:
+            try:
+                data = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # records overwritten before we read them
+                    continue
+                raise HardwareError(f"reading {self.path}: {exc.strerror}") from exc
+            if not data:
+                break
+            for line in data.decode("utf-8", errors="replace").splitlines():
+                if cutoff is not None:
+                    rec = kmsg.parse_record(line)
+                    if rec is not None and rec.usec is not None and rec.usec < cutoff:
+                        continue
+                lines.append(line)
+        return lines
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class RealHardware:
+    """This machine's GPUs, HCAs and kernel log."""
+
+    name = "real"
+
+    def __init__(
+        self,
+        *,
+        sysfs_root: Path = Path("/"),
+        kmsg_lookback_s: float | None = None,
+        kmsg_path: str = KMSG,
+    ) -> None:
+        self.sysfs_root = sysfs_root
+        self._kmsg = KmsgReader(kmsg_path, lookback_s=kmsg_lookback_s)
+        self._nvml: Any = None
+        self._nvml_error: NoGpuFound | None = None
+        self.allreduce_unavailable = "needs at least two GPUs and torch with CUDA"
+
+    def _session(self) -> Any:
+        if self._nvml is None:
+            if self._nvml_error is not None:
+                raise self._nvml_error
+            from gpufleet.health import _nvml
+
+            try:
+                self._nvml = _nvml.Nvml()
+            except NoGpuFound as exc:
+                self._nvml_error = exc
+                raise
+        return self._nvml
+
+    def gpus(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._session().gpus()
+        return result
+
+    def kernel_lines(self) -> list[str]:
+        return self._kmsg.read()
+
+    def dcgm_diag(self, level: int, timeout_s: float) -> str | None:
+        dcgmi = shutil.which("dcgmi")
+        if dcgmi is None:
+            return None
+        try:
+            proc = subprocess.run(
+                [dcgmi, "diag", "-r", str(level), "-j"],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise HardwareError(f"dcgmi diag -r {level} did not finish in {timeout_s:g}s") from exc
+        # dcgmi exits non-zero when a test fails; the JSON still says which.
+        return proc.stdout or proc.stderr
+
+    def compute_devices(self) -> list[compute.ComputeDevice]:
+        from gpufleet.health import _torch
+
+        devices = _torch.cuda_devices()
+        if devices is None:
+            self._session()  # raises NoGpuFound with NVML's reason when there is no GPU
+            raise HardwareError("torch with CUDA is not installed (pip install 'gpufleet[gpu]')")
+        return devices
+
+    def allreduce(self, nbytes: int, iters: int) -> compute.AllReduceRun | None:
+        from gpufleet.health import _torch
+
+        world = _torch.cuda_count()
+        if world < 2:
+            return None
+        return _torch.allreduce(world=world, nbytes=nbytes, iters=iters, backend="nccl")
+
+    def busy(self) -> bool:
+        try:
+            return bool(self._session().busy())
+        except HardwareError:
+            return False
+
+    def close(self) -> None:
+        self._kmsg.close()
+        if self._nvml is not None:
+            self._nvml.close()

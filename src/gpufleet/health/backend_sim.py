@@ -1,0 +1,430 @@
+"""The simulated hardware backend: in-memory GPUs, HCAs and kernel log.
+
+Used by the local cluster (one agent per simulated node), the demo and the
+tests. It produces the raw formats the real parsers read: NVML value sets,
+``/dev/kmsg`` records with real NVRM XID wording, and a sysfs tree written
+under a private directory. Faults are injected with :meth:`SimulatedHardware.inject`
+(from the CLI ``--inject`` flag or the loopback HTTP API) and removed with
+:meth:`SimulatedHardware.recover`.
+
+Active checks on simulated GPUs run a real (small, numpy) GEMM so that the
+result comparison is exercised, and report *modelled* throughput: the SKU's
+nominal figure times the GPU's injected slowdown.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufleet.domain import xids
+from gpufleet.domain.faults import FaultKind
+from gpufleet.health import compute, kmsg, sysfs
+
+GPU_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
+HCA_BUSES = ("0c", "1f", "47", "4e", "8c", "9f", "c6", "cd")
+NOMINAL = {"gemm_tflops": 750.0, "hbm_gbps": 3000.0, "busbw_gbps": 450.0}
+"""What a healthy simulated H100 SXM measures."""
+SIM_GEMM_SIZE = 128
+"""Matrix size the simulated devices really compute (for the fingerprint)."""
+
+XID_TEXT = {
+    13: "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+    31: "Ch 00000008, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ "
+    "0x7f1c_4c000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer "
+    "at partition 6, subpartition 0.",
+    63: "Row Remapper: New row (0x0000000000a1b2c3) marked for remapping, reset gpu to activate.",
+    64: "Row Remapper: Failed to remap row (0x0000000000a1b2c3).",
+    74: "NVLink: fatal error detected on link 3(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+    79: "GPU has fallen off the bus.",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 "
+    "(GSP_RM_CONTROL) (0x20801702 0x4).",
+}
+RECOVERY_TEXT = {
+    "gpu-reset": "0x1 (GPU Reset Required)",
+    "node-reboot": "0x2 (Node Reboot Required)",
+    "drain-p2p": "0x3 (Drain P2P)",
+    "drain-and-reset": "0x4 (Drain and Reset)",
+}
+EXTRA_FAULTS = ("kmsg-garbage", "busy")
+"""Injectable conditions that are not fault kinds: malformed log lines, a running workload."""
+
+
+class InjectionError(ValueError):
+    """A fault specification the simulator does not understand."""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    """``xid=79,gpu=3`` or ``ib-port-down,hca=mlx5_1``: a kind and its parameters."""
+
+    kind: str
+    params: dict[str, str]
+
+    def int(self, key: str, default: int) -> int:
+        raw = self.params.get(key)
+        if raw is None:
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise InjectionError(f"{key}={raw!r} is not a whole number") from None
+
+
+KINDS = tuple(k.value for k in FaultKind) + EXTRA_FAULTS
+
+
+def parse_spec(text: str) -> FaultSpec:
+    """Parse a fault specification; errors list the known kinds."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise InjectionError("empty fault specification")
+    params: dict[str, str] = {}
+    kind, sep, value = parts[0].partition("=")
+    if kind not in KINDS or (sep and kind != "xid"):
+        raise InjectionError(f"unknown fault {parts[0]!r}; known: {', '.join(KINDS)}")
+    if kind == "xid":
+        params["xid"] = value
+    for part in parts[1:]:
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise InjectionError(f"expected key=value, got {part!r}")
+        params[key] = value
+    if kind == "xid" and not params.get("xid", "").isdigit():
+        raise InjectionError("give the XID number: xid=79,gpu=3")
+    return FaultSpec(kind, params)
+
+
+@dataclass
+class SimGpu:
+    """One simulated GPU's NVML-visible state and its check behaviour."""
+
+    index: int
+    bus: str
+    present: bool = True
+    ecc_dbe: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    retired: int = 0
+    reasons: int = 0x1  # idle
+    temperature: float = 38.0
+    width: int = 16
+    gen: int = 5
+    links_down: set[int] = field(default_factory=set)
+    gemm_factor: float = 1.0
+    hbm_factor: float = 1.0
+    sdc: bool = False
+    dcgm_fail: bool = False
+
+    def raw(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": "NVIDIA H100 80GB HBM3",
+            "uuid": f"GPU-5a1c0de0-0000-4000-8000-0000000000{self.index:02d}",
+            "pci_bus_id": f"00000000:{self.bus.upper()}:00.0",
+            "ecc_uncorrected_volatile": self.ecc_dbe,
+            "ecc_uncorrected_aggregate": self.ecc_dbe,
+            "ecc_corrected_volatile": 0,
+            "remapped_rows": [
+                0,
+                1 if self.remap_pending else 0,
+                int(self.remap_pending),
+                int(self.remap_failure),
+            ],
+            "retired_pages_sbe": self.retired,
+            "retired_pages_dbe": 0,
+            "retired_pages_pending": 0,
+            "clocks_event_reasons": self.reasons,
+            "temperature_c": self.temperature,
+            "power_mw": 72000 if self.reasons & 0x1 else 690000,
+            "power_limit_mw": 700000,
+            "pcie_gen": self.gen,
+            "pcie_gen_max": 5,
+            "pcie_width": self.width,
+            "pcie_width_max": 16,
+            "nvlink_state": [0 if i in self.links_down else 1 for i in range(18)],
+        }
+
+
+@dataclass
+class SimHca:
+    """One simulated HCA with one port."""
+
+    name: str
+    bus: str
+    state: str = "ACTIVE"
+    rate: float = 400.0
+    link_downed: int = 0
+    symbol_error: int = 0
+
+
+class SimDevice:
+    """A simulated GPU for the active checks."""
+
+    def __init__(self, gpu: SimGpu) -> None:
+        self.gpu = gpu
+        self.index = gpu.index
+        self.label = f"sim:{gpu.index}"
+
+    def gemm(self, n: int, iters: int, seed: int) -> compute.GemmRun:
+        n = min(n, SIM_GEMM_SIZE)
+        a, b = compute.inputs(n, seed)
+        rows = (a[: compute.SAMPLE_ROWS] @ b).astype(np.float64)
+        if self.gpu.sdc:
+            rows[0, 0] += 1000.0  # a flipped exponent bit
+        tflops = NOMINAL["gemm_tflops"] * self.gpu.gemm_factor
+        seconds = 2.0 * n**3 * iters / (tflops * 1e12)
+        return compute.GemmRun(n, iters, seconds, rows, "bfloat16 (simulated)")
+
+    def copy(self, nbytes: int, iters: int) -> compute.CopyRun:
+        gbps = NOMINAL["hbm_gbps"] * self.gpu.hbm_factor
+        return compute.CopyRun(nbytes, iters, 2.0 * nbytes * iters / (gbps * 1e9))
+
+
+class SimulatedHardware:
+    """An HGX H100 node in memory: 8 GPUs, 8 HCAs, a kernel log."""
+
+    name = "simulated"
+
+    def __init__(self, *, node: str = "sim-node", gpus: int = 8, hcas: int = 8) -> None:
+        self.node = node
+        self._lock = threading.Lock()
+        self._gpus = [SimGpu(i, GPU_BUSES[i % len(GPU_BUSES)]) for i in range(gpus)]
+        self._hcas = [SimHca(f"mlx5_{i}", HCA_BUSES[i % len(HCA_BUSES)]) for i in range(hcas)]
+        self._kernel: list[str] = []
+        self._read_upto = 0
+        self._seq = 0
+        self._booted = time.monotonic()
+        self._busy = False
+        self._nccl_factor = 1.0
+        self._dir = Path(tempfile.mkdtemp(prefix="gpufleet-sim-"))
+        self.sysfs_root = self._dir
+        self.injected: list[str] = []
+        self._write_sysfs()
+
+    # ------------------------------------------------------------------ Hardware
+
+    def gpus(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [g.raw() for g in self._gpus if g.present]
+
+    def kernel_lines(self) -> list[str]:
+        with self._lock:
+            lines = self._kernel[self._read_upto :]
+            self._read_upto = len(self._kernel)
+            return lines
+
+    def dcgm_diag(self, level: int, timeout_s: float) -> str | None:
+        with self._lock:
+            gpus = [g for g in self._gpus if g.present]
+        results = [
+            {
+                "gpu_ids": str(g.index),
+                "status": "Fail" if g.dcgm_fail else "Pass",
+                **(
+                    {"warnings": f"GPU {g.index}: memory test found 12 bad addresses"}
+                    if g.dcgm_fail
+                    else {}
+                ),
+            }
+            for g in gpus
+        ]
+        tests = [{"name": "Memory", "results": results}]
+        if level >= 2:
+            tests.append(
+                {
+                    "name": "Diagnostic",
+                    "results": [{"gpu_ids": str(g.index), "status": "Pass"} for g in gpus],
+                }
+            )
+        doc = {
+            "DCGM GPU Diagnostic": {
+                "test_categories": [
+                    {
+                        "category": "Deployment",
+                        "tests": [{"name": "Denylist", "results": [{"status": "Pass"}]}],
+                    },
+                    {"category": "Hardware", "tests": tests},
+                ],
+                "version": "3.3.5 (simulated)",
+            }
+        }
+        return json.dumps(doc)
+
+    def compute_devices(self) -> list[compute.ComputeDevice]:
+        with self._lock:
+            return [SimDevice(g) for g in self._gpus if g.present]
+
+    def allreduce(self, nbytes: int, iters: int) -> compute.AllReduceRun | None:
+        world = len(self.compute_devices())
+        if world < 2:
+            return None
+        busbw = NOMINAL["busbw_gbps"] * self._nccl_factor
+        algbw = busbw * world / (2.0 * (world - 1))
+        seconds = nbytes * iters / (algbw * 1e9)
+        return compute.AllReduceRun(world, nbytes, iters, seconds, "simulated", True)
+
+    def busy(self) -> bool:
+        return self._busy
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # ----------------------------------------------------------------- injection
+
+    def inject(self, text: str) -> FaultSpec:
+        """Inject one fault (see :data:`KINDS`); returns the parsed spec."""
+        spec = parse_spec(text)
+        with self._lock:
+            self._apply(spec)
+            self.injected.append(text)
+            self._write_sysfs()
+        return spec
+
+    def recover(self) -> None:
+        """Heal everything: GPUs, HCAs and checks back to healthy (counters keep their values)."""
+        with self._lock:
+            counters = {h.name: (h.link_downed, h.symbol_error) for h in self._hcas}
+            self._gpus = [SimGpu(g.index, g.bus) for g in self._gpus]
+            self._hcas = [
+                SimHca(
+                    h.name, h.bus, link_downed=counters[h.name][0], symbol_error=counters[h.name][1]
+                )
+                for h in self._hcas
+            ]
+            self._busy = False
+            self._nccl_factor = 1.0
+            self.injected.clear()
+            self._write_sysfs()
+
+    def _gpu(self, spec: FaultSpec) -> SimGpu:
+        i = spec.int("gpu", 0)
+        if not 0 <= i < len(self._gpus):
+            raise InjectionError(f"gpu={i}: this node has GPUs 0..{len(self._gpus) - 1}")
+        return self._gpus[i]
+
+    def _hca(self, spec: FaultSpec) -> SimHca:
+        name = spec.params.get("hca", "mlx5_0")
+        for h in self._hcas:
+            if h.name == name:
+                return h
+        raise InjectionError(f"hca={name}: known {', '.join(h.name for h in self._hcas)}")
+
+    def _log(self, text: str) -> None:
+        self._seq += 1
+        usec = int((time.monotonic() - self._booted) * 1e6) + 5_000_000
+        self._kernel.append(kmsg.kmsg_line(text, seq=self._seq, usec=usec))
+
+    def _apply(self, spec: FaultSpec) -> None:
+        k, K = spec.kind, FaultKind
+        if k == K.XID:
+            g = self._gpu(spec)
+            code = spec.int("xid", 0)
+            bus = f"PCI:0000:{g.bus}:00"
+            if code == 154:
+                action = spec.params.get("action", "gpu-reset")
+                if action not in RECOVERY_TEXT:
+                    raise InjectionError(f"action={action}: known {', '.join(RECOVERY_TEXT)}")
+                self._log(
+                    f"NVRM: Xid ({bus}): 154, GPU recovery action changed from 0x0 "
+                    f"(None) to {RECOVERY_TEXT[action]}"
+                )
+                return
+            info = xids.XIDS.get(code)
+            text = XID_TEXT.get(code, info.meaning if info else "Unknown error")
+            self._log(f"NVRM: Xid ({bus}): {code}, pid=4242, name=python3, {text}")
+        elif k == K.ECC_UNCORRECTABLE:
+            self._gpu(spec).ecc_dbe += spec.int("count", 1)
+        elif k == K.ROW_REMAP_PENDING:
+            self._gpu(spec).remap_pending = True
+        elif k == K.ROW_REMAP_FAILED:
+            self._gpu(spec).remap_failure = True
+        elif k == K.RETIRED_PAGES_LIMIT:
+            self._gpu(spec).retired = spec.int("count", 64)
+        elif k == K.NVLINK_DOWN:
+            self._gpu(spec).links_down.add(spec.int("link", 0))
+        elif k == K.IB_PORT_DOWN:
+            self._hca(spec).state = "DOWN"
+        elif k == K.IB_LINK_FLAP:
+            self._hca(spec).link_downed += spec.int("count", 1)
+        elif k == K.IB_RATE_DEGRADED:
+            self._hca(spec).rate = float(spec.int("rate", 200))
+        elif k == K.IB_SYMBOL_ERRORS:
+            self._hca(spec).symbol_error += spec.int("count", 100)
+        elif k == K.PCIE_DEGRADED:
+            self._gpu(spec).width = spec.int("width", 8)
+        elif k == K.GPU_MISSING:
+            self._gpu(spec).present = False
+        elif k == K.THERMAL_THROTTLE:
+            g = self._gpu(spec)
+            g.reasons, g.temperature = 0x40, 92.0
+        elif k == K.POWER_THROTTLE:
+            self._gpu(spec).reasons = 0x80
+        elif k == K.KERNEL_SOFT_LOCKUP:
+            self._log(
+                f"watchdog: BUG: soft lockup - CPU#{spec.int('cpu', 12)} stuck for 23s! "
+                "[python3:4242]"
+            )
+        elif k == K.KERNEL_HUNG_TASK:
+            self._log("INFO: task python3:4242 blocked for more than 122 seconds.")
+        elif k == K.GEMM_BELOW_THRESHOLD:
+            self._gpu(spec).gemm_factor = float(spec.params.get("factor", "0.5"))
+        elif k == K.HBM_BELOW_THRESHOLD:
+            self._gpu(spec).hbm_factor = float(spec.params.get("factor", "0.5"))
+        elif k == K.NCCL_BELOW_THRESHOLD:
+            self._nccl_factor = float(spec.params.get("factor", "0.5"))
+        elif k == K.SDC_MISMATCH:
+            self._gpu(spec).sdc = True
+        elif k == K.DCGM_DIAG_FAILED:
+            self._gpu(spec).dcgm_fail = True
+        elif k == "kmsg-garbage":
+            self._kernel.append("6,17,garbage;NVRM: Xid (PCI:0000:3a")
+            self._kernel.append("NVRM: Xid (PCI:zz:zz): seventy-nine")
+        elif k == "busy":
+            self._busy = True
+            for g in self._gpus:
+                g.reasons &= ~0x1
+        else:
+            raise InjectionError(f"the simulator cannot inject {k!r}")
+
+    def _write_sysfs(self) -> None:
+        for h in self._hcas:
+            port = sysfs.IbPort(
+                hca=h.name,
+                port=1,
+                state=h.state,
+                phys_state="LINKUP" if h.state == "ACTIVE" else "POLLING",
+                rate_gbps=h.rate,
+                link_layer="InfiniBand",
+                counters={
+                    "link_downed": h.link_downed,
+                    "symbol_error": h.symbol_error,
+                    "link_error_recovery": 0,
+                    "port_rcv_errors": 0,
+                },
+            )
+            sysfs.write_ib_port(self._dir, port)
+            addr = f"0000:{h.bus}:00.0"
+            dev = self._dir / sysfs.PCI_DEVICES / addr
+            dev.mkdir(parents=True, exist_ok=True)
+            for name, value in (
+                ("current_link_speed", "32.0 GT/s PCIe"),
+                ("max_link_speed", "32.0 GT/s PCIe"),
+                ("current_link_width", "16"),
+                ("max_link_width", "16"),
+            ):
+                (dev / name).write_text(value + "\n")
+            link = self._dir / sysfs.IB_CLASS / h.name / "device"
+            if not link.is_symlink():
+                link.symlink_to(dev)

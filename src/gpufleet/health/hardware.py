@@ -1,0 +1,66 @@
+"""The hardware interface the monitors and checks use, and its errors.
+
+Two implementations: :mod:`backend_real` (NVML, ``/dev/kmsg``, sysfs,
+``dcgmi``, torch) and :mod:`backend_sim` (in-memory GPUs, HCAs and kernel
+log with fault injection). Both hand out the *raw* formats (NVML value sets,
+kmsg lines, a sysfs tree), so that the same parsers run on both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpufleet.health import compute
+
+
+class HardwareError(RuntimeError):
+    """A hardware source could not be read; the message says which and why."""
+
+
+class NoGpuFound(HardwareError):
+    """NVML is missing or found no GPU on this machine."""
+
+
+class Hardware(Protocol):
+    """What the agent needs from a node's hardware."""
+
+    name: str
+    """``real`` or ``simulated``."""
+    sysfs_root: Path
+    """Root under which ``sys/class/infiniband`` and ``sys/bus/pci`` are read."""
+
+    def gpus(self) -> list[dict[str, Any]]:
+        """One NVML raw value set per GPU (see :mod:`nvml_values`).
+
+        Raises :class:`NoGpuFound` when there is no GPU or no driver, and
+        :class:`HardwareError` when NVML fails otherwise.
+        """
+        ...
+
+    def kernel_lines(self) -> list[str]:
+        """Kernel log lines (kmsg format) logged since the previous call.
+
+        Raises :class:`HardwareError` when the log cannot be read.
+        """
+        ...
+
+    def dcgm_diag(self, level: int, timeout_s: float) -> str | None:
+        """The JSON output of ``dcgmi diag -r <level> -j``; None when DCGM is absent."""
+        ...
+
+    def compute_devices(self) -> list[compute.ComputeDevice]:
+        """Devices for the active checks (GPUs, or simulated ones)."""
+        ...
+
+    def allreduce(self, nbytes: int, iters: int) -> compute.AllReduceRun | None:
+        """Run an intra-node all-reduce over every device; None when not possible."""
+        ...
+
+    def busy(self) -> bool:
+        """Whether a workload is using the GPUs (active checks then wait)."""
+        ...
+
+    def close(self) -> None:
+        """Release handles (NVML, files)."""
+        ...

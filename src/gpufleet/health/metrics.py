@@ -1,0 +1,153 @@
+"""Prometheus metrics of the agent, in a registry of its own (no global state)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from gpufleet.health.monitors import Snapshot
+from gpufleet.health.results import CheckResult
+
+
+class AgentMetrics:
+    """Per-GPU and per-port gauges, fault counters, check durations and timestamps."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.registry = CollectorRegistry()
+        r = self.registry
+        gpu = ["node", "gpu", "pci_bus_id"]
+        self.gpu_temp = Gauge(
+            "gpufleet_gpu_temperature_celsius", "GPU temperature", gpu, registry=r
+        )
+        self.gpu_power = Gauge("gpufleet_gpu_power_watts", "GPU power draw", gpu, registry=r)
+        self.gpu_ecc = Gauge(
+            "gpufleet_gpu_ecc_uncorrected_volatile",
+            "Uncorrectable ECC errors since the last reset",
+            gpu,
+            registry=r,
+        )
+        self.gpu_remap = Gauge(
+            "gpufleet_gpu_row_remap_pending", "1 when a row remap is pending", gpu, registry=r
+        )
+        self.gpu_reasons = Gauge(
+            "gpufleet_gpu_clocks_event_reasons",
+            "NVML clocks event reasons bitmask",
+            gpu,
+            registry=r,
+        )
+        self.gpu_nvlink = Gauge(
+            "gpufleet_gpu_nvlink_active", "Active NVLink links", gpu, registry=r
+        )
+        self.gpu_pcie_width = Gauge(
+            "gpufleet_gpu_pcie_link_width", "Current PCIe link width", gpu, registry=r
+        )
+        port = ["node", "hca", "port"]
+        self.ib_up = Gauge(
+            "gpufleet_ib_port_active", "1 when the HCA port is ACTIVE", port, registry=r
+        )
+        self.ib_rate = Gauge("gpufleet_ib_port_rate_gbps", "HCA port rate", port, registry=r)
+        self.ib_counter = Gauge(
+            "gpufleet_ib_port_counter", "HCA port error counters", [*port, "counter"], registry=r
+        )
+        self.faults = Counter(
+            "gpufleet_faults", "Faults observed", ["node", "key", "subsystem"], registry=r
+        )
+        self.condition = Gauge(
+            "gpufleet_condition",
+            "1 when a problem condition is raised",
+            ["node", "condition"],
+            registry=r,
+        )
+        self.unparsed = Counter(
+            "gpufleet_kmsg_unparsed_lines",
+            "Kernel log lines about XIDs/lockups that did not parse",
+            ["node"],
+            registry=r,
+        )
+        self.source_up = Gauge(
+            "gpufleet_source_readable",
+            "1 when a hardware source was readable",
+            ["node", "source"],
+            registry=r,
+        )
+        self.check_seconds = Gauge(
+            "gpufleet_check_duration_seconds",
+            "Duration of the last check",
+            ["node", "check"],
+            registry=r,
+        )
+        self.check_last = Gauge(
+            "gpufleet_check_last_timestamp_seconds",
+            "When the check last ran",
+            ["node", "check"],
+            registry=r,
+        )
+        self.check_ok = Gauge(
+            "gpufleet_check_passed", "1 passed, 0 failed, -1 unknown", ["node", "check"], registry=r
+        )
+        self.check_value = Gauge(
+            "gpufleet_check_measured",
+            "Measured value of the last check",
+            ["node", "check"],
+            registry=r,
+        )
+        self._server: Any = None
+
+    def observe(self, snap: Snapshot) -> None:
+        n = self.node
+        for g in snap.gpus:
+            labels = (n, str(g.index), g.pci_bus_id or "")
+            if "temperature_c" in g.nums:
+                self.gpu_temp.labels(*labels).set(g.nums["temperature_c"])
+            if "power_mw" in g.nums:
+                self.gpu_power.labels(*labels).set(g.nums["power_mw"] / 1000)
+            if (v := g.get("ecc_uncorrected_volatile")) is not None:
+                self.gpu_ecc.labels(*labels).set(v)
+            if g.remap_pending is not None:
+                self.gpu_remap.labels(*labels).set(int(g.remap_pending))
+            if (v := g.get("clocks_event_reasons")) is not None:
+                self.gpu_reasons.labels(*labels).set(v)
+            if g.nvlink_state is not None:
+                self.gpu_nvlink.labels(*labels).set(sum(g.nvlink_state))
+            if (v := g.get("pcie_width")) is not None:
+                self.gpu_pcie_width.labels(*labels).set(v)
+        for p in snap.ports:
+            labels = (n, p.hca, str(p.port))
+            if p.state is not None:
+                self.ib_up.labels(*labels).set(int(p.state == "ACTIVE"))
+            if p.rate_gbps is not None:
+                self.ib_rate.labels(*labels).set(p.rate_gbps)
+            for name, value in p.counters.items():
+                if value is not None:
+                    self.ib_counter.labels(*labels, name).set(value)
+        for f in snap.faults():
+            self.faults.labels(n, f.key, f.subsystem.value).inc()
+        if snap.kernel_unparsed:
+            self.unparsed.labels(n).inc(snap.kernel_unparsed)
+        for source in ("nvml", "kmsg"):
+            self.source_up.labels(n, source).set(0 if source in snap.errors else 1)
+
+    def check(self, result: CheckResult, at: float) -> None:
+        n = self.node
+        self.check_seconds.labels(n, result.name).set(result.duration_s)
+        self.check_last.labels(n, result.name).set(at)
+        self.check_ok.labels(n, result.name).set(
+            -1 if result.status.label == "unknown" else int(not result.failed)
+        )
+        if result.measured is not None:
+            self.check_value.labels(n, result.name).set(result.measured)
+
+    def serve(self, port: int, address: str = "127.0.0.1") -> int:
+        """Serve /metrics; returns the bound port (0 picks a free one)."""
+        server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        self._server = server
+        bound: int = server.server_address[1]
+        return bound
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
