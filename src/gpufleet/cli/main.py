@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from gpufleet.cli import policy_cmd, sim_cmd
+from gpufleet.cli import agent_cmd, health_cmd, policy_cmd, sim_cmd
 
 app = typer.Typer(
     name="gpufleet",
@@ -21,6 +21,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(policy_cmd.app, name="policy")
+app.add_typer(health_cmd.app, name="health")
+app.add_typer(agent_cmd.app, name="agent")
 app.command("sim")(sim_cmd.sim)
 
 
