@@ -77,3 +77,18 @@ def slurm_reason(text: str) -> str:
 def is_owned_slurm_reason(reason: str | None) -> bool:
     """Whether a Slurm drain reason was set by gpufleet."""
     return bool(reason) and str(reason).startswith(SLURM_REASON_PREFIX)
+
+
+TAINT_SLURM = "gpufleet.io/slurm"
+"""Taint (NoSchedule), set by the Slurm syncer on nodes of a SlurmCluster:
+value ``held`` while Slurm owns the node's GPUs, ``lent`` while the node is
+locked for a Kubernetes Pod (the syncer binds that Pod itself)."""
+ANNOTATION_LENT_TO = "gpufleet.io/lent-to"
+"""Node annotation, set by the Slurm syncer: ``<namespace>/<pod>`` the node is
+lent to (preemption); removed, and the node returned to Slurm, when the Pod is gone."""
+ANNOTATION_SLURM_STUCK_JOBS = "gpufleet.io/slurm-unrequeueable"
+"""Node annotation, set by the Slurm syncer: ids of jobs that had to leave the
+node but cannot be requeued (``--no-requeue``); they are reported, never killed."""
+LABEL_SLURM_CLUSTER = "gpufleet.io/slurm-cluster"
+"""Node label, set by the SlurmCluster operator: ``<namespace>.<name>`` of the
+SlurmCluster whose slurmd runs on the node."""

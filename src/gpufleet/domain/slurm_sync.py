@@ -1,0 +1,283 @@
+"""What the Slurm syncer does with one node, and which nodes it lends to Kubernetes.
+
+The syncer sees each node twice: as Kubernetes knows it (the lifecycle label,
+cordon, gpufleet problem conditions, a lend lock) and as Slurm knows it (base
+state, flags, drain reason). :func:`sync_node` turns the pair into one
+:class:`SyncDecision`; the syncer only carries it out. The rules, in order:
+
+1. **Fail closed.** If either view is unknown (a lookup failed, the node is
+   missing on one side, slurmctld has not heard from it since it restarted),
+   nothing is drained or resumed.
+2. **Own what you touch.** Only drains whose reason starts with
+   ``gpufleet:`` are ours. We resume only ours (``UNDRAIN``, which leaves a
+   DOWN base state alone), never anyone else's; a foreign drain or DOWN state
+   is reported to Kubernetes (condition + annotation) and otherwise left alone.
+3. **Kubernetes out => Slurm drained.** A node not in ``production``,
+   cordoned, with a gpufleet problem condition, or lent to a Kubernetes Pod is
+   drained with reason ``gpufleet: <why>``. If someone resumes it early, the
+   next pass drains it again. A foreign drain already holds the node out, so
+   it is kept as it is (its owner's reason stays visible).
+
+Pure: no I/O, no clock. The preemption choice (:func:`choose_lendable`) is
+here for the same reason: the simulator and the tests can run it without a
+cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpufleet.domain import well_known
+from gpufleet.domain.policy import RequeueMode
+from gpufleet.domain.states import NodeState
+
+LENT_REASON = "lent to kubernetes"
+"""Drain reason text (after the prefix) of a node lent to a Kubernetes Pod."""
+
+MAX_REASON_LEN = 120
+"""Slurm keeps reasons as free text; long ones are cut so ``sinfo -R`` stays readable."""
+
+UNKNOWN_SLURM_STATES = frozenset({"unknown", "future", ""})
+"""Base states in which Slurm does not yet know the node (slurmctld just
+restarted, or the node was never registered): nothing is decided on them."""
+
+DOWN_FLAGS = frozenset({"NOT_RESPONDING", "FAIL"})
+"""Flags that, like base state ``down``, mean Slurm holds the node out by itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubeView:
+    """The part of a Kubernetes Node the syncer decides on.
+
+    ``state`` is None when the ``gpufleet.io/state`` label is missing or not a
+    known state: then the view is unknown and the syncer does nothing.
+    """
+
+    state: NodeState | None
+    cordoned: bool = False
+    cordoned_by_us: bool = False
+    problems: tuple[tuple[str, str], ...] = ()
+    """gpufleet problem conditions with status True: (type, reason)."""
+    lent: bool = False
+    """The node is locked for a Kubernetes Pod (preemption)."""
+    requeue: RequeueMode | None = None
+    """The open incident's requeue policy, from the lifecycle record (None: no record)."""
+
+    @property
+    def known(self) -> bool:
+        return self.state is not None
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmView:
+    """The part of a Slurm node the syncer decides on (REST ``/nodes`` fields)."""
+
+    state: str
+    """Base state, lowercase: idle, mixed, allocated, down, unknown, future..."""
+    flags: frozenset[str] = frozenset()
+    """Upper-case flags: DRAIN, NOT_RESPONDING, COMPLETING, ..."""
+    reason: str | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.state.lower() not in UNKNOWN_SLURM_STATES
+
+    @property
+    def drained(self) -> bool:
+        """DRAIN flag set (draining or drained)."""
+        return "DRAIN" in self.flags
+
+    @property
+    def down(self) -> bool:
+        return self.state.lower() == "down" or bool(self.flags & DOWN_FLAGS)
+
+    @property
+    def ours(self) -> bool:
+        """Drained by gpufleet."""
+        return self.drained and well_known.is_owned_slurm_reason(self.reason)
+
+    @property
+    def label(self) -> str:
+        """``idle+DRAIN``-style text for annotations and logs."""
+        flags = "+".join(sorted(self.flags))
+        return f"{self.state}+{flags}" if flags else self.state
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignHold:
+    """Slurm holds the node out for a reason gpufleet does not own."""
+
+    state: str
+    reason: str
+
+
+class Verb(StrEnum):
+    NOTHING = "nothing"
+    DRAIN = "drain"
+    RESUME = "resume"
+
+
+@dataclass(frozen=True, slots=True)
+class SyncDecision:
+    """What to do with one node. ``drain_reason`` is set exactly when ``verb`` is DRAIN."""
+
+    verb: Verb
+    why: str
+    drain_reason: str | None = None
+    foreign: ForeignHold | None = None
+    """What to report on the Node (None: clear our report). Only meaningful
+    when ``report_known`` is True."""
+    report_known: bool = True
+    """False when the Slurm view is unknown: leave the Node's report as it is."""
+
+
+def out_reason(view: KubeView) -> str | None:
+    """Why Kubernetes wants the node out of Slurm (the text after ``gpufleet:``), or None.
+
+    Problems come first because they carry the most useful evidence for a
+    person reading ``sinfo -R``.
+    """
+    if view.lent:
+        return LENT_REASON
+    if view.problems:
+        text = ", ".join(f"{t} {r}".strip() for t, r in sorted(view.problems))
+        return text
+    if view.state is not None and view.state is not NodeState.PRODUCTION:
+        return f"state {view.state.value}"
+    if view.cordoned:
+        return "cordoned by gpufleet" if view.cordoned_by_us else "cordoned"
+    return None
+
+
+def owned_reason(text: str) -> str:
+    """``gpufleet: <text>`` cut to :data:`MAX_REASON_LEN`."""
+    return well_known.slurm_reason(text)[:MAX_REASON_LEN]
+
+
+def foreign_hold(slurm: SlurmView) -> ForeignHold | None:
+    """The foreign drain or DOWN state to report on the Node, if any."""
+    if slurm.drained and not slurm.ours:
+        return ForeignHold(slurm.label, slurm.reason or "drained without a reason")
+    if slurm.down and not slurm.drained:
+        return ForeignHold(slurm.label, slurm.reason or "not responding")
+    if slurm.down and slurm.ours:
+        # Our drain on top of a DOWN that Slurm set (e.g. not responding):
+        # the DOWN is still someone else's.
+        return ForeignHold(slurm.label, "down (drain reason is gpufleet's)")
+    return None
+
+
+def sync_node(kube: KubeView | None, slurm: SlurmView | None) -> SyncDecision:
+    """The one decision for a node; see the module docstring for the rules."""
+    if slurm is None or not slurm.known:
+        return SyncDecision(Verb.NOTHING, "slurm view unknown", report_known=False)
+    foreign = foreign_hold(slurm)
+    if kube is None or not kube.known:
+        return SyncDecision(Verb.NOTHING, "kubernetes view unknown", foreign=foreign)
+    want = out_reason(kube)
+    if want is not None:
+        reason = owned_reason(want)
+        if slurm.drained and not slurm.ours:
+            return SyncDecision(Verb.NOTHING, "held out by a foreign drain", foreign=foreign)
+        if slurm.ours and slurm.reason == reason:
+            return SyncDecision(Verb.NOTHING, "already drained by us", foreign=foreign)
+        why = "update our drain reason" if slurm.ours else f"kubernetes wants it out: {want}"
+        return SyncDecision(Verb.DRAIN, why, drain_reason=reason, foreign=foreign)
+    if slurm.ours:
+        return SyncDecision(Verb.RESUME, "back in production", foreign=foreign)
+    return SyncDecision(Verb.NOTHING, "in service on both sides", foreign=foreign)
+
+
+# -- jobs on a drained node ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A running Slurm job as far as requeue and preemption care."""
+
+    job_id: int
+    priority: int
+    requeueable: bool
+    nodes: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RequeuePlan:
+    requeue: tuple[int, ...]
+    """Jobs to requeue now (each once, even if it spans several drained nodes)."""
+    unrequeueable: tuple[int, ...]
+    """Jobs that must leave but cannot be requeued: reported, never killed."""
+
+
+def requeue_mode(view: KubeView) -> RequeueMode:
+    """How to treat running jobs on a node Kubernetes wants out.
+
+    A lent node is always emptied at once (the Pod is waiting). Otherwise the
+    open incident's policy decides; a problem condition without a record means
+    a fault, so requeue now; anything else (maintenance, an admin's cordon)
+    lets jobs finish, which is the least disruptive choice.
+    """
+    if view.lent:
+        return RequeueMode.NOW
+    if view.requeue is not None:
+        return view.requeue
+    if view.problems:
+        return RequeueMode.NOW
+    return RequeueMode.LET_FINISH
+
+
+def plan_requeue(emptying: Iterable[str], jobs: Sequence[JobView]) -> RequeuePlan:
+    """Which running jobs to requeue, given the nodes that must be emptied now."""
+    nodes = frozenset(emptying)
+    requeue: list[int] = []
+    stuck: list[int] = []
+    for job in sorted(jobs, key=lambda j: j.job_id):
+        if not job.nodes & nodes:
+            continue
+        (requeue if job.requeueable else stuck).append(job.job_id)
+    return RequeuePlan(tuple(requeue), tuple(stuck))
+
+
+# -- preemption: which Slurm nodes to lend ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A node Kubernetes could borrow from Slurm."""
+
+    name: str
+    kube: KubeView
+    slurm: SlurmView
+    jobs: tuple[JobView, ...] = ()
+    fits: bool = True
+    """The Pod's node selector and GPU request fit this node."""
+
+
+def lendable(c: Candidate) -> bool:
+    """Healthy on both sides, in service in Slurm, and nothing on it that would be lost."""
+    return (
+        c.fits
+        and c.kube.known
+        and out_reason(c.kube) is None
+        and c.slurm.known
+        and not c.slurm.drained
+        and not c.slurm.down
+        and all(j.requeueable for j in c.jobs)
+    )
+
+
+def lend_cost(c: Candidate) -> tuple[int, int, int]:
+    """Sort key: idle first, then the lowest highest-priority job, then fewest jobs."""
+    if not c.jobs:
+        return (0, 0, 0)
+    return (1, max(j.priority for j in c.jobs), len(c.jobs))
+
+
+def choose_lendable(candidates: Sequence[Candidate], count: int) -> tuple[str, ...]:
+    """Up to ``count`` node names to lend, cheapest first (ties by name, so it is stable)."""
+    if count <= 0:
+        return ()
+    ok = sorted((c for c in candidates if lendable(c)), key=lambda c: (lend_cost(c), c.name))
+    return tuple(c.name for c in ok[:count])
