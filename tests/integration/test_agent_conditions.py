@@ -1,0 +1,88 @@
+"""An injected fault becomes a Node condition on a real apiserver, and clears again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from gpufleet.domain.policy import Detection, default_policy
+from gpufleet.health.agent import Agent, AgentSettings
+from gpufleet.health.backend_sim import SimulatedHardware
+from gpufleet.health.kube_report import KubeReporter
+from gpufleet.health.skus import bundled
+
+pytestmark = pytest.mark.integration
+
+
+def node_json(info: Any, node: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [str(info.kubectl), "get", "node", node, "-o", "json"],
+        env=info.kube_env(), capture_output=True, text=True, check=True, timeout=10,
+    )
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def condition(info: Any, node: str, ctype: str) -> dict[str, Any] | None:
+    for c in node_json(info, node).get("status", {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return dict(c)
+    return None
+
+
+async def wait_for(check: Any, timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if await asyncio.to_thread(check):
+            return time.monotonic() - start
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {timeout}s")
+
+
+def test_injected_xid_becomes_gpu_problem_within_2s_and_clears(local_cluster: Any) -> None:
+    info = local_cluster
+    node = info.node_names[-1]
+    hw = SimulatedHardware(node=node)
+    policy = default_policy().model_copy(
+        update={"detection": Detection(raise_after_seconds=0, clear_after_seconds=1.0)}
+    )
+    agent = Agent(hw, bundled().get("h100-sxm"), policy, node=node,
+                  reporter=KubeReporter(node, kubeconfig=str(info.kubeconfig)),
+                  settings=AgentSettings(interval_s=0.2))
+
+    async def scenario() -> tuple[float, float]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        try:
+            await wait_for(lambda: (condition(info, node, "GpuProblem") or {}).get("status")
+                           == "False", 10)
+            hw.inject("xid=79,gpu=3")
+            raised = await wait_for(
+                lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "True", 2.0)
+            c = condition(info, node, "GpuProblem")
+            assert c is not None and c["reason"] == "Xid79"
+            assert "GPU 3" in c["message"] and '"xid":79' in c["message"]
+            assert condition(info, node, "Ready") is not None  # kubelet/KWOK conditions kept
+            hw.recover()
+            cleared = await wait_for(
+                lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "False", 5.0)
+            return raised, cleared
+        finally:
+            stop.set()
+            await task
+
+    try:
+        raised, cleared = asyncio.run(scenario())
+    finally:
+        hw.close()
+    print(f"condition raised after {raised:.2f}s, cleared {cleared:.2f}s after recovery")
+    events = subprocess.run(
+        [str(info.kubectl), "get", "events", "-n", "default", "--field-selector",
+         f"involvedObject.name={node},reason=Xid79", "-o", "json"],
+        env=info.kube_env(), capture_output=True, text=True, check=True, timeout=10)
+    assert json.loads(events.stdout)["items"], "no Xid79 Event on the Node"
