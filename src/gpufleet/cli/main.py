@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from gpufleet.cli import agent_cmd, health_cmd, policy_cmd, sim_cmd
+from gpufleet.cli import agent_cmd, controller_cmd, health_cmd, nodes_cmd, policy_cmd, sim_cmd
 
 app = typer.Typer(
     name="gpufleet",
@@ -24,6 +24,9 @@ app.add_typer(policy_cmd.app, name="policy")
 app.add_typer(health_cmd.app, name="health")
 app.add_typer(agent_cmd.app, name="agent")
 app.command("sim")(sim_cmd.sim)
+app.command("controller")(controller_cmd.controller)
+app.command("nodes")(nodes_cmd.nodes_table)
+app.command("node")(nodes_cmd.node_detail)
 
 
 def main() -> None:

@@ -27,6 +27,18 @@ ANNOTATION_REASON = "gpufleet.io/reason"
 ANNOTATION_CORDONED = "gpufleet.io/cordoned-by"
 """Node annotation, set by the lifecycle controller when *it* cordoned the node.
 Without it, a cordon belongs to someone else and is never cleared by gpufleet."""
+ANNOTATION_BMC_SECRET = "gpufleet.io/bmc-secret"
+"""Node annotation, set by provisioning or an admin: ``<namespace>/<name>`` of the
+Secret with the node's BMC (keys ``endpoint``, ``username``, ``password``)."""
+ANNOTATION_REMEDIATION = "gpufleet.io/remediation"
+"""Node annotation, set by the lifecycle controller: the name of the node's
+current NodeRemediation object."""
+ANNOTATION_FAULTS_SEEN = "gpufleet.io/faults-seen"
+"""Node annotation, set by the lifecycle controller: per problem condition type,
+the time of the latest occurrence already fed to ``decide`` (JSON), so a
+condition that stays ``True`` is not replayed as a new fault."""
+CONTROLLER = "gpufleet-controller"
+"""The value of :data:`ANNOTATION_CORDONED` and the Event source of the lifecycle controller."""
 ANNOTATION_INTERRUPTIBLE = "gpufleet.io/interruptible"
 """Pod annotation, set by users: "true" means the pod may be evicted at once."""
 ANNOTATION_SLURM_STATE = "gpufleet.io/slurm-state"

@@ -1,0 +1,62 @@
+"""``gpufleet controller``: run the lifecycle and remediation controller."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpufleet.kube.controller import ControllerSettings
+from gpufleet.kube.operator import RunOptions, run
+
+
+def controller(
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="kubeconfig file; default: in-cluster or $KUBECONFIG.")
+    ] = None,
+    namespace: Annotated[
+        str, typer.Option(help="Namespace for Events about Nodes (cluster-scoped objects).")
+    ] = "default",
+    metrics_port: Annotated[
+        int, typer.Option(help="Port of the Prometheus /metrics endpoint; 0 turns it off.")
+    ] = 9808,
+    policy_name: Annotated[str, typer.Option(help="The FleetPolicy object to obey.")] = "default",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Decide and report (Events, logs), change nothing.")
+    ] = False,
+    peering: Annotated[
+        str, typer.Option(help="ClusterKopfPeering shared by replicas; '' runs standalone.")
+    ] = "gpufleet",
+    priority: Annotated[
+        int | None, typer.Option(help="Peering priority (highest acts); default: random.")
+    ] = None,
+    tick: Annotated[
+        float, typer.Option(min=0.1, help="Seconds between retries of held decisions.")
+    ] = 2.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Run the lifecycle controller: faults -> cordon, drain, remediation ladder, verification.
+
+    Example:
+
+        gpufleet controller --kubeconfig ~/.kube/config --policy-name default --metrics-port 9808
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    logging.getLogger("kopf").setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    settings = ControllerSettings(
+        policy_name=policy_name, dry_run=dry_run, tick_s=tick, event_namespace=namespace
+    )
+    options = RunOptions(
+        kubeconfig=str(kubeconfig) if kubeconfig else None,
+        metrics_port=metrics_port,
+        peering=peering or None,
+        priority=priority,
+    )
+    asyncio.run(run(settings, options))

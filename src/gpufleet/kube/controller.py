@@ -1,0 +1,639 @@
+"""The lifecycle controller: Node events in, ``decide()``, record, act.
+
+One pass for a node (``_process``), always in this order:
+
+1. read the Node: its record, the faults its agent reports that the record
+   has not seen, the agent's answer to the request the record waits for;
+2. ``decide`` each event, under the fleet lock (budget, breaker, rate limit
+   see every other node's latest decision);
+3. write the record, the state label, gpufleet's cordon and taints and the
+   next agent request in *one* merge patch guarded by ``resourceVersion``
+   (a 409 re-reads the Node and starts again);
+4. only then act outside the Node: drain, BMC steps, Events, metrics,
+   the NodeRemediation object.
+
+A decision held by a rail writes its bookkeeping and an Event saying what
+was withheld and why; the periodic tick (``tick_all``) retries it. A BMC step
+runs only from the decision that recorded it as started, so a restarted
+controller never runs it again: the tick only times it out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gpufleet.domain import events as ev
+from gpufleet.domain import well_known
+from gpufleet.domain.actions import Action, ActionKind
+from gpufleet.domain.decide import Decision, decide
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.policy import DrainMode, Policy, PolicyError, default_policy, load_policy
+from gpufleet.domain.records import Incident, NodeRecord
+from gpufleet.domain.safety import BreakerState, breaker_refresh
+from gpufleet.domain.states import NodeState
+from gpufleet.kube import crds, draining, nodes, remediations
+from gpufleet.kube.client import ApiError, Conflict, KubeClient, NotFound, TooManyRequests
+from gpufleet.kube.metrics import Metrics
+from gpufleet.remediate import redfish, steps
+
+log = logging.getLogger("gpufleet.controller")
+
+Json = dict[str, Any]
+S = NodeState
+
+IDLE = frozenset({S.PRODUCTION, S.TRIAGE, S.RMA, S.MAINTENANCE, S.PROVISIONING})
+"""States in which a tick has nothing to do (unless a fault is pending)."""
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How the controller runs. Every field has a default suited to production."""
+
+    policy_name: str = "default"
+    """The FleetPolicy object to obey. Until it exists and is valid, nothing
+    disruptive happens (fail closed)."""
+    dry_run: bool = False
+    """Force dry-run whatever the policy says (decide and report only)."""
+    tick_s: float = 2.0
+    """How often held decisions are retried and step/check timeouts examined."""
+    drain_poll_s: float = 1.0
+    """How often a draining node's pods are looked at."""
+    event_namespace: str = "default"
+    """Where Events about Nodes (cluster-scoped) are written."""
+    conflict_retries: int = 8
+    """Re-reads of a Node after a 409 before giving up until the next event."""
+    bmc_retry_delays: tuple[float, ...] = redfish.RETRY_DELAYS
+    """Pauses between attempts of one BMC request."""
+
+
+def _paused_default() -> Policy:
+    return default_policy().model_copy(update={"paused": True})
+
+
+class Controller:
+    """State of one controller process (all of it a cache of Kubernetes objects)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        settings: ControllerSettings | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.settings = settings or ControllerSettings()
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        from gpufleet.kube.fleet import Fleet
+
+        self.fleet = Fleet()
+        self.policy: Policy = _paused_default()
+        self.policy_seen = False
+        self.bodies: dict[str, Json] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._drains: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._nrem_locks: dict[str, asyncio.Lock] = {}
+
+    # ------------------------------------------------------------- plumbing
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=what)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("%s failed: %s", what, t.exception())
+
+        task.add_done_callback(done)
+        return task
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+
+    # ---------------------------------------------------------------- policy
+
+    def effective_policy(self) -> Policy:
+        if self.settings.dry_run and not self.policy.dry_run:
+            return self.policy.model_copy(update={"dry_run": True})
+        return self.policy
+
+    async def on_policy(self, body: Mapping[str, Any]) -> None:
+        """A FleetPolicy changed: validate it, use it if valid, report in its status."""
+        if body.get("metadata", {}).get("name") != self.settings.policy_name:
+            return
+        spec = body.get("spec") or {}
+        generation = body.get("metadata", {}).get("generation")
+        if not self.policy_seen:
+            self._restore_breaker(body.get("status") or {})
+        try:
+            policy = load_policy(
+                yaml.safe_dump(dict(spec)), f"FleetPolicy {self.settings.policy_name}"
+            )
+        except PolicyError as exc:
+            problems = "; ".join(str(i) for i in exc.issues)
+            log.error(
+                "policy=%s invalid, keeping the last valid one: %s",
+                self.settings.policy_name,
+                problems,
+            )
+            self.metrics.policy_valid.set(0)
+            condition = _condition(
+                "Valid", "False", "Invalid", f"kept the last valid policy: {problems}"
+            )
+        else:
+            changed = policy != self.policy or not self.policy_seen
+            self.policy = policy
+            self.policy_seen = True
+            self.metrics.policy_valid.set(1)
+            if changed:
+                log.info(
+                    "policy=%s in use (paused=%s dryRun=%s)",
+                    self.settings.policy_name,
+                    policy.paused,
+                    policy.dry_run,
+                )
+            condition = _condition("Valid", "True", "Valid", "the policy is in use")
+        status: Json = {"conditions": [condition], "observedGeneration": generation}
+        with contextlib.suppress(ApiError):
+            await self.client.patch_status(
+                crds.FLEET_POLICY_PLURAL, self.settings.policy_name, status
+            )
+
+    def _restore_breaker(self, status: Mapping[str, Any]) -> None:
+        b = status.get("breaker") or {}
+        recent = tuple(
+            (float(x["at"]), str(x["node"]))
+            for x in b.get("recent") or []
+            if "at" in x and "node" in x
+        )
+        self.fleet.breaker = BreakerState(
+            recent=recent, tripped_at=b.get("trippedAt"), last_fault_at=b.get("lastFaultAt")
+        )
+        self.fleet.recent_actions = tuple(float(t) for t in status.get("recentActions") or [])
+
+    async def save_fleet_status(self) -> None:
+        """Persist the breaker, recent actions and budget use in the FleetPolicy status."""
+        if not self.policy_seen:
+            return
+        fleet = self.fleet
+        fleet.dirty_breaker = False
+        b = fleet.breaker
+        view = fleet.view()
+        budget = {
+            pool: {
+                "size": p.size,
+                "outOfService": p.out_of_service,
+                "allowed": self.policy.safety.budget.allowed(p.size),
+            }
+            for pool, p in view.pools.items()
+        }
+        status: Json = {
+            "breaker": {
+                "open": b.is_open,
+                "trippedAt": b.tripped_at,
+                "lastFaultAt": b.last_fault_at,
+                "faultingNodes": b.faulting_nodes(),
+                "recent": [{"at": t, "node": n} for t, n in b.recent],
+            },
+            "recentActions": list(fleet.recent_actions),
+            "budget": budget,
+            "conditions": [
+                _condition(
+                    "BreakerOpen",
+                    "True" if b.is_open else "False",
+                    "Tripped" if b.is_open else "Closed",
+                    f"{b.faulting_nodes()} nodes faulted within the window",
+                )
+            ],
+        }
+        try:
+            await self.client.patch_status(
+                crds.FLEET_POLICY_PLURAL, self.settings.policy_name, status
+            )
+        except ApiError as exc:
+            fleet.dirty_breaker = True
+            log.warning("policy=%s status not saved: %s", self.settings.policy_name, exc)
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.set_states(self.fleet.states())
+        b = self.fleet.breaker
+        m.breaker_open.set(1 if b.is_open else 0)
+        m.breaker_nodes.set(b.faulting_nodes())
+        for pool, p in self.fleet.view().pools.items():
+            m.budget_out.labels(pool=pool).set(p.out_of_service)
+            m.budget_allowed.labels(pool=pool).set(self.policy.safety.budget.allowed(p.size))
+
+    # ----------------------------------------------------------------- nodes
+
+    async def prime(self) -> None:
+        """Load every Node's record before the first decision (budget needs the whole fleet)."""
+        data = await self.client._call("list nodes", "GET", url="nodes")
+        now = self.clock()
+        for body in data.get("items") or []:
+            record, _ = nodes.record_of(body, now)
+            self.fleet.put(record)
+            self.bodies[nodes.name_of(body)] = body
+        self._update_gauges()
+        log.info("fleet loaded: %d nodes", len(self.fleet.records))
+
+    async def on_node(self, body: Mapping[str, Any]) -> None:
+        """A Node changed (watch event): feed what is new to ``decide``."""
+        name = nodes.name_of(body)
+        async with self._lock(name):
+            await self._reconcile(dict(body), extra=())
+
+    def on_node_deleted(self, name: str) -> None:
+        self.fleet.forget(name)
+        self.bodies.pop(name, None)
+        task = self._drains.pop(name, None)
+        if task is not None:
+            task.cancel()
+
+    async def feed(self, name: str, event: ev.Event) -> None:
+        """Decide an event that did not come from the Node (drain done, step done, tick)."""
+        async with self._lock(name):
+            body = self.bodies.get(name)
+            if body is None:
+                try:
+                    body = await self.client.get_node(name)
+                except NotFound:
+                    return
+            await self._reconcile(body, extra=(event,))
+
+    async def _reconcile(self, body: Json, *, extra: Sequence[ev.Event]) -> None:
+        name = nodes.name_of(body)
+        for _ in range(self.settings.conflict_retries):
+            try:
+                await self._process(body, extra)
+                return
+            except Conflict:
+                try:
+                    body = await self.client.get_node(name)
+                except NotFound:
+                    self.on_node_deleted(name)
+                    return
+        log.warning(
+            "node=%s gave up after %d conflicting writes", name, self.settings.conflict_retries
+        )
+
+    async def _process(self, body: Json, extra: Sequence[ev.Event]) -> None:
+        name = nodes.name_of(body)
+        self.bodies[name] = body
+        now = self.clock()
+        record, new = nodes.record_of(body, now)
+        obs = nodes.observe(body, record)
+        events: list[ev.Event] = [*obs.events, *extra]
+        if new and record.state is S.PROVISIONING and nodes.is_ready(body):
+            events.append(ev.Registered(detail="the node joined the cluster and is Ready"))
+        before = record
+        decisions: list[Decision] = []
+        policy = self.effective_policy()
+        async with self.fleet.lock:
+            previous = self.fleet.records.get(name)
+            for event in events:
+                d = decide(record, self.fleet.view(), event, policy, now)
+                self.fleet.apply(d, now, policy)
+                decisions.append(d)
+                record = d.record
+            if not decisions:
+                self.fleet.put(record)
+        actions = tuple(a for d in decisions for a in d.actions)
+        patch = nodes.node_patch(body, record, actions, seen=obs.seen)
+        if record.incident is not None:
+            patch["metadata"]["annotations"][well_known.ANNOTATION_REMEDIATION] = (
+                remediations.name_for(name, record.incident)
+            )
+        if not new and nodes.apply_merge_patch(body, patch) == body:
+            self._after(body, body, before, record, decisions, now)
+            return
+        try:
+            written = await self.client.patch_node(name, patch)
+        except Conflict:
+            async with self.fleet.lock:  # undo the reservation; decide again on fresh data
+                if previous is not None:
+                    self.fleet.put(previous)
+            raise
+        except NotFound:
+            self.on_node_deleted(name)
+            return
+        self.bodies[name] = written
+        self._after(body, written, before, record, decisions, now)
+
+    # ---------------------------------------------------------------- acting
+
+    def _after(
+        self,
+        original: Json,
+        body: Json,
+        before: NodeRecord,
+        record: NodeRecord,
+        decisions: Sequence[Decision],
+        now: float,
+    ) -> None:
+        """Everything after the record is stored: Events, metrics, drains, steps, CR."""
+        name = record.name
+        m = self.metrics
+        for d in decisions:
+            for event_reason in d.reasons:
+                log.info("node=%s %s", name, event_reason)
+            if d.transition is not None:
+                t = d.transition
+                m.transitions.labels(source=t.source.value, target=t.target.value).inc()
+                self._event(body, "Normal", "StateChanged", f"{t.source} -> {t.target}: {t.reason}")
+            if d.hold is not None:
+                m.holds.labels(reason=d.hold.value).inc()
+                for a in d.withheld:
+                    m.actions.labels(action=a.kind.value, result="withheld").inc()
+                withheld = ", ".join(str(a) for a in d.withheld)[:800]
+                self._event(body, "Warning", "ActionWithheld", f"{d.hold}: {withheld}")
+            for a in d.actions:
+                self._act(original, record, a, now)
+        if record.state is S.DRAINING and before.state is not S.DRAINING:
+            fault = record.incident
+            if fault is not None:
+                opened = _fault_time(record)
+                if opened is not None:
+                    m.time_to_cordon.observe(max(0.0, now - opened))
+        for occ in record.occurrences:
+            if occ not in before.occurrences:
+                m.faults.labels(fault=occ.key).inc()
+        self._ensure_drain(record)
+        incident = record.incident or before.incident
+        if incident is not None and any(d.record != before for d in decisions):
+            self._spawn(self._sync_remediation(record, incident, now), f"nrem {name}")
+        for d in decisions:
+            _observe_steps(m, before, d.record)
+        if self.fleet.dirty_breaker:
+            self._spawn(self.save_fleet_status(), "fleet status")
+        self._update_gauges()
+
+    def _act(self, body: Json, record: NodeRecord, a: Action, now: float) -> None:
+        name = record.name
+        kind = a.kind
+        result = "ok"
+        if kind is ActionKind.CORDON:
+            self._event(body, "Warning", "Cordoned", a.detail or record.reason)
+        elif kind is ActionKind.TAINT:
+            self._event(body, "Normal", "Tainted", f"{a.detail}:{a.taint}")
+        elif kind is ActionKind.UNTAINT:
+            self._event(body, "Normal", "Untainted", "removed gpufleet's taints")
+        elif kind is ActionKind.UNCORDON:
+            annotations = body.get("metadata", {}).get("annotations") or {}
+            ours = annotations.get(well_known.ANNOTATION_CORDONED) == well_known.CONTROLLER
+            if ours or not body.get("spec", {}).get("unschedulable"):
+                self._event(body, "Normal", "Uncordoned", "cleared gpufleet's cordon")
+            else:
+                self._event(body, "Normal", "CordonKept", "the cordon was not set by gpufleet")
+        elif kind is ActionKind.DRAIN:
+            self._event(
+                body, "Normal", "Draining", f"{a.drain_mode} (requeue {a.requeue}): {a.detail}"
+            )
+        elif kind is ActionKind.RUN_STEP:
+            assert a.step is not None
+            self._event(body, "Warning", "StepStarted", f"{a.step}: {a.detail}")
+            if a.step in steps.BMC_STEPS:
+                self._spawn(self._run_bmc_step(body, a.step), f"{a.step} {name}")
+        elif kind is ActionKind.RUN_CHECKS:
+            self._event(body, "Normal", "ChecksRequested", f"profile {a.profile}")
+        elif kind is ActionKind.RESTART_JOB:
+            self._event(body, "Warning", "RestartJob", a.detail)
+        elif kind is ActionKind.NOTIFY:
+            self._event(body, "Warning", "Notice", a.detail)
+        self.metrics.actions.labels(action=kind.value, result=result).inc()
+
+    def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = body.get("metadata", {})
+        stamp = remediations.iso(self.clock())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": f"{meta.get('name', 'node')}.",
+                "namespace": self.settings.event_namespace,
+            },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": meta.get("name"),
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1000],
+            "source": {"component": well_known.CONTROLLER},
+            "reportingComponent": well_known.CONTROLLER,
+            "reportingInstance": well_known.CONTROLLER,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self._spawn(self._post_event(event), "event")
+
+    async def _post_event(self, event: Json) -> None:
+        try:
+            await self.client.create_event(self.settings.event_namespace, event)
+        except ApiError as exc:
+            log.warning("event not posted: %s", exc)
+
+    # ----------------------------------------------------------------- steps
+
+    async def _bmc_credentials(self, body: Mapping[str, Any]) -> redfish.BmcCredentials:
+        ref = nodes.bmc_secret_ref(body)
+        if ref is None:
+            raise redfish.BmcRejected(
+                nodes.name_of(body),
+                f"the Node has no {well_known.ANNOTATION_BMC_SECRET} annotation (namespace/name)",
+            )
+        secret = await self.client.get_secret(*ref)
+        import base64
+
+        data = secret.get("data") or {}
+        try:
+            values = {
+                k: base64.b64decode(data[k]).decode() for k in ("endpoint", "username", "password")
+            }
+        except KeyError as exc:
+            raise redfish.BmcRejected(
+                nodes.name_of(body), f"Secret {ref[0]}/{ref[1]} lacks the key {exc}"
+            ) from None
+        return redfish.BmcCredentials(values["endpoint"], values["username"], values["password"])
+
+    async def _run_bmc_step(self, body: Mapping[str, Any], step: Step) -> None:
+        name = nodes.name_of(body)
+        try:
+            creds = await self._bmc_credentials(body)
+            async with redfish.RedfishClient(
+                creds, name=name, retry_delays=self.settings.bmc_retry_delays
+            ) as bmc:
+                detail = await steps.run_bmc_step(step, bmc)
+            ok = True
+        except (redfish.RedfishError, ApiError) as exc:
+            detail, ok = str(exc), False
+        log.info("node=%s %s %s: %s", name, step, "done" if ok else "failed", detail)
+        self.metrics.actions.labels(action=f"bmc-{step}", result="ok" if ok else "failed").inc()
+        await self.feed(name, ev.StepCompleted(step, ok, detail))
+
+    # ---------------------------------------------------------------- drains
+
+    def _ensure_drain(self, record: NodeRecord) -> None:
+        name = record.name
+        inc = record.incident
+        wanted = record.state is S.DRAINING and inc is not None and not inc.drained
+        task = self._drains.get(name)
+        if wanted and (task is None or task.done()):
+            self._drains[name] = self._spawn(self._drain(name), f"drain {name}")
+
+    async def _drain(self, name: str) -> None:
+        while True:
+            record = self.fleet.records.get(name)
+            if record is None or record.state is not S.DRAINING or record.incident is None:
+                return
+            inc = record.incident
+            if inc.drained:
+                return
+            policy = self.effective_policy()
+            if policy.paused or policy.dry_run:
+                await asyncio.sleep(self.settings.drain_poll_s)
+                continue
+            try:
+                pods = await self.client.pods_on(name)
+            except ApiError as exc:
+                log.warning("node=%s drain: %s", name, exc)
+                await asyncio.sleep(self.settings.drain_poll_s)
+                continue
+            plan = draining.plan(
+                pods,
+                mode=inc.drain_mode or DrainMode.EVICT,
+                elapsed=self.clock() - record.since,
+                timeout=policy.drain.timeout_seconds,
+            )
+            for ns, pod in plan.evict:
+                try:
+                    await self.client.evict(ns, pod)
+                except TooManyRequests:
+                    log.info(
+                        "node=%s drain: eviction of %s/%s refused by a PDB; retrying", name, ns, pod
+                    )
+                except NotFound:
+                    pass
+                except ApiError as exc:
+                    log.warning("node=%s drain: %s", name, exc)
+            for ns, pod in plan.delete:
+                with contextlib.suppress(NotFound):
+                    await self.client.delete_pod(ns, pod)
+            if plan.done:
+                self._drains.pop(name, None)
+                await self.feed(name, ev.DrainCompleted(detail="no workload left"))
+                return
+            await asyncio.sleep(self.settings.drain_poll_s)
+
+    # ----------------------------------------------------------------- ticks
+
+    async def tick_all(self) -> None:
+        """Retry held decisions and examine timeouts, node by node."""
+        now = self.clock()
+        policy = self.effective_policy()
+        refreshed = breaker_refresh(
+            self.fleet.breaker,
+            now=now,
+            config=policy.safety.breaker,
+            fleet_size=self.fleet.view().size,
+        )
+        if refreshed != self.fleet.breaker:
+            self.fleet.breaker = refreshed
+            self.fleet.dirty_breaker = True
+        for name, record in list(self.fleet.records.items()):
+            if record.state in IDLE and record.pending is None:
+                if record.state is S.PROVISIONING and record.name in self.bodies:
+                    body = self.bodies[name]
+                    if nodes.is_ready(body):
+                        await self.feed(name, ev.Registered(detail="the node is Ready"))
+                continue
+            self._ensure_drain(record)
+            await self.feed(name, ev.Tick())
+        if self.fleet.dirty_breaker:
+            await self.save_fleet_status()
+        self._update_gauges()
+
+    # ----------------------------------------------------------- remediation
+
+    async def _sync_remediation(self, record: NodeRecord, incident: Incident, now: float) -> None:
+        name = remediations.name_for(record.name, incident)
+        lock = self._nrem_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            current = record.incident if record.incident is not None else incident
+            try:
+                await self.client.create_custom(
+                    crds.NODE_REMEDIATION_PLURAL,
+                    remediations.manifest(record.name, current, self.policy),
+                )
+            except Conflict:
+                pass
+            except ApiError as exc:
+                log.warning("node=%s NodeRemediation %s not created: %s", record.name, name, exc)
+                return
+            status = remediations.status(record, current, now)
+            try:
+                await self.client.patch_status(crds.NODE_REMEDIATION_PLURAL, name, status)
+            except ApiError as exc:
+                log.warning(
+                    "node=%s NodeRemediation %s status not written: %s", record.name, name, exc
+                )
+            if record.state in (S.PRODUCTION, S.TRIAGE, S.RMA):
+                self._nrem_locks.pop(name, None)
+
+
+def _condition(type_: str, status: str, reason: str, message: str) -> Json:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:1000],
+        "lastTransitionTime": remediations.iso(time.time()),
+    }
+
+
+def _fault_time(record: NodeRecord) -> float | None:
+    inc = record.incident
+    if inc is None:
+        return None
+    times = [o.at for o in record.occurrences if o.key == inc.key]
+    return max(times) if times else None
+
+
+def _observe_steps(m: Metrics, before: NodeRecord, after: NodeRecord) -> None:
+    old = {
+        (a.step, a.attempt, a.started_at): a
+        for a in (before.incident.tried if before.incident else ())
+    }
+    for a in after.incident.tried if after.incident else ():
+        prev = old.get((a.step, a.attempt, a.started_at))
+        if (
+            a.ended_at is not None
+            and a.outcome is not None
+            and (prev is None or prev.ended_at is None)
+        ):
+            m.step_seconds.labels(step=a.step.value, outcome=a.outcome.value).observe(
+                max(0.0, a.ended_at - a.started_at)
+            )

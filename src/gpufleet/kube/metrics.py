@@ -1,0 +1,79 @@
+"""Prometheus metrics of the lifecycle controller (one registry per controller).
+
+Names and labels are part of the API (docs/controller.md lists them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpufleet.domain.states import NodeState
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2, 5, 10, 30)
+_STEP_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+
+
+class Metrics:
+    """Every metric the controller exports."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.nodes = Gauge("gpufleet_nodes", "Nodes per lifecycle state.", ["state"], registry=r)
+        self.faults = Counter(
+            "gpufleet_faults_total", "Fault occurrences seen, by fault key.", ["fault"], registry=r
+        )
+        self.actions = Counter(
+            "gpufleet_actions_total",
+            "Actions carried out, by kind and result (ok, failed, withheld).",
+            ["action", "result"],
+            registry=r,
+        )
+        self.holds = Counter(
+            "gpufleet_decisions_held_total",
+            "Decisions a safety rail held, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.transitions = Counter(
+            "gpufleet_transitions_total", "State transitions.", ["source", "target"], registry=r
+        )
+        self.step_seconds = Histogram(
+            "gpufleet_remediation_step_seconds",
+            "Duration of remediation steps, by step and outcome.",
+            ["step", "outcome"],
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
+        self.time_to_cordon = Histogram(
+            "gpufleet_time_to_cordon_seconds",
+            "From the fault's time (as the agent reported it) to the cordon written.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.budget_out = Gauge(
+            "gpufleet_budget_out_of_service",
+            "Nodes automation holds out, per pool.",
+            ["pool"],
+            registry=r,
+        )
+        self.budget_allowed = Gauge(
+            "gpufleet_budget_allowed", "Disruption budget, per pool.", ["pool"], registry=r
+        )
+        self.breaker_open = Gauge(
+            "gpufleet_breaker_open", "1 while the circuit breaker is open.", registry=r
+        )
+        self.breaker_nodes = Gauge(
+            "gpufleet_breaker_faulting_nodes",
+            "Distinct nodes with an isolating fault in the breaker window.",
+            registry=r,
+        )
+        self.policy_valid = Gauge(
+            "gpufleet_policy_valid", "1 if the FleetPolicy in use is valid.", registry=r
+        )
+
+    def set_states(self, counts: Mapping[NodeState, int]) -> None:
+        for state in NodeState:
+            self.nodes.labels(state=state.value).set(counts.get(state, 0))

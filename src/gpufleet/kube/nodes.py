@@ -1,0 +1,312 @@
+"""Reading and writing gpufleet's part of a Node: pure functions over Node JSON.
+
+What the controller learns from a Node (its record, the faults its agent
+reports, the agent's answer to the last request) and what it writes back (the
+record, the state label, the cordon and taints gpufleet owns, the next agent
+request) are computed here without I/O, so every rule about ownership is unit
+tested: a cordon without :data:`~gpufleet.domain.well_known.ANNOTATION_CORDONED`
+belongs to someone else and is never cleared; only the taints in
+``OWNED_TAINTS`` are ever removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.domain import conditions, events, well_known
+from gpufleet.domain.actions import Action, ActionKind
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.records import NodeRecord, record_from_json, record_to_json
+from gpufleet.domain.states import NodeState
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+MARKED_STATES = frozenset({NodeState.DRAINING, NodeState.REMEDIATING, NodeState.VERIFYING})
+"""States in which gpufleet's cordon and fault taint must be on the node."""
+
+
+def name_of(body: Mapping[str, Any]) -> str:
+    return str(body["metadata"]["name"])
+
+
+def _meta(body: Mapping[str, Any], key: str) -> Mapping[str, str]:
+    return body.get("metadata", {}).get(key) or {}
+
+
+def pool_of(body: Mapping[str, Any]) -> str:
+    return _meta(body, "labels").get(well_known.LABEL_POOL, "default")
+
+
+def record_of(body: Mapping[str, Any], now: float) -> tuple[NodeRecord, bool]:
+    """The node's stored record, or a new one (second value: whether it is new).
+
+    A node gpufleet has never seen starts in ``provisioning`` if something
+    labelled it so (the provisioning service does), else in ``production``:
+    adopting a running fleet must not take nodes out. A record that does not
+    parse is treated as new and logged (the state label is kept).
+    """
+    text = _meta(body, "annotations").get(well_known.ANNOTATION_RECORD)
+    name = name_of(body)
+    pool = pool_of(body)
+    if text:
+        try:
+            record = record_from_json(text)
+            if record.pool != pool:
+                from dataclasses import replace
+
+                record = replace(record, pool=pool)
+            return record, False
+        except ValueError as exc:
+            log.error(
+                "node=%s unreadable %s annotation: %s", name, well_known.ANNOTATION_RECORD, exc
+            )
+    label = _meta(body, "labels").get(well_known.LABEL_STATE)
+    try:
+        state = NodeState(label) if label else NodeState.PRODUCTION
+    except ValueError:
+        state = NodeState.PRODUCTION
+    reason = "new node" if state is NodeState.PROVISIONING else "adopted by gpufleet"
+    return NodeRecord.new(name, at=now, pool=pool, state=state, reason=reason), True
+
+
+def node_conditions(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(body.get("status", {}).get("conditions") or [])
+
+
+def is_ready(body: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in node_conditions(body)
+    )
+
+
+def faults_seen(body: Mapping[str, Any]) -> dict[str, float]:
+    text = _meta(body, "annotations").get(well_known.ANNOTATION_FAULTS_SEEN)
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+        return {str(k): float(v) for k, v in data.items()}
+    except (ValueError, AttributeError, TypeError):
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What a Node says that ``decide`` has not heard yet."""
+
+    events: tuple[events.Event, ...]
+    seen: dict[str, float]
+    """The new faults-seen watermarks (store with the record)."""
+
+
+def request_id(record: NodeRecord) -> str | None:
+    """The id of the agent request the record is waiting for, derived from the record.
+
+    Deriving it (instead of storing it) keeps the controller stateless: the
+    same record always expects the same answer, before and after a restart.
+    """
+    inc = record.incident
+    if record.state is NodeState.VERIFYING and inc is not None and inc.checks_started_at:
+        return f"verify-{int(inc.checks_started_at * 1000)}"
+    if record.state is NodeState.BURN_IN and record.checks_started_at:
+        return f"burn-in-{int(record.checks_started_at * 1000)}"
+    if (
+        record.state is NodeState.REMEDIATING
+        and inc is not None
+        and inc.current is Step.GPU_RESET
+        and inc.tried
+    ):
+        last = inc.tried[-1]
+        return f"gpu-reset-{last.attempt}-{int(last.started_at * 1000)}"
+    return None
+
+
+def agent_request(
+    record: NodeRecord, actions: tuple[Action, ...]
+) -> conditions.AgentRequest | None:
+    """The request to put on the Node for these actions (checks or a GPU reset), if any."""
+    rid = request_id(record)
+    if rid is None:
+        return None
+    for a in actions:
+        if a.kind is ActionKind.RUN_CHECKS:
+            return conditions.AgentRequest(id=rid, kind="checks", profile=a.profile)
+        if a.kind is ActionKind.RUN_STEP and a.step is Step.GPU_RESET:
+            return conditions.AgentRequest(id=rid, kind="gpu-reset", gpu_index=_gpu_of(record))
+    return None
+
+
+def _gpu_of(record: NodeRecord) -> int | None:
+    inc = record.incident
+    if inc is None:
+        return None
+    for occ in reversed(record.occurrences):
+        if occ.key == inc.key and occ.scope.startswith("gpu") and occ.scope[3:].isdigit():
+            return int(occ.scope[3:])
+    return None
+
+
+def observe(body: Mapping[str, Any], record: NodeRecord) -> Observation:
+    """Events for ``decide``: new fault occurrences, cleared pending faults, agent answers."""
+    name = name_of(body)
+    seen = faults_seen(body)
+    new_seen = dict(seen)
+    out: list[events.Event] = []
+    active_keys: set[str] = set()
+    result: conditions.AgentResult | None = None
+    for cond in node_conditions(body):
+        ctype = str(cond.get("type", ""))
+        status = str(cond.get("status", ""))
+        if ctype == well_known.CONDITION_REQUEST:
+            result = conditions.decode_result(
+                status, str(cond.get("reason", "")), str(cond.get("message", ""))
+            )
+            continue
+        if conditions.subsystem_of(ctype) is None:
+            continue
+        faults = conditions.faults_of(name, ctype, status, str(cond.get("message", "")))
+        mark = seen.get(ctype, float("-inf"))
+        for fault in faults:
+            active_keys.add(fault.key)
+            if fault.at > mark:
+                out.append(events.FaultObserved(fault))
+                new_seen[ctype] = max(new_seen.get(ctype, float("-inf")), fault.at)
+    if record.pending is not None and record.pending.key not in active_keys:
+        out.append(events.FaultCleared(record.pending.key))
+    expected = request_id(record)
+    if result is not None and expected is not None and result.id == expected:
+        if record.state is NodeState.REMEDIATING:
+            out.append(events.StepCompleted(Step.GPU_RESET, result.passed, result.detail))
+        else:
+            out.append(events.ChecksCompleted(result.passed, result.detail))
+    return Observation(events=tuple(out), seen=new_seen)
+
+
+# ------------------------------------------------------------------- writing
+
+
+def _taint_value(record: NodeRecord) -> str:
+    key = record.incident.key if record.incident else record.state.value
+    return key if _LABEL_VALUE.match(key) else record.state.value
+
+
+def node_patch(
+    body: Mapping[str, Any],
+    record: NodeRecord,
+    actions: tuple[Action, ...],
+    *,
+    seen: Mapping[str, float] | None = None,
+) -> Json:
+    """A JSON merge patch: the record and label, plus the node-object actions.
+
+    The record is written in the same request as cordon/taint (atomic, so
+    "record before act" holds for them); requests to the agent ride along too,
+    because the agent acts only after this write lands. Machine-level steps
+    (BMC) are carried out only after this patch succeeded.
+
+    Carries ``metadata.resourceVersion`` so a concurrent change to the Node
+    (someone else's taint) makes the write fail with 409 instead of being lost.
+    """
+    meta = body.get("metadata", {})
+    annotations = dict(_meta(body, "annotations"))
+    spec = body.get("spec", {}) or {}
+    taints: list[Json] = [dict(t) for t in spec.get("taints") or []]
+    ann: dict[str, str | None] = {
+        well_known.ANNOTATION_RECORD: record_to_json(record),
+        well_known.ANNOTATION_REASON: record.reason[:500],
+    }
+    if seen is not None:
+        ann[well_known.ANNOTATION_FAULTS_SEEN] = json.dumps(dict(seen), separators=(",", ":"))
+    patch_spec: Json = {}
+    kinds = {a.kind for a in actions}
+    ours = annotations.get(well_known.ANNOTATION_CORDONED) == well_known.CONTROLLER
+    unschedulable = bool(spec.get("unschedulable"))
+    want_cordon = ActionKind.CORDON in kinds or (
+        record.state in MARKED_STATES and ActionKind.UNCORDON not in kinds
+    )
+    if want_cordon and not unschedulable:
+        patch_spec["unschedulable"] = True
+        ann[well_known.ANNOTATION_CORDONED] = well_known.CONTROLLER
+    if ActionKind.UNCORDON in kinds and ours:
+        patch_spec["unschedulable"] = None
+        ann[well_known.ANNOTATION_CORDONED] = None
+    new_taints = list(taints)
+    for a in actions:
+        if a.kind is ActionKind.TAINT and a.detail in well_known.OWNED_TAINTS and a.taint:
+            new_taints = [t for t in new_taints if t.get("key") != a.detail]
+            new_taints.append(
+                {"key": a.detail, "value": _taint_value(record), "effect": str(a.taint)}
+            )
+        elif a.kind is ActionKind.UNTAINT:
+            new_taints = [t for t in new_taints if t.get("key") not in well_known.OWNED_TAINTS]
+    # Reapply our fault taint if someone removed it while the node is out.
+    inc = record.incident
+    if (
+        ActionKind.UNTAINT not in kinds
+        and record.state in MARKED_STATES
+        and inc is not None
+        and not inc.maintenance
+        and not any(t.get("key") == well_known.TAINT_UNHEALTHY for t in new_taints)
+    ):
+        new_taints.append(
+            {
+                "key": well_known.TAINT_UNHEALTHY,
+                "value": _taint_value(record),
+                "effect": str(inc.taint),
+            }
+        )
+    if new_taints != taints:
+        patch_spec["taints"] = new_taints or None
+    request = agent_request(record, actions)
+    if request is not None:
+        ann[well_known.ANNOTATION_AGENT_REQUEST] = request.encode()
+    elif (
+        record.state is NodeState.PRODUCTION and well_known.ANNOTATION_AGENT_REQUEST in annotations
+    ):
+        ann[well_known.ANNOTATION_AGENT_REQUEST] = None
+    patch: Json = {
+        "metadata": {
+            "labels": {well_known.LABEL_STATE: record.state.value},
+            "annotations": ann,
+        }
+    }
+    if meta.get("resourceVersion"):
+        patch["metadata"]["resourceVersion"] = meta["resourceVersion"]
+    if patch_spec:
+        patch["spec"] = patch_spec
+    return patch
+
+
+def apply_merge_patch(body: Mapping[str, Any], patch: Mapping[str, Any]) -> Json:
+    """RFC 7386 merge patch applied locally (the controller's view after a write)."""
+
+    def merge(target: Any, p: Any) -> Any:
+        if not isinstance(p, Mapping):
+            return p
+        out = dict(target) if isinstance(target, Mapping) else {}
+        for k, v in p.items():
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = merge(out.get(k), v)
+        return out
+
+    result: Json = merge(body, patch)
+    return result
+
+
+def bmc_secret_ref(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(namespace, name)`` of the node's BMC Secret, or None if not annotated."""
+    ref = _meta(body, "annotations").get(well_known.ANNOTATION_BMC_SECRET, "")
+    ns, sep, name = ref.partition("/")
+    if not sep or not ns or not name:
+        return None
+    return ns, name
