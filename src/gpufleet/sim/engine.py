@@ -163,6 +163,8 @@ class Simulator:
         self.evidence: dict[int, Evidence] = {}
         self.crashes = [0] * self.n
         self.maint_seconds: dict[int, float] = {}
+        self.tick_pending: set[int] = set()
+        self.backoff: dict[int, float] = {}
         self.sdc_mark: dict[int, float] = {}
         self.silent: set[int] = set()
         self.broken: set[int] = set()
@@ -174,6 +176,7 @@ class Simulator:
         # --- outputs
         self.buckets = dict.fromkeys(BUCKETS, 0.0)
         self.onsets = [0] * len(cats)
+        self.job_onsets = [0] * len(cats)
         self.interruptions: dict[str, int] = {}
         self.handled: dict[str, dict[str, int]] = {c.name: {} for c in cats}
         self.decisions = 0
@@ -245,7 +248,7 @@ class Simulator:
             _Ev.REPORT: self._on_report,
             _Ev.DRAIN_DONE: self._gen_guard(lambda i, d: self._decide(i, ev.DrainCompleted())),
             _Ev.STEP_DONE: self._gen_guard(self._on_step_done),
-            _Ev.TICK: lambda i, g, d: self._decide(i, ev.Tick()),
+            _Ev.TICK: self._on_tick,
             _Ev.CHECKS_DONE: self._gen_guard(self._on_checks_done),
             _Ev.TRIAGE: self._gen_guard(self._on_triage),
             _Ev.HUMAN_FIXED: self._gen_guard(self._on_human_fixed),
@@ -288,7 +291,9 @@ class Simulator:
         self.fleet = fleet
         if d.hold is not None:
             self.held += 1
-            self._at(self.now + self.model.remediation.retry_seconds, _Ev.TICK, i)
+            self._retry(i)
+        elif not isinstance(event, ev.Tick):
+            self.backoff.pop(i, None)
         if after.state is not before.state:
             self.gen[i] += 1
             self.state_count[before.state] -= 1
@@ -298,6 +303,20 @@ class Simulator:
             self._act(i, action)
         if after.state is not before.state:
             self._entered(i, after.state)
+
+    def _retry(self, i: int) -> None:
+        """Tick a held node again later: one pending retry per node, backing off to 1 h."""
+        if i in self.tick_pending:
+            return
+        wait = self.backoff.get(i, self.model.remediation.retry_seconds)
+        self.backoff[i] = min(2.0 * wait, 3600.0)
+        self.tick_pending.add(i)
+        self._at(self.now + wait, _Ev.TICK, i, -1)
+
+    def _on_tick(self, i: int, gen: int, _d: object) -> None:
+        if gen == -1:
+            self.tick_pending.discard(i)
+        self._decide(i, ev.Tick())
 
     def _act(self, i: int, a: Action) -> None:
         rem = self.model.remediation
@@ -372,6 +391,8 @@ class Simulator:
             return
         cat = self.cats[c]
         self.onsets[c] += 1
+        if i in self.job.nodes:
+            self.job_onsets[c] += 1
         cure = self._sample_cure(cat)
         evidence = self._evidence(cat)
         in_job = i in self.job.nodes
@@ -842,6 +863,7 @@ class Simulator:
             checkpoint_interval_seconds=self.interval,
             buckets=dict(self.buckets),
             incidents={c.name: self.onsets[k] for k, c in enumerate(self.cats)},
+            job_incidents={c.name: self.job_onsets[k] for k, c in enumerate(self.cats)},
             interruptions=dict(sorted(self.interruptions.items())),
             handled={k: dict(sorted(v.items())) for k, v in self.handled.items() if v},
             planned=self.planned_count,

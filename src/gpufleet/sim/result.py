@@ -71,6 +71,8 @@ class RunResult:
     """Seconds of job wall-clock time per bucket (they sum to the horizon)."""
     incidents: dict[str, int]
     """Faults that started, per category (on any node, in the job or not)."""
+    job_incidents: dict[str, int]
+    """Faults that started on a node of the job, per category."""
     interruptions: dict[str, int]
     """Times the job stopped, per cause (``planned``; ``repeat``: again on an unrepaired node)."""
     handled: dict[str, dict[str, int]]

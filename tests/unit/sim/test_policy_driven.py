@@ -1,0 +1,72 @@
+"""The simulator runs the policy it is given: decisions come from domain.decide."""
+
+from __future__ import annotations
+
+from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
+from gpufleet.domain.policy import default_policy, load_policy
+from gpufleet.sim import simulate
+from gpufleet.sim.model import default_model
+from gpufleet.sim.scenarios import NO_LEMON_POLICY_YAML, REACTIVE, with_overrides
+
+
+def test_a_paused_policy_repairs_nothing_and_people_step_in() -> None:
+    paused = load_policy(DEFAULT_POLICY_YAML.replace("paused: false", "paused: true"))
+    r = simulate(default_model(), paused, gpus=1024, days=10, seed=4)
+    auto = simulate(default_model(), default_policy(), gpus=1024, days=10, seed=4)
+    ladder = {"gpu-reset", "reboot", "power-cycle", "reimage"}
+    assert r.held > 0
+    assert not any(ladder & h.keys() for h in r.handled.values())
+    assert any(ladder & h.keys() for h in auto.handled.values())
+    assert r.ettr < auto.ettr
+
+
+def test_a_rule_change_changes_what_happens() -> None:
+    """XID 48 sent straight to RMA: every HBM fault ends at the vendor, none at a reset."""
+    text = DEFAULT_POLICY_YAML.replace(
+        "  - match: {xid: 48}\n    action: gpu-reset", "  - match: {xid: 48}\n    action: rma"
+    )
+    assert text != DEFAULT_POLICY_YAML
+    r = simulate(default_model(), load_policy(text), gpus=3504, days=30, seed=5)
+    hbm = r.handled["gpu-hbm"]
+    assert hbm.get("rma", 0) > 0
+    assert "gpu-reset" not in hbm
+
+
+def test_lemon_detection_sends_lemons_to_rma() -> None:
+    """Lemons (8x the failure rate) are found by the lemon rule, then replaced."""
+    model = with_overrides(default_model(), {"failures.lemons.fraction": 0.05})
+    on = simulate(model, default_policy(), gpus=3504, days=30, seed=6)
+    off = simulate(model, load_policy(NO_LEMON_POLICY_YAML), gpus=3504, days=30, seed=6)
+    rma_on = sum(h.get("rma", 0) for h in on.handled.values())
+    rma_off = sum(h.get("rma", 0) for h in off.handled.values())
+    assert rma_on > rma_off
+
+
+def test_without_monitors_a_person_finds_every_bad_node() -> None:
+    r = simulate(REACTIVE.model(), REACTIVE.policy(), gpus=3504, days=30, seed=1)
+    assert r.human_actions > 0
+    assert r.buckets["detection"] > 3600.0  # people take hours, monitors seconds
+    assert not any({"gpu-reset", "reboot"} & h.keys() for h in r.handled.values())
+
+
+def test_silent_faults_are_found_sooner_with_active_checks() -> None:
+    """SDC everywhere: checks at each restart find it; without them the job's loss does."""
+    model = with_overrides(
+        default_model(),
+        {"fleet.spare_percent": 3.0},
+    )
+    data = model.model_dump()
+    for c in data["failures"]["categories"]:
+        if c["name"] == "sdc":
+            c["rate"] = 2.0
+    from gpufleet.sim.model import Model
+
+    sdc = Model.model_validate(data)
+    no_checks = with_overrides(sdc, {"detection.active_checks.enabled": False})
+    runs_with = [simulate(sdc, default_policy(), gpus=2048, days=20, seed=s) for s in (1, 2)]
+    runs_without = [
+        simulate(no_checks, default_policy(), gpus=2048, days=20, seed=s) for s in (1, 2)
+    ]
+    lost_with = sum(r.buckets["lost"] for r in runs_with)
+    lost_without = sum(r.buckets["lost"] for r in runs_without)
+    assert lost_with < lost_without
