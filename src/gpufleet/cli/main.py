@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import typer
 
-from gpufleet.cli import agent_cmd, controller_cmd, health_cmd, nodes_cmd, policy_cmd, sim_cmd
+from gpufleet.cli import (
+    agent_cmd,
+    controller_cmd,
+    health_cmd,
+    nodes_cmd,
+    policy_cmd,
+    sim_cmd,
+    slurm_cmd,
+)
 
 app = typer.Typer(
     name="gpufleet",
@@ -21,6 +29,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(policy_cmd.app, name="policy")
+app.add_typer(slurm_cmd.app, name="slurm")
+app.add_typer(slurm_cmd.syncer_app, name="syncer")
 app.add_typer(health_cmd.app, name="health")
 app.add_typer(agent_cmd.app, name="agent")
 app.command("sim")(sim_cmd.sim)

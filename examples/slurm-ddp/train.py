@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""A tiny data-parallel training job that checkpoints and resumes after a requeue.
+
+Each rank (one per Slurm node, started by ``srun``) holds a shard of a
+synthetic linear-regression data set; every step the ranks average their
+gradients (all-reduce) and take the same SGD step. Rank 0 writes a checkpoint
+every ``--every`` steps (atomically: write, fsync, rename). When Slurm
+requeues the job (a node failed, or gpufleet lent the node to Kubernetes), the
+job starts again and every rank resumes from the newest checkpoint, so at most
+one checkpoint interval of steps is repeated.
+
+Backends: ``torch.distributed`` (gloo, CPU) when torch is installed, otherwise
+numpy with a small TCP all-reduce over the rendezvous address. The
+checkpoint/resume code is the same for both.
+
+Environment (set by Slurm/srun): SLURM_PROCID, SLURM_NTASKS, SLURM_JOB_ID,
+SLURM_RESTART_COUNT, SLURM_LAUNCH_NODE_IPADDR; or RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT to run it without Slurm.
+
+    srun python train.py --ckpt-dir /shared/ckpt --steps 40 --every 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DIM = 16
+
+
+# -- checkpoint / resume (identical for every backend) ------------------------------
+
+
+def latest_checkpoint(ckpt_dir: Path) -> dict[str, Any] | None:
+    """The newest complete checkpoint, or None. Half-written files are never seen
+    because :func:`save_checkpoint` renames a finished file into place."""
+    best: dict[str, Any] | None = None
+    for path in ckpt_dir.glob("step-*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if best is None or data["step"] > best["step"]:
+            best = data
+    return best
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, weights: list[float], keep: int = 3) -> Path:
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    final = ckpt_dir / f"step-{step:08d}.json"
+    tmp = ckpt_dir / f".step-{step:08d}.json.tmp"
+    with tmp.open("w") as f:
+        json.dump({"step": step, "weights": weights}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(final)
+    for old in sorted(ckpt_dir.glob("step-*.json"))[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+# -- data and model -------------------------------------------------------------------
+
+
+def shard(rank: int, world: int, n: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1234)
+    true_w = rng.normal(size=DIM)
+    x = rng.normal(size=(n, DIM))
+    y = x @ true_w + 0.01 * rng.normal(size=n)
+    return x[rank::world], y[rank::world]
+
+
+def gradient(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    err = x @ w - y
+    return 2 * x.T @ err / len(y), float(np.mean(err**2))
+
+
+# -- all-reduce backends ------------------------------------------------------------
+
+
+class TcpAllReduce:
+    """Average float64 vectors across ranks through rank 0 (star; fine for a few ranks)."""
+
+    def __init__(self, rank: int, world: int, addr: str, port: int, timeout: float = 60) -> None:
+        self.rank, self.world = rank, world
+        self.peers: list[socket.socket] = []
+        if world == 1:
+            return
+        if rank == 0:
+            srv = socket.socket()
+            srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            srv.bind(("0.0.0.0", port))
+            srv.listen(world)
+            srv.settimeout(timeout)
+            for _ in range(world - 1):
+                conn, _ = srv.accept()
+                conn.settimeout(timeout)
+                self.peers.append(conn)
+            srv.close()
+        else:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    sock = socket.create_connection((addr, port), timeout=2)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            sock.settimeout(timeout)
+            self.peers.append(sock)
+
+    @staticmethod
+    def _recv(sock: socket.socket, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("peer went away")
+            buf += chunk
+        return buf
+
+    def _send(self, sock: socket.socket, v: np.ndarray) -> None:
+        data = v.astype(np.float64).tobytes()
+        sock.sendall(struct.pack("!I", len(data)) + data)
+
+    def _get(self, sock: socket.socket) -> np.ndarray:
+        (n,) = struct.unpack("!I", self._recv(sock, 4))
+        return np.frombuffer(self._recv(sock, n), dtype=np.float64)
+
+    def mean(self, v: np.ndarray) -> np.ndarray:
+        if self.world == 1:
+            return v
+        if self.rank == 0:
+            total = v.astype(np.float64).copy()
+            for p in self.peers:
+                total += self._get(p)
+            total /= self.world
+            for p in self.peers:
+                self._send(p, total)
+            return total
+        self._send(self.peers[0], v)
+        return self._get(self.peers[0])
+
+
+class TorchAllReduce:
+    def __init__(self, rank: int, world: int, addr: str, port: int) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world
+        )
+
+    def mean(self, v: np.ndarray) -> np.ndarray:
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float64))
+        self.dist.all_reduce(t)
+        return (t / self.dist.get_world_size()).numpy()
+
+
+def make_allreduce(backend: str, rank: int, world: int, addr: str, port: int) -> Any:
+    if backend == "auto":
+        try:
+            import torch.distributed  # noqa: F401
+
+            backend = "torch"
+        except ImportError:
+            backend = "numpy"
+    if backend == "torch":
+        return "torch", TorchAllReduce(rank, world, addr, port)
+    return "numpy", TcpAllReduce(rank, world, addr, port)
+
+
+# -- main ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ckpt-dir", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--every", type=int, default=5, help="checkpoint every N steps")
+    p.add_argument("--step-time", type=float, default=0.2, help="extra seconds per step")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--backend", choices=["auto", "torch", "numpy"], default="auto")
+    a = p.parse_args(argv)
+
+    env = os.environ
+    rank = int(env.get("SLURM_PROCID", env.get("RANK", "0")))
+    world = int(env.get("SLURM_NTASKS", env.get("WORLD_SIZE", "1")))
+    job = int(env.get("SLURM_JOB_ID", "0"))
+    restart = int(env.get("SLURM_RESTART_COUNT", "0"))
+    addr = env.get("MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
+    port = int(env.get("MASTER_PORT") or 20000 + job % 20000)
+    node = env.get("SLURMD_NODENAME", socket.gethostname())
+
+    ckpt = latest_checkpoint(a.ckpt_dir)
+    start = ckpt["step"] if ckpt else 0
+    w = np.array(ckpt["weights"]) if ckpt else np.zeros(DIM)
+    backend, reducer = make_allreduce(a.backend, rank, world, addr, port)
+    x, y = shard(rank, world)
+    events = a.ckpt_dir / "events.jsonl"
+
+    def record(kind: str, **kw: Any) -> None:
+        if rank == 0:
+            line = {"kind": kind, "job": job, "restart": restart, "t": time.time(), **kw}
+            with events.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+
+    a.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    record("start", step=start, world=world, backend=backend, node=node)
+    print(f"rank {rank}/{world} on {node}: {backend}, resuming at step {start}", flush=True)
+    loss = float("nan")
+    for step in range(start + 1, a.steps + 1):
+        g, loss = gradient(w, x, y)
+        w = w - a.lr * reducer.mean(g)
+        time.sleep(a.step_time)
+        record("step", step=step)
+        if rank == 0 and (step % a.every == 0 or step == a.steps):
+            save_checkpoint(a.ckpt_dir, step, [float(v) for v in w])
+    record("done", step=a.steps, loss=loss)
+    print(f"rank {rank}: done, {a.steps} steps, loss {loss:.5f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

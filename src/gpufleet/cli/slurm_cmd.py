@@ -1,0 +1,206 @@
+"""``gpufleet syncer`` and ``gpufleet slurm``: the Slurm syncer, operator and config tools."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import typer
+import yaml
+
+from gpufleet.slurm import crd, jwt, render
+from gpufleet.slurm.restapi import RestConfig, SlurmRest
+from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
+
+app = typer.Typer(
+    help="Slurm on Kubernetes: render configs, print the CRD, run the operator.",
+    no_args_is_help=True,
+)
+syncer_app = typer.Typer(
+    help="The Kubernetes <-> Slurm syncer (drains, resumes, requeues, lends nodes).",
+    no_args_is_help=True,
+)
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _token(token_file: Path | None, jwt_key_file: Path | None, user: str) -> str:
+    if token_file is not None:
+        return token_file.read_text().strip().removeprefix("SLURM_JWT=")
+    if jwt_key_file is not None:
+        return jwt.mint(jwt_key_file.read_bytes(), user=user, lifespan_s=30 * 24 * 3600)
+    env = os.environ.get("SLURM_JWT")
+    if env:
+        return env
+    raise typer.BadParameter("give --token-file, --jwt-key-file or set SLURM_JWT")
+
+
+def _clients(
+    url: str, user: str, token: str, slurm_conf: Path | None
+) -> tuple[SlurmRest, Scontrol]:
+    env = {"SLURM_JWT": token}
+    if slurm_conf is not None:
+        env["SLURM_CONF"] = str(slurm_conf)
+    return SlurmRest(RestConfig(url, user, token)), Scontrol(ScontrolConfig(env=env))
+
+
+@syncer_app.command("run")
+def run_syncer(
+    slurmrestd_url: str = typer.Option(..., "--slurmrestd-url", help="e.g. http://slurm-rest:6820"),
+    kubeconfig: Path | None = typer.Option(None, help="Default: in-cluster or ~/.kube/config."),
+    slurm_conf: Path | None = typer.Option(None, help="slurm.conf for scontrol (SLURM_CONF)."),
+    jwt_key_file: Path | None = typer.Option(None, help="Mint tokens with this HS256 key."),
+    token_file: Path | None = typer.Option(None, help="A token from `scontrol token`."),
+    slurm_user: str = typer.Option("root", help="X-SLURM-USER-NAME and token user."),
+    poll_interval: float = typer.Option(1.0, help="Seconds between Slurm polls."),
+    node_selector: str = typer.Option("", help="Manage only Nodes with these labels (k=v,...)."),
+    preempt_priority: int | None = typer.Option(
+        None, help="Lend Slurm nodes to Pods with at least this priority (off when unset)."
+    ),
+    hold_taint: bool = typer.Option(True, help="Taint managed nodes gpufleet.io/slurm=held."),
+    dry_run: bool = typer.Option(False, help="Decide and log; write nothing."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run the syncer until interrupted.
+
+    Example:
+
+        gpufleet syncer run --slurmrestd-url http://127.0.0.1:6820 \\
+            --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --slurm-conf /etc/slurm/slurm.conf \\
+            --preempt-priority 1000000
+    """
+    from gpufleet.slurm.kubeapi import KubeApi
+    from gpufleet.slurm.syncer import Syncer, SyncSettings
+
+    _logging(verbose)
+    token = _token(token_file, jwt_key_file, slurm_user)
+    settings = SyncSettings(
+        poll_interval_s=poll_interval,
+        node_selector=node_selector,
+        hold_taint=hold_taint,
+        preempt_priority=preempt_priority,
+        dry_run=dry_run,
+    )
+
+    async def main() -> None:
+        kube = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+        rest, scontrol = _clients(slurmrestd_url, slurm_user, token, slurm_conf)
+        await Syncer(kube=kube, rest=rest, scontrol=scontrol, settings=settings).run()
+
+    asyncio.run(main())
+
+
+@app.command("operator")
+def run_operator(
+    kubeconfig: Path | None = typer.Option(None, help="Default: in-cluster or ~/.kube/config."),
+    slurmrestd_url: str | None = typer.Option(None, help="For nodes-by-state in status."),
+    slurm_conf: Path | None = typer.Option(None, help="slurm.conf for scontrol reconfigure."),
+    jwt_key_file: Path | None = typer.Option(None, help="Mint tokens with this HS256 key."),
+    conf_dir: Path | None = typer.Option(None, help="Also write rendered files here."),
+    interval: float = typer.Option(5.0, help="Seconds between reconcile passes."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run the SlurmCluster operator until interrupted.
+
+    Example:
+
+        gpufleet slurm operator --slurmrestd-url http://slurm-rest:6820 \\
+            --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --conf-dir /etc/slurm/rendered
+    """
+    from gpufleet.slurm.kubeapi import KubeApi
+    from gpufleet.slurm.operator import ClusterOperator, OperatorSettings
+
+    _logging(verbose)
+
+    async def main() -> None:
+        kube = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+        rest = scontrol = None
+        if slurmrestd_url:
+            token = _token(None, jwt_key_file, "root")
+            rest, scontrol = _clients(slurmrestd_url, "root", token, slurm_conf)
+        op = ClusterOperator(
+            kube=kube,
+            scontrol=scontrol,
+            rest=rest,
+            settings=OperatorSettings(interval_s=interval, conf_dir=conf_dir),
+        )
+        await op.run()
+
+    asyncio.run(main())
+
+
+@app.command("render")
+def render_cmd(
+    cluster: Path = typer.Argument(..., help="A SlurmCluster YAML (the whole object or its spec)."),
+    nodes: Path = typer.Option(
+        ..., help="Nodes as JSON/YAML: `kubectl get nodes -o json` output or a list of Nodes."
+    ),
+    out: Path | None = typer.Option(None, help="Write the files here instead of printing."),
+) -> None:
+    """Render slurm.conf, gres.conf and topology.conf without a cluster.
+
+    Example:
+
+        kubectl get nodes -o json > nodes.json
+        gpufleet slurm render examples/slurmcluster.yaml --nodes nodes.json --out /tmp/conf
+    """
+    from gpufleet.slurm.operator import node_info
+
+    doc = yaml.safe_load(cluster.read_text())
+    spec = crd.SlurmClusterSpec.model_validate(doc.get("spec", doc))
+    raw = yaml.safe_load(nodes.read_text())
+    items = raw.get("items", []) if isinstance(raw, dict) else raw
+    infos = [node_info(n) for n in items]
+    pools = render.assign(spec, infos)
+    data = render.render_all(spec, [n for m in pools.values() for n in m])
+    if out is None:
+        for name, text in data.items():
+            typer.echo(f"# ---- {name}")
+            typer.echo(text, nl=False)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in data.items():
+        (out / name).write_text(text)
+    typer.echo(f"wrote {', '.join(sorted(data))} to {out} (hash {render.config_hash(data)})")
+
+
+@app.command("crd")
+def crd_cmd(
+    output: str = typer.Option("yaml", "--output", "-o", help="yaml or json"),
+) -> None:
+    """Print the SlurmCluster CustomResourceDefinition (generated from the spec model).
+
+    Example:
+
+        gpufleet slurm crd > deploy/helm/gpufleet/crds/slurmclusters.yaml
+    """
+    manifest = crd.crd_manifest()
+    if output == "json":
+        typer.echo(json.dumps(manifest, indent=2))
+    else:
+        typer.echo(yaml.safe_dump(manifest, sort_keys=False), nl=False)
+
+
+@app.command("token")
+def token_cmd(
+    jwt_key_file: Path = typer.Option(..., help="The cluster's HS256 JWT key."),
+    user: str = typer.Option("root"),
+    lifespan: int = typer.Option(3600, help="Seconds."),
+) -> None:
+    """Mint a slurmrestd / scontrol token, like `scontrol token`.
+
+    Example:
+
+        export SLURM_JWT=$(gpufleet slurm token --jwt-key-file /etc/slurm/jwt/jwt_hs256.key)
+    """
+    typer.echo(jwt.mint(jwt_key_file.read_bytes(), user=user, lifespan_s=lifespan))

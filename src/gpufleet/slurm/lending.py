@@ -1,0 +1,205 @@
+"""Preemption: lend Slurm nodes to high-priority Kubernetes Pods, and take them back.
+
+A Pod qualifies when its ``spec.priority`` is at least the syncer's
+``preempt_priority``, it requests ``nvidia.com/gpu``, and kube-scheduler has
+marked it ``Unschedulable`` (no free node without Slurm's taint). Then, with
+every step recorded on the Node so a restarted syncer carries on:
+
+1. **choose** a node with :func:`gpufleet.domain.slurm_sync.choose_lendable`
+   (idle first, then the node whose most important job has the lowest priority;
+   never a node with a job that cannot be requeued);
+2. **lock** it: annotation ``gpufleet.io/lent-to=<ns>/<pod>`` and taint
+   ``gpufleet.io/slurm=lent:NoSchedule`` (nothing else is scheduled there);
+3. the syncer's reconcile sees ``lent`` and **drains** the Slurm node
+   (``gpufleet: lent to kubernetes``) and **requeues** its jobs;
+4. once Slurm shows no running job on the node, **bind** the Pod to it;
+5. when the Pod is gone (deleted, finished, or bound elsewhere), **return**
+   the node: annotation removed, taint back to ``held``; the next reconcile
+   undrains it in Slurm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import kr8s
+
+from gpufleet.domain import slurm_sync, well_known
+from gpufleet.slurm import nodes as kn
+
+if TYPE_CHECKING:
+    from gpufleet.slurm.syncer import Syncer
+
+log = logging.getLogger("gpufleet.slurm.lending")
+
+
+@dataclass
+class LendTiming:
+    """Seconds on the syncer's clock for one Pod (bench breakdown)."""
+
+    pod: str
+    node: str = ""
+    seen: float = 0.0
+    locked: float = 0.0
+    drained: float = 0.0
+    empty: float = 0.0
+    bound: float = 0.0
+
+
+@dataclass
+class LendStats:
+    lent: int = 0
+    returned: int = 0
+    timings: dict[str, LendTiming] = field(default_factory=dict)
+
+
+class Lender:
+    def __init__(self, syncer: Syncer) -> None:
+        self.syncer = syncer
+        assert syncer.settings.preempt_priority is not None
+        self.threshold = syncer.settings.preempt_priority
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.stats = LendStats()
+        self._lock = asyncio.Lock()
+
+    # -- which pods ---------------------------------------------------------------------
+
+    def wants_node(self, pod: Mapping[str, Any]) -> bool:
+        priority = (pod.get("spec") or {}).get("priority")
+        return (
+            isinstance(priority, int)
+            and priority >= self.threshold
+            and kn.pod_gpus(pod) > 0
+            and kn.pod_unschedulable(pod)
+        )
+
+    def lent_nodes(self) -> dict[str, str]:
+        """Node name -> ``ns/pod`` for every node we lent."""
+        return {
+            name: pod
+            for name, node in self.syncer.nodes.items()
+            if (pod := kn.lent_to(node)) is not None
+        }
+
+    # -- steps ----------------------------------------------------------------------------
+
+    async def consider(self, pod: Mapping[str, Any]) -> None:
+        key = kn.pod_key(pod)
+        if not self.wants_node(pod) or key in self.lent_nodes().values():
+            return
+        async with self._lock:
+            if key in self.lent_nodes().values():
+                return
+            await self._lend(pod, key)
+
+    async def _lend(self, pod: Mapping[str, Any], key: str) -> None:
+        s = self.syncer
+        if s.slurm is None:
+            log.info("pod=%s wants a node but the Slurm view is unknown; waiting", key)
+            return
+        seen = s.clock()
+        candidates = [
+            slurm_sync.Candidate(
+                name=name,
+                kube=view,
+                slurm=s.slurm[name],
+                jobs=tuple(s.jobs_on(name)),
+                fits=kn.pod_fits(pod, node),
+            )
+            for name, node in s.nodes.items()
+            if s.managed(name) and (view := kn.kube_view(node)) is not None
+        ]
+        chosen = slurm_sync.choose_lendable(candidates, 1)
+        if not chosen:
+            log.warning("pod=%s wants a node; none can be lent", key)
+            return
+        name = chosen[0]
+        node = s.nodes[name]
+        if s.settings.dry_run:
+            log.info("pod=%s would get node=%s [dry run]", key, name)
+            return
+        await s.kube.patch_node(name, kn.lend_patch(node, key))
+        node.setdefault("metadata", {}).setdefault("annotations", {})[
+            well_known.ANNOTATION_LENT_TO
+        ] = key
+        self.stats.lent += 1
+        self.stats.timings[key] = LendTiming(key, name, seen=seen, locked=s.clock())
+        log.info("pod=%s node=%s lent to kubernetes (locked)", key, name)
+        # Drain and requeue now rather than at the next poll.
+        await s.reconcile(name)
+        timing = self.stats.timings[key]
+        timing.drained = s.clock()
+
+    async def tick(self) -> None:
+        """Bind pods whose node is empty; return nodes whose pod is gone."""
+        s = self.syncer
+        for name, key in self.lent_nodes().items():
+            ns, _, pod_name = key.partition("/")
+            pod = self.pods.get(key)
+            if pod is None:
+                pod = await s.kube.get_pod(ns, pod_name)
+            bound_to = (pod or {}).get("spec", {}).get("nodeName")
+            phase = (pod or {}).get("status", {}).get("phase")
+            if pod is None or phase in ("Succeeded", "Failed") or (bound_to and bound_to != name):
+                await self._return(name, key)
+                continue
+            if not bound_to and not s.jobs_on(name) and s.slurm is not None:
+                view = s.slurm.get(name)
+                if view is not None and view.ours and "COMPLETING" not in view.flags:
+                    await self._bind(pod, name, key)
+
+    async def _bind(self, pod: Mapping[str, Any], name: str, key: str) -> None:
+        s = self.syncer
+        timing = self.stats.timings.get(key)
+        if timing is not None and not timing.empty:
+            timing.empty = s.clock()
+        meta = pod["metadata"]
+        try:
+            await s.kube.bind_pod(meta["namespace"], meta["name"], meta["uid"], name)
+        except kr8s.ServerError as e:
+            log.warning("pod=%s node=%s bind failed: %s", key, name, e)
+            return
+        if timing is not None:
+            timing.bound = s.clock()
+        self.pods[key] = {**pod, "spec": {**pod.get("spec", {}), "nodeName": name}}
+        log.info("pod=%s bound to node=%s", key, name)
+
+    async def _return(self, name: str, key: str) -> None:
+        s = self.syncer
+        node = s.nodes.get(name)
+        if node is None:
+            return
+        await s.kube.patch_node(name, kn.return_patch(node, s.settings.hold_taint))
+        node.get("metadata", {}).get("annotations", {}).pop(well_known.ANNOTATION_LENT_TO, None)
+        self.pods.pop(key, None)
+        self.stats.returned += 1
+        log.info("node=%s returned to slurm (pod %s gone)", name, key)
+        await s.reconcile(name)
+
+    # -- watch ------------------------------------------------------------------------------
+
+    async def pod_loop(self) -> None:
+        s = self.syncer
+        while True:
+            try:
+                items, rv = await s.kube.list_pods()
+                self.pods = {kn.pod_key(p): p for p in items}
+                for p in items:
+                    await self.consider(p)
+                async for kind, obj in s.kube.watch("pods", rv):
+                    key = kn.pod_key(obj)
+                    if kind == "DELETED":
+                        self.pods.pop(key, None)
+                        continue
+                    self.pods[key] = obj
+                    if self.wants_node(obj):
+                        s._spawn(self.consider(obj))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # any watch failure: relist
+                log.warning("pod watch ended (%r); listing again", e)
+                await asyncio.sleep(1.0)

@@ -1,0 +1,235 @@
+"""The SlurmCluster operator: config rendering, ConfigMap, reconfigure, status.
+
+One reconcile of one SlurmCluster, as ordered steps:
+
+1. validate the spec with the same pydantic model the CRD schema came from
+   (a bad spec sets ``Ready=False, reason=InvalidSpec`` and stops: nothing is
+   rendered from a spec we do not understand);
+2. select the Nodes of each pool, label them ``gpufleet.io/slurm-cluster``
+   (the slurmd DaemonSet's node selector) and unlabel Nodes that left;
+3. render slurm.conf, gres.conf and topology.conf; server-side apply the
+   ConfigMap ``<name>-slurm-config`` (owned by the SlurmCluster);
+4. if the rendered hash differs from ``status.configHash``: write the files
+   (when ``conf_dir`` is set: the controller pod mounts the shared config
+   volume there) and run ``scontrol reconfigure``;
+5. status: nodes by Slurm state (from slurmrestd), hash, ``Ready`` condition;
+   written only when it changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import kr8s
+from pydantic import ValidationError
+
+from gpufleet.domain import slurm_sync, well_known
+from gpufleet.slurm import crd, render
+from gpufleet.slurm.errors import SlurmError
+from gpufleet.slurm.kubeapi import KubeApi
+from gpufleet.slurm.restapi import SlurmRest
+from gpufleet.slurm.scontrol import Scontrol
+
+log = logging.getLogger("gpufleet.slurm.operator")
+BASE = f"/apis/{well_known.GROUP}"
+
+
+def state_bucket(view: slurm_sync.SlurmView) -> str:
+    """The one word ``sinfo`` would use: drained, draining, down, idle, mixed, allocated..."""
+    if view.drained:
+        busy = view.state in ("mixed", "allocated") or "COMPLETING" in view.flags
+        return "draining" if busy else "drained"
+    if view.down:
+        return "down"
+    return view.state or "unknown"
+
+
+def nodes_by_state(views: Mapping[str, slurm_sync.SlurmView], names: list[str]) -> dict[str, int]:
+    counts = Counter(state_bucket(views[n]) if n in views else "missing" for n in names)
+    return dict(sorted(counts.items()))
+
+
+def node_info(node: Mapping[str, Any]) -> render.NodeInfo:
+    addresses = (node.get("status") or {}).get("addresses") or []
+    internal = [a["address"] for a in addresses if a.get("type") == "InternalIP"]
+    return render.NodeInfo(
+        name=node["metadata"]["name"],
+        labels=node["metadata"].get("labels") or {},
+        address=internal[0] if internal else None,
+    )
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    interval_s: float = 5.0
+    """Seconds between reconciles of every SlurmCluster (Node changes show up within it)."""
+    conf_dir: Path | None = None
+    """Where slurmctld reads its config (shared volume); None: ConfigMap only."""
+    reconfigure: bool = True
+
+
+class ClusterOperator:
+    def __init__(
+        self,
+        *,
+        kube: KubeApi,
+        scontrol: Scontrol | None,
+        rest: SlurmRest | None,
+        settings: OperatorSettings | None = None,
+    ) -> None:
+        self.kube, self.scontrol, self.rest = kube, scontrol, rest
+        self.settings = settings or OperatorSettings()
+
+    def _url(self, ns: str, name: str = "") -> str:
+        tail = f"/{name}" if name else ""
+        return f"namespaces/{ns}/{crd.PLURAL}{tail}"
+
+    async def reconcile(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Reconcile one SlurmCluster; returns the status written (None if it is gone)."""
+        obj = await self.kube.get(self._url(namespace, name), version=well_known.VERSION, base=BASE)
+        if obj is None:
+            return None
+        old_status = obj.get("status") or {}
+        status: dict[str, Any] = {"observedGeneration": obj["metadata"].get("generation", 0)}
+        try:
+            spec = crd.SlurmClusterSpec.model_validate(obj.get("spec") or {})
+        except ValidationError as e:
+            status["conditions"] = [_cond("Ready", "False", "InvalidSpec", str(e)[:1000])]
+            return await self._write_status(namespace, name, old_status, status)
+
+        items, _ = await self.kube.list_nodes()
+        infos = [node_info(n) for n in items]
+        pools = render.assign(spec, infos)
+        members = sorted(n.name for m in pools.values() for n in m)
+        await self._label_members(namespace, name, items, set(members))
+        data = render.render_all(spec, [n for m in pools.values() for n in m])
+        digest = render.config_hash(data)
+        await self._apply_configmap(obj, data, digest)
+        status["configHash"] = digest
+        status["nodes"] = len(members)
+        status["lastReconfigure"] = old_status.get("lastReconfigure", "")
+        reason, message = "Reconciled", f"{len(members)} nodes, config {digest}"
+        if digest != old_status.get("configHash"):
+            try:
+                await self._push_config(data)
+                status["lastReconfigure"] = _now()
+            except (SlurmError, OSError) as e:
+                reason, message = "ReconfigureFailed", str(e)[:1000]
+                status["configHash"] = old_status.get("configHash", "")
+        if self.rest is not None:
+            try:
+                if self.rest.version is None:
+                    await self.rest.connect()
+                status["nodesByState"] = nodes_by_state(await self.rest.nodes(), members)
+            except SlurmError as e:
+                reason, message = "SlurmUnavailable", str(e)[:1000]
+                status["nodesByState"] = old_status.get("nodesByState", {})
+        ready = "True" if reason == "Reconciled" else "False"
+        status["conditions"] = [_cond("Ready", ready, reason, message, old_status)]
+        return await self._write_status(namespace, name, old_status, status)
+
+    async def _label_members(
+        self, namespace: str, name: str, items: list[dict[str, Any]], members: set[str]
+    ) -> None:
+        value = f"{namespace}.{name}"
+        for node in items:
+            node_name = node["metadata"]["name"]
+            has = (node["metadata"].get("labels") or {}).get(well_known.LABEL_SLURM_CLUSTER)
+            want = value if node_name in members else (None if has == value else has)
+            if has != want:
+                patch = {"metadata": {"labels": {well_known.LABEL_SLURM_CLUSTER: want}}}
+                await self.kube.patch_node(node_name, patch)
+
+    async def _apply_configmap(self, obj: Mapping[str, Any], data: dict[str, str], h: str) -> None:
+        meta = obj["metadata"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"{meta['name']}-slurm-config",
+                "namespace": meta["namespace"],
+                "labels": {"app.kubernetes.io/managed-by": "gpufleet"},
+                "annotations": {f"{well_known.GROUP}/config-hash": h},
+                "ownerReferences": [
+                    {
+                        "apiVersion": f"{well_known.GROUP}/{well_known.VERSION}",
+                        "kind": crd.KIND,
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "data": data,
+        }
+        await self.kube.apply(
+            f"namespaces/{meta['namespace']}/configmaps/{meta['name']}-slurm-config", body
+        )
+
+    async def _push_config(self, data: Mapping[str, str]) -> None:
+        conf_dir = self.settings.conf_dir
+        if conf_dir is not None:
+            conf_dir.mkdir(parents=True, exist_ok=True)
+            for fname, text in data.items():
+                tmp = conf_dir / f".{fname}.tmp"
+                tmp.write_text(text)
+                os.replace(tmp, conf_dir / fname)
+        if self.scontrol is not None and self.settings.reconfigure:
+            await self.scontrol.reconfigure()
+            log.info("scontrol reconfigure done")
+
+    async def _write_status(
+        self, namespace: str, name: str, old: Mapping[str, Any], new: dict[str, Any]
+    ) -> dict[str, Any]:
+        if _comparable(old) != _comparable(new):
+            await self.kube.merge_patch(
+                f"{self._url(namespace, name)}/status",
+                {"status": new},
+                version=well_known.VERSION,
+                base=BASE,
+            )
+        return new
+
+    async def run(self) -> None:
+        while True:
+            try:
+                listing = await self.kube.get(crd.PLURAL, version=well_known.VERSION, base=BASE)
+                for item in (listing or {}).get("items", []):
+                    meta = item["metadata"]
+                    await self.reconcile(meta["namespace"], meta["name"])
+            except (kr8s.ServerError, SlurmError) as e:
+                log.warning("reconcile pass failed: %s", e)
+            await asyncio.sleep(self.settings.interval_s)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cond(
+    ctype: str, status: str, reason: str, message: str, old: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """A condition whose lastTransitionTime moves only when the status flips."""
+    since = _now()
+    for c in (old or {}).get("conditions") or []:
+        if c.get("type") == ctype and c.get("status") == status:
+            since = c.get("lastTransitionTime", since)
+    return {
+        "type": ctype,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since,
+    }
+
+
+def _comparable(status: Mapping[str, Any]) -> Any:
+    return {k: v for k, v in status.items() if k != "lastReconfigure"}

@@ -1,0 +1,362 @@
+"""The Slurm syncer: Kubernetes Nodes <-> Slurm nodes, both ways, level-triggered.
+
+Three loops share one in-memory picture (rebuilt from scratch after a restart:
+Kubernetes is the database, Slurm the other one):
+
+* **node watch**: every Node event reconciles that node at once (this is the
+  fault -> DRAIN path, measured in ``bench/slurm_sync.py``);
+* **Slurm poll** (every ``poll_interval_s``): ``/nodes`` and ``/jobs`` from
+  slurmrestd, then every managed node is reconciled (catches admins' drains,
+  early resumes, DOWN nodes) and the lender (:mod:`gpufleet.slurm.lending`) runs;
+* **pod watch** (when lending is on): high-priority Pods that cannot be scheduled.
+
+One reconcile of one node (:meth:`Syncer.reconcile`), in order:
+
+1. decide with :func:`gpufleet.domain.slurm_sync.sync_node` on the last snapshot;
+2. if that asks for a write, read the node fresh from slurmrestd and decide again
+   (the snapshot may be a second old, and an admin may have drained meanwhile),
+   then drain (``gpufleet: ...``) or undrain;
+3. report foreign drains / DOWN on the Node (condition ``SlurmUnavailable``,
+   annotation ``gpufleet.io/slurm-state``), only when it changed;
+4. keep our taint (``held`` / ``lent``) on the Node;
+5. requeue the running jobs of a node we drained, when its requeue mode is
+   ``now``; report jobs that cannot be requeued (never cancel them).
+
+When slurmrestd does not answer, the Slurm view is unknown and step 1 decides
+nothing: the syncer fails closed (no drains, no resumes) until it answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kr8s
+
+from gpufleet.domain import slurm_sync, well_known
+from gpufleet.domain.policy import RequeueMode
+from gpufleet.slurm import nodes as kn
+from gpufleet.slurm.errors import SlurmError, SlurmUnavailable
+from gpufleet.slurm.kubeapi import KubeApi
+from gpufleet.slurm.restapi import SlurmRest
+from gpufleet.slurm.scontrol import Scontrol
+
+log = logging.getLogger("gpufleet.slurm.syncer")
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    """How the syncer runs. Every field has a default that suits a real cluster."""
+
+    poll_interval_s: float = 1.0
+    """Seconds between Slurm polls. Kubernetes -> Slurm does not wait for it
+    (node events act at once); Slurm -> Kubernetes and reapplying our drains do."""
+    node_selector: str = ""
+    """Label selector of the Kubernetes Nodes this syncer manages (all when empty);
+    a node must also exist in Slurm under the same name."""
+    hold_taint: bool = True
+    """Keep ``gpufleet.io/slurm=held:NoSchedule`` on managed nodes so only Slurm
+    places GPU work there (Kubernetes gets nodes by lending)."""
+    not_responding_grace_s: float = 5.0
+    """A node that is only NOT_RESPONDING (no drain, not DOWN) is reported after
+    this long: Slurm shows a resumed or restarted node ``idle*`` until its next ping."""
+    requeue_cooldown_s: float = 10.0
+    """Do not requeue the same job again within this time (the job list may be stale)."""
+    preempt_priority: int | None = None
+    """Pods with ``spec.priority`` >= this may take nodes from Slurm; None disables lending."""
+    dry_run: bool = False
+    """Decide and log, write nothing."""
+
+
+@dataclass
+class Timing:
+    """When a Kubernetes change was seen and when Slurm was drained for it (bench data)."""
+
+    node: str
+    seen: float
+    acted: float
+    verb: str
+
+
+@dataclass
+class SyncStats:
+    drains: int = 0
+    resumes: int = 0
+    requeues: int = 0
+    slurm_errors: int = 0
+    slurm_up: bool = False
+    timings: list[Timing] = field(default_factory=list)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Syncer:
+    def __init__(
+        self,
+        *,
+        kube: KubeApi,
+        rest: SlurmRest,
+        scontrol: Scontrol,
+        settings: SyncSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube = kube
+        self.rest = rest
+        self.scontrol = scontrol
+        self.settings = settings or SyncSettings()
+        self.clock = clock
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.slurm: dict[str, slurm_sync.SlurmView] | None = None
+        self.jobs: list[slurm_sync.JobView] | None = None
+        self.stats = SyncStats()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._requeued: dict[int, float] = {}
+        self._stuck_reported: dict[str, tuple[int, ...]] = {}
+        self._unresponsive_since: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.synced = asyncio.Event()
+        """Set after the first complete pass over both views."""
+        from gpufleet.slurm.lending import Lender  # (import cycle: the lender uses the syncer)
+
+        self.lender = Lender(self) if self.settings.preempt_priority is not None else None
+
+    # -- views -----------------------------------------------------------------------
+
+    def managed(self, name: str) -> bool:
+        return name in self.nodes and self.slurm is not None and name in self.slurm
+
+    def kube_view(self, name: str) -> slurm_sync.KubeView | None:
+        return kn.kube_view(self.nodes.get(name))
+
+    def jobs_on(self, name: str) -> list[slurm_sync.JobView]:
+        return [j for j in self.jobs or () if name in j.nodes]
+
+    async def poll_slurm(self) -> bool:
+        """Refresh the Slurm snapshot; on failure forget it (fail closed)."""
+        try:
+            if self.rest.version is None:
+                await self.rest.connect()
+            views = await self.rest.nodes()
+            jobs = await self.rest.running_jobs()
+        except SlurmUnavailable as e:
+            if self.stats.slurm_up or self.slurm is not None:
+                log.warning("slurm view unknown, failing closed: %s", e)
+            self.stats.slurm_errors += 1
+            self.stats.slurm_up = False
+            self.slurm, self.jobs = None, None
+            return False
+        if not self.stats.slurm_up:
+            log.info("slurm view available (%d nodes, API %s)", len(views), self.rest.version)
+        self.stats.slurm_up = True
+        self.slurm, self.jobs = views, jobs
+        return True
+
+    # -- one node ----------------------------------------------------------------------
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def reconcile(self, name: str, *, seen: float | None = None) -> None:
+        if not self.managed(name):
+            return
+        async with self._lock(name):
+            try:
+                await self._reconcile(name, seen)
+            except SlurmUnavailable as e:
+                log.warning("node=%s slurm unavailable, nothing done: %s", name, e)
+            except SlurmError as e:
+                log.error("node=%s slurm refused: %s", name, e)
+            except kr8s.ServerError as e:
+                log.error("node=%s kubernetes refused: %s", name, e)
+
+    async def _reconcile(self, name: str, seen: float | None) -> None:
+        assert self.slurm is not None
+        kube = self.kube_view(name)
+        decision = slurm_sync.sync_node(kube, self.slurm.get(name))
+        view = self.slurm.get(name)
+        if decision.verb is not slurm_sync.Verb.NOTHING:
+            view = await self.rest.node(name)
+            decision = slurm_sync.sync_node(kube, view)
+            if decision.verb is not slurm_sync.Verb.NOTHING:
+                view = await self._act(name, decision, view, seen)
+        if decision.report_known:
+            await self._report(name, self._settled(name, decision.foreign))
+        await self._keep_taint(name)
+        if kube is not None and view is not None:
+            await self._requeue(name, kube, view)
+
+    async def _act(
+        self,
+        name: str,
+        d: slurm_sync.SyncDecision,
+        view: slurm_sync.SlurmView | None,
+        seen: float | None,
+    ) -> slurm_sync.SlurmView | None:
+        assert view is not None  # sync_node never acts on an unknown view
+        if self.settings.dry_run:
+            log.info("node=%s would %s (%s) [dry run]", name, d.verb, d.why)
+            return view
+        if d.verb is slurm_sync.Verb.DRAIN:
+            assert d.drain_reason is not None
+            await self.scontrol.drain(name, d.drain_reason)
+            self.stats.drains += 1
+            view = slurm_sync.SlurmView(view.state, view.flags | {"DRAIN"}, d.drain_reason)
+        else:
+            await self.scontrol.undrain(name)
+            self.stats.resumes += 1
+            view = slurm_sync.SlurmView(view.state, view.flags - {"DRAIN"}, None)
+        if self.slurm is not None:
+            self.slurm[name] = view
+        acted = self.clock()
+        if seen is not None:
+            self.stats.timings.append(Timing(name, seen, acted, d.verb.value))
+        log.info("node=%s %s: %s", name, d.verb, d.drain_reason or d.why)
+        return view
+
+    def _settled(
+        self, name: str, hold: slurm_sync.ForeignHold | None
+    ) -> slurm_sync.ForeignHold | None:
+        """Hold back a bare NOT_RESPONDING until it has lasted the grace period."""
+        if hold is None or hold.state.split("+")[0] == "down" or "DRAIN" in hold.state:
+            self._unresponsive_since.pop(name, None)
+            return hold
+        since = self._unresponsive_since.setdefault(name, self.clock())
+        if self.clock() - since >= self.settings.not_responding_grace_s:
+            return hold
+        node = self.nodes.get(name)
+        current = kn.reported(node) if node is not None else None
+        return hold if current == kn.report_text(hold) else None
+
+    async def _report(self, name: str, hold: slurm_sync.ForeignHold | None) -> None:
+        node = self.nodes.get(name)
+        if node is None or kn.reported(node) == kn.report_text(hold):
+            return
+        if self.settings.dry_run:
+            return
+        meta, status = kn.report_patches(hold, _now_iso())
+        await self.kube.patch_node(name, status, status=True)
+        await self.kube.patch_node(name, meta)
+        node.setdefault("metadata", {}).setdefault("annotations", {})[
+            well_known.ANNOTATION_SLURM_STATE
+        ] = kn.report_text(hold)
+        log.info("node=%s slurm hold reported: %s", name, kn.report_text(hold) or "none")
+
+    async def _keep_taint(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is None or self.settings.dry_run:
+            return
+        if kn.lent_to(node) is not None:
+            want: str | None = kn.LENT
+        else:
+            want = kn.HELD if self.settings.hold_taint else None
+        patch = kn.taint_patch(node, want)
+        if patch is not None:
+            await self.kube.patch_node(name, patch)
+            node.setdefault("spec", {})["taints"] = patch["spec"]["taints"]
+
+    async def _requeue(
+        self, name: str, kube: slurm_sync.KubeView, view: slurm_sync.SlurmView
+    ) -> None:
+        if not view.ours or self.jobs is None:
+            return
+        if slurm_sync.requeue_mode(kube) is not RequeueMode.NOW:
+            return
+        now = self.clock()
+        plan = slurm_sync.plan_requeue([name], self.jobs_on(name))
+        fresh = [
+            j
+            for j in plan.requeue
+            if now - self._requeued.get(j, -1e9) > self.settings.requeue_cooldown_s
+        ]
+        if fresh and not self.settings.dry_run:
+            for job in fresh:
+                self._requeued[job] = now
+                try:
+                    await self.scontrol.requeue([job])
+                except SlurmError as e:
+                    # Usually "already pending": the job left by itself meanwhile.
+                    log.info("node=%s job=%d requeue refused: %s", name, job, e)
+                    continue
+                self.stats.requeues += 1
+                log.info("node=%s job=%d requeued (node drained by gpufleet)", name, job)
+        if self._stuck_reported.get(name) != plan.unrequeueable:
+            self._stuck_reported[name] = plan.unrequeueable
+            if plan.unrequeueable:
+                log.warning(
+                    "node=%s jobs %s cannot be requeued (--no-requeue); left running, reported",
+                    name,
+                    list(plan.unrequeueable),
+                )
+            if not self.settings.dry_run:
+                await self.kube.patch_node(name, kn.stuck_jobs_patch(plan.unrequeueable))
+
+    # -- loops -------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _matches(self, node: Mapping[str, Any]) -> bool:
+        sel = self.settings.node_selector
+        if not sel:
+            return True
+        labels = kn.labels_of(node)
+        for term in sel.split(","):
+            key, _, value = term.partition("=")
+            if labels.get(key.strip()) != value.strip():
+                return False
+        return True
+
+    async def node_loop(self) -> None:
+        """List, then watch Nodes; on any error, list again (level-triggered)."""
+        while True:
+            try:
+                items, rv = await self.kube.list_nodes()
+                self.nodes = {kn.name_of(n): n for n in items if self._matches(n)}
+                async for kind, obj in self.kube.watch("nodes", rv):
+                    seen = self.clock()
+                    name = kn.name_of(obj)
+                    if kind == "DELETED" or not self._matches(obj):
+                        self.nodes.pop(name, None)
+                        continue
+                    if kind in ("ADDED", "MODIFIED"):
+                        self.nodes[name] = obj
+                        self._spawn(self.reconcile(name, seen=seen))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # any watch failure: relist
+                log.warning("node watch ended (%r); listing again", e)
+                await asyncio.sleep(1.0)
+
+    async def slurm_loop(self) -> None:
+        while True:
+            started = self.clock()
+            if await self.poll_slurm() and self.nodes:
+                names = [n for n in self.nodes if self.managed(n)]
+                await asyncio.gather(*(self.reconcile(n) for n in names))
+                if self.lender is not None:
+                    await self.lender.tick()
+                self.synced.set()
+            elapsed = self.clock() - started
+            await asyncio.sleep(max(0.05, self.settings.poll_interval_s - elapsed))
+
+    async def run(self) -> None:
+        loops = [self.node_loop(), self.slurm_loop()]
+        if self.lender is not None:
+            loops.append(self.lender.pod_loop())
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*self._tasks, return_exceptions=True)
