@@ -12,6 +12,7 @@ from gpufleet.cli import (
     agent_cmd,
     controller_cmd,
     health_cmd,
+    local_cmd,
     nodes_cmd,
     policy_cmd,
     sim_cmd,
@@ -33,6 +34,7 @@ app.add_typer(slurm_cmd.app, name="slurm")
 app.add_typer(slurm_cmd.syncer_app, name="syncer")
 app.add_typer(health_cmd.app, name="health")
 app.add_typer(agent_cmd.app, name="agent")
+app.add_typer(local_cmd.app, name="local")
 app.command("sim")(sim_cmd.sim)
 app.command("controller")(controller_cmd.controller)
 app.command("nodes")(nodes_cmd.nodes_table)

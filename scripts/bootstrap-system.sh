@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what the local cluster (gpufleet.local) needs outside the Python
+# virtual environment. Idempotent and quick when everything is present:
+#   1. Debian packages for Slurm and munge (apt-get only when one is missing);
+#   2. etcd, Kubernetes control-plane binaries, kubectl and KWOK, built from the
+#      Go module proxy into ~/.cache/gpufleet (skipped when cached), see
+#      scripts/build-go-binaries.sh.
+# Python dependencies are installed by scripts/bootstrap-python.sh.
+# Needs root for apt-get on a fresh machine; fails naming the step that failed.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+start=$(date +%s)
+
+# Debian packages. slurm-wlm-jwt-plugin gives slurmrestd its JWT auth; time
+# provides /usr/bin/time for the build measurements; openssl and procps are
+# used by the cluster tooling; ca-certificates lets Go reach the module proxy.
+packages=(munge slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin
+          time openssl procps ca-certificates)
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  echo "== apt-get install ${missing[*]}" >&2
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "bootstrap-system: these Debian packages are missing: ${missing[*]}" >&2
+    echo "  Run as root, or: sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq || { echo "bootstrap-system: apt-get update failed" >&2; exit 1; }
+  # policy-rc.d may refuse to start the packaged services; we never use them.
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || { echo "bootstrap-system: apt-get install ${missing[*]} failed" >&2; exit 1; }
+fi
+
+# Go binaries (version-pinned by deps/*/go.mod, cached outside the repository).
+PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-go-binaries.sh" >&2
+
+echo "== system dependencies ready ($(( $(date +%s) - start )) s)" >&2

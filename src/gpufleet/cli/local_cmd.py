@@ -1,0 +1,198 @@
+"""``gpufleet local``: start, inspect and stop the embedded local cluster."""
+
+from __future__ import annotations
+
+import atexit
+import shlex
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpufleet.local import cluster as local_cluster
+from gpufleet.local.binaries import MissingBinaryError, go_bin_dir
+from gpufleet.local.processes import ComponentError, terminate_on_signals
+
+app = typer.Typer(
+    help="Run a whole GPU cluster on this machine: Kubernetes + KWOK GPU nodes, Slurm, BMCs.",
+    no_args_is_help=True,
+)
+console = Console(stderr=True)
+
+NAME_HELP = "Name of the cluster; clusters with different names run side by side."
+RUN_DIR_HELP = "Run directory (logs, pki, kubeconfig, slurm.conf). Default: /tmp/gpufleet/<name>."
+
+
+def _name_args(name: str, run_dir: Path | None) -> str:
+    if run_dir is not None:
+        return f" --run-dir {shlex.quote(str(run_dir))}"
+    return "" if name == "default" else f" --name {shlex.quote(name)}"
+
+
+def _run_dir(name: str, run_dir: Path | None) -> Path:
+    return run_dir if run_dir is not None else local_cluster.default_run_dir(name)
+
+
+def _exports(info: local_cluster.ClusterInfo) -> list[str]:
+    """Shell lines that point kubectl and the Slurm commands at the cluster."""
+    lines = [
+        f"export PATH={shlex.quote(str(go_bin_dir()))}:$PATH",
+        f"export KUBECONFIG={shlex.quote(str(info.kubeconfig))}",
+    ]
+    if info.slurm_conf is not None:
+        lines.append(f"export SLURM_CONF={shlex.quote(str(info.slurm_conf))}")
+    return lines
+
+
+def _print_usage(info: local_cluster.ClusterInfo, name_args: str) -> None:
+    out = Console()
+    out.print(f"\n[bold]Local cluster ready[/bold] in {info.run_dir}", highlight=False)
+    out.print(f"  kubeconfig:  {info.kubeconfig}", highlight=False)
+    out.print(f"  apiserver:   {info.apiserver_url}", highlight=False)
+    if info.slurm_conf is not None:
+        out.print(f"  SLURM_CONF:  {info.slurm_conf}", highlight=False)
+        out.print(
+            f"  slurmrestd:  {info.slurmrestd_url} (JWT: slurm_jwt in cluster.json)",
+            highlight=False,
+        )
+    if info.bmcs:
+        first = next(iter(info.bmcs.values()))
+        out.print(
+            f"  Redfish:     {len(info.bmcs)} BMCs from {first.url} (user {first.user}, "
+            "password in cluster.json)",
+            highlight=False,
+        )
+    out.print(f"  logs:        {info.logs_dir}", highlight=False)
+    out.print(
+        f'\nPoint kubectl and sinfo at it (or run: eval "$(gpufleet local env{name_args})"):',
+        highlight=False,
+    )
+    for line in _exports(info):
+        out.print(f"  {line}", soft_wrap=True, highlight=False)
+    out.print("  kubectl get nodes", highlight=False)
+    if info.slurm_conf is not None:
+        out.print("  sinfo", highlight=False)
+    out.print(f"\nStop it with: gpufleet local down{name_args}", highlight=False)
+
+
+@app.command()
+def up(
+    nodes: int = typer.Option(4, "--nodes", "-n", min=1, help="Number of fake GPU nodes."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=64, help="GPUs per node."),
+    name: str = typer.Option("default", "--name", help=NAME_HELP),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help=RUN_DIR_HELP),
+    no_slurm: bool = typer.Option(
+        False, "--no-slurm", help="Start only Kubernetes (and the BMCs)."
+    ),
+    foreground: bool = typer.Option(
+        False,
+        "--foreground",
+        help="Stay attached and stop the cluster on Ctrl-C instead of returning.",
+    ),
+) -> None:
+    """Start a local cluster and leave it running in the background.
+
+    Example: gpufleet local up --nodes 4 --gpus-per-node 8
+    """
+    spec = local_cluster.ClusterSpec(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        run_dir=_run_dir(name, run_dir),
+        slurm=not no_slurm,
+    )
+    cluster = local_cluster.LocalCluster(spec, progress=lambda msg: console.print(f"  {msg}"))
+    console.print(f"Starting a local cluster with {nodes} nodes x {gpus_per_node} GPUs ...")
+    try:
+        with terminate_on_signals():
+            info = cluster.start()
+    except (ComponentError, MissingBinaryError) as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(1) from err
+    _print_usage(info, _name_args(name, run_dir))
+    if not foreground:
+        # Leave the processes running; `gpufleet local down` stops them.
+        atexit.unregister(cluster.stop)
+        return
+    Console().print("\nRunning; press Ctrl-C to stop.")
+    try:
+        with terminate_on_signals():
+            while True:
+                time.sleep(3600)
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        started = time.monotonic()
+        cluster.stop()
+        console.print(f"stopped in {time.monotonic() - started:.1f} s")
+
+
+@app.command()
+def status(
+    name: str = typer.Option("default", "--name", help=NAME_HELP),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help=RUN_DIR_HELP),
+) -> None:
+    """Show each component of a local cluster and whether it is running.
+
+    Example: gpufleet local status --name default
+    """
+    path = _run_dir(name, run_dir)
+    try:
+        info = local_cluster.load_info(path)
+    except FileNotFoundError as err:
+        console.print(f"[yellow]{err}[/yellow]")
+        raise typer.Exit(1) from err
+    table = Table(title=f"local cluster in {info.run_dir}")
+    table.add_column("component")
+    table.add_column("pid", justify="right")
+    table.add_column("state")
+    table.add_column("log")
+    rows = local_cluster.component_status(info)
+    for record, alive in rows:
+        state = "[green]running[/green]" if alive else "[red]stopped[/red]"
+        table.add_row(record.name, str(record.pid), state, record.log)
+    Console().print(table)
+    for line in _exports(info):
+        Console().print(line, soft_wrap=True, highlight=False)
+    if not any(alive for _, alive in rows):
+        raise typer.Exit(3)
+
+
+@app.command()
+def env(
+    name: str = typer.Option("default", "--name", help=NAME_HELP),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help=RUN_DIR_HELP),
+) -> None:
+    """Print shell exports (PATH for kubectl, KUBECONFIG, SLURM_CONF) for a local cluster.
+
+    Example: eval "$(gpufleet local env)"; kubectl get nodes; sinfo
+    """
+    try:
+        info = local_cluster.load_info(_run_dir(name, run_dir))
+    except FileNotFoundError as err:
+        console.print(f"[yellow]{err}[/yellow]")
+        raise typer.Exit(1) from err
+    print("\n".join(_exports(info)))
+
+
+@app.command()
+def down(
+    name: str = typer.Option("default", "--name", help=NAME_HELP),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help=RUN_DIR_HELP),
+) -> None:
+    """Stop every process of a local cluster (its run directory is kept for the logs).
+
+    Example: gpufleet local down --name default
+    """
+    path = _run_dir(name, run_dir)
+    started = time.monotonic()
+    try:
+        stragglers = local_cluster.stop_run_dir(path)
+    except FileNotFoundError as err:
+        console.print(f"[yellow]{err}[/yellow]")
+        raise typer.Exit(1) from err
+    extra = f" (and {len(stragglers)} stray job processes)" if stragglers else ""
+    console.print(
+        f"stopped the local cluster in {path} in {time.monotonic() - started:.1f} s{extra}"
+    )

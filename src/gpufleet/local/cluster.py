@@ -1,0 +1,464 @@
+"""The whole local cluster: start every component, describe it, stop it.
+
+:class:`LocalCluster` composes :mod:`~gpufleet.local.kube`,
+:mod:`~gpufleet.local.slurm` and :mod:`~gpufleet.local.redfish`. Start-up runs
+three lanes at once -- the Kubernetes chain (etcd -> apiserver -> scheduler,
+controller-manager, KWOK and the nodes), the Slurm chain (munged -> slurmctld,
+slurmds, slurmrestd) and the BMCs -- because on a 2-core machine the
+apiserver's start dominates and everything else fits in its shadow.
+
+A running cluster is described by :class:`ClusterInfo`, which is also written
+to ``<run_dir>/cluster.json`` together with the pid and start time of every
+process, so ``gpufleet local status`` / ``down`` work from another process and
+never signal a recycled pid.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpufleet.local import kube, processes, slurm
+from gpufleet.local.binaries import Binaries
+from gpufleet.local.processes import ComponentError, ManagedProcess, ProcessRecord
+
+STATE_FILE = "cluster.json"
+DEFAULT_BMC_USER = "admin"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What to start. Defaults give the 4-node cluster the tests and demo use."""
+
+    nodes: int = 4
+    gpus_per_node: int = 8
+    node_prefix: str = "gpu-node-"
+    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    cpus_per_node: int = 64
+    memory_gib: int = 512
+    run_dir: Path | None = None
+    """Private directory for logs, keys, configs and state; a fresh temp dir if None.
+    Every ancestor must be world-searchable (munged insists), so not under /root."""
+    slurm: bool = True
+    redfish: bool = True
+    ready_timeout_s: float = 120.0
+
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.node_prefix}{i:04d}" for i in range(self.nodes))
+
+
+@dataclass(frozen=True)
+class BmcEndpoint:
+    """One node's Redfish BMC: service root URL plus basic-auth credentials."""
+
+    node: str
+    url: str
+    user: str
+    password: str
+
+    @property
+    def system_url(self) -> str:
+        """The node's ComputerSystem resource (power state, boot override, reset action)."""
+        return f"{self.url}/redfish/v1/Systems/1"
+
+
+@dataclass
+class ClusterInfo:
+    """Everything a client needs to use a running local cluster.
+
+    Kubernetes: ``kubeconfig`` (token auth, CA file), or ``apiserver_url`` with
+    ``token`` as a bearer token and ``ca_file`` to verify TLS.
+    Slurm: run commands with ``env=info.slurm_env()`` (it sets ``SLURM_CONF``);
+    slurmrestd at ``slurmrestd_url`` with headers ``X-SLURM-USER-NAME: root``
+    and ``X-SLURM-USER-TOKEN: <slurm_jwt>``, API version ``slurm_api_version``.
+    Redfish: ``bmcs[node]``. Node names are the same in Kubernetes and Slurm.
+    """
+
+    run_dir: Path
+    node_names: list[str]
+    gpus_per_node: int
+    kubeconfig: Path
+    apiserver_url: str
+    token: str
+    ca_file: Path
+    etcd_url: str
+    bin_dir: Path | None = None
+    """Directory of the Go binaries (etcd, kube-*, kubectl, kwok) this cluster runs."""
+    slurm_conf: Path | None = None
+    slurmrestd_url: str | None = None
+    slurm_jwt: str | None = None
+    slurm_api_version: str = slurm.REST_API_VERSION
+    bmcs: dict[str, BmcEndpoint] = field(default_factory=dict)
+    processes: list[ProcessRecord] = field(default_factory=list)
+    ready_s: dict[str, float] = field(default_factory=dict)
+    """Seconds from the start of ``up`` until each component was ready."""
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def kubectl(self) -> Path:
+        """kubectl of the same Kubernetes release as the apiserver."""
+        return (self.bin_dir or Path("/usr/local/bin")) / "kubectl"
+
+    def slurm_env(self) -> dict[str, str]:
+        """``os.environ`` plus ``SLURM_CONF``: pass as ``env=`` to sinfo/sbatch/scontrol."""
+        if self.slurm_conf is None:
+            raise RuntimeError("this cluster was started without Slurm")
+        return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+
+    def kube_env(self) -> dict[str, str]:
+        """``os.environ`` plus ``KUBECONFIG``: pass as ``env=`` to kubectl."""
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data, indent=2, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterInfo:
+        d: dict[str, Any] = json.loads(text)
+        for key in ("run_dir", "kubeconfig", "ca_file"):
+            d[key] = Path(d[key])
+        for key in ("slurm_conf", "bin_dir"):
+            if d.get(key):
+                d[key] = Path(d[key])
+        d["bmcs"] = {k: BmcEndpoint(**v) for k, v in d.get("bmcs", {}).items()}
+        d["processes"] = [ProcessRecord(**p) for p in d.get("processes", [])]
+        return cls(**d)
+
+
+def default_run_dir(name: str = "default") -> Path:
+    """Where ``gpufleet local up`` keeps a named cluster."""
+    return Path(os.environ.get("GPUFLEET_LOCAL_DIR", "/tmp/gpufleet")) / name
+
+
+def _check_searchable(path: Path) -> None:
+    for parent in [path, *path.parents]:
+        if parent.exists() and not os.stat(parent).st_mode & 0o001:
+            raise ComponentError(
+                "run directory",
+                None,
+                f"{parent} is not searchable by other users "
+                f"(mode {oct(os.stat(parent).st_mode & 0o777)}); munged and slurmrestd need "
+                "every ancestor of the run directory to be world-searchable. "
+                "Choose a run directory under /tmp.",
+            )
+
+
+class LocalCluster:
+    """Start and stop one local cluster; use as a context manager.
+
+    >>> with LocalCluster(ClusterSpec(nodes=2)) as info:   # doctest: +SKIP
+    ...     subprocess.run(["sinfo"], env=info.slurm_env())
+
+    Stopping is idempotent and also registered with :mod:`atexit`, so an
+    interpreter that exits without leaving the ``with`` block still cleans up.
+    """
+
+    def __init__(self, spec: ClusterSpec, *, progress: Callable[[str], None] | None = None) -> None:
+        self.spec = spec
+        self._progress = progress or (lambda _msg: None)
+        self._procs: list[ManagedProcess] = []
+        self._lock = threading.Lock()
+        self._t0 = 0.0
+        self.info: ClusterInfo | None = None
+        self._owns_run_dir = spec.run_dir is None
+
+    # -- helpers -------------------------------------------------------------
+
+    def _launch(self, proc: ManagedProcess) -> ManagedProcess:
+        proc.start()
+        with self._lock:
+            self._procs.append(proc)
+            if self.info is not None and proc.record is not None:
+                self.info.processes.append(proc.record)
+                self._save()
+        return proc
+
+    def _ready(self, name: str) -> None:
+        assert self.info is not None
+        elapsed = time.monotonic() - self._t0
+        with self._lock:
+            self.info.ready_s[name] = round(elapsed, 2)
+        self._progress(f"{name} ready ({elapsed:.1f} s)")
+
+    def _save(self) -> None:
+        assert self.info is not None
+        path = self.info.run_dir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.info.to_json())
+        tmp.replace(path)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> ClusterInfo:
+        """Start every component and wait until each is ready.
+
+        Raises :class:`ComponentError` naming the component and its log file;
+        whatever had started is stopped again before it propagates.
+        """
+        spec = self.spec
+        bins = Binaries.locate()
+        if spec.run_dir is None:
+            run_dir = Path(tempfile.mkdtemp(prefix="gpufleet-local-"))
+        else:
+            run_dir = spec.run_dir.resolve()
+            if (run_dir / STATE_FILE).exists():
+                previous = ClusterInfo.from_json((run_dir / STATE_FILE).read_text())
+                if any(p.alive() for p in previous.processes):
+                    raise ComponentError(
+                        "run directory",
+                        None,
+                        f"a cluster is already running in {run_dir}; stop it first",
+                    )
+            run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.chmod(0o755)
+        _check_searchable(run_dir)
+        self._t0 = time.monotonic()
+        atexit.register(self.stop)
+        try:
+            self._start(bins, run_dir)
+        except BaseException:
+            self.stop()
+            raise
+        assert self.info is not None
+        self._progress(f"cluster ready in {time.monotonic() - self._t0:.1f} s")
+        return self.info
+
+    def _start(self, bins: Binaries, run_dir: Path) -> None:
+        spec = self.spec
+        names = spec.node_names()
+        logs = run_dir / "logs"
+        ports = processes.free_ports(9 + spec.nodes * 2)
+        kl = kube.KubeLayout(
+            root=run_dir / "kube",
+            logs=logs,
+            etcd_client_port=ports[0],
+            etcd_peer_port=ports[1],
+            apiserver_port=ports[2],
+            scheduler_port=ports[3],
+            controller_manager_port=ports[4],
+            token=secrets.token_hex(16),
+        )
+        hostname = slurm.short_hostname()
+        sl = slurm.SlurmLayout(
+            root=run_dir / "slurm",
+            logs=logs,
+            nodes=names,
+            gpus_per_node=spec.gpus_per_node,
+            cpus_per_node=spec.cpus_per_node,
+            real_memory_mib=spec.memory_gib * 1024,
+            ctld_port=ports[5],
+            slurmd_ports=tuple(ports[9 : 9 + spec.nodes]),
+            restd_port=ports[6],
+            hostname=hostname,
+            ctld_on_loopback=slurm.resolves_to_loopback(hostname),
+        )
+        bmc_ports = ports[9 + spec.nodes :]
+        bmc_password = secrets.token_hex(8)
+        self.info = ClusterInfo(
+            run_dir=run_dir,
+            node_names=list(names),
+            gpus_per_node=spec.gpus_per_node,
+            kubeconfig=kl.kubeconfig,
+            apiserver_url=kl.apiserver_url,
+            token=kl.token,
+            ca_file=kl.ca_file,
+            etcd_url=kl.etcd_url,
+            bin_dir=bins.kubectl.parent,
+        )
+        if spec.redfish:
+            self.info.bmcs = {
+                n: BmcEndpoint(n, f"http://127.0.0.1:{p}", DEFAULT_BMC_USER, bmc_password)
+                for n, p in zip(names, bmc_ports, strict=True)
+            }
+        kube.prepare(kl)
+        if spec.slurm:
+            slurm.prepare(sl)
+            self.info.slurm_conf = sl.conf
+            self.info.slurmrestd_url = sl.restd_url
+            self.info.slurm_jwt = slurm.mint_jwt(sl.jwt_key.read_bytes())
+        self._save()
+        self._progress(f"run directory {run_dir}")
+
+        etcd = self._launch(kube.etcd(kl, bins))
+        # The apiserver retries its etcd connection, so it need not wait.
+        apiserver = self._launch(kube.apiserver(kl, bins))
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="gpufleet-local") as pool:
+            lanes = [pool.submit(self._kube_lane, kl, bins, etcd, apiserver, names)]
+            if spec.slurm:
+                lanes.append(pool.submit(self._slurm_lane, sl, bins))
+            if spec.redfish:
+                lanes.append(pool.submit(self._redfish_lane, run_dir, bmc_password, sys.executable))
+            errors: list[BaseException] = []
+            for lane in lanes:
+                exc = lane.exception()
+                if exc is not None:
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+        self._save()
+
+    def _kube_lane(
+        self,
+        kl: kube.KubeLayout,
+        bins: Binaries,
+        etcd: ManagedProcess,
+        apiserver: ManagedProcess,
+        names: tuple[str, ...],
+    ) -> None:
+        timeout = self.spec.ready_timeout_s
+        etcd.wait_ready(lambda: kube.etcd_ok(kl), timeout=timeout)
+        self._ready("etcd")
+        api = kube.ApiClient(kl)
+        try:
+            apiserver.wait_ready(lambda: kube.apiserver_ok(kl, api), timeout=timeout)
+            self._ready("kube-apiserver")
+            sched = self._launch(kube.scheduler(kl, bins))
+            kcm = self._launch(kube.controller_manager(kl, bins))
+            kwok = self._launch(kube.kwok(kl, bins))
+            kube.create_nodes(
+                api,
+                names,
+                kube.NodeShape(
+                    gpus=self.spec.gpus_per_node,
+                    gpu_product=self.spec.gpu_product,
+                    cpus=self.spec.cpus_per_node,
+                    memory_gib=self.spec.memory_gib,
+                ),
+            )
+            kube.wait_nodes_ready(api, kwok, names, timeout)
+            self._ready(f"kwok ({len(names)} nodes Ready)")
+            sched.wait_ready(lambda: kube.healthz_ok(kl.scheduler_port), timeout=timeout)
+            self._ready("kube-scheduler")
+            kcm.wait_ready(lambda: kube.healthz_ok(kl.controller_manager_port), timeout=timeout)
+            kcm.wait_ready(
+                lambda: kube.default_service_account_ok(api),
+                timeout=timeout,
+                what="creating ServiceAccounts",
+            )
+            self._ready("kube-controller-manager")
+        finally:
+            api.close()
+
+    def _slurm_lane(self, sl: slurm.SlurmLayout, bins: Binaries) -> None:
+        timeout = self.spec.ready_timeout_s
+        munged = self._launch(slurm.munged(sl, bins))
+        munged.wait_ready(lambda: slurm.munge_ok(sl, bins), timeout=timeout)
+        self._ready("munged")
+        ctld = self._launch(slurm.slurmctld(sl, bins))
+        daemons = [self._launch(slurm.slurmd(sl, bins, n)) for n in sl.nodes]
+        restd = self._launch(slurm.slurmrestd(sl, bins))
+        ctld.wait_ready(lambda: slurm.ctld_ok(sl, bins), timeout=timeout)
+        self._ready("slurmctld")
+        slurm.wait_nodes_idle(sl, bins, daemons, timeout)
+        self._ready(f"slurmd ({len(daemons)} nodes idle)")
+        assert self.info is not None and self.info.slurm_jwt is not None
+        token = self.info.slurm_jwt
+        restd.wait_ready(lambda: slurm.restd_ok(sl, token), timeout=timeout)
+        self._ready("slurmrestd")
+
+    def _redfish_lane(self, run_dir: Path, password: str, python: str) -> None:
+        assert self.info is not None
+        config = {
+            "user": DEFAULT_BMC_USER,
+            "password": password,
+            "bmcs": [
+                {"node": b.node, "port": int(b.url.rsplit(":", 1)[1])}
+                for b in self.info.bmcs.values()
+            ],
+        }
+        path = run_dir / "redfish.json"
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        proc = self._launch(
+            ManagedProcess(
+                "redfish-bmcs",
+                [python, "-m", "gpufleet.local.redfish", str(path)],
+                run_dir / "logs" / "redfish.log",
+            )
+        )
+        for bmc in self.info.bmcs.values():
+            url = f"{bmc.url}/redfish/v1"
+            proc.wait_ready(
+                lambda u=url: httpx.get(u, timeout=2).status_code == 200,  # type: ignore[misc]
+                timeout=self.spec.ready_timeout_s,
+                what=f"serving the BMC of {bmc.node}",
+            )
+        self._ready(f"redfish ({len(self.info.bmcs)} BMCs)")
+
+    def stop(self) -> None:
+        """Stop every process and sweep the run directory. Idempotent."""
+        atexit.unregister(self.stop)
+        with self._lock:
+            procs, self._procs = self._procs, []
+        records = [p.record for p in procs if p.record is not None]
+        processes.stop_records(records)
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.stop(grace=0.5)  # reaps the child
+        if self.info is not None:
+            processes.sweep(self.info.run_dir)
+            if self._owns_run_dir and not os.environ.get("GPUFLEET_KEEP_RUN_DIR"):
+                _remove_tree(self.info.run_dir)
+
+    def __enter__(self) -> ClusterInfo:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def load_info(run_dir: Path) -> ClusterInfo:
+    """The description of the cluster in ``run_dir`` (running or not)."""
+    path = run_dir / STATE_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no local cluster in {run_dir} ({path} does not exist)")
+    return ClusterInfo.from_json(path.read_text())
+
+
+def component_status(info: ClusterInfo) -> list[tuple[ProcessRecord, bool]]:
+    """Each recorded process and whether it is still running."""
+    return [(p, p.alive()) for p in info.processes]
+
+
+def stop_run_dir(run_dir: Path) -> list[int]:
+    """Stop the cluster described in ``run_dir`` (from any process); return swept stragglers."""
+    info = load_info(run_dir)
+    processes.stop_records(info.processes)
+    return processes.sweep(info.run_dir)
+
+
+@contextlib.contextmanager
+def running(
+    spec: ClusterSpec, *, progress: Callable[[str], None] | None = None
+) -> Iterator[ClusterInfo]:
+    """``with running(spec) as info:`` -- a started cluster, stopped on exit or SIGTERM."""
+    cluster = LocalCluster(spec, progress=progress)
+    with processes.terminate_on_signals():
+        try:
+            yield cluster.start()
+        finally:
+            cluster.stop()

@@ -1,0 +1,396 @@
+"""The Kubernetes side of the local cluster: etcd, control plane, KWOK GPU nodes.
+
+A real control plane without kubelets: etcd, kube-apiserver (envtest-style
+flags, static token auth, RBAC), kube-scheduler (so Pods bind) and
+kube-controller-manager (Deployments, Jobs, garbage collection, taint-based
+evictions, the default ServiceAccount), plus the KWOK controller, which plays
+kubelet for fake nodes: it keeps their leases fresh and moves bound Pods to
+Running. Everything binds to 127.0.0.1 on ports chosen at start.
+
+This module talks to the apiserver with plain HTTP (httpx) because all it does
+is create Nodes and poll readiness; controllers use a real client library.
+"""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from gpufleet.local.binaries import Binaries
+from gpufleet.local.processes import ComponentError, ManagedProcess
+
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """What every fake GPU node looks like; labels follow NVIDIA GPU feature discovery."""
+
+    gpus: int = 8
+    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    gpu_memory_mib: int = 81559
+    cpus: int = 64
+    memory_gib: int = 512
+    nodes_per_leaf: int = 4
+    leaves_per_spine: int = 4
+
+
+def node_manifest(name: str, index: int, shape: NodeShape) -> dict[str, Any]:
+    """A KWOK-managed Node with GPU capacity and InfiniBand topology labels.
+
+    Topology: ``nodes_per_leaf`` nodes share a leaf switch and
+    ``leaves_per_spine`` leaves share a spine, using the
+    ``network.topology.kubernetes.io/*`` keys topology-aware schedulers read.
+    """
+    leaf = index // shape.nodes_per_leaf
+    spine = leaf // shape.leaves_per_spine
+    resources = {
+        "cpu": str(shape.cpus),
+        "memory": f"{shape.memory_gib}Gi",
+        "pods": "110",
+        "ephemeral-storage": "1Ti",
+        GPU_RESOURCE: str(shape.gpus),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_ANNOTATION: "fake"},
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": shape.gpu_product,
+                "nvidia.com/gpu.count": str(shape.gpus),
+                "nvidia.com/gpu.memory": str(shape.gpu_memory_mib),
+                "network.topology.kubernetes.io/spine": f"ib-spine-{spine:02d}",
+                "network.topology.kubernetes.io/block": f"ib-leaf-{leaf:03d}",
+                "feature.node.kubernetes.io/rdma.available": "true",
+            },
+        },
+        "spec": {},
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "fake",
+            },
+        },
+    }
+
+
+@dataclass(frozen=True)
+class KubeLayout:
+    """Files and ports of one control plane under ``<run>/kube``."""
+
+    root: Path
+    logs: Path
+    etcd_client_port: int
+    etcd_peer_port: int
+    apiserver_port: int
+    scheduler_port: int
+    controller_manager_port: int
+    token: str
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def ca_file(self) -> Path:
+        """The apiserver's self-signed serving cert followed by its CA: a valid CA bundle."""
+        return self.pki / "apiserver.crt"
+
+    @property
+    def sa_key(self) -> Path:
+        return self.pki / "sa.key"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.etcd_client_port}"
+
+    def log(self, component: str) -> Path:
+        return self.logs / f"{component}.log"
+
+
+def render_kubeconfig(layout: KubeLayout) -> str:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "gpufleet-local",
+                "cluster": {
+                    "server": layout.apiserver_url,
+                    "certificate-authority": str(layout.ca_file),
+                },
+            }
+        ],
+        "users": [{"name": "admin", "user": {"token": layout.token}}],
+        "contexts": [
+            {
+                "name": "gpufleet-local",
+                "context": {"cluster": "gpufleet-local", "user": "admin", "namespace": "default"},
+            }
+        ],
+        "current-context": "gpufleet-local",
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def prepare(layout: KubeLayout) -> None:
+    """Token file, service-account signing key and kubeconfig."""
+    layout.pki.mkdir(parents=True, exist_ok=True)
+    layout.pki.chmod(0o700)
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    tokens = layout.root / "tokens.csv"
+    tokens.write_text(f'{layout.token},admin,admin,"system:masters"\n')
+    tokens.chmod(0o600)
+    if not layout.sa_key.exists():
+        # ECDSA: instant to generate, and the apiserver signs tokens with ES256.
+        subprocess.run(
+            [
+                "openssl",
+                "ecparam",
+                "-name",
+                "prime256v1",
+                "-genkey",
+                "-noout",
+                "-out",
+                str(layout.sa_key),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    layout.kubeconfig.write_text(render_kubeconfig(layout))
+    layout.kubeconfig.chmod(0o600)
+
+
+def etcd(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
+    peer = f"http://127.0.0.1:{layout.etcd_peer_port}"
+    return ManagedProcess(
+        "etcd",
+        [
+            bins.etcd,
+            "--name=gpufleet",
+            f"--data-dir={layout.root / 'etcd'}",
+            f"--listen-client-urls={layout.etcd_url}",
+            f"--advertise-client-urls={layout.etcd_url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=gpufleet={peer}",
+            # Throwaway data: no fsync, and room for thousands of fake nodes.
+            "--unsafe-no-fsync=true",
+            "--quota-backend-bytes=8589934592",
+            "--auto-compaction-retention=1",
+            "--log-level=warn",
+        ],
+        layout.log("etcd"),
+    )
+
+
+def apiserver(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
+    return ManagedProcess(
+        "kube-apiserver",
+        [
+            bins.kube_apiserver,
+            f"--etcd-servers={layout.etcd_url}",
+            "--bind-address=127.0.0.1",
+            # Without it the apiserver looks for a default route and aborts offline.
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={layout.apiserver_port}",
+            f"--cert-dir={layout.pki}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={layout.sa_key}",
+            f"--service-account-signing-key-file={layout.sa_key}",
+            "--authorization-mode=Node,RBAC",
+            f"--token-auth-file={layout.root / 'tokens.csv'}",
+            "--allow-privileged=true",
+            # One client and no tenants: skip flow control, as kwokctl does.
+            "--enable-priority-and-fairness=false",
+            "--max-requests-inflight=0",
+            "--max-mutating-requests-inflight=0",
+            "--profiling=false",
+        ],
+        layout.log("kube-apiserver"),
+    )
+
+
+def _delegated_auth(layout: KubeLayout, port: int, component: str) -> list[str]:
+    return [
+        f"--kubeconfig={layout.kubeconfig}",
+        f"--authentication-kubeconfig={layout.kubeconfig}",
+        f"--authorization-kubeconfig={layout.kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={layout.pki / component}",
+    ]
+
+
+def scheduler(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
+    return ManagedProcess(
+        "kube-scheduler",
+        [bins.kube_scheduler, *_delegated_auth(layout, layout.scheduler_port, "kube-scheduler")],
+        layout.log("kube-scheduler"),
+    )
+
+
+def controller_manager(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
+    return ManagedProcess(
+        "kube-controller-manager",
+        [
+            bins.kube_controller_manager,
+            *_delegated_auth(layout, layout.controller_manager_port, "kube-controller-manager"),
+            f"--service-account-private-key-file={layout.sa_key}",
+            f"--root-ca-file={layout.ca_file}",
+            "--use-service-account-credentials=false",
+            # No cloud, no kubelets to sign certificates for.
+            "--controllers=*,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller",
+        ],
+        layout.log("kube-controller-manager"),
+    )
+
+
+def kwok(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
+    return ManagedProcess(
+        "kwok",
+        [
+            bins.kwok,
+            f"--kubeconfig={layout.kubeconfig}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+            "--manage-nodes-with-label-selector=",
+            "--manage-single-node=",
+            # Room for 65k pod IPs (the default /24 runs out at 254).
+            "--cidr=10.0.0.1/16",
+            "--node-ip=127.0.0.1",
+            "--node-lease-duration-seconds=40",
+            # v0.8.0 ships no built-in stages; these are its node/pod "fast" sets.
+            f"--config={KWOK_STAGES}",
+        ],
+        layout.log("kwok"),
+    )
+
+
+class ApiClient:
+    """Minimal authenticated HTTP access to the apiserver (readiness and setup only)."""
+
+    def __init__(self, layout: KubeLayout) -> None:
+        self._layout = layout
+        self._client: httpx.Client | None = None
+
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            # The CA file appears once the apiserver has generated its certificate.
+            self._client = httpx.Client(
+                base_url=self._layout.apiserver_url,
+                verify=ssl.create_default_context(cafile=str(self._layout.ca_file)),
+                headers={"Authorization": f"Bearer {self._layout.token}"},
+                timeout=10,
+            )
+        return self._client
+
+    def get(self, path: str) -> httpx.Response:
+        return self._http().get(path)
+
+    def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        return self._http().post(path, json=body)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def etcd_ok(layout: KubeLayout) -> bool:
+    resp = httpx.get(f"{layout.etcd_url}/health", timeout=2)
+    return resp.status_code == 200 and resp.json().get("health") == "true"
+
+
+def apiserver_ok(layout: KubeLayout, api: ApiClient) -> bool:
+    """``/readyz`` passes and the namespaces a cluster always has exist."""
+    if not layout.ca_file.exists():
+        return False
+    if api.get("/readyz").status_code != 200:
+        return False
+    return all(
+        api.get(f"/api/v1/namespaces/{ns}").status_code == 200 for ns in ("default", "kube-system")
+    )
+
+
+def healthz_ok(port: int) -> bool:
+    """kube-scheduler / kube-controller-manager ``/healthz`` (open to anyone by default)."""
+    resp = httpx.get(f"https://127.0.0.1:{port}/healthz", verify=False, timeout=2)
+    return resp.status_code == 200
+
+
+def default_service_account_ok(api: ApiClient) -> bool:
+    """The controller-manager has created ``default/default``; Pods need it to be admitted."""
+    return api.get("/api/v1/namespaces/default/serviceaccounts/default").status_code == 200
+
+
+def create_nodes(api: ApiClient, names: Sequence[str], shape: NodeShape) -> None:
+    for i, name in enumerate(names):
+        resp = api.post("/api/v1/nodes", node_manifest(name, i, shape))
+        if resp.status_code not in (201, 409):
+            raise RuntimeError(
+                f"creating Node {name} failed: HTTP {resp.status_code} {resp.text[:300]}"
+            )
+
+
+def ready_nodes(api: ApiClient, names: Sequence[str]) -> set[str]:
+    resp = api.get(f"/api/v1/nodes?labelSelector=type%3Dkwok&limit={max(len(names), 1) * 2}")
+    resp.raise_for_status()
+    ready: set[str] = set()
+    for item in resp.json().get("items", []):
+        for cond in item.get("status", {}).get("conditions") or []:
+            if cond.get("type") == "Ready" and cond.get("status") == "True":
+                ready.add(item["metadata"]["name"])
+    return ready & set(names)
+
+
+def wait_nodes_ready(
+    api: ApiClient, proc: ManagedProcess, names: Sequence[str], timeout: float
+) -> None:
+    """Wait until KWOK reports every node Ready; name the missing ones."""
+    deadline = time.monotonic() + timeout
+    ready: set[str] = set()
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            raise ComponentError(
+                proc.name, proc.log, f"exited with code {code} before the nodes were Ready"
+            )
+        ready = ready_nodes(api, names)
+        if len(ready) == len(names):
+            return
+        time.sleep(0.1)
+    missing = sorted(set(names) - ready)
+    raise ComponentError(
+        proc.name, proc.log, f"nodes not Ready after {timeout:.0f} s: {', '.join(missing[:10])}"
+    )

@@ -1,0 +1,510 @@
+"""A Redfish BMC emulator: one endpoint per fake node, all in one process.
+
+Why our own and not sushy-tools: sushy-emulator's fake driver (2.2.0) keeps
+``PowerState`` at ``On`` after ``ForceOff``, answers ``PowerCycle`` with 501 and
+reads a ``Once`` boot override back as ``Continuous``, so the remediation tests
+could not observe what they did (see docs/decisions). This server speaks the
+DMTF resources a remediation driver uses -- ServiceRoot, Systems (PowerState,
+Boot override, ComputerSystem.Reset with ResetActionInfo), Managers, Chassis,
+SessionService (basic auth or X-Auth-Token sessions), and an EventLog
+LogService -- with real semantics: ForceOff turns the system off, a reset boots
+it, and a ``Once`` override is consumed by that boot and reads ``Disabled``
+afterwards. Every action is recorded in the EventLog and counted under
+``Oem.Gpufleet``, so a test can see which BMC did what.
+
+Run: ``python -m gpufleet.local.redfish CONFIG.json`` where the config is
+``{"user": ..., "password": ..., "bmcs": [{"node": "gpu-node-0000", "port": 18000}]}``.
+Each BMC listens on 127.0.0.1 at its own port and shares nothing with the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hmac
+import json
+import secrets
+import signal
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+RESET_TYPES = (
+    "On",
+    "ForceOff",
+    "GracefulShutdown",
+    "GracefulRestart",
+    "ForceRestart",
+    "PowerCycle",
+    "ForceOn",
+    "Nmi",
+)
+BOOT_TARGETS = ("None", "Pxe", "Hdd", "Cd", "Usb", "BiosSetup", "UefiHttp", "UefiShell")
+BOOT_ENABLED = ("Disabled", "Once", "Continuous")
+SYSTEM = "/redfish/v1/Systems/1"
+MANAGER = "/redfish/v1/Managers/BMC"
+CHASSIS = "/redfish/v1/Chassis/1"
+LOG = f"{SYSTEM}/LogServices/EventLog"
+
+Json = dict[str, Any]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class RedfishError(Exception):
+    """A request error, reported in the Redfish extended-error format."""
+
+    def __init__(self, status: HTTPStatus, message_id: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body: Json = {
+            "error": {
+                "code": f"Base.1.8.{message_id}",
+                "message": message,
+                "@Message.ExtendedInfo": [
+                    {
+                        "MessageId": f"Base.1.8.{message_id}",
+                        "Message": message,
+                        "Severity": "Warning",
+                    }
+                ],
+            }
+        }
+
+
+@dataclass
+class BmcState:
+    """One node's BMC: power, boot override, event log. Guarded by ``lock``."""
+
+    node: str
+    power_state: str = "On"
+    boot_target: str = "None"
+    boot_enabled: str = "Disabled"
+    boot_mode: str = "UEFI"
+    boot_count: int = 0
+    reset_count: int = 0
+    last_reset_type: str | None = None
+    last_boot_source: str = "Hdd"
+    log: list[Json] = field(default_factory=list)
+    sessions: dict[str, str] = field(default_factory=dict)
+    system_uuid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, message_id: str, message: str, severity: str = "OK") -> None:
+        entry_id = str(len(self.log) + 1)
+        self.log.append(
+            {
+                "@odata.id": f"{LOG}/Entries/{entry_id}",
+                "@odata.type": "#LogEntry.v1_15_0.LogEntry",
+                "Id": entry_id,
+                "Name": f"Log Entry {entry_id}",
+                "EntryType": "Event",
+                "Severity": severity,
+                "Created": _now(),
+                "MessageId": message_id,
+                "Message": message,
+            }
+        )
+
+    def boot(self) -> None:
+        """Power on and boot, consuming a one-time override."""
+        self.power_state = "On"
+        self.boot_count += 1
+        source = self.boot_target if self.boot_enabled != "Disabled" else "Hdd"
+        if source == "None":
+            source = "Hdd"
+        self.last_boot_source = source
+        self.record("Gpufleet.1.0.SystemBooted", f"{self.node} booted from {source}")
+        if self.boot_enabled == "Once":
+            self.boot_enabled = "Disabled"
+            self.boot_target = "None"
+
+    def reset(self, reset_type: str) -> None:
+        if reset_type not in RESET_TYPES:
+            raise RedfishError(
+                HTTPStatus.BAD_REQUEST,
+                "ActionParameterValueNotInList",
+                f"ResetType {reset_type!r} is not one of {', '.join(RESET_TYPES)}",
+            )
+        self.reset_count += 1
+        self.last_reset_type = reset_type
+        self.record(
+            "Gpufleet.1.0.ResetRequested", f"{self.node}: ComputerSystem.Reset {reset_type}"
+        )
+        if reset_type in ("ForceOff", "GracefulShutdown"):
+            self.power_state = "Off"
+            self.record("Gpufleet.1.0.PowerOff", f"{self.node} powered off")
+        elif reset_type in ("On", "ForceOn"):
+            if self.power_state != "On":
+                self.boot()
+        elif reset_type in ("GracefulRestart", "ForceRestart", "PowerCycle"):
+            if reset_type == "PowerCycle" or self.power_state == "On":
+                self.record("Gpufleet.1.0.PowerOff", f"{self.node} powered off")
+            self.boot()
+        # Nmi: recorded only.
+
+    def patch_system(self, body: Json) -> None:
+        boot = body.get("Boot")
+        if not isinstance(boot, dict) or not boot:
+            raise RedfishError(
+                HTTPStatus.BAD_REQUEST, "PropertyUnknown", "only the Boot properties can be patched"
+            )
+        allowed = {
+            "BootSourceOverrideTarget": BOOT_TARGETS,
+            "BootSourceOverrideEnabled": BOOT_ENABLED,
+            "BootSourceOverrideMode": ("UEFI", "Legacy"),
+        }
+        for key, value in boot.items():
+            if key not in allowed:
+                raise RedfishError(
+                    HTTPStatus.BAD_REQUEST, "PropertyUnknown", f"Boot.{key} is not writable"
+                )
+            if value not in allowed[key]:
+                raise RedfishError(
+                    HTTPStatus.BAD_REQUEST,
+                    "PropertyValueNotInList",
+                    f"Boot.{key}={value!r} is not one of {', '.join(allowed[key])}",
+                )
+        self.boot_target = boot.get("BootSourceOverrideTarget", self.boot_target)
+        self.boot_enabled = boot.get("BootSourceOverrideEnabled", self.boot_enabled)
+        self.boot_mode = boot.get("BootSourceOverrideMode", self.boot_mode)
+        # DMTF: setting a target without saying how long applies it once.
+        if (
+            "BootSourceOverrideEnabled" not in boot
+            and self.boot_enabled == "Disabled"
+            and self.boot_target != "None"
+        ):
+            self.boot_enabled = "Once"
+        self.record(
+            "Gpufleet.1.0.BootOverrideSet",
+            f"{self.node}: boot override {self.boot_target} ({self.boot_enabled})",
+        )
+
+
+def _collection(path: str, name: str, kind: str, members: list[str]) -> Json:
+    return {
+        "@odata.id": path,
+        "@odata.type": f"#{kind}Collection.{kind}Collection",
+        "Name": name,
+        "Members@odata.count": len(members),
+        "Members": [{"@odata.id": m} for m in members],
+    }
+
+
+def render(state: BmcState, path: str) -> Json | None:
+    """The resource at ``path``, or None if there is none. Caller holds the lock."""
+    path = path.rstrip("/") or "/"
+    if path == "/redfish":
+        return {"v1": "/redfish/v1/"}
+    if path == "/redfish/v1":
+        return {
+            "@odata.id": "/redfish/v1",
+            "@odata.type": "#ServiceRoot.v1_15_0.ServiceRoot",
+            "Id": "RootService",
+            "Name": f"BMC of {state.node}",
+            "RedfishVersion": "1.17.0",
+            "UUID": state.system_uuid,
+            "Systems": {"@odata.id": "/redfish/v1/Systems"},
+            "Managers": {"@odata.id": "/redfish/v1/Managers"},
+            "Chassis": {"@odata.id": "/redfish/v1/Chassis"},
+            "SessionService": {"@odata.id": "/redfish/v1/SessionService"},
+            "Links": {"Sessions": {"@odata.id": "/redfish/v1/SessionService/Sessions"}},
+        }
+    if path == "/redfish/v1/Systems":
+        return _collection(path, "Computer System Collection", "ComputerSystem", [SYSTEM])
+    if path == SYSTEM:
+        return {
+            "@odata.id": SYSTEM,
+            "@odata.type": "#ComputerSystem.v1_20_0.ComputerSystem",
+            "Id": "1",
+            "Name": state.node,
+            "HostName": state.node,
+            "SystemType": "Physical",
+            "Manufacturer": "gpufleet",
+            "Model": "Emulated 8-GPU server",
+            "SerialNumber": f"SN-{state.node}",
+            "UUID": state.system_uuid,
+            "PowerState": state.power_state,
+            "Status": {"State": "Enabled", "Health": "OK"},
+            "Boot": {
+                "BootSourceOverrideEnabled": state.boot_enabled,
+                "BootSourceOverrideTarget": state.boot_target,
+                "BootSourceOverrideTarget@Redfish.AllowableValues": list(BOOT_TARGETS),
+                "BootSourceOverrideMode": state.boot_mode,
+            },
+            "LogServices": {"@odata.id": f"{SYSTEM}/LogServices"},
+            "Links": {"ManagedBy": [{"@odata.id": MANAGER}], "Chassis": [{"@odata.id": CHASSIS}]},
+            "Actions": {
+                "#ComputerSystem.Reset": {
+                    "target": f"{SYSTEM}/Actions/ComputerSystem.Reset",
+                    "@Redfish.ActionInfo": f"{SYSTEM}/ResetActionInfo",
+                    "ResetType@Redfish.AllowableValues": list(RESET_TYPES),
+                }
+            },
+            "Oem": {
+                "Gpufleet": {
+                    "ResetCount": state.reset_count,
+                    "LastResetType": state.last_reset_type,
+                    "BootCount": state.boot_count,
+                    "LastBootSource": state.last_boot_source,
+                }
+            },
+        }
+    if path == f"{SYSTEM}/ResetActionInfo":
+        return {
+            "@odata.id": path,
+            "@odata.type": "#ActionInfo.v1_3_0.ActionInfo",
+            "Id": "ResetActionInfo",
+            "Name": "Reset Action Info",
+            "Parameters": [
+                {
+                    "Name": "ResetType",
+                    "Required": True,
+                    "DataType": "String",
+                    "AllowableValues": list(RESET_TYPES),
+                }
+            ],
+        }
+    if path == f"{SYSTEM}/LogServices":
+        return _collection(path, "Log Service Collection", "LogService", [LOG])
+    if path == LOG:
+        return {
+            "@odata.id": LOG,
+            "@odata.type": "#LogService.v1_5_0.LogService",
+            "Id": "EventLog",
+            "Name": "Event Log",
+            "Entries": {"@odata.id": f"{LOG}/Entries"},
+        }
+    if path == f"{LOG}/Entries":
+        return {
+            "@odata.id": path,
+            "@odata.type": "#LogEntryCollection.LogEntryCollection",
+            "Name": "Event Log Entries",
+            "Members@odata.count": len(state.log),
+            "Members": list(state.log),
+        }
+    if path.startswith(f"{LOG}/Entries/"):
+        entry_id = path.rsplit("/", 1)[1]
+        return next((e for e in state.log if e["Id"] == entry_id), None)
+    if path == "/redfish/v1/Managers":
+        return _collection(path, "Manager Collection", "Manager", [MANAGER])
+    if path == MANAGER:
+        return {
+            "@odata.id": MANAGER,
+            "@odata.type": "#Manager.v1_19_0.Manager",
+            "Id": "BMC",
+            "Name": f"BMC of {state.node}",
+            "ManagerType": "BMC",
+            "Status": {"State": "Enabled", "Health": "OK"},
+            "Links": {"ManagerForServers": [{"@odata.id": SYSTEM}]},
+        }
+    if path == "/redfish/v1/Chassis":
+        return _collection(path, "Chassis Collection", "Chassis", [CHASSIS])
+    if path == CHASSIS:
+        return {
+            "@odata.id": CHASSIS,
+            "@odata.type": "#Chassis.v1_25_0.Chassis",
+            "Id": "1",
+            "Name": f"Chassis of {state.node}",
+            "ChassisType": "RackMount",
+            "PowerState": state.power_state,
+            "Links": {
+                "ComputerSystems": [{"@odata.id": SYSTEM}],
+                "ManagedBy": [{"@odata.id": MANAGER}],
+            },
+        }
+    if path == "/redfish/v1/SessionService":
+        return {
+            "@odata.id": path,
+            "@odata.type": "#SessionService.v1_1_9.SessionService",
+            "Id": "SessionService",
+            "Name": "Session Service",
+            "ServiceEnabled": True,
+            "Sessions": {"@odata.id": f"{path}/Sessions"},
+        }
+    if path == "/redfish/v1/SessionService/Sessions":
+        return _collection(
+            path,
+            "Session Collection",
+            "Session",
+            [f"{path}/{sid}" for sid in state.sessions.values()],
+        )
+    return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "gpufleet-bmc/1"
+    protocol_version = "HTTP/1.1"
+
+    @property
+    def bmc(self) -> BmcState:
+        return self.server.bmc  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def credentials(self) -> tuple[str, str]:
+        return self.server.credentials  # type: ignore[attr-defined,no-any-return]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        print(f"[{self.bmc.node}] {self.address_string()} {format % args}", flush=True)
+
+    def _send(
+        self, status: HTTPStatus, body: Json | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        data = json.dumps(body).encode() if body is not None else b""
+        self.send_response(status)
+        self.send_header("OData-Version", "4.0")
+        if body is not None:
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Json:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b"{}"
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError as exc:
+            raise RedfishError(
+                HTTPStatus.BAD_REQUEST, "MalformedJSON", f"body is not JSON: {exc}"
+            ) from exc
+        if not isinstance(body, dict):
+            raise RedfishError(
+                HTTPStatus.BAD_REQUEST, "MalformedJSON", "body must be a JSON object"
+            )
+        return body
+
+    def _authorized(self) -> bool:
+        token = self.headers.get("X-Auth-Token")
+        if token is not None:
+            return token in self.bmc.sessions
+        auth = self.headers.get("Authorization", "")
+        if not auth.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(auth[6:]).decode().partition(":")
+        except ValueError:
+            return False
+        want_user, want_password = self.credentials
+        return hmac.compare_digest(user, want_user) and hmac.compare_digest(password, want_password)
+
+    def _handle(self, method: str) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        try:
+            # The service root and the session login are open, as the spec requires.
+            open_paths = {"/redfish", "/redfish/v1"}
+            login = method == "POST" and path == "/redfish/v1/SessionService/Sessions"
+            if path not in open_paths and not login and not self._authorized():
+                raise RedfishError(
+                    HTTPStatus.UNAUTHORIZED, "NoValidSession", "authentication required"
+                )
+            with self.bmc.lock:
+                status, body, headers = self._dispatch(method, path)
+        except RedfishError as err:
+            extra = (
+                {"WWW-Authenticate": 'Basic realm="BMC"'}
+                if err.status == HTTPStatus.UNAUTHORIZED
+                else {}
+            )
+            self._send(err.status, err.body, extra)
+            return
+        self._send(status, body, headers)
+
+    def _dispatch(self, method: str, path: str) -> tuple[HTTPStatus, Json | None, dict[str, str]]:
+        bmc = self.bmc
+        if method == "GET":
+            resource = render(bmc, path)
+            if resource is None:
+                raise RedfishError(
+                    HTTPStatus.NOT_FOUND, "ResourceMissingAtURI", f"no resource at {path}"
+                )
+            return HTTPStatus.OK, resource, {}
+        if method == "POST" and path == f"{SYSTEM}/Actions/ComputerSystem.Reset":
+            bmc.reset(str(self._body().get("ResetType", "")))
+            return HTTPStatus.NO_CONTENT, None, {}
+        if method == "PATCH" and path == SYSTEM:
+            bmc.patch_system(self._body())
+            return HTTPStatus.NO_CONTENT, None, {}
+        if method == "POST" and path == "/redfish/v1/SessionService/Sessions":
+            body = self._body()
+            want_user, want_password = self.credentials
+            if not (
+                hmac.compare_digest(str(body.get("UserName", "")), want_user)
+                and hmac.compare_digest(str(body.get("Password", "")), want_password)
+            ):
+                raise RedfishError(
+                    HTTPStatus.UNAUTHORIZED, "NoValidSession", "bad user name or password"
+                )
+            token = secrets.token_hex(16)
+            sid = str(len(bmc.sessions) + 1)
+            bmc.sessions[token] = sid
+            location = f"/redfish/v1/SessionService/Sessions/{sid}"
+            session = {"@odata.id": location, "Id": sid, "UserName": want_user}
+            return HTTPStatus.CREATED, session, {"X-Auth-Token": token, "Location": location}
+        if method == "DELETE" and path.startswith("/redfish/v1/SessionService/Sessions/"):
+            sid = path.rsplit("/", 1)[1]
+            for token, s in list(bmc.sessions.items()):
+                if s == sid:
+                    del bmc.sessions[token]
+                    return HTTPStatus.NO_CONTENT, None, {}
+            raise RedfishError(HTTPStatus.NOT_FOUND, "ResourceMissingAtURI", f"no session {sid}")
+        if render(bmc, path) is not None:
+            raise RedfishError(
+                HTTPStatus.METHOD_NOT_ALLOWED, "OperationNotAllowed", f"{method} {path}"
+            )
+        raise RedfishError(HTTPStatus.NOT_FOUND, "ResourceMissingAtURI", f"no resource at {path}")
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+
+def serve(config: Json) -> list[ThreadingHTTPServer]:
+    """Start one HTTP server thread per BMC in ``config``; return the servers."""
+    servers: list[ThreadingHTTPServer] = []
+    for bmc in config["bmcs"]:
+        server = ThreadingHTTPServer(("127.0.0.1", int(bmc["port"])), _Handler)
+        server.daemon_threads = True
+        server.bmc = BmcState(node=bmc["node"])  # type: ignore[attr-defined]
+        server.credentials = (config["user"], config["password"])  # type: ignore[attr-defined]
+        threading.Thread(
+            target=server.serve_forever, name=f"bmc-{bmc['node']}", daemon=True
+        ).start()
+        servers.append(server)
+    return servers
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Redfish BMC emulator, one endpoint per node.")
+    parser.add_argument("config", type=Path, help="JSON: user, password, bmcs[{node, port}]")
+    args = parser.parse_args(argv)
+    config = json.loads(args.config.read_text())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    servers = serve(config)
+    print(f"serving {len(servers)} BMCs", flush=True)
+    stop.wait()
+    for server in servers:
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    main()

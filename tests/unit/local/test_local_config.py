@@ -1,0 +1,190 @@
+"""Pure checks of what gpufleet.local generates: no processes, no ports bound."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.local import binaries, kube, processes, redfish, slurm
+from gpufleet.local.cluster import BmcEndpoint, ClusterInfo, ClusterSpec
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _layout(tmp_path: Path, nodes: int = 3, gpus: int = 8) -> slurm.SlurmLayout:
+    names = tuple(f"gpu-node-{i:04d}" for i in range(nodes))
+    return slurm.SlurmLayout(
+        root=tmp_path / "slurm",
+        logs=tmp_path / "logs",
+        nodes=names,
+        gpus_per_node=gpus,
+        cpus_per_node=64,
+        real_memory_mib=4096,
+        ctld_port=7000,
+        slurmd_ports=tuple(range(7100, 7100 + nodes)),
+        restd_port=7200,
+        hostname="host",
+    )
+
+
+def test_slurm_conf_has_one_node_line_per_node_with_its_own_port(tmp_path: Path) -> None:
+    conf = slurm.render_slurm_conf(_layout(tmp_path))
+    node_lines = [line for line in conf.splitlines() if line.startswith("NodeName=")]
+    assert [line.split()[0] for line in node_lines] == [
+        "NodeName=gpu-node-0000",
+        "NodeName=gpu-node-0001",
+        "NodeName=gpu-node-0002",
+    ]
+    assert [line.split("Port=")[1].split()[0] for line in node_lines] == ["7100", "7101", "7102"]
+    assert all("Gres=gpu:8" in line and "NodeAddr=127.0.0.1" in line for line in node_lines)
+    assert "SlurmctldHost=host(127.0.0.1)" in conf
+    assert f"AuthInfo=socket={tmp_path}/slurm/run/munge.socket,cred_expire=5" in conf
+    assert "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" in conf
+
+
+def test_gres_conf_points_at_character_device_paths(tmp_path: Path) -> None:
+    gres = slurm.render_gres_conf(_layout(tmp_path, nodes=2, gpus=4))
+    assert gres.splitlines() == [
+        "AutoDetect=off",
+        f"NodeName=gpu-node-0000 Name=gpu File={tmp_path}/slurm/dev/nvidia[0-3]",
+        f"NodeName=gpu-node-0001 Name=gpu File={tmp_path}/slurm/dev/nvidia[0-3]",
+    ]
+    one = slurm.render_gres_conf(_layout(tmp_path, nodes=1, gpus=1))
+    assert one.endswith("File=" + f"{tmp_path}/slurm/dev/nvidia0\n")
+
+
+def test_minted_jwt_is_hs256_with_slurm_claims() -> None:
+    key = b"k" * 32
+    token = slurm.mint_jwt(key, user="alice", lifespan_s=60)
+    header, payload, signature = token.split(".")
+
+    def dec(part: str) -> bytes:
+        return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+    assert json.loads(dec(header)) == {"alg": "HS256", "typ": "JWT"}
+    claims = json.loads(dec(payload))
+    assert claims["sun"] == "alice" and claims["exp"] - claims["iat"] == 60
+    expected = hmac.new(key, f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    assert dec(signature) == expected
+
+
+def test_node_manifest_carries_gpus_and_topology() -> None:
+    node = kube.node_manifest(
+        "gpu-node-0005", 5, kube.NodeShape(nodes_per_leaf=4, leaves_per_spine=2)
+    )
+    assert node["metadata"]["annotations"] == {"kwok.x-k8s.io/node": "fake"}
+    labels = node["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert labels["network.topology.kubernetes.io/block"] == "ib-leaf-001"
+    assert labels["network.topology.kubernetes.io/spine"] == "ib-spine-00"
+    assert node["status"]["capacity"]["nvidia.com/gpu"] == "8"
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+
+
+def test_kubeconfig_uses_token_and_ca(tmp_path: Path) -> None:
+    layout = kube.KubeLayout(tmp_path, tmp_path / "logs", 1, 2, 6443, 3, 4, token="t0k")
+    config = yaml.safe_load(kube.render_kubeconfig(layout))
+    assert config["clusters"][0]["cluster"] == {
+        "server": "https://127.0.0.1:6443",
+        "certificate-authority": str(tmp_path / "pki" / "apiserver.crt"),
+    }
+    assert config["users"][0]["user"] == {"token": "t0k"}
+
+
+def test_cache_key_matches_the_build_script() -> None:
+    script = subprocess.run(
+        [ROOT / "scripts" / "build-go-binaries.sh", "--print-dir"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "GPUFLEET_CACHE": "/nonexistent"},
+    )
+    assert Path(script.stdout.strip()).name == binaries.cache_key(ROOT / "deps")
+
+
+def test_cluster_info_round_trips_through_json(tmp_path: Path) -> None:
+    info = ClusterInfo(
+        run_dir=tmp_path,
+        node_names=["a"],
+        gpus_per_node=8,
+        kubeconfig=tmp_path / "kubeconfig",
+        apiserver_url="https://127.0.0.1:1",
+        token="t",
+        ca_file=tmp_path / "ca",
+        etcd_url="http://127.0.0.1:2",
+        slurm_conf=tmp_path / "slurm.conf",
+        bmcs={"a": BmcEndpoint("a", "http://127.0.0.1:3", "admin", "pw")},
+        processes=[processes.ProcessRecord("etcd", 1, 2, "log")],
+    )
+    again = ClusterInfo.from_json(info.to_json())
+    assert again == info
+    assert again.slurm_env()["SLURM_CONF"] == str(tmp_path / "slurm.conf")
+
+
+def test_node_names_are_stable() -> None:
+    assert ClusterSpec(nodes=2).node_names() == ("gpu-node-0000", "gpu-node-0001")
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = processes.free_ports(20)
+    assert len(set(ports)) == 20
+
+
+def test_process_record_recognises_a_live_process() -> None:
+    me = processes.ProcessRecord("me", os.getpid(), processes.start_time_of(os.getpid()) or 0, "")
+    assert me.alive()
+    assert not processes.ProcessRecord("me", os.getpid(), me.start_time + 1, "").alive()
+
+
+class TestBmcState:
+    def test_force_off_then_on(self) -> None:
+        bmc = redfish.BmcState("n0")
+        bmc.reset("ForceOff")
+        assert bmc.power_state == "Off"
+        bmc.reset("On")
+        assert (bmc.power_state, bmc.boot_count) == ("On", 1)
+
+    def test_once_override_is_consumed_by_the_next_boot(self) -> None:
+        bmc = redfish.BmcState("n0")
+        bmc.patch_system({"Boot": {"BootSourceOverrideTarget": "Pxe"}})
+        assert bmc.boot_enabled == "Once"
+        bmc.reset("PowerCycle")
+        assert bmc.last_boot_source == "Pxe"
+        assert (bmc.boot_enabled, bmc.boot_target) == ("Disabled", "None")
+        bmc.reset("ForceRestart")
+        assert bmc.last_boot_source == "Hdd"
+        assert [e["MessageId"].rsplit(".", 1)[1] for e in bmc.log] == [
+            "BootOverrideSet",
+            "ResetRequested",
+            "PowerOff",
+            "SystemBooted",
+            "ResetRequested",
+            "PowerOff",
+            "SystemBooted",
+        ]
+
+    def test_bad_values_are_rejected(self) -> None:
+        bmc = redfish.BmcState("n0")
+        with pytest.raises(redfish.RedfishError) as err:
+            bmc.reset("Explode")
+        assert err.value.status == 400
+        with pytest.raises(redfish.RedfishError):
+            bmc.patch_system({"Boot": {"BootSourceOverrideEnabled": "Sometimes"}})
+        with pytest.raises(redfish.RedfishError):
+            bmc.patch_system({"AssetTag": "x"})
+
+    def test_system_resource_is_dmtf_shaped(self) -> None:
+        system = redfish.render(redfish.BmcState("n0"), redfish.SYSTEM)
+        assert system is not None
+        assert system["@odata.type"].startswith("#ComputerSystem.")
+        reset = system["Actions"]["#ComputerSystem.Reset"]
+        assert reset["target"].endswith("/Actions/ComputerSystem.Reset")
+        assert "PowerCycle" in reset["ResetType@Redfish.AllowableValues"]
