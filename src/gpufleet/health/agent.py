@@ -11,11 +11,19 @@ format of :mod:`gpufleet.domain.conditions`.
 
 Active checks run on a schedule only while the node is idle, and stop
 (between checks) when a workload appears.
+
+The lifecycle controller asks the agent for work through the Node annotation
+``gpufleet.io/agent-request`` (run a check profile for verification or
+burn-in, reset a GPU); the agent answers with the ``GpufleetRequest``
+condition (:mod:`gpufleet.domain.conditions`). A request is answered once:
+the condition names the request id, so a restarted agent does not run it
+again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -32,11 +40,19 @@ from gpufleet.domain.policy import Policy, Response
 from gpufleet.domain.profiles import SkuProfile
 from gpufleet.domain.records import NodeRecord, Occurrence
 from gpufleet.health import checks
-from gpufleet.health.hardware import Hardware
+from gpufleet.health.hardware import Hardware, HardwareError
 from gpufleet.health.metrics import AgentMetrics
+from gpufleet.health.results import CheckStatus
 from gpufleet.health.monitors import PassiveMonitors
 
 log = logging.getLogger(__name__)
+
+
+REQUEST_PROFILES: dict[str, tuple[tuple[str, ...], int]] = {
+    "verify": ((*checks.PASSIVE, "gemm", "sdc", "hbm", "allreduce"), 3),
+    "burn-in": ((*checks.PASSIVE, "gemm", "sdc", "hbm", "allreduce"), 10),
+}
+"""Check profiles the controller may ask for: (checks, iterations per measurement)."""
 
 
 class Reporter(Protocol):
@@ -101,6 +117,8 @@ class Agent:
         self._last_write = 0.0
         self._last_active = clock()
         self.last_results: list[Any] = []
+        self._requests: asyncio.Queue[conditions.AgentRequest] | None = None
+        self._handled: set[str] = set()
 
     # ----------------------------------------------------------------- one poll
 
@@ -193,6 +211,19 @@ class Agent:
         log.info(
             "node=%s agent started backend=%s sku=%s", self.node, self.hw.name, self.profile.name
         )
+        self._requests = asyncio.Queue()
+        watch = getattr(self.reporter, "watch_requests", None)
+        watcher = asyncio.create_task(watch(self.offer_request)) if watch is not None else None
+        try:
+            await self._loop(stop)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await watcher
+        log.info("node=%s agent stopped", self.node)
+
+    async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             now = self.clock()
             changed, events = self.step(now)
@@ -205,13 +236,67 @@ class Agent:
                     fault.evidence.summary(),
                 )
             await self.publish(changed, events, now)
+            await self._serve_requests()
             if self._active_due(now):
                 await asyncio.to_thread(self.run_active, now)
             try:  # noqa: SIM105
                 await asyncio.wait_for(stop.wait(), timeout=self.settings.interval_s)
             except TimeoutError:
                 pass
-        log.info("node=%s agent stopped", self.node)
+
+    # ------------------------------------------------------ controller requests
+
+    def offer_request(self, annotation: str | None, answered: str | None) -> None:
+        """Called on every change of this Node: queue a request not yet answered."""
+        req = conditions.decode_request(annotation)
+        if req is None or req.id == answered or req.id in self._handled:
+            return
+        self._handled.add(req.id)
+        if self._requests is None:
+            self._requests = asyncio.Queue()
+        self._requests.put_nowait(req)
+
+    def handle_request(self, req: conditions.AgentRequest) -> conditions.AgentResult:
+        """Carry out one request (blocking: checks take seconds to minutes)."""
+        log.info("node=%s request=%s kind=%s profile=%s", self.node, req.id, req.kind, req.profile)
+        if req.kind == "gpu-reset":
+            try:
+                detail = self.hw.reset_gpu(req.gpu_index)
+            except HardwareError as exc:
+                return conditions.AgentResult(req.id, passed=False, detail=str(exc))
+            return conditions.AgentResult(req.id, passed=True, detail=detail)
+        profile = REQUEST_PROFILES.get(req.profile or "")
+        if profile is None:
+            known = ", ".join(REQUEST_PROFILES)
+            return conditions.AgentResult(
+                req.id,
+                passed=False,
+                detail=f"unknown check profile {req.profile!r}; known: {known}",
+            )
+        names, iters = profile
+        results = checks.run_checks(
+            self.hw, self.profile, names, node=self.node, clock=self.clock, iters=iters
+        )
+        if self.metrics is not None:
+            for r in results:
+                self.metrics.check(r, self.clock())
+        self.last_results = results
+        passed, detail = verdict(results)
+        return conditions.AgentResult(req.id, passed=passed, detail=detail)
+
+    async def _serve_requests(self) -> None:
+        while self._requests is not None and not self._requests.empty():
+            req = self._requests.get_nowait()
+            result = await asyncio.to_thread(self.handle_request, req)
+            log.info(
+                "node=%s request=%s passed=%s %s", self.node, req.id, result.passed, result.detail
+            )
+            if self.reporter is not None:
+                try:
+                    await self.reporter.set_conditions([result.condition()], self.clock())
+                except Exception as exc:
+                    log.warning("node=%s result of %s not written: %s", self.node, req.id, exc)
+                    self._handled.discard(req.id)  # answer again on the next change
 
     def _active_due(self, now: float) -> bool:
         every = self.settings.active_every_s
@@ -233,6 +318,17 @@ class Agent:
                 self.metrics.check(r, self.clock())
         self.last_results = results
         return results
+
+
+def verdict(results: list[Any]) -> tuple[bool, str]:
+    """Whether a verification passed: every check OK. Fail closed: a check that
+    could not tell (UNKNOWN) does not let a node back into production."""
+    bad = [r for r in results if r.status is not CheckStatus.OK]
+    if not results:
+        return False, "no check ran"
+    if not bad:
+        return True, f"{len(results)} checks passed"
+    return False, "; ".join(f"{r.name} {r.status.label}: {r.reason}" for r in bad)[:900]
 
 
 def _window(policy: Policy) -> float:

@@ -149,6 +149,21 @@ class RealHardware:
         except HardwareError:
             return False
 
+    def reset_gpu(self, index: int | None) -> str:
+        """``nvidia-smi --gpu-reset`` (the node is drained before this is asked)."""
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            raise HardwareError("nvidia-smi not found: cannot reset a GPU")
+        argv = [smi, "--gpu-reset"] + (["-i", str(index)] if index is not None else [])
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise HardwareError(f"{' '.join(argv)} did not finish in 300s") from exc
+        out = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0:
+            raise HardwareError(f"{' '.join(argv)} failed ({proc.returncode}): {out[-300:]}")
+        return out.splitlines()[-1] if out else "GPU reset done"
+
     def close(self) -> None:
         self._kmsg.close()
         if self._nvml is not None:

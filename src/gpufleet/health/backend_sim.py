@@ -28,6 +28,7 @@ import numpy as np
 from gpufleet.domain import xids
 from gpufleet.domain.faults import FaultKind
 from gpufleet.health import compute, kmsg, sysfs
+from gpufleet.health.hardware import HardwareError
 
 GPU_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 HCA_BUSES = ("0c", "1f", "47", "4e", "8c", "9f", "c6", "cd")
@@ -277,6 +278,24 @@ class SimulatedHardware:
 
     def busy(self) -> bool:
         return self._busy
+
+    def reset_gpu(self, index: int | None) -> str:
+        """A reset brings a GPU back to healthy, as a real reset does for transient faults.
+
+        A GPU marked ``missing`` (fallen off the bus) does not come back from a reset.
+        """
+        with self._lock:
+            targets = [g for g in self._gpus if index is None or g.index == index]
+            if not targets:
+                raise HardwareError(f"no GPU {index} on this node")
+            gone = [g.index for g in targets if not g.present]
+            if gone:
+                raise HardwareError(f"GPU {gone[0]} is not on the bus: a reset cannot reach it")
+            for g in targets:
+                self._gpus[g.index] = SimGpu(g.index, g.bus)
+            self._write_sysfs()
+        which = "every GPU" if index is None else f"GPU {index}"
+        return f"simulated reset of {which}"
 
     def close(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)

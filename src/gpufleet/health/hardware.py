@@ -61,6 +61,14 @@ class Hardware(Protocol):
         """Whether a workload is using the GPUs (active checks then wait)."""
         ...
 
+    def reset_gpu(self, index: int | None) -> str:
+        """Reset one GPU (``None``: every GPU); returns what was done.
+
+        Raises :class:`HardwareError` when the reset failed or is not possible
+        (processes still hold the GPU, no driver).
+        """
+        ...
+
     def close(self) -> None:
         """Release handles (NVML, files)."""
         ...

@@ -9,12 +9,15 @@ when the status does. RBAC: ``deploy/rbac/agent.yaml``.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from gpufleet.domain.conditions import ConditionReport
+from gpufleet.domain import well_known
+from gpufleet.domain.conditions import ConditionReport, decode_result
 from gpufleet.domain.faults import FaultEvent
 
 log = logging.getLogger(__name__)
@@ -118,5 +121,37 @@ class KubeReporter:
         ):
             pass
 
+    async def watch_requests(
+        self, offer: Callable[[str | None, str | None], None], *, backoff: float = 2.0
+    ) -> None:
+        """Watch this Node and offer its request annotation and answered request id.
+
+        Runs until cancelled; a broken watch is re-opened after ``backoff`` seconds.
+        """
+        selector = f"metadata.name={self.node}"
+        while True:
+            try:
+                api = await self._connect()
+                async for _kind, obj in api.watch("nodes", field_selector=selector):
+                    offer(*_request_view(obj.raw))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("node=%s watch of own Node failed: %s", self.node, exc)
+            await asyncio.sleep(backoff)
+
     async def close(self) -> None:
         self._api = None
+
+
+def _request_view(node: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(request annotation, id of the request already answered) of a Node object."""
+    annotation = (node.get("metadata", {}).get("annotations") or {}).get(
+        well_known.ANNOTATION_AGENT_REQUEST
+    )
+    answered = None
+    for c in node.get("status", {}).get("conditions") or []:
+        if c.get("type") == well_known.CONDITION_REQUEST:
+            result = decode_result(c.get("status", ""), c.get("reason", ""), c.get("message", ""))
+            answered = result.id if result else None
+    return annotation, answered
