@@ -42,8 +42,8 @@ from gpufleet.domain.records import NodeRecord, Occurrence
 from gpufleet.health import checks
 from gpufleet.health.hardware import Hardware, HardwareError
 from gpufleet.health.metrics import AgentMetrics
-from gpufleet.health.results import CheckStatus
 from gpufleet.health.monitors import PassiveMonitors
+from gpufleet.health.results import CheckStatus
 
 log = logging.getLogger(__name__)
 
