@@ -47,7 +47,7 @@ def _exports(info: local_cluster.ClusterInfo) -> list[str]:
 
 
 def _print_usage(info: local_cluster.ClusterInfo, name_args: str) -> None:
-    out = Console()
+    out = Console(soft_wrap=True)
     out.print(f"\n[bold]Local cluster ready[/bold] in {info.run_dir}", highlight=False)
     out.print(f"  kubeconfig:  {info.kubeconfig}", highlight=False)
     out.print(f"  apiserver:   {info.apiserver_url}", highlight=False)
@@ -147,7 +147,7 @@ def status(
     table.add_column("component")
     table.add_column("pid", justify="right")
     table.add_column("state")
-    table.add_column("log")
+    table.add_column("log", overflow="fold")
     rows = local_cluster.component_status(info)
     for record, alive in rows:
         state = "[green]running[/green]" if alive else "[red]stopped[/red]"

@@ -341,6 +341,7 @@ class LocalCluster:
                     gpu_product=self.spec.gpu_product,
                     cpus=self.spec.cpus_per_node,
                     memory_gib=self.spec.memory_gib,
+                    kubelet_version=kube.server_version(api),
                 ),
             )
             kube.wait_nodes_ready(api, kwok, names, timeout)
@@ -408,8 +409,7 @@ class LocalCluster:
         atexit.unregister(self.stop)
         with self._lock:
             procs, self._procs = self._procs, []
-        records = [p.record for p in procs if p.record is not None]
-        processes.stop_records(records)
+        _stop_in_order([p.record for p in procs if p.record is not None])
         for p in procs:
             with contextlib.suppress(Exception):
                 p.stop(grace=0.5)  # reaps the child
@@ -423,6 +423,17 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _stop_in_order(records: list[ProcessRecord]) -> None:
+    """Stop everything at once except etcd, then etcd.
+
+    The apiserver needs etcd to shut down (it removes its endpoint lease); with
+    both stopping together they wait on each other for the whole grace period.
+    """
+    last = {"etcd"}
+    processes.stop_records([r for r in records if r.name not in last])
+    processes.stop_records([r for r in records if r.name in last])
 
 
 def _remove_tree(path: Path) -> None:
@@ -447,7 +458,7 @@ def component_status(info: ClusterInfo) -> list[tuple[ProcessRecord, bool]]:
 def stop_run_dir(run_dir: Path) -> list[int]:
     """Stop the cluster described in ``run_dir`` (from any process); return swept stragglers."""
     info = load_info(run_dir)
-    processes.stop_records(info.processes)
+    _stop_in_order(info.processes)
     return processes.sweep(info.run_dir)
 
 

@@ -43,6 +43,8 @@ class NodeShape:
     memory_gib: int = 512
     nodes_per_leaf: int = 4
     leaves_per_spine: int = 4
+    kubelet_version: str = "v0.0.0-kwok"
+    """Reported as the node's kubelet version; set to the control plane's version."""
 
 
 def node_manifest(name: str, index: int, shape: NodeShape) -> dict[str, Any]:
@@ -88,7 +90,7 @@ def node_manifest(name: str, index: int, shape: NodeShape) -> dict[str, Any]:
             "nodeInfo": {
                 "architecture": "amd64",
                 "operatingSystem": "linux",
-                "kubeletVersion": "fake",
+                "kubeletVersion": shape.kubelet_version,
             },
         },
     }
@@ -352,6 +354,12 @@ def healthz_ok(port: int) -> bool:
 def default_service_account_ok(api: ApiClient) -> bool:
     """The controller-manager has created ``default/default``; Pods need it to be admitted."""
     return api.get("/api/v1/namespaces/default/serviceaccounts/default").status_code == 200
+
+
+def server_version(api: ApiClient) -> str:
+    """The apiserver's gitVersion, e.g. ``v1.36.3``."""
+    version: str = api.get("/version").json()["gitVersion"]
+    return version
 
 
 def create_nodes(api: ApiClient, names: Sequence[str], shape: NodeShape) -> None:
