@@ -216,8 +216,10 @@ class Syncer:
         if self.slurm is not None:
             self.slurm[name] = view
         acted = self.clock()
-        if seen is not None:
-            self.stats.timings.append(Timing(name, seen, acted, d.verb.value))
+        self.stats.timings.append(
+            Timing(name, acted if seen is None else seen, acted, d.verb.value)
+        )
+        del self.stats.timings[:-10_000]
         log.info("node=%s %s: %s", name, d.verb, d.drain_reason or d.why)
         return view
 

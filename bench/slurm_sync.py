@@ -1,0 +1,134 @@
+"""Slurm syncer benchmarks on a local cluster (real apiserver, real slurmctld + slurmd).
+
+Prints, never asserts:
+
+* Kubernetes fault -> Slurm DRAIN latency (p50/p99/max): from just before the
+  PATCH that raises a gpufleet problem condition on a Node, to the moment
+  ``scontrol update state=DRAIN`` returned (the syncer's clock, same process);
+* a full sync pass at N nodes (``/nodes`` + ``/jobs`` + every node reconciled):
+  "keeps up" means a pass fits in the poll interval;
+* a burst: 10% of the nodes faulted at once -> all drained.
+
+    .venv/bin/python bench/slurm_sync.py --nodes 4 --faults 100
+    .venv/bin/python bench/slurm_sync.py --nodes 500 --faults 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+
+from slurm_support import Kube, RunningSyncer, Slurm, wait_for
+
+from gpufleet.local.cluster import ClusterSpec, running
+from gpufleet.slurm.syncer import Syncer, SyncSettings
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
+
+
+def wait_verb(s: Syncer, node: str, verb: str, before: int, timeout: float = 10) -> float:
+    """When the syncer carried out ``verb`` on ``node`` (its clock), after index ``before``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for t in s.stats.timings[before:]:
+            if t.node == node and t.verb == verb:
+                return t.acted
+        time.sleep(0.005)
+    raise AssertionError(f"no {verb} of {node} within {timeout} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--faults", type=int, default=100)
+    ap.add_argument("--poll", type=float, default=1.0)
+    a = ap.parse_args()
+    t0 = time.monotonic()
+    spec = ClusterSpec(nodes=a.nodes, redfish=False, ready_timeout_s=900)
+    with running(spec, progress=lambda m: print(f"  [{time.monotonic() - t0:6.1f}s] {m}")) as info:
+        print(f"cluster up in {time.monotonic() - t0:.1f} s ({a.nodes} nodes)")
+        kube, slurm = Kube(info), Slurm(info)
+        for n in info.node_names:
+            kube.set_state(n, "production")
+        rs = RunningSyncer(info, SyncSettings(poll_interval_s=a.poll, hold_taint=False))
+        rs.start(timeout=300)
+        s = rs.syncer
+        assert s is not None
+
+        # 1. full pass timing
+        async def one_pass() -> float:
+            start = time.monotonic()
+            await s.poll_slurm()
+            await asyncio.gather(*(s.reconcile(n) for n in list(s.nodes) if s.managed(n)))
+            return time.monotonic() - start
+
+        passes = [asyncio.run_coroutine_threadsafe(one_pass(), rs.loop).result() for _ in range(5)]
+        print(
+            f"full sync pass at {a.nodes} nodes: median {statistics.median(passes) * 1000:.0f} ms,"
+            f" max {max(passes) * 1000:.0f} ms (poll interval {a.poll * 1000:.0f} ms)"
+        )
+
+        # 2. fault -> DRAIN latency, one node at a time
+        lat: list[float] = []
+        names = info.node_names
+        for i in range(a.faults):
+            node = names[i % len(names)]
+            before = len(s.stats.timings)
+            started = time.monotonic()
+            kube.set_condition(node, "GpuProblem", "True", "Xid79")
+            acted = wait_verb(s, node, "drain", before)
+            lat.append(acted - started)
+            before = len(s.stats.timings)
+            kube.set_condition(node, "GpuProblem", "False", "Healthy")
+            wait_verb(s, node, "resume", before)
+        ms = [x * 1000 for x in lat]
+        print(
+            f"fault -> DRAIN over {len(ms)} faults: p50 {pct(ms, 50):.0f} ms, "
+            f"p99 {pct(ms, 99):.0f} ms, max {max(ms):.0f} ms"
+        )
+
+        # 3. burst
+        burst = names[: max(1, len(names) // 10)]
+        start = time.monotonic()
+        for n in burst:
+            kube.set_condition(n, "GpuProblem", "True", "Xid79")
+        patched = time.monotonic() - start
+        wait_for(
+            "burst drained",
+            lambda: all((v := (s.slurm or {}).get(n)) is not None and v.ours for n in burst),
+            120,
+            step=0.05,
+        )
+        took = time.monotonic() - start
+        confirmed = slurm.nodes()
+        ok = sum(1 for n in burst if "DRAIN" in (confirmed[n].get("state_flags") or []))
+        print(
+            f"burst: {len(burst)} nodes faulted (patches took {patched:.2f} s) -> all drained "
+            f"{took:.2f} s after the first patch; sinfo confirms {ok}/{len(burst)}"
+        )
+        for n in burst:
+            kube.set_condition(n, "GpuProblem", "False", "Healthy")
+        wait_for(
+            "burst resumed",
+            lambda: not any((v := (s.slurm or {}).get(n)) is not None and v.drained for n in burst),
+            120,
+            0.1,
+        )
+        print(
+            f"syncer stats: drains {s.stats.drains}, resumes {s.stats.resumes}, "
+            f"slurm errors {s.stats.slurm_errors}"
+        )
+        rs.stop()
+
+
+if __name__ == "__main__":
+    main()
