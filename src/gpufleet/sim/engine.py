@@ -148,7 +148,7 @@ class Simulator:
 
         # --- per-node state (compact: scalars and the domain record)
         lem = model.failures.lemons
-        self.is_lemon = list(self.np_rng.random(self.n) < lem.fraction)
+        self.is_lemon = [bool(x) for x in self.np_rng.random(self.n) < lem.fraction]
         self._norm = 1.0 / (1.0 - lem.fraction + lem.fraction * lem.multiplier)
         self.mult = [self._fresh_factor(bool(x)) for x in self.is_lemon]
         self._rebuild_weights()
@@ -183,6 +183,8 @@ class Simulator:
         self.held = 0
         self.human_actions = 0
         self.planned_count = 0
+        self.replaced = 0
+        self.lemons_replaced = 0
         self.timeline: dict[str, list[float]] = {
             "t_days": [],
             "production": [],
@@ -279,6 +281,8 @@ class Simulator:
         d = decide(before, self.fleet, event, self.policy, self.now)
         self.decisions += 1
         after = d.record
+        if len(after.history) > 1:  # reports keep counts, not per-node logs: flat memory
+            after = replace(after, history=after.history[-1:])
         self.records[i] = after
         fleet = self.fleet.with_change(before, after)
         if d.breaker is not None:
@@ -616,6 +620,8 @@ class Simulator:
         self._decide(i, ev.HardwareReplaced(reason="vendor replaced the hardware"))
 
     def _new_hardware(self, i: int) -> None:
+        self.replaced += 1
+        self.lemons_replaced += int(self.is_lemon[i])
         if self.is_lemon[i] or self.model.failures.lemons.spread > 0:
             self.is_lemon[i] = False
             self.mult[i] = self._fresh_factor(False)
@@ -867,6 +873,9 @@ class Simulator:
             interruptions=dict(sorted(self.interruptions.items())),
             handled={k: dict(sorted(v.items())) for k, v in self.handled.items() if v},
             planned=self.planned_count,
+            lemons=int(sum(self.is_lemon)) + self.lemons_replaced,
+            lemons_replaced=self.lemons_replaced,
+            replaced=self.replaced,
             decisions=self.decisions,
             held=self.held,
             human_actions=self.human_actions,

@@ -198,10 +198,10 @@ class StepCost(_Model):
 
 def _default_steps() -> dict[Step, StepCost]:
     return {
-        Step.GPU_RESET: StepCost(seconds=300),
+        Step.GPU_RESET: StepCost(seconds=180),
         Step.REBOOT: StepCost(seconds=600),
         Step.POWER_CYCLE: StepCost(seconds=900),
-        Step.REIMAGE: StepCost(seconds=2400),
+        Step.REIMAGE: StepCost(seconds=2100),
     }
 
 

@@ -78,6 +78,12 @@ class RunResult:
     handled: dict[str, dict[str, int]]
     """Per category: what ended each fault (job-restart, a ladder step, person, rma, open)."""
     planned: int
+    lemons: int
+    """Lemon nodes the fleet had (at the start)."""
+    lemons_replaced: int
+    """Of them, replaced (RMA) during the run."""
+    replaced: int
+    """Nodes whose hardware was replaced."""
     decisions: int
     held: int
     """Decisions a safety rail held back (retried later)."""
@@ -100,11 +106,19 @@ class RunResult:
         wall = self.wall or 1.0
         return {k: v / wall for k, v in self.buckets.items()}
 
-    def to_dict(self, *, timeline: bool = False) -> dict[str, Any]:
-        """Plain data for JSON output."""
+    @property
+    def availability(self) -> float:
+        """Mean fraction of the fleet's nodes in production (from the timeline samples)."""
+        prod = self.timeline.get("production", [])
+        nodes = self.job_nodes + self.spare_nodes
+        return sum(prod) / (len(prod) * nodes) if prod and nodes else 0.0
+
+    def to_dict(self, *, timeline: bool = True) -> dict[str, Any]:
+        """Plain data for JSON output (the timeline: node counts sampled over time)."""
         data = asdict(self)
         if not timeline:
             data.pop("timeline")
+        data["availability"] = self.availability
         data["ettr"] = self.ettr
         data["breakdown"] = self.fractions()
         data["buckets_hours"] = {k: v / 3600.0 for k, v in data.pop("buckets").items()}

@@ -24,6 +24,10 @@ def test_json_has_the_ettr_and_a_breakdown_that_adds_up() -> None:
     assert data["breakdown"]["useful"] == data["ettr"]
     assert data["interruptions_total"] > 10
     assert "gpu-faulty" in data["handled"]
+    assert 0.95 < data["availability"] <= 1.0
+    timeline = data["timeline"]
+    assert len(timeline["t_days"]) == len(timeline["production"]) >= 100
+    assert timeline["t_days"][-1] <= 30.0
 
 
 def test_runs_give_a_mean_and_a_confidence_interval(tmp_path: Path) -> None:

@@ -33,13 +33,21 @@ def test_a_rule_change_changes_what_happens() -> None:
 
 
 def test_lemon_detection_sends_lemons_to_rma() -> None:
-    """Lemons (8x the failure rate) are found by the lemon rule, then replaced."""
-    model = with_overrides(default_model(), {"failures.lemons.fraction": 0.05})
-    on = simulate(model, default_policy(), gpus=3504, days=30, seed=6)
-    off = simulate(model, load_policy(NO_LEMON_POLICY_YAML), gpus=3504, days=30, seed=6)
-    rma_on = sum(h.get("rma", 0) for h in on.handled.values())
-    rma_off = sum(h.get("rma", 0) for h in off.handled.values())
-    assert rma_on > rma_off
+    """Strong lemons (30x) and a lemon rule of 2 incidents in 28 days: lemons get replaced."""
+    model = with_overrides(
+        default_model(), {"failures.lemons.fraction": 0.05, "failures.lemons.multiplier": 30.0}
+    )
+    rule = DEFAULT_POLICY_YAML.replace(
+        "lemon:\n  incidents: 3\n  windowDays: 7", "lemon:\n  incidents: 2\n  windowDays: 28"
+    )
+    assert rule != DEFAULT_POLICY_YAML
+    on = [simulate(model, load_policy(rule), gpus=3504, days=30, seed=s) for s in (1, 2)]
+    off = [
+        simulate(model, load_policy(NO_LEMON_POLICY_YAML), gpus=3504, days=30, seed=s)
+        for s in (1, 2)
+    ]
+    assert sum(r.lemons_replaced for r in on) > sum(r.lemons_replaced for r in off)
+    assert sum(r.ettr for r in on) > sum(r.ettr for r in off)
 
 
 def test_without_monitors_a_person_finds_every_bad_node() -> None:
@@ -70,3 +78,15 @@ def test_silent_faults_are_found_sooner_with_active_checks() -> None:
     lost_with = sum(r.buckets["lost"] for r in runs_with)
     lost_without = sum(r.buckets["lost"] for r in runs_without)
     assert lost_with < lost_without
+
+
+def test_a_step_slower_than_its_policy_timeout_escalates() -> None:
+    """GPU resets that take 20+ minutes time out (policy: 300 s), so the ladder reboots."""
+    slow = with_overrides(
+        default_model(),
+        {"remediation.steps.gpu-reset": {"seconds": 1500.0, "success": 1.0}},
+    )
+    r = simulate(slow, default_policy(), gpus=3504, days=30, seed=5)
+    hbm = r.handled["gpu-hbm"]
+    assert "gpu-reset" not in hbm
+    assert hbm.get("reboot", 0) > 0
