@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from gpufleet.local import processes
-from gpufleet.local.cluster import ClusterInfo, load_info
+from gpufleet.local.cluster import STATE_FILE, TEMP_PREFIX, ClusterInfo, load_info, reap_orphans
 
 pytestmark = pytest.mark.integration
 
@@ -250,3 +250,29 @@ def test_second_cluster_runs_beside_the_first_and_down_leaves_nothing(
     assert processes.processes_using(run_dir) == []
     status = subprocess.run([*cli, "status", "--run-dir", str(run_dir)], capture_output=True)
     assert status.returncode == 3
+
+
+def test_a_cluster_whose_owner_died_is_reaped_by_the_next_start() -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
+    sleeper = processes.ManagedProcess("sleeper", ["sleep", "120"], run_dir / "logs" / "s.log")
+    sleeper.start()
+    assert sleeper.record is not None
+    info = ClusterInfo(
+        run_dir=run_dir,
+        node_names=[],
+        gpus_per_node=8,
+        kubeconfig=run_dir / "kubeconfig",
+        apiserver_url="https://127.0.0.1:1",
+        token="t",
+        ca_file=run_dir / "ca",
+        etcd_url="http://127.0.0.1:2",
+        processes=[sleeper.record],
+        owner=processes.ProcessRecord("owner", 1, -1, ""),  # pid 1 with another start time: gone
+    )
+    (run_dir / STATE_FILE).write_text(info.to_json())
+    try:
+        assert run_dir in reap_orphans(Path(tempfile.gettempdir()))
+        assert not sleeper.record.alive()
+        assert not run_dir.exists()
+    finally:
+        sleeper.stop(grace=0.5)

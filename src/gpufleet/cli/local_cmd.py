@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import shlex
 import time
 from pathlib import Path
@@ -113,7 +112,7 @@ def up(
     _print_usage(info, _name_args(name, run_dir))
     if not foreground:
         # Leave the processes running; `gpufleet local down` stops them.
-        atexit.unregister(cluster.stop)
+        cluster.detach()
         return
     Console().print("\nRunning; press Ctrl-C to stop.")
     try:

@@ -37,6 +37,7 @@ from gpufleet.local.binaries import Binaries
 from gpufleet.local.processes import ComponentError, ManagedProcess, ProcessRecord
 
 STATE_FILE = "cluster.json"
+TEMP_PREFIX = "gpufleet-local-"
 DEFAULT_BMC_USER = "admin"
 
 
@@ -104,6 +105,8 @@ class ClusterInfo:
     slurm_api_version: str = slurm.REST_API_VERSION
     bmcs: dict[str, BmcEndpoint] = field(default_factory=dict)
     processes: list[ProcessRecord] = field(default_factory=list)
+    owner: ProcessRecord | None = None
+    """The process whose exit stops this cluster; None once detached (``gpufleet local up``)."""
     ready_s: dict[str, float] = field(default_factory=dict)
     """Seconds from the start of ``up`` until each component was ready."""
 
@@ -140,6 +143,8 @@ class ClusterInfo:
                 d[key] = Path(d[key])
         d["bmcs"] = {k: BmcEndpoint(**v) for k, v in d.get("bmcs", {}).items()}
         d["processes"] = [ProcessRecord(**p) for p in d.get("processes", [])]
+        if d.get("owner"):
+            d["owner"] = ProcessRecord(**d["owner"])
         return cls(**d)
 
 
@@ -216,7 +221,8 @@ class LocalCluster:
         spec = self.spec
         bins = Binaries.locate()
         if spec.run_dir is None:
-            run_dir = Path(tempfile.mkdtemp(prefix="gpufleet-local-"))
+            reap_orphans(Path(tempfile.gettempdir()))
+            run_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
         else:
             run_dir = spec.run_dir.resolve()
             if (run_dir / STATE_FILE).exists():
@@ -282,6 +288,9 @@ class LocalCluster:
             ca_file=kl.ca_file,
             etcd_url=kl.etcd_url,
             bin_dir=bins.kubectl.parent,
+            owner=processes.ProcessRecord(
+                "owner", os.getpid(), processes.start_time_of(os.getpid()) or 0, ""
+            ),
         )
         if spec.redfish:
             self.info.bmcs = {
@@ -404,6 +413,14 @@ class LocalCluster:
             )
         self._ready(f"redfish ({len(self.info.bmcs)} BMCs)")
 
+    def detach(self) -> None:
+        """Leave the cluster running after this process exits (``gpufleet local up``)."""
+        atexit.unregister(self.stop)
+        if self.info is not None:
+            with self._lock:
+                self.info.owner = None
+                self._save()
+
     def stop(self) -> None:
         """Stop every process and sweep the run directory. Idempotent."""
         atexit.unregister(self.stop)
@@ -440,6 +457,27 @@ def _remove_tree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+def reap_orphans(tmp: Path) -> list[Path]:
+    """Stop and delete temporary clusters whose owning process died without stopping them.
+
+    A test run killed with SIGKILL cannot clean up; the next start does it.
+    Clusters whose owner is alive (another test run) and detached ones are left alone.
+    """
+    reaped: list[Path] = []
+    for state in tmp.glob(f"{TEMP_PREFIX}*/{STATE_FILE}"):
+        try:
+            info = ClusterInfo.from_json(state.read_text())
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if info.owner is None or info.owner.alive():
+            continue
+        _stop_in_order(info.processes)
+        processes.sweep(info.run_dir)
+        _remove_tree(info.run_dir)
+        reaped.append(info.run_dir)
+    return reaped
 
 
 def load_info(run_dir: Path) -> ClusterInfo:
