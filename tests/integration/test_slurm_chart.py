@@ -54,14 +54,17 @@ def test_helm_lint(helm: str) -> None:
     run(helm, "lint", str(CHART), "--strict")
 
 
-@pytest.mark.parametrize("extra", [[], ["--set", "slurm.accounting.enabled=true"]])
+@pytest.mark.parametrize(
+    ("suffix", "extra"), [("plain", []), ("dbd", ["--set", "slurm.accounting.enabled=true"])]
+)
 def test_rendered_manifests_pass_server_side_dry_run(
-    helm: str, local_cluster: ClusterInfo, extra: list[str]
+    helm: str, local_cluster: ClusterInfo, suffix: str, extra: list[str]
 ) -> None:
+    ns = f"{NS}-{suffix}"
     kubectl = str(local_cluster.kubectl)
     env = local_cluster.kube_env()
     rendered = run(
-        helm, "template", "gpufleet", str(CHART), "--namespace", NS, "--include-crds", *extra
+        helm, "template", "gpufleet", str(CHART), "--namespace", ns, "--include-crds", *extra
     )
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     kinds = {d["kind"] for d in docs}
@@ -81,14 +84,14 @@ def test_rendered_manifests_pass_server_side_dry_run(
         stdin=yaml.safe_dump_all(crds),
     )
     run(kubectl, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s", env=env)
-    subprocess.run([kubectl, "create", "namespace", NS], env=env, capture_output=True)
+    subprocess.run([kubectl, "create", "namespace", ns], env=env, capture_output=True)
     try:
         out = run(
             kubectl,
             "apply",
             "--dry-run=server",
             "-n",
-            NS,
+            ns,
             "-f",
             "-",
             env=env,
@@ -96,6 +99,6 @@ def test_rendered_manifests_pass_server_side_dry_run(
         )
     finally:
         subprocess.run(
-            [kubectl, "delete", "namespace", NS, "--wait=false"], env=env, capture_output=True
+            [kubectl, "delete", "namespace", ns, "--wait=false"], env=env, capture_output=True
         )
     assert out.count("(server dry run)") == len(rest), out
