@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
+import kr8s
 import kr8s.asyncio
 
 from gpufleet.domain import well_known
@@ -76,12 +77,16 @@ class KubeClient:
             ) as resp:
                 data: Json = resp.json() if resp.content else {}
                 return data
-        except httpx.HTTPStatusError as exc:
-            status = exc.response.status_code
+        except (httpx.HTTPStatusError, kr8s.ServerError) as exc:
+            # kr8s wraps 4xx/5xx answers in its ServerError (with the response).
+            response = exc.response
+            if response is None:
+                raise ApiError(what, None, str(exc)) from exc
+            status = response.status_code
             with contextlib.suppress(ValueError):
-                message = str(exc.response.json().get("message", ""))[:500]
+                message = str(response.json().get("message", ""))[:500]
                 raise _error(status)(what, status, message) from None
-            raise _error(status)(what, status, exc.response.text[:500]) from None
+            raise _error(status)(what, status, response.text[:500]) from None
         except httpx.HTTPError as exc:
             raise ApiError(what, None, f"{type(exc).__name__}: {exc}") from exc
 

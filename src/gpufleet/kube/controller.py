@@ -327,6 +327,15 @@ class Controller:
         if not new and nodes.apply_merge_patch(body, patch) == body:
             self._after(body, body, before, record, decisions, now)
             return
+        log.debug(
+            "node=%s write rv=%s state=%s pending=%s new=%s events=%s",
+            name,
+            patch["metadata"].get("resourceVersion"),
+            record.state,
+            record.pending is not None,
+            new,
+            [type(e).__name__ for e in events],
+        )
         try:
             written = await self.client.patch_node(name, patch)
         except Conflict:

@@ -3,7 +3,8 @@
 ``FleetPolicy.spec`` *is* :class:`gpufleet.domain.policy.Policy`: its OpenAPI
 v3 schema is generated from the pydantic model, turned into a Kubernetes
 structural schema (references inlined, ``X | None`` as ``nullable``, draft
-2020 ``exclusiveMinimum`` as the OpenAPI 3.0 boolean form, no
+2020 ``exclusiveMinimum`` as the OpenAPI 3.0 boolean form, ``X | None`` as an
+optional ``X``, no
 ``additionalProperties: false``), so the apiserver rejects wrong types,
 negative windows and unknown enum values with a message naming the field.
 Cross-field rules (ladder cycles, rule coverage, unknown XIDs) need the whole
@@ -57,9 +58,9 @@ def structural(schema: Json) -> Json:
         if variants is not None:
             rest = [v for v in variants if v.get("type") != "null"]
             if len(rest) == 1:
+                # ``X | None`` is an optional field: omit it (the apiserver prunes a
+                # null); "nullable" would not help, enums reject null regardless.
                 merged = {**rest[0], **{k: v for k, v in node.items() if k != "anyOf"}}
-                if len(rest) < len(variants):
-                    merged["nullable"] = True
                 return walk(merged)
         out: Json = {}
         for key, value in node.items():
@@ -81,6 +82,7 @@ def structural(schema: Json) -> Json:
             out[key] = walk(value)
         if "enum" in out and "type" not in out:
             out["type"] = "string"
+
         if "description" in out:
             out["description"] = " ".join(str(out["description"]).split())
         return out

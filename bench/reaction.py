@@ -1,0 +1,209 @@
+"""Reaction time of the lifecycle controller: problem condition written -> node cordoned.
+
+Starts a local cluster with N KWOK nodes (8 GPUs each; no Slurm, no BMCs),
+installs the CRDs and a FleetPolicy whose safety rails do not interfere
+(the point is reaction time, not the rails), starts ``gpufleet controller`` as
+a child process, then writes an XID 79 problem condition on ``--samples``
+distinct nodes at ``--rate`` per second, exactly as the node agent does. A
+watch on Nodes timestamps the moment each one turns unschedulable.
+
+Prints p50/p99/max latency, the controller's CPU (per cent of one core while
+faults arrive, and at rest) and its RSS. Run:
+
+    .venv/bin/python bench/reaction.py --nodes 500
+    .venv/bin/python bench/reaction.py --nodes 500 2000 5000 --samples 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from gpufleet.domain import conditions, well_known  # noqa: E402
+from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem  # noqa: E402
+from gpufleet.local.cluster import ClusterSpec, LocalCluster  # noqa: E402
+from integration.controller_harness import (  # noqa: E402
+    Api,
+    ControllerProcess,
+    install,
+    policy_spec,
+    put_policy,
+    wait_for,
+)
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_mib(pid: int, key: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def permissive_policy() -> dict[str, Any]:
+    spec = policy_spec()
+    spec["safety"] = {
+        "budget": {"maxNodes": 100000, "maxPercent": 100, "minNodes": 1},
+        "breaker": {
+            "maxNodes": 100000,
+            "maxPercent": 100,
+            "minNodes": 100000,
+            "windowSeconds": 600,
+            "cooldownSeconds": 0,
+        },
+        "rateLimit": {"maxActions": 100000, "windowSeconds": 600},
+    }
+    return spec
+
+
+class CordonWatch(threading.Thread):
+    """Timestamps the first time each Node is seen unschedulable."""
+
+    def __init__(self, info: Any) -> None:
+        super().__init__(daemon=True)
+        self.info = info
+        self.seen: dict[str, float] = {}
+        self.stop = False
+
+    def run(self) -> None:
+        with httpx.Client(
+            base_url=self.info.apiserver_url,
+            verify=str(self.info.ca_file),
+            headers={"Authorization": f"Bearer {self.info.token}"},
+            timeout=None,
+        ) as http:
+            rv = http.get("/api/v1/nodes?limit=1").json()["metadata"]["resourceVersion"]
+            while not self.stop:
+                with http.stream(
+                    "GET", f"/api/v1/nodes?watch=1&resourceVersion={rv}&allowWatchBookmarks=true"
+                ) as resp:
+                    for line in resp.iter_lines():
+                        now = time.time()
+                        if not line:
+                            continue
+                        ev = json.loads(line)
+                        obj = ev["object"]
+                        rv = obj["metadata"].get("resourceVersion", rv)
+                        name = obj["metadata"].get("name")
+                        if obj.get("spec", {}).get("unschedulable") and name not in self.seen:
+                            self.seen[name] = now
+                        if self.stop:
+                            return
+
+
+def run_one(n: int, samples: int, rate: float, keep: bool) -> dict[str, Any]:
+    spec = ClusterSpec(nodes=n, slurm=False, redfish=False, ready_timeout_s=1200)
+    print(f"[{n} nodes] starting the local cluster ...", flush=True)
+    t0 = time.monotonic()
+    with LocalCluster(spec) as info:
+        print(f"[{n} nodes] cluster ready in {time.monotonic() - t0:.0f} s", flush=True)
+        api = Api(info)
+        install(api)
+        put_policy(api, "bench", permissive_policy())
+        logs = info.run_dir / "logs"
+        ctl = ControllerProcess(info, logs, policy="bench").start()
+        try:
+            assert ctl.proc is not None
+            pid = ctl.proc.pid
+            wait_for(
+                "every node adopted",
+                lambda: (
+                    sum(
+                        1
+                        for node in api.get("/api/v1/nodes")["items"]
+                        if well_known.LABEL_STATE in (node["metadata"].get("labels") or {})
+                    )
+                    >= n
+                ),
+                timeout=600,
+            )
+            time.sleep(3)
+            idle_c0, idle_t0 = cpu_seconds(pid), time.monotonic()
+            time.sleep(5)
+            idle_cpu = (cpu_seconds(pid) - idle_c0) / (time.monotonic() - idle_t0) * 100
+            watch = CordonWatch(info)
+            watch.start()
+            time.sleep(1)
+            names = info.node_names[:samples]
+            written: dict[str, float] = {}
+            c0, w0 = cpu_seconds(pid), time.monotonic()
+            for i, name in enumerate(names):
+                at = time.time()
+                fault = FaultEvent(
+                    FaultKind.XID, name, at=at, xid=79, evidence=Evidence(gpu_index=i % 8)
+                )
+                written[name] = time.time()
+                api.set_condition(name, conditions.problem(Subsystem.PCIE, [fault]))
+                pause = (i + 1) / rate - (time.monotonic() - w0)
+                if pause > 0:
+                    time.sleep(pause)
+            wait_for("every cordon", lambda: all(x in watch.seen for x in names), timeout=120)
+            busy_cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - w0) * 100
+            watch.stop = True
+            lat = sorted((watch.seen[x] - written[x]) * 1000 for x in names)
+            return {
+                "nodes": n,
+                "gpus": n * info.gpus_per_node,
+                "samples": len(lat),
+                "p50_ms": statistics.median(lat),
+                "p99_ms": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))],
+                "max_ms": lat[-1],
+                "cpu_busy_pct": busy_cpu,
+                "cpu_idle_pct": idle_cpu,
+                "rss_mib": rss_mib(pid),
+                "rss_peak_mib": rss_mib(pid, "VmHWM"),
+            }
+        finally:
+            ctl.stop()
+            if keep:
+                print(f"controller log: {ctl.log}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, nargs="+", default=[500])
+    parser.add_argument("--samples", type=int, default=200, help="faults written (distinct nodes)")
+    parser.add_argument("--rate", type=float, default=10.0, help="faults written per second")
+    parser.add_argument("--keep-logs", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for n in args.nodes:
+        rows.append(run_one(n, min(args.samples, n), args.rate, args.keep_logs))
+    print()
+    print(
+        f"{'nodes':>6} {'GPUs':>6} {'faults':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}"
+        f" {'CPU busy':>9} {'CPU idle':>9} {'RSS MiB':>8} {'peak MiB':>9}"
+    )
+    for r in rows:
+        print(
+            f"{r['nodes']:>6} {r['gpus']:>6} {r['samples']:>6}"
+            f" {r['p50_ms']:>7.0f} {r['p99_ms']:>7.0f}"
+            f" {r['max_ms']:>7.0f} {r['cpu_busy_pct']:>8.0f}% {r['cpu_idle_pct']:>8.1f}%"
+            f" {r['rss_mib']:>8.0f} {r['rss_peak_mib']:>9.0f}"
+        )
+    cores = os.cpu_count()
+    print(f"\nrate {args.rate:g} faults/s; CPU in % of one core; machine: {cores} cores")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,349 @@
+"""Helpers for the lifecycle-controller integration tests: API access, the controller
+process, the agent's side of the Node contract, BMC counters.
+
+The tests play the node agent by writing problem conditions and request
+results on the Node status with the domain's encoders, exactly what the agent
+writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from gpufleet.domain import conditions, well_known
+from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
+from gpufleet.domain.policy import default_policy
+from gpufleet.domain.records import NodeRecord, record_from_json
+from gpufleet.local import kube as local_kube
+
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = ROOT / "deploy" / "crds"
+SYSTEM_NS = "gpufleet-system"
+GV = f"/apis/{well_known.GROUP}/{well_known.VERSION}"
+
+
+class Api:
+    """Plain authenticated HTTP to the test cluster's apiserver."""
+
+    def __init__(self, info: Any) -> None:
+        self.info = info
+        self.http = httpx.Client(
+            base_url=info.apiserver_url,
+            verify=str(info.ca_file),
+            headers={"Authorization": f"Bearer {info.token}"},
+            timeout=30,
+        )
+
+    def get(self, path: str) -> Any:
+        r = self.http.get(path)
+        r.raise_for_status()
+        return r.json()
+
+    def post(self, path: str, body: Any, ok: tuple[int, ...] = (200, 201)) -> httpx.Response:
+        r = self.http.post(path, json=body)
+        assert r.status_code in ok, f"POST {path}: {r.status_code} {r.text[:500]}"
+        return r
+
+    def patch(self, path: str, body: Any, kind: str = "merge") -> Any:
+        r = self.http.patch(
+            path, json=body, headers={"Content-Type": f"application/{kind}-patch+json"}
+        )
+        assert r.status_code == 200, f"PATCH {path}: {r.status_code} {r.text[:500]}"
+        return r.json()
+
+    def delete(self, path: str) -> None:
+        self.http.delete(path)
+
+    def node(self, name: str) -> Any:
+        return self.get(f"/api/v1/nodes/{name}")
+
+    def record(self, name: str) -> NodeRecord | None:
+        text = (self.node(name)["metadata"].get("annotations") or {}).get(
+            well_known.ANNOTATION_RECORD
+        )
+        return record_from_json(text) if text else None
+
+    def state(self, name: str) -> str | None:
+        return (self.node(name)["metadata"].get("labels") or {}).get(well_known.LABEL_STATE)
+
+    def set_condition(self, name: str, cond: conditions.ConditionReport) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": cond.type,
+                        "status": cond.status,
+                        "reason": cond.reason,
+                        "message": cond.message,
+                        "lastTransitionTime": now,
+                        "lastHeartbeatTime": now,
+                    }
+                ]
+            }
+        }
+        self.patch(f"/api/v1/nodes/{name}/status", body, kind="strategic-merge")
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        items = self.get(
+            f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3D{name}"
+        )["items"]
+        return [e for e in items if e.get("source", {}).get("component") == well_known.CONTROLLER]
+
+
+def xid(node: str, number: int, gpu: int = 3) -> FaultEvent:
+    return FaultEvent(
+        FaultKind.XID, node, at=time.time(), xid=number, evidence=Evidence(gpu_index=gpu)
+    )
+
+
+def report_fault(api: Api, node: str, number: int, subsystem: Subsystem = Subsystem.PCIE) -> None:
+    api.set_condition(node, conditions.problem(subsystem, [xid(node, number)]))
+
+
+def answer_request(api: Api, node: str, passed: bool, detail: str = "") -> str:
+    """Answer the agent request on the Node (as the agent would); returns its kind."""
+    value = (api.node(node)["metadata"].get("annotations") or {}).get(
+        well_known.ANNOTATION_AGENT_REQUEST
+    )
+    request = conditions.decode_request(value)
+    assert request is not None, f"{node} has no agent request"
+    api.set_condition(
+        node, conditions.AgentResult(request.id, passed, detail or request.kind).condition()
+    )
+    return request.kind
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def install(api: Api) -> None:
+    """CRDs and the namespace (idempotent)."""
+    for path in sorted(CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        name = crd["metadata"]["name"]
+        r = api.http.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        if r.status_code == 404:
+            api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        wait_for(
+            f"CRD {name} established",
+            lambda n=name: any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}")
+                .get("status", {})
+                .get("conditions")
+                or []
+            ),
+        )
+    api.post(
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}},
+        ok=(201, 409),
+    )
+
+
+def add_bmc_secret(api: Api, node: str, endpoint: str, user: str, password: str) -> None:
+    name = f"bmc-{node}"
+    data = {
+        k: base64.b64encode(v.encode()).decode()
+        for k, v in {"endpoint": endpoint, "username": user, "password": password}.items()
+    }
+    api.post(
+        f"/api/v1/namespaces/{SYSTEM_NS}/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data},
+        ok=(201, 409),
+    )
+    api.patch(
+        f"/api/v1/nodes/{node}",
+        {"metadata": {"annotations": {well_known.ANNOTATION_BMC_SECRET: f"{SYSTEM_NS}/{name}"}}},
+    )
+
+
+def create_kwok_nodes(api: Api, names: list[str], pool: str) -> None:
+    for i, name in enumerate(names):
+        body = local_kube.node_manifest(name, 100 + i, local_kube.NodeShape())
+        body["metadata"]["labels"][well_known.LABEL_POOL] = pool
+        api.post("/api/v1/nodes", body, ok=(201, 409))
+    wait_for(
+        "extra KWOK nodes Ready",
+        lambda: all(
+            any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in api.node(n).get("status", {}).get("conditions", [])
+            )
+            for n in names
+        ),
+        timeout=60,
+    )
+
+
+def reset_node(api: Api, name: str) -> None:
+    """Remove every gpufleet mark and reported condition, and any cordon or taint."""
+    node = api.node(name)
+    ann = node["metadata"].get("annotations") or {}
+    drop = {
+        k: None
+        for k in ann
+        if k.startswith("gpufleet.io/") and k != well_known.ANNOTATION_BMC_SECRET
+    }
+    api.patch(
+        f"/api/v1/nodes/{name}",
+        {
+            "metadata": {"annotations": drop or None, "labels": {well_known.LABEL_STATE: None}},
+            "spec": {"unschedulable": None, "taints": None},
+        },
+    )
+    ours = set(well_known.CONDITIONS.values()) | {well_known.CONDITION_REQUEST}
+    conds = [c for c in node.get("status", {}).get("conditions", []) if c["type"] not in ours]
+    if len(conds) != len(node.get("status", {}).get("conditions", [])):
+        node = api.node(name)
+        api.patch(
+            f"/api/v1/nodes/{name}/status",
+            {
+                "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                "status": {"conditions": conds},
+            },
+        )
+
+
+def policy_spec(**changes: Any) -> dict[str, Any]:
+    """The default policy as a FleetPolicy spec, with short timeouts for tests."""
+    spec: dict[str, Any] = default_policy().model_dump(by_alias=True, mode="json")
+    for entry in spec["ladder"]:
+        entry["timeoutSeconds"] = 120
+    spec["checks"]["verificationTimeoutSeconds"] = 120
+    spec["drain"]["timeoutSeconds"] = 30
+    spec.update(changes)
+    return spec
+
+
+def put_policy(api: Api, name: str, spec: dict[str, Any]) -> None:
+    path = f"{GV}/fleetpolicies/{name}"
+    r = api.http.get(path)
+    if r.status_code == 200:
+        api.http.delete(path)
+        wait_for("old FleetPolicy gone", lambda: api.http.get(path).status_code == 404)
+    api.post(
+        f"{GV}/fleetpolicies",
+        {
+            "apiVersion": f"{well_known.GROUP}/{well_known.VERSION}",
+            "kind": "FleetPolicy",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ControllerProcess:
+    """``gpufleet controller`` as a child process, logging to a file."""
+
+    def __init__(
+        self, info: Any, log_dir: Path, *, policy: str, peering: str = "", priority: int = 0
+    ) -> None:
+        self.info = info
+        self.policy = policy
+        self.port = free_port()
+        self.log = log_dir / f"controller-{policy}-{self.port}.log"
+        self.peering = peering
+        self.priority = priority
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ControllerProcess:
+        args = [
+            sys.executable,
+            "-m",
+            "gpufleet.cli.main",
+            "controller",
+            "--kubeconfig",
+            str(self.info.kubeconfig),
+            "--policy-name",
+            self.policy,
+            "--metrics-port",
+            str(self.port),
+            "--tick",
+            "0.3",
+            "--peering",
+            self.peering,
+            *(["--verbose"] if os.environ.get("GPUFLEET_CONTROLLER_DEBUG") else []),
+        ]
+        if self.priority:
+            args += ["--priority", str(self.priority)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+        wait_for("controller metrics endpoint", self._metrics_up, timeout=60)
+        return self
+
+    def _metrics_up(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"controller exited: {self.log.read_text()[-3000:]}")
+        try:
+            return "gpufleet_policy_valid 1.0" in self.metrics()
+        except httpx.HTTPError:
+            return False
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+
+    def metric(self, line_start: str) -> float | None:
+        for line in self.metrics().splitlines():
+            if line.startswith(line_start):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as a crashed pod."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextlib.contextmanager
+def running(info: Any, log_dir: Path, **kw: Any) -> Iterator[ControllerProcess]:
+    ctl = ControllerProcess(info, log_dir, **kw).start()
+    try:
+        yield ctl
+    finally:
+        ctl.stop()
+
+
+def bmc_counters(info: Any, node: str) -> dict[str, Any]:
+    bmc = info.bmcs[node]
+    data = httpx.get(bmc.system_url, auth=(bmc.user, bmc.password), timeout=5).json()
+    counters: dict[str, Any] = data["Oem"]["Gpufleet"]
+    return counters
