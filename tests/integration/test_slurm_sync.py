@@ -81,7 +81,13 @@ def test_admin_drain_is_reported_and_never_removed(env, node) -> None:
         5,
     )
     assert "bob: reseat dimm" in cond["message"]
-    assert "bob: reseat dimm" in kube.annotation(node, well_known.ANNOTATION_SLURM_STATE)
+    wait_for(
+        "annotation",
+        lambda: (
+            "bob: reseat dimm" in (kube.annotation(node, well_known.ANNOTATION_SLURM_STATE) or "")
+        ),
+        5,
+    )
     # Kubernetes takes the node out and brings it back: the admin's drain stays.
     kube.set_state(node, "draining")
     time.sleep(1.5)
