@@ -6,6 +6,8 @@ Each command group lives in its own module and is registered here with one
 
 from __future__ import annotations
 
+import warnings
+
 import typer
 
 from gpufleet.cli import (
@@ -32,10 +34,10 @@ app = typer.Typer(
 app.add_typer(policy_cmd.app, name="policy")
 app.add_typer(slurm_cmd.app, name="slurm")
 app.add_typer(slurm_cmd.syncer_app, name="syncer")
+app.command("sim")(sim_cmd.sim)
 app.add_typer(health_cmd.app, name="health")
 app.add_typer(agent_cmd.app, name="agent")
 app.add_typer(local_cmd.app, name="local")
-app.command("sim")(sim_cmd.sim)
 app.command("controller")(controller_cmd.controller)
 app.command("nodes")(nodes_cmd.nodes_table)
 app.command("node")(nodes_cmd.node_detail)
@@ -43,6 +45,11 @@ app.command("node")(nodes_cmd.node_detail)
 
 def main() -> None:
     """Console-script entry point."""
+    # kr8s 0.20 lists Kubernetes 1.28-1.35 and warns on newer servers; the calls we
+    # make (core/v1, CRDs, watch, eviction) are stable across them.
+    warnings.filterwarnings(
+        "ignore", message="Kubernetes version .* is not supported", category=UserWarning
+    )
     app()
 
 

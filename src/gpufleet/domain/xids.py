@@ -188,7 +188,6 @@ _ENTRIES = (
         N.RESTART_BM,
         H,
         Step.REBOOT,
-        subsystem=Subsystem.PCIE,
         note="often with PCIe errors; repeats mean mechanical check or RMA",
     ),
     XidInfo(

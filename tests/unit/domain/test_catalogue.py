@@ -80,5 +80,5 @@ def test_evidence_summary_and_scope() -> None:
     f = FaultEvent(FaultKind.XID, "n", at=0, xid=79, evidence=e)
     assert f.key == "xid-79"
     assert f.describe() == "xid79 gpu3"
-    assert f.subsystem is Subsystem.PCIE
+    assert f.subsystem is Subsystem.GPU
     assert FaultEvent(FaultKind.IB_PORT_DOWN, "n", at=0).subsystem is Subsystem.INFINIBAND
