@@ -101,6 +101,8 @@ def test_fault_requeues_the_job_which_finishes_from_its_checkpoint(env, tmp_path
     log = events(ckpt)
     starts = [e for e in log if e["kind"] == "start"]
     assert len(starts) == 2, starts
+    # torch is in the test environment (docs/decisions/0030): the DDP path is the one tested.
+    assert {s["backend"] for s in starts} == {"torch"}, starts
     resumed_at = starts[1]["step"]
     assert resumed_at >= 2 * EVERY and resumed_at % EVERY == 0
     steps_run = [e["step"] for e in log if e["kind"] == "step"]
