@@ -134,6 +134,56 @@ def test_controller_manager_runs_jobs_and_collects_garbage(local_cluster: Cluste
     )
 
 
+def test_drain_evicts_a_deployment_pod_which_comes_back_elsewhere(
+    local_cluster: ClusterInfo,
+) -> None:
+    """Deployments, the Eviction API and rescheduling all work (kubectl drain uses them)."""
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "evict-check", "namespace": "default"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "evict-check"}},
+            "template": {
+                "metadata": {"labels": {"app": "evict-check"}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "example.invalid/c:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ]
+                },
+            },
+        },
+    }
+
+    def running_pod_nodes() -> list[str]:
+        pods = kubectl_json(local_cluster, "get", "pods", "-l", "app=evict-check")["items"]
+        return [
+            p["spec"]["nodeName"]
+            for p in pods
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    kubectl(local_cluster, "apply", "-f", "-", stdin=json.dumps(deployment))
+    drained: str | None = None
+    try:
+        drained = wait_for("the Deployment's pod to run", running_pod_nodes)[0]
+        kubectl(local_cluster, "drain", drained, "--ignore-daemonsets", "--timeout=60s")
+        moved = wait_for(
+            "the evicted pod to be replaced on another node",
+            lambda: [n for n in running_pod_nodes() if n != drained],
+        )
+        assert moved and drained not in running_pod_nodes()
+    finally:
+        if drained is not None:
+            kubectl(local_cluster, "uncordon", drained)
+        kubectl(local_cluster, "delete", "deployment", "evict-check", "--wait=false")
+
+
 def test_sinfo_shows_idle_gpu_nodes(local_cluster: ClusterInfo) -> None:
     lines = slurm(local_cluster, "sinfo", "-h", "-N", "-p", "batch", "-o", "%N %t %G").splitlines()
     assert sorted(lines) == sorted(f"{n} idle gpu:8" for n in local_cluster.node_names)
