@@ -10,11 +10,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
 from gpufleet.sim import simulate, summarize
 from gpufleet.sim.model import Model
 from gpufleet.sim.report import write_comparison, write_report
 from gpufleet.sim.result import BUCKETS, RunResult
-from gpufleet.sim.scenarios import FULL, SCENARIOS, Scenario, with_overrides
+from gpufleet.sim.scenarios import (
+    FULL,
+    NO_LEMON_POLICY_YAML,
+    SCENARIOS,
+    Scenario,
+    with_overrides,
+)
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 
@@ -77,6 +84,23 @@ def main() -> None:
         overrides.update(more)
         runs = runs_of(with_overrides(base, overrides), FULL, 3504, args.days, args.runs)
         print(row(name, runs))
+    print("\n### Lemon rule: 16384 GPUs, full scenario\n")
+    print(header("lemon rule"))
+    rules = [
+        ("default: 3 incidents in 7 days", FULL),
+        ("2 incidents in 28 days", Scenario("lemon-2-28", "", {}, LEMON_2_28_POLICY_YAML)),
+        ("off", Scenario("no-lemon", "", {}, NO_LEMON_POLICY_YAML)),
+    ]
+    for name, sc in rules:
+        runs = runs_of(base, sc, 16384, args.days, args.runs)
+        replaced = sum(r.lemons_replaced for r in runs) / len(runs)
+        lemons = sum(r.lemons for r in runs) / len(runs)
+        print(row(f"{name} (lemons replaced {replaced:.1f} of {lemons:.1f})", runs))
+
+
+LEMON_2_28_POLICY_YAML = DEFAULT_POLICY_YAML.replace(
+    "lemon:\n  incidents: 3\n  windowDays: 7", "lemon:\n  incidents: 2\n  windowDays: 28"
+)
 
 
 if __name__ == "__main__":

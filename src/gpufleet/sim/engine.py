@@ -149,8 +149,11 @@ class Simulator:
         # --- per-node state (compact: scalars and the domain record)
         lem = model.failures.lemons
         self.is_lemon = [bool(x) for x in self.np_rng.random(self.n) < lem.fraction]
-        self._norm = 1.0 / (1.0 - lem.fraction + lem.fraction * lem.multiplier)
-        self.mult = [self._fresh_factor(bool(x)) for x in self.is_lemon]
+        self._norm = 1.0
+        raw = [self._fresh_factor(bool(x)) for x in self.is_lemon]
+        # The fleet's mean factor is exactly 1, so category rates are fleet means.
+        self._norm = self.n / sum(raw)
+        self.mult = [x * self._norm for x in raw]
         self._rebuild_weights()
         self.records = [
             NodeRecord.new(f"node-{i:05d}", at=0.0, state=S.PRODUCTION, reason="in service")
@@ -184,6 +187,7 @@ class Simulator:
         self.human_actions = 0
         self.planned_count = 0
         self.replaced = 0
+        self.rolled_back = 0.0
         self.lemons_replaced = 0
         self.timeline: dict[str, list[float]] = {
             "t_days": [],
@@ -515,6 +519,8 @@ class Simulator:
 
     def _check_report(self, i: int, c: int) -> None:
         cat = self.cats[c]
+        if i in self.sdc_mark:  # the job trained on it: its checkpoints since then are bad
+            self._sdc_rollback(i)
         kind = cat.check_fault or cat.fault
         if cat.effect.silent or kind is not None:
             self._decide(i, ev.FaultObserved(self._fault_event(i, c, kind)))
@@ -534,8 +540,6 @@ class Simulator:
         cat = self.cats[c]
         if cat.effect is Effect.SDC:
             self._sdc_rollback(i)
-            self._job_interrupted(c)
-            self._job_fail(0.0)
         if self.model.detection.passive:
             self._decide(i, ev.FaultObserved(self._fault_event(i, c)))
         if self.fault[i] == c and self.records[i].state is S.PRODUCTION:
@@ -557,14 +561,15 @@ class Simulator:
 
     def _sdc_rollback(self, i: int) -> None:
         """Checkpoints written since the corruption began are bad: roll back past them."""
-        if self.job.phase is _Phase.RUNNING:
-            self._settle(failed=True)
-            self._to_phase(_Phase.DETECT)
         mark = self.sdc_mark.pop(i, None)
         if mark is not None:
+            if self.job.phase is _Phase.RUNNING:  # stop, and restart from an older checkpoint
+                self._job_interrupted(self.fault[i])
+                self._job_fail(0.0)
             back = max(0.0, self.buckets["useful"] - mark)
             self.buckets["useful"] -= back
             self.buckets["lost"] += back
+            self.rolled_back += back
 
     # --------------------------------------------------------------- people
 
@@ -622,9 +627,11 @@ class Simulator:
     def _new_hardware(self, i: int) -> None:
         self.replaced += 1
         self.lemons_replaced += int(self.is_lemon[i])
-        if self.is_lemon[i] or self.model.failures.lemons.spread > 0:
-            self.is_lemon[i] = False
-            self.mult[i] = self._fresh_factor(False)
+        # New hardware is drawn like the rest of the fleet: it may be a lemon too.
+        lemons = self.model.failures.lemons
+        if lemons.fraction > 0 or lemons.spread > 0:
+            self.is_lemon[i] = self.rng.random() < lemons.fraction
+            self.mult[i] = self._fresh_factor(self.is_lemon[i])
             self._rebuild_weights()
 
     # ------------------------------------------------------------ remediation
@@ -876,6 +883,7 @@ class Simulator:
             lemons=int(sum(self.is_lemon)) + self.lemons_replaced,
             lemons_replaced=self.lemons_replaced,
             replaced=self.replaced,
+            sdc_rollback_hours=self.rolled_back / 3600.0,
             decisions=self.decisions,
             held=self.held,
             human_actions=self.human_actions,

@@ -84,6 +84,8 @@ class RunResult:
     """Of them, replaced (RMA) during the run."""
     replaced: int
     """Nodes whose hardware was replaced."""
+    sdc_rollback_hours: float
+    """Of the lost work, how much was kept and then discarded because of SDC."""
     decisions: int
     held: int
     """Decisions a safety rail held back (retried later)."""
