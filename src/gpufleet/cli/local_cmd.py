@@ -82,9 +82,8 @@ def up(
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=64, help="GPUs per node."),
     name: str = typer.Option("default", "--name", help=NAME_HELP),
     run_dir: Path | None = typer.Option(None, "--run-dir", help=RUN_DIR_HELP),
-    no_slurm: bool = typer.Option(
-        False, "--no-slurm", help="Start only Kubernetes (and the BMCs)."
-    ),
+    no_slurm: bool = typer.Option(False, "--no-slurm", help="Do not start Slurm."),
+    no_bmcs: bool = typer.Option(False, "--no-bmcs", help="Do not start the Redfish BMCs."),
     foreground: bool = typer.Option(
         False,
         "--foreground",
@@ -100,6 +99,7 @@ def up(
         gpus_per_node=gpus_per_node,
         run_dir=_run_dir(name, run_dir),
         slurm=not no_slurm,
+        redfish=not no_bmcs,
     )
     cluster = local_cluster.LocalCluster(spec, progress=lambda msg: console.print(f"  {msg}"))
     console.print(f"Starting a local cluster with {nodes} nodes x {gpus_per_node} GPUs ...")
