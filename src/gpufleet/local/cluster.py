@@ -404,13 +404,16 @@ class LocalCluster:
                 run_dir / "logs" / "redfish.log",
             )
         )
-        for bmc in self.info.bmcs.values():
-            url = f"{bmc.url}/redfish/v1"
-            proc.wait_ready(
-                lambda u=url: httpx.get(u, timeout=2).status_code == 200,  # type: ignore[misc]
-                timeout=self.spec.ready_timeout_s,
-                what=f"serving the BMC of {bmc.node}",
-            )
+        # One client for all polls: building an httpx client per request costs
+        # more than the request (it loads the CA bundle).
+        with httpx.Client(timeout=2) as http:
+            for bmc in self.info.bmcs.values():
+                url = f"{bmc.url}/redfish/v1"
+                proc.wait_ready(
+                    lambda u=url: http.get(u).status_code == 200,  # type: ignore[misc]
+                    timeout=self.spec.ready_timeout_s,
+                    what=f"serving the BMC of {bmc.node}",
+                )
         self._ready(f"redfish ({len(self.info.bmcs)} BMCs)")
 
     def detach(self) -> None:
