@@ -234,7 +234,16 @@ def prepare(layout: SlurmLayout) -> None:
     for i, dev in enumerate(gpu_device_paths(layout)):
         if not dev.exists():
             # Character devices with NVIDIA's major number; never opened.
-            os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(195, i))
+            try:
+                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(195, i))
+            except PermissionError as exc:
+                raise ComponentError(
+                    "slurm",
+                    None,
+                    f"cannot create the fake GPU device {dev}: {exc}. Slurm only sets "
+                    "CUDA_VISIBLE_DEVICES for character devices, and mknod needs root; "
+                    "run as root or start without Slurm (--no-slurm).",
+                ) from exc
 
 
 def munged(layout: SlurmLayout, bins: Binaries) -> ManagedProcess:
