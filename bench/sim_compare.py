@@ -31,6 +31,10 @@ SWEEP: list[tuple[str, dict[str, object]]] = [
     ("+ restart 5 min -> 2 min", {"job.restart_seconds": 105.0, "job.requeue_seconds": 15.0}),
     ("+ detection 30 s -> 10 s", {"detection.passive_seconds": 10.0}),
     ("+ hang watchdog 10 min -> 1 min", {"detection.hang_timeout_seconds": 60.0}),
+    (
+        "+ loss-spike monitoring finds SDC within 1 h",
+        {"failures.categories.sdc.symptom_mean_seconds": 3600.0},
+    ),
     ("+ 2% spares", {"fleet.spare_percent": 2.0}),
 ]
 

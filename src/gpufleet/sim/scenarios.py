@@ -20,17 +20,21 @@ from gpufleet.sim.model import Model, default_model
 def with_overrides(model: Model, overrides: Mapping[str, Any]) -> Model:
     """The model with dotted fields replaced, e.g. ``{"job.restart_seconds": 120}``.
 
-    The result is validated again, so a bad value raises pydantic's error
-    naming the field.
+    A failure category is addressed by its name:
+    ``{"failures.categories.sdc.symptom_mean_seconds": 3600}``. The result is
+    validated again, so a bad value raises pydantic's error naming the field.
     """
     data = model.model_dump()
     for dotted, value in overrides.items():
         node = data
         *parents, leaf = dotted.split(".")
         for key in parents:
-            if not isinstance(node.get(key), dict):
+            child = node.get(key)
+            if isinstance(child, (list, tuple)):
+                child = {c.get("name"): c for c in child if isinstance(c, dict)}
+            if not isinstance(child, dict):
                 raise KeyError(f"{dotted}: no such model field")
-            node = node[key]
+            node = child
         if leaf not in node:
             raise KeyError(f"{dotted}: no such model field")
         node[leaf] = value

@@ -91,3 +91,14 @@ def test_a_model_that_is_not_a_mapping_is_refused() -> None:
         load_model("- 1\n- 2\n")
     with pytest.raises(ModelError, match="not valid YAML"):
         load_model("fleet: [\n")
+
+
+def test_overrides_address_categories_by_name_and_are_validated() -> None:
+    from gpufleet.sim.scenarios import with_overrides
+
+    m = with_overrides(default_model(), {"failures.categories.sdc.symptom_mean_seconds": 60.0})
+    assert next(c for c in m.failures.categories if c.name == "sdc").symptom_mean_seconds == 60
+    with pytest.raises(KeyError, match="no such model field"):
+        with_overrides(default_model(), {"job.restart_secs": 1})
+    with pytest.raises(ValueError, match="restart_seconds"):
+        with_overrides(default_model(), {"job.restart_seconds": -1})
