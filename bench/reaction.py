@@ -8,7 +8,9 @@ distinct nodes at ``--rate`` per second, exactly as the node agent does. A
 watch on Nodes timestamps the moment each one turns unschedulable.
 
 Prints p50/p99/max latency, the controller's CPU (per cent of one core while
-faults arrive, and at rest) and its RSS. Run:
+faults arrive, and at rest) and its RSS, and the upper bounds of the p50/p99
+buckets of the controller's own ``gpufleet_time_to_cordon_seconds`` (fault
+time to cordon written, as the controller sees it). Run:
 
     .venv/bin/python bench/reaction.py --nodes 500
     .venv/bin/python bench/reaction.py --nodes 500 2000 5000 --samples 200
@@ -56,6 +58,21 @@ def rss_mib(pid: int, key: str = "VmRSS") -> float:
         if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def histogram_quantiles(text: str, name: str) -> tuple[float, float]:
+    """p50 and p99 upper bounds from a Prometheus histogram's cumulative buckets."""
+    buckets: list[tuple[float, float]] = []
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(le), float(line.rsplit(" ", 1)[1])))
+    if not buckets or buckets[-1][1] == 0:
+        return (float("nan"), float("nan"))
+    total = buckets[-1][1]
+    p50 = next(le for le, n in buckets if n >= 0.5 * total)
+    p99 = next(le for le, n in buckets if n >= 0.99 * total)
+    return (p50, p99)
 
 
 def permissive_policy() -> dict[str, Any]:
@@ -157,6 +174,7 @@ def run_one(n: int, samples: int, rate: float, keep: bool) -> dict[str, Any]:
                     time.sleep(pause)
             wait_for("every cordon", lambda: all(x in watch.seen for x in names), timeout=120)
             busy_cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - w0) * 100
+            own = histogram_quantiles(ctl.metrics(), "gpufleet_time_to_cordon_seconds")
             watch.stop = True
             lat = sorted((watch.seen[x] - written[x]) * 1000 for x in names)
             return {
@@ -170,6 +188,8 @@ def run_one(n: int, samples: int, rate: float, keep: bool) -> dict[str, Any]:
                 "cpu_idle_pct": idle_cpu,
                 "rss_mib": rss_mib(pid),
                 "rss_peak_mib": rss_mib(pid, "VmHWM"),
+                "own_p50_ms": own[0] * 1000,
+                "own_p99_ms": own[1] * 1000,
             }
         finally:
             ctl.stop()
@@ -193,6 +213,7 @@ def main() -> None:
     print(
         f"{'nodes':>6} {'GPUs':>6} {'faults':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}"
         f" {'CPU busy':>9} {'CPU idle':>9} {'RSS MiB':>8} {'peak MiB':>9}"
+        f" {'own p50<=':>9} {'own p99<=':>9}"
     )
     for r in rows:
         print(
@@ -200,6 +221,7 @@ def main() -> None:
             f" {r['p50_ms']:>7.0f} {r['p99_ms']:>7.0f}"
             f" {r['max_ms']:>7.0f} {r['cpu_busy_pct']:>8.0f}% {r['cpu_idle_pct']:>8.1f}%"
             f" {r['rss_mib']:>8.0f} {r['rss_peak_mib']:>9.0f}"
+            f" {r['own_p50_ms']:>9.0f} {r['own_p99_ms']:>9.0f}"
         )
     cores = os.cpu_count()
     print(f"\nrate {args.rate:g} faults/s; CPU in % of one core; machine: {cores} cores")

@@ -72,6 +72,8 @@ class ControllerSettings:
     """Re-reads of a Node after a 409 before giving up until the next event."""
     bmc_retry_delays: tuple[float, ...] = redfish.RETRY_DELAYS
     """Pauses between attempts of one BMC request."""
+    status_save_delay_s: float = 0.5
+    """The FleetPolicy status (breaker, budget) is saved at most this often."""
 
 
 def _paused_default() -> Policy:
@@ -102,6 +104,8 @@ class Controller:
         self._drains: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._nrem_locks: dict[str, asyncio.Lock] = {}
+        self._status_saver: asyncio.Task[None] | None = None
+        self._policy_generation: tuple[Any, Any] = (None, None)
 
     # ------------------------------------------------------------- plumbing
 
@@ -143,6 +147,10 @@ class Controller:
             return
         spec = body.get("spec") or {}
         generation = body.get("metadata", {}).get("generation")
+        uid = body.get("metadata", {}).get("uid")
+        if (uid, generation) == self._policy_generation:
+            return  # a status-only change (our own writes among them): nothing to decide
+        self._policy_generation = (uid, generation)
         if not self.policy_seen:
             self._restore_breaker(body.get("status") or {})
         try:
@@ -261,6 +269,8 @@ class Controller:
         """A Node changed (watch event): feed what is new to ``decide``."""
         name = nodes.name_of(body)
         async with self._lock(name):
+            if _older(body, self.bodies.get(name)):
+                return  # a watch event from before our own last write
             await self._reconcile(dict(body), extra=())
 
     def on_node_deleted(self, name: str) -> None:
@@ -274,11 +284,17 @@ class Controller:
         """Decide an event that did not come from the Node (drain done, step done, tick)."""
         async with self._lock(name):
             body = self.bodies.get(name)
-            if body is None:
+            if body is None or not isinstance(event, ev.Tick):
+                # A result must be decided on the Node as it is now: decided on a stale
+                # copy it could be judged "not the step in progress" and lost.
                 try:
                     body = await self.client.get_node(name)
                 except NotFound:
                     return
+                except ApiError as exc:
+                    log.warning("node=%s %s not decided yet: %s", name, type(event).__name__, exc)
+                    if body is None:
+                        return
             await self._reconcile(body, extra=(event,))
 
     async def _reconcile(self, body: Json, *, extra: Sequence[ev.Event]) -> None:
@@ -369,7 +385,13 @@ class Controller:
             if d.transition is not None:
                 t = d.transition
                 m.transitions.labels(source=t.source.value, target=t.target.value).inc()
-                self._event(body, "Normal", "StateChanged", f"{t.source} -> {t.target}: {t.reason}")
+                done = ", ".join(str(a.kind) for a in d.actions)
+                self._event(
+                    body,
+                    "Normal",
+                    "StateChanged",
+                    f"{t.source} -> {t.target}: {t.reason}" + (f" [{done}]" if done else ""),
+                )
             if d.hold is not None:
                 m.holds.labels(reason=d.hold.value).inc()
                 for a in d.withheld:
@@ -394,8 +416,20 @@ class Controller:
         for d in decisions:
             _observe_steps(m, before, d.record)
         if self.fleet.dirty_breaker:
-            self._spawn(self.save_fleet_status(), "fleet status")
+            self._schedule_status_save()
         self._update_gauges()
+
+    def _schedule_status_save(self) -> None:
+        """Save the fleet status soon, coalescing bursts: one write in flight at most."""
+        if self._status_saver is None or self._status_saver.done():
+            self._status_saver = self._spawn(self._save_soon(), "fleet status")
+
+    async def _save_soon(self) -> None:
+        await asyncio.sleep(self.settings.status_save_delay_s)
+        while self.fleet.dirty_breaker:
+            await self.save_fleet_status()
+            if self.fleet.dirty_breaker:
+                await asyncio.sleep(self.settings.status_save_delay_s)
 
     def _act(self, body: Json, record: NodeRecord, a: Action, now: float) -> None:
         name = record.name
@@ -403,10 +437,6 @@ class Controller:
         result = "ok"
         if kind is ActionKind.CORDON:
             self._event(body, "Warning", "Cordoned", a.detail or record.reason)
-        elif kind is ActionKind.TAINT:
-            self._event(body, "Normal", "Tainted", f"{a.detail}:{a.taint}")
-        elif kind is ActionKind.UNTAINT:
-            self._event(body, "Normal", "Untainted", "removed gpufleet's taints")
         elif kind is ActionKind.UNCORDON:
             annotations = body.get("metadata", {}).get("annotations") or {}
             ours = annotations.get(well_known.ANNOTATION_CORDONED) == well_known.CONTROLLER
@@ -414,17 +444,11 @@ class Controller:
                 self._event(body, "Normal", "Uncordoned", "cleared gpufleet's cordon")
             else:
                 self._event(body, "Normal", "CordonKept", "the cordon was not set by gpufleet")
-        elif kind is ActionKind.DRAIN:
-            self._event(
-                body, "Normal", "Draining", f"{a.drain_mode} (requeue {a.requeue}): {a.detail}"
-            )
         elif kind is ActionKind.RUN_STEP:
             assert a.step is not None
             self._event(body, "Warning", "StepStarted", f"{a.step}: {a.detail}")
             if a.step in steps.BMC_STEPS:
                 self._spawn(self._run_bmc_step(body, a.step), f"{a.step} {name}")
-        elif kind is ActionKind.RUN_CHECKS:
-            self._event(body, "Normal", "ChecksRequested", f"profile {a.profile}")
         elif kind is ActionKind.RESTART_JOB:
             self._event(body, "Warning", "RestartJob", a.detail)
         elif kind is ActionKind.NOTIFY:
@@ -582,7 +606,7 @@ class Controller:
             self._ensure_drain(record)
             await self.feed(name, ev.Tick())
         if self.fleet.dirty_breaker:
-            await self.save_fleet_status()
+            self._schedule_status_save()
         self._update_gauges()
 
     # ----------------------------------------------------------- remediation
@@ -611,6 +635,19 @@ class Controller:
                 )
             if record.state in (S.PRODUCTION, S.TRIAGE, S.RMA):
                 self._nrem_locks.pop(name, None)
+
+
+def _older(body: Mapping[str, Any], known: Mapping[str, Any] | None) -> bool:
+    """Whether ``body`` is an older version of the Node than ``known``.
+
+    resourceVersions are opaque by contract, but every apiserver backed by etcd
+    uses the etcd revision; if either is not a number, nothing is skipped.
+    """
+    if known is None:
+        return False
+    a = str(body.get("metadata", {}).get("resourceVersion", ""))
+    b = str(known.get("metadata", {}).get("resourceVersion", ""))
+    return a.isdigit() and b.isdigit() and int(a) < int(b)
 
 
 def _condition(type_: str, status: str, reason: str, message: str) -> Json:

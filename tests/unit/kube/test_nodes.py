@@ -1,0 +1,90 @@
+"""What the controller reads from a Node: new faults only, cleared pending faults, answers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from gpufleet.domain import conditions, events, well_known
+from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
+from gpufleet.domain.records import Incident, NodeRecord, StepAttempt
+from gpufleet.domain.states import NodeState
+from gpufleet.kube import nodes
+
+from .fakes import node, set_condition
+
+
+def xid(at: float, number: int = 79) -> FaultEvent:
+    return FaultEvent(FaultKind.XID, "n1", at=at, xid=number, evidence=Evidence(gpu_index=1))
+
+
+def test_a_fault_is_fed_once_and_the_watermark_remembers_it() -> None:
+    body = node("n1")
+    set_condition(body, conditions.problem(Subsystem.PCIE, [xid(10.0)]))
+    rec, new = nodes.record_of(body, 100.0)
+    assert new and rec.state is NodeState.PRODUCTION
+    obs = nodes.observe(body, rec)
+    assert [type(e) for e in obs.events] == [events.FaultObserved]
+    body["metadata"]["annotations"][well_known.ANNOTATION_FAULTS_SEEN] = json.dumps(obs.seen)
+    assert nodes.observe(body, rec).events == ()
+    set_condition(body, conditions.problem(Subsystem.PCIE, [xid(10.0), xid(20.0)]))
+    again = nodes.observe(body, rec).events
+    assert len(again) == 1 and again[0].fault.at == 20.0  # type: ignore[union-attr]
+
+
+def test_a_pending_fault_whose_condition_cleared_is_reported_cleared() -> None:
+    body = node("n1")
+    rec = replace(NodeRecord.new("n1", at=0, state=NodeState.PRODUCTION), pending=xid(5.0))
+    set_condition(body, conditions.healthy(Subsystem.PCIE))
+    assert nodes.observe(body, rec).events == (events.FaultCleared("xid-79"),)
+
+
+def test_only_the_answer_to_the_current_request_counts() -> None:
+    inc = Incident(key="xid-48", description="x", opened_at=1.0, plan=None, checks_started_at=2.5)
+    rec = replace(NodeRecord.new("n1", at=0, state=NodeState.VERIFYING), incident=inc)
+    assert nodes.request_id(rec) == "verify-2500"
+    body = node("n1")
+    set_condition(body, conditions.AgentResult("verify-1000", True).condition())
+    assert nodes.observe(body, rec).events == ()
+    set_condition(body, conditions.AgentResult("verify-2500", False, "hbm low").condition())
+    assert nodes.observe(body, rec).events == (events.ChecksCompleted(False, "hbm low"),)
+
+
+def test_a_gpu_reset_answer_completes_the_step() -> None:
+    from gpufleet.domain.ladder import Step
+
+    inc = Incident(
+        key="xid-48",
+        description="x",
+        opened_at=1.0,
+        plan=Step.GPU_RESET,
+        current=Step.GPU_RESET,
+        tried=(StepAttempt(Step.GPU_RESET, 1, 3.0),),
+    )
+    rec = replace(NodeRecord.new("n1", at=0, state=NodeState.REMEDIATING), incident=inc)
+    body = node("n1")
+    set_condition(body, conditions.AgentResult("gpu-reset-1-3000", True, "ok").condition())
+    assert nodes.observe(body, rec).events == (events.StepCompleted(Step.GPU_RESET, True, "ok"),)
+
+
+def test_a_node_labelled_provisioning_starts_there() -> None:
+    body = node("n1")
+    body["metadata"]["labels"][well_known.LABEL_STATE] = "provisioning"
+    rec, new = nodes.record_of(body, 5.0)
+    assert new and rec.state is NodeState.PROVISIONING
+
+
+def test_our_taint_is_put_back_if_someone_removes_it_while_the_node_is_out() -> None:
+    from gpufleet.domain.policy import TaintEffect
+
+    inc = Incident(
+        key="xid-79", description="x", opened_at=1.0, plan=None, taint=TaintEffect.NO_EXECUTE
+    )
+    inc = replace(inc, plan=__import__("gpufleet.domain.ladder", fromlist=["Step"]).Step.REBOOT)
+    rec = replace(NodeRecord.new("n1", at=0, state=NodeState.DRAINING), incident=inc)
+    body = node("n1", unschedulable=True)
+    body["metadata"]["annotations"][well_known.ANNOTATION_CORDONED] = well_known.CONTROLLER
+    patch = nodes.node_patch(body, rec, ())
+    assert patch["spec"]["taints"] == [
+        {"key": well_known.TAINT_UNHEALTHY, "value": "xid-79", "effect": "NoExecute"}
+    ]
