@@ -231,6 +231,8 @@ def apiserver(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
             f"--service-account-signing-key-file={layout.sa_key}",
             "--authorization-mode=Node,RBAC",
             f"--token-auth-file={layout.root / 'tokens.csv'}",
+            # Real bootstrap tokens (kube-system Secrets) for Day-0 provisioning.
+            "--enable-bootstrap-token-auth=true",
             "--allow-privileged=true",
             # One client and no tenants: skip flow control, as kwokctl does.
             "--enable-priority-and-fairness=false",
@@ -271,8 +273,10 @@ def controller_manager(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
             f"--service-account-private-key-file={layout.sa_key}",
             f"--root-ca-file={layout.ca_file}",
             "--use-service-account-credentials=false",
-            # No cloud, no kubelets to sign certificates for.
-            "--controllers=*,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller",
+            # No cloud, no kubelets to sign certificates for; the token cleaner
+            # deletes expired bootstrap tokens (off by default).
+            "--controllers=*,tokencleaner,-cloud-node-lifecycle-controller,"
+            "-service-lb-controller,-node-route-controller",
         ],
         layout.log("kube-controller-manager"),
     )
