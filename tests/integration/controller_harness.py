@@ -209,7 +209,7 @@ def reset_node(api: Api, name: str) -> None:
     api.patch(
         f"/api/v1/nodes/{name}",
         {
-            "metadata": {"annotations": drop or None, "labels": {well_known.LABEL_STATE: None}},
+            "metadata": {"annotations": drop, "labels": {well_known.LABEL_STATE: None}},
             "spec": {"unschedulable": None, "taints": None},
         },
     )
@@ -264,8 +264,16 @@ class ControllerProcess:
     """``gpufleet controller`` as a child process, logging to a file."""
 
     def __init__(
-        self, info: Any, log_dir: Path, *, policy: str, peering: str = "", priority: int = 0
+        self,
+        info: Any,
+        log_dir: Path,
+        *,
+        policy: str,
+        peering: str = "",
+        priority: int = 0,
+        wait_policy: bool = True,
     ) -> None:
+        self.wait_policy = wait_policy
         self.info = info
         self.policy = policy
         self.port = free_port()
@@ -305,7 +313,10 @@ class ControllerProcess:
         if self.proc.poll() is not None:
             raise AssertionError(f"controller exited: {self.log.read_text()[-3000:]}")
         try:
-            return "gpufleet_policy_valid 1.0" in self.metrics()
+            text = self.metrics()
+            return "gpufleet_policy_valid 1.0" in text or (
+                not self.wait_policy and "gpufleet_policy_valid" in text
+            )
         except httpx.HTTPError:
             return False
 

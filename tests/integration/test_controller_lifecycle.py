@@ -4,13 +4,16 @@ Redfish BMCs. The tests play the node agent (problem conditions, request results
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from controller_harness import (
     GV,
+    ROOT,
     Api,
     add_bmc_secret,
     answer_request,
@@ -266,4 +269,34 @@ def test_pause_and_dry_run_are_honoured(env: Any, switch: str) -> None:
         assert api.state(node) == "production"
         api.patch(f"{GV}/fleetpolicies/switch-{switch.lower()}", {"spec": {switch: False}})
         wait_for("cordon after resuming", lambda: api.node(node)["spec"].get("unschedulable"))
+    reset_node(api, node)
+
+
+def test_two_replicas_with_peering_only_one_acts(env: Any) -> None:
+    info, api, logs = env
+    node = info.node_names[0]
+    reset_node(api, node)
+    for doc in yaml.safe_load_all((ROOT / "deploy/controller/peering.yaml").read_text()):
+        if doc["kind"] == "CustomResourceDefinition":
+            api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc, ok=(201, 409))
+            wait_for(
+                "peering CRD served",
+                lambda: api.http.get("/apis/kopf.dev/v1/clusterkopfpeerings").status_code == 200,
+            )
+        else:
+            api.post("/apis/kopf.dev/v1/clusterkopfpeerings", doc, ok=(201, 409))
+    put_policy(api, "ha", policy_spec())
+    with (
+        running(info, logs, policy="ha", peering="gpufleet", priority=200) as high,
+        running(
+            info, logs, policy="ha", peering="gpufleet", priority=100, wait_policy=False
+        ) as low,
+    ):
+        time.sleep(3)  # the low-priority replica sees the other and pauses
+        report_fault(api, node, 79)
+        wait_for("cordon", lambda: api.node(node)["spec"].get("unschedulable"), timeout=15)
+        wait_for("verifying", lambda: api.state(node) == "verifying")
+        acted = 'gpufleet_actions_total{action="cordon",result="ok"}'
+        assert high.metric(acted) == 1
+        assert not low.metric(acted)
     reset_node(api, node)
