@@ -521,11 +521,7 @@ class Simulator:
         cat = self.cats[c]
         if i in self.sdc_mark:  # the job trained on it: its checkpoints since then are bad
             self._sdc_rollback(i)
-        kind = cat.check_fault or cat.fault
-        if cat.effect.silent or kind is not None:
-            self._decide(i, ev.FaultObserved(self._fault_event(i, c, kind)))
-        else:
-            self._decide(i, ev.FaultObserved(self._fault_event(i, c)))
+        self._decide(i, ev.FaultObserved(self._fault_event(i, c, cat.check_fault)))
 
     def _on_idle_check(self, i: int, c: int, _d: object) -> None:
         if self.fault[i] == c and i in self.idle and self.records[i].state is S.PRODUCTION:

@@ -117,6 +117,11 @@ class Category(_Model):
             raise ValueError("a 'slow' category needs a slowdown > 0")
         if self.effect.silent and self.fault is None and self.xid is None:
             raise ValueError("a silent category needs the fault its detectors report")
+        lasting = any(step is not Step.RESTART_JOB and p > 0 for step, p in self.cure.items())
+        if lasting and self.fault is None and self.xid is None:
+            raise ValueError("a fault that outlasts a job restart needs 'fault' or 'xid'")
+        if self.effect.silent and self.cure.get(Step.RESTART_JOB, 0) > 0:
+            raise ValueError("a silent fault is not cured by a job restart; give node cures")
         return self
 
     @property

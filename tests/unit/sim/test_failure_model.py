@@ -124,3 +124,23 @@ def test_memory_does_not_grow_with_simulated_time() -> None:
 
     short, long = peak(15), peak(120)
     assert long < 2.0 * short, (short, long)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "words"),
+    [
+        (
+            "{name: nccl-hang, rate: 0.063, effect: hang, scope: node, lemon: false,\n"
+            "       cure: {restart-job: 1.0}}",
+            "{name: nccl-hang, rate: 0.063, effect: hang, scope: node, lemon: false,\n"
+            "       cure: {reboot: 1.0}}",
+            "needs 'fault' or 'xid'",
+        ),
+        ("       cure: {rma: 1.0}}", "       cure: {restart-job: 1.0}}", "not cured by a job"),
+    ],
+)
+def test_a_category_the_simulator_could_not_report_is_refused(
+    old: str, new: str, words: str
+) -> None:
+    with pytest.raises(ModelError, match=words):
+        load_model(_bad(old, new))
