@@ -139,7 +139,7 @@ rules:
     repeat: {count: 3, windowSeconds: 86400, scope: node, then: reboot}
 
 ladder:
-  - {step: gpu-reset,   timeoutSeconds: 300,  attempts: 1}
+  - {step: gpu-reset,   timeoutSeconds: 600,  attempts: 1}
   - {step: reboot,      timeoutSeconds: 1200, attempts: 1}
   - {step: power-cycle, timeoutSeconds: 1800, attempts: 1}
   - {step: reimage,     timeoutSeconds: 3600, attempts: 1, onFailure: triage}

@@ -77,7 +77,7 @@ def test_silent_faults_are_found_sooner_with_active_checks() -> None:
 
 
 def test_a_step_slower_than_its_policy_timeout_escalates() -> None:
-    """GPU resets that take 20+ minutes time out (policy: 300 s), so the ladder reboots."""
+    """GPU resets that take 20+ minutes time out (policy: 600 s), so the ladder reboots."""
     slow = with_overrides(
         default_model(),
         {"remediation.steps.gpu-reset": {"seconds": 1500.0, "success": 1.0}},
