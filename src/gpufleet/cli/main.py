@@ -17,6 +17,7 @@ from gpufleet.cli import (
     local_cmd,
     nodes_cmd,
     policy_cmd,
+    provision_cmd,
     sim_cmd,
     slurm_cmd,
 )
@@ -41,6 +42,8 @@ app.add_typer(local_cmd.app, name="local")
 app.command("controller")(controller_cmd.controller)
 app.command("nodes")(nodes_cmd.nodes_table)
 app.command("node")(nodes_cmd.node_detail)
+app.add_typer(provision_cmd.app, name="provision")
+app.add_typer(provision_cmd.machines_app, name="machines")
 
 
 def main() -> None:

@@ -104,3 +104,29 @@ node but cannot be requeued (``--no-requeue``); they are reported, never killed.
 LABEL_SLURM_CLUSTER = "gpufleet.io/slurm-cluster"
 """Node label, set by the SlurmCluster operator: ``<namespace>.<name>`` of the
 SlurmCluster whose slurmd runs on the node."""
+
+# --- Day 0: provisioning (gpufleet.provision, docs/provisioning.md) -----------------
+
+MACHINE_PLURAL = "machines"
+"""Plural of the ``Machine`` custom resource (cluster-scoped): one physical server's
+inventory record (MACs, serial, BMC, pool, expected hardware) and its boot status."""
+LABEL_MACHINE = "gpufleet.io/machine"
+"""Node label, set by the node itself from the cloud-init provisioning serves (and
+on the bootstrap-token Secret issued for that machine): the name of its Machine."""
+LABEL_MAC_PREFIX = "mac.gpufleet.io/"
+"""Machine label key prefix, set by ``gpufleet machines import``: one label
+``mac.gpufleet.io/<12 lower-case hex digits>`` per MAC, so a booting MAC is found
+with one label-selector query."""
+LABEL_IB_LEAF = "gpufleet.io/ib-leaf"
+"""Node label, set from the Machine's inventory at boot: its InfiniBand leaf switch."""
+LABEL_IB_BLOCK = "gpufleet.io/ib-block"
+"""Node label, set from the Machine's inventory at boot: its InfiniBand block."""
+LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
+"""Node label (NVIDIA GPU feature discovery's key): the GPU model, set at boot from
+the Machine's inventory."""
+CONDITION_HARDWARE = "GpufleetHardware"
+"""Node condition, set by the agent: the hardware it observes (GPU model and count,
+InfiniBand HCA count) in its message (:mod:`gpufleet.domain.inventory`). Status
+``False`` (no problem, Node-Problem-Detector convention) once observed."""
+PROVISIONER = "gpufleet-provision"
+"""The Event source of the provisioning service (audit Events on Machines)."""

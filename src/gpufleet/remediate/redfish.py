@@ -166,6 +166,13 @@ class RedfishClient:
         )
         return self._system
 
+    async def serial_number(self) -> str | None:
+        """The ComputerSystem's ``SerialNumber`` (None if the BMC does not report one)."""
+        info = await self.system()
+        data = await self._request("GET", info.path)
+        serial = data.get("SerialNumber")
+        return str(serial) if serial else None
+
     async def power_state(self) -> str:
         info = await self.system()
         data = await self._request("GET", info.path)

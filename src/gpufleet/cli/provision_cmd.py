@@ -1,0 +1,227 @@
+"""``gpufleet provision serve|render`` and ``gpufleet machines [import FILE | rearm NAME]``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpufleet.provision import inventory, machines, render
+from gpufleet.provision.issuer import ServiceSettings, rearm, token_state
+from gpufleet.provision.kubeapi import ApiError, Conflict, KubeApi, NotFound
+from gpufleet.provision.server import ServeOptions, boot_config, serve
+
+app = typer.Typer(help="Day 0: network boot, cloud-init and join tokens for known machines.")
+machines_app = typer.Typer(
+    help="The machine inventory (Machine objects); alone: a table.\n\n"
+    "Example: gpufleet machines --kubeconfig ~/.kube/config",
+    invoke_without_command=True,
+)
+
+KubeconfigOpt = Annotated[
+    Path | None, typer.Option(help="kubeconfig file; default: in-cluster or $KUBECONFIG.")
+]
+
+
+def _fail(message: str) -> None:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(1)
+
+
+@app.command("serve")
+def serve_cmd(
+    kubeconfig: KubeconfigOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    public_url: Annotated[
+        str | None, typer.Option(help="How machines reach this service (in the iPXE script).")
+    ] = None,
+    apiserver: Annotated[
+        str | None, typer.Option(help="host:port nodes join; default: the kubeconfig's server.")
+    ] = None,
+    kernel_url: Annotated[str | None, typer.Option(help="Kernel URL for iPXE.")] = None,
+    initrd_url: Annotated[str | None, typer.Option(help="initrd URL for iPXE.")] = None,
+    image_url: Annotated[str | None, typer.Option(help="Root image URL (kernel arg).")] = None,
+    token_ttl: Annotated[
+        float, typer.Option(min=1, help="Seconds a join token stays valid.")
+    ] = 900.0,
+    namespace: Annotated[str, typer.Option(help="Namespace for audit Events.")] = "default",
+) -> None:
+    """Serve iPXE scripts, cloud-init and single-use join tokens to known machines.
+
+    Example:
+
+        gpufleet provision serve --kubeconfig ~/.kube/config --host 0.0.0.0 --port 8080 \\
+            --public-url http://10.0.0.2:8080 --kernel-url http://10.0.0.2/vmlinuz
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    options = ServeOptions(
+        kubeconfig=kubeconfig,
+        host=host,
+        port=port,
+        public_url=public_url,
+        apiserver=apiserver,
+        kernel_url=kernel_url,
+        initrd_url=initrd_url,
+        image_url=image_url,
+    )
+    asyncio.run(serve(options, ServiceSettings(token_ttl_s=token_ttl, event_namespace=namespace)))
+
+
+@app.command("render")
+def render_cmd(
+    mac: Annotated[str, typer.Option(help="The booting NIC's MAC address.")],
+    kubeconfig: KubeconfigOpt = None,
+    public_url: Annotated[
+        str, typer.Option(help="How machines reach the service.")
+    ] = "http://127.0.0.1:8080",
+) -> None:
+    """Show what a machine would get: its iPXE script and user-data (no token is issued).
+
+    Example:
+
+        gpufleet provision render --mac aa:bb:cc:00:01:00 --kubeconfig ~/.kube/config
+    """
+    try:
+        config = boot_config(ServeOptions(kubeconfig=kubeconfig, public_url=public_url))
+    except (OSError, ValueError) as exc:
+        _fail(f"cannot read the cluster from the kubeconfig: {exc}")
+
+    async def find() -> dict[str, Any] | None:
+        api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+        return await api.machine_by_mac(mac)
+
+    try:
+        mac_n = machines.normalize_mac(mac)
+        body = asyncio.run(find())
+    except ValueError as exc:
+        _fail(str(exc))
+    except ApiError as exc:
+        _fail(str(exc))
+    if body is None:
+        _fail(f"no Machine lists MAC {mac}: that machine would get 404")
+    assert body is not None
+    name = str(body["metadata"]["name"])
+    spec = machines.spec_of(body)
+    state = token_state(body)
+    typer.echo(f"# machine {name}; armed: {'yes' if state.armed else 'no (no token)'}")
+    typer.echo(f"# GET /ipxe?mac={mac_n}")
+    typer.echo(render.ipxe(config, name, mac_n))
+    typer.echo(f"# GET /cloud-init/{mac_n}/user-data (token shown as a placeholder)")
+    typer.echo(render.user_data(config, name, spec, "<token-id>.<token-secret>"))
+
+
+@machines_app.callback()
+def machines_table(ctx: typer.Context, kubeconfig: KubeconfigOpt = None) -> None:
+    """A table of machines: pool, GPUs, phase, armed, the Node it became.
+
+    Example:
+
+        gpufleet machines --kubeconfig ~/.kube/config
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+
+    async def fetch() -> list[dict[str, Any]]:
+        api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+        return await api.list_machines()
+
+    try:
+        items = asyncio.run(fetch())
+    except ApiError as exc:
+        _fail(f"{exc} (is the Machine CRD installed? kubectl apply -f deploy/crds/machines.yaml)")
+    table = Table("MACHINE", "POOL", "GPUS", "HCAS", "MACS", "PHASE", "ARMED", "NODE", box=None)
+    for body in sorted(items, key=lambda b: str(b["metadata"]["name"])):
+        spec = body.get("spec") or {}
+        hw = spec.get("hardware") or {}
+        status = body.get("status") or {}
+        state = token_state(body)
+        table.add_row(
+            str(body["metadata"]["name"]),
+            str(spec.get("pool", "")),
+            f"{hw.get('gpuCount', '?')}x {hw.get('gpuModel', '?')}",
+            str(hw.get("hcaCount", "?")),
+            ",".join(spec.get("macs") or []),
+            str(status.get("phase") or "Registered"),
+            "yes" if state.armed else "no",
+            str(status.get("node") or "-"),
+        )
+    Console(width=200).print(table)
+
+
+@machines_app.command("import")
+def import_cmd(
+    file: Annotated[Path, typer.Argument(help="Inventory file: .csv or .yaml.", exists=True)],
+    kubeconfig: KubeconfigOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Validate the file only; create nothing.")
+    ] = False,
+) -> None:
+    """Create or update Machine objects from an inventory file (all or nothing on errors).
+
+    Example:
+
+        gpufleet machines import racks/r12.csv --kubeconfig ~/.kube/config
+    """
+    try:
+        entries = inventory.load(file)
+    except inventory.InventoryError as exc:
+        _fail(str(exc))
+    if dry_run:
+        typer.echo(f"{file}: {len(entries)} machines, valid")
+        return
+
+    async def apply() -> list[str]:
+        api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+        out = []
+        for e in entries:
+            body = machines.manifest(e.name, e.spec)
+            try:
+                await api.create_machine(body)
+                out.append(f"created {e.name}")
+            except Conflict:
+                labels = body["metadata"]["labels"]
+                await api.patch_machine(
+                    e.name, {"metadata": {"labels": labels}, "spec": body["spec"]}
+                )
+                out.append(f"updated {e.name}")
+        return out
+
+    try:
+        for line in asyncio.run(apply()):
+            typer.echo(line)
+    except NotFound as exc:
+        _fail(f"{exc}: install the CRD first (kubectl apply -f deploy/crds/machines.yaml)")
+    except ApiError as exc:
+        _fail(str(exc))
+
+
+@machines_app.command("rearm")
+def rearm_cmd(
+    name: Annotated[str, typer.Argument(help="The Machine to re-arm.")],
+    reason: Annotated[str, typer.Option(help="Why (recorded in its status and an Event).")],
+    kubeconfig: KubeconfigOpt = None,
+) -> None:
+    """Let a machine's next boot get a new join token (and revoke the previous one).
+
+    Example:
+
+        gpufleet machines rearm gpu-node-0100 --reason "reinstalled after RMA"
+    """
+
+    async def go() -> None:
+        api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+        await rearm(api, name, by="admin", reason=reason, now=time.time())
+
+    try:
+        asyncio.run(go())
+    except ApiError as exc:
+        _fail(str(exc))
+    typer.echo(f"{name} re-armed: its next boot gets a new token")

@@ -1,0 +1,58 @@
+"""Where the cluster is, for the user-data: the apiserver endpoint and the CA hash,
+read from a kubeconfig (the service's own, or an admin's for ``render``)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+from gpufleet.provision import render
+
+
+def endpoint_and_ca(kubeconfig: Path) -> tuple[str, bytes]:
+    """``(host:port, CA PEM)`` of the current context's cluster."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    current = config.get("current-context")
+    contexts = {c["name"]: c["context"] for c in config.get("contexts") or []}
+    clusters = {c["name"]: c["cluster"] for c in config.get("clusters") or []}
+    try:
+        cluster = clusters[contexts[current]["cluster"]]
+    except KeyError:
+        raise ValueError(f"{kubeconfig}: no cluster for the current context {current!r}") from None
+    url = urlsplit(str(cluster["server"]))
+    port = url.port or 443
+    if "certificate-authority-data" in cluster:
+        ca = base64.b64decode(cluster["certificate-authority-data"])
+    elif "certificate-authority" in cluster:
+        path = Path(cluster["certificate-authority"])
+        if not path.is_absolute():
+            path = kubeconfig.parent / path
+        ca = path.read_bytes()
+    else:
+        raise ValueError(f"{kubeconfig}: the cluster has no certificate authority")
+    return f"{url.hostname}:{port}", ca
+
+
+def boot_config(
+    kubeconfig: Path,
+    *,
+    public_url: str,
+    apiserver: str | None = None,
+    kernel_url: str | None = None,
+    initrd_url: str | None = None,
+    image_url: str | None = None,
+) -> render.BootConfig:
+    """A :class:`~gpufleet.provision.render.BootConfig` for the kubeconfig's cluster."""
+    endpoint, ca = endpoint_and_ca(kubeconfig)
+    defaults = render.BootConfig(apiserver="", ca_hash="", public_url="")
+    return render.BootConfig(
+        apiserver=apiserver or endpoint,
+        ca_hash=render.ca_hash(ca),
+        public_url=public_url,
+        kernel_url=kernel_url or defaults.kernel_url,
+        initrd_url=initrd_url or defaults.initrd_url,
+        image_url=image_url or defaults.image_url,
+    )

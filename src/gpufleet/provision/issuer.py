@@ -1,0 +1,407 @@
+"""Serving boots: find the Machine, check who asks, issue one join token per boot.
+
+:class:`Provisioner` is the service without HTTP (the FastAPI app in
+:mod:`gpufleet.provision.service` is a thin shell around it, the bench and the
+``render`` command call it directly). Every answer that gives or refuses
+something leaves an audit Event on the Machine (posted in the background, so
+it never delays a boot) and a metric.
+
+Issuing is a claim in two writes: first the Machine's status is patched
+*disarmed, token X issued* with the ``resourceVersion`` just read (of two
+concurrent requests for one boot, exactly one wins; the other gets 409 and is
+refused), then the bootstrap-token Secret is created. If that second write
+fails the machine is re-armed (best effort) and the boot retries: at worst a
+machine is left disarmed with no token, which fails closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from pydantic import ValidationError
+
+from gpufleet.domain import enrollment, well_known
+from gpufleet.provision import machines, render
+from gpufleet.provision.kubeapi import ApiError, Conflict, KubeApi
+from gpufleet.provision.ratelimit import Buckets, Limit
+from gpufleet.remediate import redfish
+
+log = logging.getLogger("gpufleet.provision")
+Json = dict[str, Any]
+TOKEN_NAMESPACE = "kube-system"
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """How the service runs; every field has a default suited to production."""
+
+    token_ttl_s: float = 900.0
+    """Lifetime of a join token: long enough for a slow kubeadm join, short enough
+    that a leaked one is soon worthless (the token cleaner then deletes it)."""
+    event_namespace: str = "default"
+    """Where audit Events about Machines (cluster-scoped) go."""
+    per_client: Limit = Limit(rate=200.0, burst=400)  # noqa: RUF009 (frozen)
+    """Requests per source address (a whole rack may boot behind one relay)."""
+    per_mac: Limit = Limit(rate=1.0, burst=10)  # noqa: RUF009 (frozen)
+    """Requests per MAC: a boot takes three or four (iPXE, meta-data, user-data, a retry);
+ten at once or more than one a second for long is a boot loop or an attack."""
+    bmc_timeout_s: float = 5.0
+    """Per BMC request when checking a presented serial."""
+
+
+class Refused(Exception):
+    """The request gets nothing; ``status`` is the HTTP status, ``reason`` is for the log."""
+
+    def __init__(self, status: int, reason: str, public: str = "refused") -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.public = public
+        """What the requester is told (little: an unknown MAC learns nothing)."""
+
+
+@dataclass(frozen=True)
+class Boot:
+    """What a known machine gets at cloud-init time."""
+
+    machine: str
+    token: str
+    token_id: str
+    expires_at: float
+    user_data: str
+
+
+@dataclass
+class ProvisionMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.requests = Counter(
+            "gpufleet_provision_requests_total",
+            "Provisioning requests, by endpoint and result.",
+            ["endpoint", "result"],
+            registry=r,
+        )
+        self.unknown = Counter(
+            "gpufleet_provision_unknown_mac_total",
+            "Boot requests from MAC addresses no Machine lists.",
+            registry=r,
+        )
+        self.tokens = Counter(
+            "gpufleet_provision_tokens_issued_total", "Join tokens issued.", registry=r
+        )
+        self.refusals = Counter(
+            "gpufleet_provision_refusals_total",
+            "Token requests refused, by reason class.",
+            ["reason"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "gpufleet_provision_request_seconds",
+            "Time to answer a provisioning request, by endpoint.",
+            ["endpoint"],
+            buckets=(0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+
+
+def _iso(t: float) -> str:
+    return enrollment.rfc3339(t)
+
+
+def _parse_time(value: Any) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def token_state(body: Json) -> enrollment.TokenState:
+    """The token bookkeeping of a Machine object. A Machine never booted is armed."""
+    status = body.get("status") or {}
+    armed = status.get("armed")
+    return enrollment.TokenState(
+        armed=True if armed is None and not status.get("tokenId") else bool(armed),
+        token_id=status.get("tokenId"),
+        issued_at=_parse_time(status.get("tokenIssuedAt")),
+        expires_at=_parse_time(status.get("tokenExpiresAt")),
+    )
+
+
+def token_secret(machine: str, token_id: str, token_secret: str, expires_at: float) -> Json:
+    """A ``bootstrap.kubernetes.io/token`` Secret as kubeadm creates one, bound to a machine."""
+    data = {
+        "token-id": token_id,
+        "token-secret": token_secret,
+        "expiration": enrollment.rfc3339(expires_at),
+        "auth-extra-groups": enrollment.EXTRA_GROUPS,
+        "description": f"gpufleet: single-use join token for machine {machine}",
+    }
+    for usage in enrollment.USAGES:
+        data[usage] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": enrollment.SECRET_TYPE,
+        "metadata": {
+            "name": enrollment.secret_name(token_id),
+            "namespace": TOKEN_NAMESPACE,
+            "labels": {well_known.LABEL_MACHINE: machine},
+        },
+        "stringData": data,
+    }
+
+
+def new_token() -> tuple[str, str]:
+    chars = "".join(secrets.choice(enrollment.TOKEN_ALPHABET) for _ in range(22))
+    return enrollment.token_from(chars)
+
+
+class Provisioner:
+    """The provisioning service's logic, over a :class:`KubeApi`."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        config: render.BootConfig,
+        settings: ServiceSettings | None = None,
+        *,
+        metrics: ProvisionMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        bmc_serial: Callable[[Json, machines.MachineSpec], Any] | None = None,
+    ) -> None:
+        self.api = api
+        self.config = config
+        self.settings = settings or ServiceSettings()
+        self.metrics = metrics or ProvisionMetrics()
+        self.clock = clock
+        self._per_client = Buckets(self.settings.per_client, time.monotonic)
+        self._per_mac = Buckets(self.settings.per_mac, time.monotonic)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._bmc_serial = bmc_serial or self._read_bmc_serial
+
+    # ---------------------------------------------------------------- common
+
+    def rate_limit(self, client: str, mac: str) -> None:
+        if not self._per_client.allow(client):
+            raise Refused(429, f"rate limit for {client}", "too many requests")
+        if not self._per_mac.allow(mac):
+            raise Refused(429, f"rate limit for MAC {mac}", "too many requests")
+
+    async def find(self, mac: str, *, endpoint: str, client: str) -> tuple[str, Json]:
+        """The Machine that lists this MAC; an unknown MAC is refused with an Event."""
+        try:
+            mac = machines.normalize_mac(mac)
+        except ValueError:
+            raise Refused(400, f"malformed MAC {mac!r}", "not a MAC address") from None
+        body = await self.api.machine_by_mac(mac)
+        if body is None or mac not in ((body.get("spec") or {}).get("macs") or []):
+            self.metrics.unknown.inc()
+            self.audit(
+                None,
+                "UnknownMachine",
+                f"{endpoint} request from {client} for unknown MAC {mac}: refused",
+                warning=True,
+            )
+            raise Refused(404, f"unknown MAC {mac}", "not found")
+        return str(body["metadata"]["name"]), body
+
+    def audit(self, machine: str | None, reason: str, message: str, *, warning: bool) -> None:
+        """Post an audit Event about a Machine (or about an unknown one) in the background."""
+        now = self.clock()
+        stamp = _iso(now)
+        name = machine or "unknown"
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": self.settings.event_namespace},
+            "involvedObject": {
+                "apiVersion": machines.API_VERSION,
+                "kind": machines.KIND,
+                "name": name,
+            },
+            "type": "Warning" if warning else "Normal",
+            "reason": reason,
+            "message": message[:1000],
+            "source": {"component": well_known.PROVISIONER},
+            "reportingComponent": well_known.PROVISIONER,
+            "reportingInstance": well_known.PROVISIONER,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        log.info("machine=%s %s: %s", name, reason, message)
+        try:
+            task = asyncio.get_running_loop().create_task(self._post(event))
+        except RuntimeError:
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _post(self, event: Json) -> None:
+        try:
+            await self.api.create_event(self.settings.event_namespace, event)
+        except ApiError as exc:
+            log.warning("audit event not posted: %s", exc)
+
+    async def drain_events(self) -> None:
+        """Wait for the audit Events still being posted (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # ------------------------------------------------------------------ iPXE
+
+    async def ipxe(self, mac: str, *, client: str) -> str:
+        self.rate_limit(client, mac)
+        name, body = await self.find(mac, endpoint="ipxe", client=client)
+        try:
+            machines.spec_of(body)
+        except ValidationError as exc:
+            raise Refused(409, f"machine {name} has an invalid spec: {exc}") from None
+        return render.ipxe(self.config, name, machines.normalize_mac(mac))
+
+    async def meta_data(self, mac: str, *, client: str) -> str:
+        self.rate_limit(client, mac)
+        name, _ = await self.find(mac, endpoint="meta-data", client=client)
+        return render.meta_data(name)
+
+    # ------------------------------------------------------------ cloud-init
+
+    async def _read_bmc_serial(self, body: Json, spec: machines.MachineSpec) -> str | None:
+        import base64
+
+        ns, _, secret_name = spec.bmc.credentials_secret.partition("/")
+        secret = await self.api.get_secret(ns, secret_name)
+        data = secret.get("data") or {}
+        creds = redfish.BmcCredentials(
+            endpoint=spec.bmc.endpoint,
+            username=base64.b64decode(data.get("username", "")).decode(),
+            password=base64.b64decode(data.get("password", "")).decode(),
+        )
+        async with redfish.RedfishClient(
+            creds,
+            name=str(body["metadata"]["name"]),
+            timeout_s=self.settings.bmc_timeout_s,
+            retry_delays=(0.2,),
+        ) as bmc:
+            return await bmc.serial_number()
+
+    async def user_data(
+        self,
+        mac: str,
+        *,
+        client: str,
+        enrollment_secret: str | None = None,
+        serial: str | None = None,
+    ) -> Boot:
+        """Authenticate, claim this boot's token, create it, render the user-data."""
+        self.rate_limit(client, mac)
+        name, body = await self.find(mac, endpoint="user-data", client=client)
+        try:
+            spec = machines.spec_of(body)
+        except ValidationError as exc:
+            raise Refused(409, f"machine {name} has an invalid spec: {exc}") from None
+        bmc_serial: str | None = None
+        if serial and not enrollment_secret:
+            try:
+                bmc_serial = await self._bmc_serial(body, spec)
+            except (redfish.RedfishError, ApiError) as exc:
+                log.warning("machine=%s BMC serial not read: %s", name, exc)
+        who = enrollment.authenticate(
+            presented_secret=enrollment_secret,
+            secret_digest=spec.enrollment_digest,
+            presented_serial=serial,
+            inventory_serial=spec.serial,
+            bmc_serial=bmc_serial,
+        )
+        if not who.allowed:
+            self._refuse(name, client, "authentication", who.reason)
+            raise Refused(403, who.reason, "forbidden")
+        now = self.clock()
+        may = enrollment.may_issue(token_state(body), now)
+        if not may.allowed:
+            self._refuse(name, client, "not-armed", may.reason)
+            raise Refused(409, may.reason, "no token for this boot")
+        token_id, token_secret_ = new_token()
+        expires = now + self.settings.token_ttl_s
+        issued = int((body.get("status") or {}).get("tokensIssued") or 0) + 1
+        claim = {
+            "armed": False,
+            "tokenId": token_id,
+            "tokenIssuedAt": _iso(now),
+            "tokenExpiresAt": _iso(expires),
+            "tokensIssued": issued,
+            "lastBootAt": _iso(now),
+            "phase": "Booting",
+            "message": f"token {token_id} issued to {client} ({who.method})",
+        }
+        try:
+            await self.api.patch_machine_status(
+                name, claim, body["metadata"].get("resourceVersion")
+            )
+        except Conflict:
+            reason = "another request claimed this boot's token first"
+            self._refuse(name, client, "not-armed", reason)
+            raise Refused(409, reason, "no token for this boot") from None
+        try:
+            await self.api.create_secret(
+                TOKEN_NAMESPACE, token_secret(name, token_id, token_secret_, expires)
+            )
+        except ApiError as exc:
+            log.error("machine=%s token Secret not created, re-arming: %s", name, exc)
+            try:
+                await self.api.patch_machine_status(
+                    name,
+                    enrollment.rearm_status(
+                        by=well_known.PROVISIONER, at=self.clock(), reason=f"token failed: {exc}"
+                    ),
+                )
+            except ApiError as exc2:
+                log.error("machine=%s left disarmed (fail closed): %s", name, exc2)
+            raise Refused(503, f"token not created: {exc}", "try again") from None
+        self.metrics.tokens.inc()
+        self.audit(
+            name,
+            "TokenIssued",
+            f"join token {token_id} (expires {_iso(expires)}) issued to {client} for MAC "
+            f"{machines.normalize_mac(mac)}: {who.reason}",
+            warning=False,
+        )
+        token = f"{token_id}.{token_secret_}"
+        return Boot(
+            machine=name,
+            token=token,
+            token_id=token_id,
+            expires_at=expires,
+            user_data=render.user_data(self.config, name, spec, token),
+        )
+
+    def _refuse(self, name: str, client: str, kind: str, reason: str) -> None:
+        self.metrics.refusals.labels(reason=kind).inc()
+        self.audit(name, "TokenRefused", f"request from {client}: {reason}", warning=True)
+
+    # ------------------------------------------------------------------ admin
+
+    async def rearm(self, name: str, *, by: str, reason: str) -> None:
+        """Arm a machine for its next boot and delete the previous boot's token."""
+        await rearm(self.api, name, by=by, reason=reason, now=self.clock())
+        self.audit(name, "Rearmed", f"re-armed by {by}: {reason}", warning=False)
+
+
+async def rearm(api: KubeApi, name: str, *, by: str, reason: str, now: float) -> None:
+    body = await api.get_machine(name)
+    old = (body.get("status") or {}).get("tokenId")
+    await api.patch_machine_status(name, enrollment.rearm_status(by=by, at=now, reason=reason))
+    if old:
+        await api.delete_secret(TOKEN_NAMESPACE, enrollment.secret_name(str(old)))

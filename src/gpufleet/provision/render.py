@@ -1,0 +1,146 @@
+"""What a booting machine is served: the iPXE script and the cloud-init user-data.
+
+Pure functions of the configuration, the Machine and (for user-data) the
+token just issued, so ``gpufleet provision render`` shows exactly what a
+machine would get. The user-data joins the node with kubeadm: the apiserver
+endpoint, the CA public-key hash kubeadm pins (``sha256:`` of the CA's
+SubjectPublicKeyInfo), the bootstrap token and the labels the kubelet
+registers the Node with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gpufleet.domain import well_known
+from gpufleet.provision.machines import MachineSpec
+
+
+@dataclass(frozen=True)
+class BootConfig:
+    """Where boot artefacts and the cluster are (``gpufleet provision serve`` options)."""
+
+    apiserver: str
+    """``host:port`` of the kube-apiserver the nodes join."""
+    ca_hash: str
+    """``sha256:<hex>`` of the cluster CA's public key (:func:`ca_hash`)."""
+    public_url: str
+    """How machines reach this service, e.g. ``http://10.0.0.2:8080``."""
+    kernel_url: str = "http://boot.example/gpufleet/vmlinuz"
+    initrd_url: str = "http://boot.example/gpufleet/initrd.img"
+    image_url: str = "http://boot.example/gpufleet/rootfs.squashfs"
+    kernel_args: str = "console=ttyS0,115200n8"
+
+
+def ca_hash(ca_pem: bytes) -> str:
+    """kubeadm's ``--discovery-token-ca-cert-hash`` of the CA in a PEM bundle.
+
+    In a bundle (serving certificate, then its CA) the CA is the certificate
+    with ``CA:TRUE``; the last one is taken if several are.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    certs = x509.load_pem_x509_certificates(ca_pem)
+    cas = []
+    for cert in certs:
+        try:
+            if cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
+                cas.append(cert)
+        except x509.ExtensionNotFound:
+            continue
+    if not cas:
+        raise ValueError("no CA certificate (CA:TRUE) in the bundle")
+    spki = cas[-1].public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    return "sha256:" + hashlib.sha256(spki).hexdigest()
+
+
+def ca_hash_of_file(path: Path) -> str:
+    return ca_hash(path.read_bytes())
+
+
+def node_labels(name: str, spec: MachineSpec) -> dict[str, str]:
+    """The labels the kubelet registers the Node with (all allowed for self-labelling)."""
+    labels = {
+        well_known.LABEL_MACHINE: name,
+        well_known.LABEL_POOL: spec.pool,
+        well_known.LABEL_STATE: "provisioning",
+        well_known.LABEL_GPU_PRODUCT: spec.hardware.gpu_model,
+    }
+    if spec.topology.leaf:
+        labels[well_known.LABEL_IB_LEAF] = spec.topology.leaf
+    if spec.topology.block:
+        labels[well_known.LABEL_IB_BLOCK] = spec.topology.block
+    return labels
+
+
+def ipxe(config: BootConfig, name: str, mac: str) -> str:
+    """The iPXE script for a known machine: kernel, initrd, and where its cloud-init is."""
+    seed = f"{config.public_url.rstrip('/')}/cloud-init/{mac}/"
+    args = " ".join(
+        a
+        for a in (
+            "initrd=initrd.img",
+            "ip=dhcp",
+            f"root=live:{config.image_url}",
+            f"ds=nocloud-net;s={seed}",
+            f"gpufleet.machine={name}",
+            config.kernel_args,
+        )
+        if a
+    )
+    return (
+        "#!ipxe\n"
+        f"echo gpufleet: booting {name} ({mac})\n"
+        f"kernel {config.kernel_url} {args}\n"
+        f"initrd {config.initrd_url}\n"
+        "boot\n"
+    )
+
+
+def meta_data(name: str) -> str:
+    """nocloud meta-data: the instance id and hostname (no secrets)."""
+    return yaml.safe_dump({"instance-id": name, "local-hostname": name}, sort_keys=False)
+
+
+def user_data(config: BootConfig, name: str, spec: MachineSpec, token: str) -> str:
+    """``#cloud-config`` that joins the node with kubeadm using ``token``."""
+    labels = node_labels(name, spec)
+    join = {
+        "apiVersion": "kubeadm.k8s.io/v1beta4",
+        "kind": "JoinConfiguration",
+        "discovery": {
+            "bootstrapToken": {
+                "apiServerEndpoint": config.apiserver,
+                "token": token,
+                "caCertHashes": [config.ca_hash],
+            },
+            "timeout": "5m0s",
+        },
+        "nodeRegistration": {
+            "name": name,
+            "kubeletExtraArgs": [
+                {
+                    "name": "node-labels",
+                    "value": ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+                }
+            ],
+        },
+    }
+    doc = {
+        "hostname": name,
+        "fqdn": name,
+        "write_files": [
+            {
+                "path": "/etc/gpufleet/kubeadm-join.yaml",
+                "permissions": "0600",
+                "content": yaml.safe_dump(join, sort_keys=False),
+            }
+        ],
+        "runcmd": [["kubeadm", "join", "--config", "/etc/gpufleet/kubeadm-join.yaml"]],
+    }
+    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)

@@ -1,0 +1,115 @@
+"""Run the provisioning service with uvicorn (``gpufleet provision serve``, tests, bench)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from gpufleet.provision import cluster, render, service
+from gpufleet.provision.issuer import Provisioner, ServiceSettings
+from gpufleet.provision.kubeapi import KubeApi
+
+log = logging.getLogger("gpufleet.provision")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    kubeconfig: Path | None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    public_url: str | None = None
+    """How machines reach the service; default ``http://<host>:<port>``."""
+    apiserver: str | None = None
+    """``host:port`` machines join; default: the kubeconfig's server."""
+    kernel_url: str | None = None
+    initrd_url: str | None = None
+    image_url: str | None = None
+
+
+def boot_config(options: ServeOptions) -> render.BootConfig:
+    import os
+
+    kubeconfig = options.kubeconfig or Path(
+        os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config"))
+    )
+    return cluster.boot_config(
+        kubeconfig,
+        public_url=options.public_url or f"http://{options.host}:{options.port}",
+        apiserver=options.apiserver,
+        kernel_url=options.kernel_url,
+        initrd_url=options.initrd_url,
+        image_url=options.image_url,
+    )
+
+
+async def serve(
+    options: ServeOptions,
+    settings: ServiceSettings,
+    *,
+    started: threading.Event | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until ``stop`` is set (or the process is signalled)."""
+    api = await KubeApi.connect(str(options.kubeconfig) if options.kubeconfig else None)
+    provisioner = Provisioner(api, boot_config(options), settings)
+    config = uvicorn.Config(
+        service.create_app(provisioner),
+        host=options.host,
+        port=options.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            await task
+            raise RuntimeError(f"the service did not start on {options.host}:{options.port}")
+        await asyncio.sleep(0.02)
+    log.info("provisioning service on http://%s:%d", options.host, options.port)
+    if started is not None:
+        started.set()
+    if stop is None:
+        await task
+        return
+    await stop.wait()
+    server.should_exit = True
+    await task
+
+
+@contextmanager
+def in_thread(options: ServeOptions, settings: ServiceSettings) -> Iterator[str]:
+    """The service in a background thread (tests, bench); yields its base URL."""
+    started = threading.Event()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(serve(options, settings, started=started, stop=stop))
+        except BaseException as exc:
+            errors.append(exc)
+            started.set()
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name="gpufleet-provision", daemon=True)
+    thread.start()
+    started.wait(30)
+    if errors:
+        raise errors[0]
+    try:
+        yield f"http://{options.host}:{options.port}"
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(15)

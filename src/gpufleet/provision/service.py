@@ -1,0 +1,114 @@
+"""The provisioning HTTP service (FastAPI; OpenAPI schema at ``/openapi.json``).
+
+Endpoints, all keyed by the booting NIC's MAC:
+
+- ``GET /ipxe?mac=…`` -- the iPXE script (chain-loaded from DHCP with
+  ``chain http://…/ipxe?mac=${net0/mac}``); no secrets in it;
+- ``GET /cloud-init/{mac}/meta-data`` -- nocloud meta-data (instance id, hostname);
+- ``GET /cloud-init/{mac}/user-data`` -- the kubeadm join with a fresh
+  single-use token; the node authenticates with the header
+  ``X-Gpufleet-Enrollment: <secret>`` or ``X-Gpufleet-Serial: <serial>``;
+- ``GET /healthz``, ``GET /metrics``.
+
+An unknown MAC gets a bare 404 (it learns nothing), an Event and a metric.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpufleet.provision.issuer import Provisioner, Refused
+from gpufleet.provision.kubeapi import ApiError
+
+TEXT = "text/plain; charset=utf-8"
+
+
+def create_app(provisioner: Provisioner) -> FastAPI:
+    """The ASGI app serving ``provisioner``."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await provisioner.drain_events()
+
+    app = FastAPI(
+        title="gpufleet provisioning",
+        version="v1alpha1",
+        description="Day 0: network boot, cloud-init and single-use join tokens for known "
+        "machines (docs/provisioning.md).",
+        lifespan=lifespan,
+    )
+    metrics = provisioner.metrics
+
+    async def answer(
+        endpoint: str, work: Callable[[], Awaitable[str]], headers: dict[str, str] | None = None
+    ) -> Response:
+        start = time.perf_counter()
+        try:
+            text = await work()
+            result, response = "ok", PlainTextResponse(text, headers=headers)
+        except Refused as exc:
+            result = str(exc.status)
+            response = PlainTextResponse(exc.public + "\n", status_code=exc.status)
+        except ApiError:
+            result, response = "error", PlainTextResponse("try again\n", status_code=503)
+        metrics.requests.labels(endpoint=endpoint, result=result).inc()
+        metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - start)
+        return response
+
+    def client_of(request: Request) -> str:
+        return request.client.host if request.client else "unknown"
+
+    @app.get("/ipxe", response_class=PlainTextResponse, summary="iPXE boot script for a MAC")
+    async def ipxe(
+        request: Request, mac: str = Query(description="the booting NIC, e.g. aa:bb:cc:dd:ee:ff")
+    ) -> Response:
+        return await answer("ipxe", lambda: provisioner.ipxe(mac, client=client_of(request)))
+
+    @app.get(
+        "/cloud-init/{mac}/meta-data",
+        response_class=PlainTextResponse,
+        summary="nocloud meta-data",
+    )
+    async def meta_data(request: Request, mac: str) -> Response:
+        return await answer(
+            "meta-data", lambda: provisioner.meta_data(mac, client=client_of(request))
+        )
+
+    @app.get(
+        "/cloud-init/{mac}/user-data",
+        response_class=PlainTextResponse,
+        summary="cloud-init user-data with a single-use join token",
+    )
+    async def user_data(
+        request: Request,
+        mac: str,
+        x_gpufleet_enrollment: str | None = Header(default=None),
+        x_gpufleet_serial: str | None = Header(default=None),
+    ) -> Response:
+        async def work() -> str:
+            boot = await provisioner.user_data(
+                mac,
+                client=client_of(request),
+                enrollment_secret=x_gpufleet_enrollment,
+                serial=x_gpufleet_serial,
+            )
+            return boot.user_data
+
+        return await answer("user-data", work, {"Cache-Control": "no-store"})
+
+    @app.get("/healthz", response_class=PlainTextResponse, include_in_schema=False)
+    async def healthz() -> str:
+        return "ok\n"
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
