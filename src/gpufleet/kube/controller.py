@@ -39,7 +39,7 @@ from gpufleet.domain.policy import DrainMode, Policy, PolicyError, default_polic
 from gpufleet.domain.records import Incident, NodeRecord
 from gpufleet.domain.safety import BreakerState, breaker_refresh
 from gpufleet.domain.states import NodeState
-from gpufleet.kube import crds, draining, nodes, remediations
+from gpufleet.kube import crds, draining, machines, nodes, remediations
 from gpufleet.kube.client import ApiError, Conflict, KubeClient, NotFound, TooManyRequests
 from gpufleet.kube.metrics import Metrics
 from gpufleet.remediate import redfish, steps
@@ -320,8 +320,11 @@ class Controller:
         record, new = nodes.record_of(body, now)
         obs = nodes.observe(body, record)
         events: list[ev.Event] = [*obs.events, *extra]
-        if new and record.state is S.PROVISIONING and nodes.is_ready(body):
-            events.append(ev.Registered(detail="the node joined the cluster and is Ready"))
+        joined: machines.Registration | None = None
+        if record.state is S.PROVISIONING and nodes.is_ready(body):
+            joined = await machines.registration(self.client, body)  # waits for the agent
+            if joined is not None:
+                events.append(joined.event)
         before = record
         decisions: list[Decision] = []
         policy = self.effective_policy()
@@ -336,6 +339,8 @@ class Controller:
                 self.fleet.put(record)
         actions = tuple(a for d in decisions for a in d.actions)
         patch = nodes.node_patch(body, record, actions, seen=obs.seen)
+        if joined is not None:
+            patch["metadata"]["annotations"].update(joined.annotations)
         if record.incident is not None:
             patch["metadata"]["annotations"][well_known.ANNOTATION_REMEDIATION] = (
                 remediations.name_for(name, record.incident)
@@ -516,6 +521,8 @@ class Controller:
         name = nodes.name_of(body)
         try:
             creds = await self._bmc_credentials(body)
+            if step is Step.REIMAGE:  # the network boot must get a new join token
+                await machines.rearm_for_reimage(self.client, body, self.clock())
             async with redfish.RedfishClient(
                 creds, name=name, retry_delays=self.settings.bmc_retry_delays
             ) as bmc:
@@ -601,7 +608,7 @@ class Controller:
                 if record.state is S.PROVISIONING and record.name in self.bodies:
                     body = self.bodies[name]
                     if nodes.is_ready(body):
-                        await self.feed(name, ev.Registered(detail="the node is Ready"))
+                        await self.feed(name, ev.Tick())  # _process checks the inventory
                 continue
             self._ensure_drain(record)
             await self.feed(name, ev.Tick())

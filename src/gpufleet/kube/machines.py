@@ -1,0 +1,163 @@
+"""The lifecycle controller's side of Day 0: a joining Node meets its Machine.
+
+A Node that registers in ``provisioning`` names its Machine (label
+``gpufleet.io/machine``, from the cloud-init provisioning served). Once the
+Node is Ready and its agent has reported the hardware it sees (condition
+``GpufleetHardware``), :func:`registration` compares that with the Machine's
+inventory (:func:`gpufleet.domain.inventory.differences`): a match is
+``Registered`` (burn-in next), a difference ``InventoryMismatch`` with the
+differences in words (triage). It also revokes the boot's join token (the
+node has used it; single use) and records the Node in the Machine's status.
+Until the agent has reported, nothing is decided (fail closed).
+
+A Node without the label joined some other way (an admin's kubeadm token, an
+adopted fleet): it is registered as before, unchecked, and the Event says so.
+
+:func:`rearm_for_reimage` is the reimage step's part: the machine's next
+(network) boot may get a new token. Machines are read as plain JSON: the
+``Machine`` model belongs to :mod:`gpufleet.provision`, which this package
+does not import.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.domain import enrollment, inventory, well_known
+from gpufleet.domain import events as ev
+from gpufleet.kube.client import ApiError, KubeClient, NotFound
+
+log = logging.getLogger("gpufleet.controller")
+TOKEN_NAMESPACE = "kube-system"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What a joining Node's registration decides, and what to add to its patch."""
+
+    event: ev.Registered | ev.InventoryMismatch
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def machine_of(body: Mapping[str, Any]) -> str | None:
+    labels = body.get("metadata", {}).get("labels") or {}
+    value = labels.get(well_known.LABEL_MACHINE)
+    return str(value) if value else None
+
+
+def expected_of(machine: Mapping[str, Any]) -> inventory.Hardware | None:
+    hw = (machine.get("spec") or {}).get("hardware") or {}
+    try:
+        return inventory.Hardware(str(hw["gpuModel"]), int(hw["gpuCount"]), int(hw["hcaCount"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+async def registration(client: KubeClient, body: Mapping[str, Any]) -> Registration | None:
+    """The registration event for a Ready ``provisioning`` Node, or None to wait."""
+    node = str(body["metadata"]["name"])
+    name = machine_of(body)
+    if name is None:
+        return Registration(
+            ev.Registered(
+                detail="the node joined the cluster and is Ready "
+                "(no Machine inventory: hardware not checked)"
+            )
+        )
+    try:
+        machine = await client.get_custom(well_known.MACHINE_PLURAL, name)
+    except NotFound:
+        return Registration(
+            ev.InventoryMismatch(detail=f"no Machine {name} (named by the Node's label)")
+        )
+    except ApiError as exc:
+        log.warning("node=%s Machine %s not read, registration waits: %s", node, name, exc)
+        return None
+    expected = expected_of(machine)
+    if expected is None:
+        return Registration(
+            ev.InventoryMismatch(detail=f"Machine {name} has no valid expected hardware")
+        )
+    observed = inventory.observed_on(body.get("status", {}).get("conditions") or [])
+    if observed is None:
+        return None  # the agent has not looked yet
+    diffs = inventory.differences(expected, observed)
+    status = machine.get("status") or {}
+    await _record(client, node, name, status, observed, diffs)
+    annotations: dict[str, str] = {}
+    ann = body.get("metadata", {}).get("annotations") or {}
+    secret = ((machine.get("spec") or {}).get("bmc") or {}).get("credentialsSecret")
+    if secret and well_known.ANNOTATION_BMC_SECRET not in ann:
+        annotations[well_known.ANNOTATION_BMC_SECRET] = str(secret)
+    if diffs:
+        return Registration(ev.InventoryMismatch(detail=inventory.describe(diffs)), annotations)
+    return Registration(
+        ev.Registered(detail=f"joined as Machine {name}; hardware matches the inventory"),
+        annotations,
+    )
+
+
+async def _record(
+    client: KubeClient,
+    node: str,
+    name: str,
+    status: Mapping[str, Any],
+    observed: inventory.Hardware,
+    diffs: tuple[str, ...],
+) -> None:
+    """Machine status: which Node it became and what was found; revoke the used token."""
+    patch = {
+        "node": node,
+        "phase": "Mismatch" if diffs else "Joined",
+        "observed": inventory.encode(observed),
+        "message": inventory.describe(diffs),
+    }
+    try:
+        await client.patch_status(well_known.MACHINE_PLURAL, name, patch)
+    except ApiError as exc:
+        log.warning("node=%s Machine %s status not written: %s", node, name, exc)
+    token = status.get("tokenId")
+    if token and not status.get("armed"):
+        await _delete_token(client, node, str(token))
+
+
+async def _delete_token(client: KubeClient, node: str, token_id: str) -> None:
+    secret = enrollment.secret_name(token_id)
+    try:
+        await client._call(
+            f"delete secret {TOKEN_NAMESPACE}/{secret}",
+            "DELETE",
+            namespace=TOKEN_NAMESPACE,
+            url=f"secrets/{secret}",
+        )
+        log.info("node=%s join token %s revoked (used)", node, token_id)
+    except NotFound:
+        pass
+    except ApiError as exc:
+        log.warning("node=%s join token %s not revoked: %s", node, token_id, exc)
+
+
+async def rearm_for_reimage(client: KubeClient, body: Mapping[str, Any], now: float) -> None:
+    """Arm the Node's Machine so the reimage boot gets a new token (no-op without one).
+
+    Raises :class:`~gpufleet.kube.client.ApiError` if the Machine could not be
+    re-armed: the reimage would boot a machine that cannot join, so the step
+    fails instead (the ladder retries or escalates).
+    """
+    name = machine_of(body)
+    if name is None:
+        return
+    node = str(body["metadata"]["name"])
+    machine = await client.get_custom(well_known.MACHINE_PLURAL, name)
+    await client.patch_status(
+        well_known.MACHINE_PLURAL,
+        name,
+        enrollment.rearm_status(by=well_known.CONTROLLER, at=now, reason=f"reimage of {node}"),
+    )
+    old = (machine.get("status") or {}).get("tokenId")
+    if old:
+        await _delete_token(client, node, str(old))
+    log.info("node=%s Machine %s re-armed for the reimage boot", node, name)
