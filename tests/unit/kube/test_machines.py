@@ -1,0 +1,84 @@
+"""The controller's registration check (kube.machines) over an in-memory API."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from gpufleet.domain import events as ev
+from gpufleet.domain import inventory, well_known
+from gpufleet.kube import machines
+from gpufleet.kube.client import NotFound
+
+
+class Api:
+    def __init__(self, machine: dict[str, Any] | None) -> None:
+        self.machine = machine
+        self.status: dict[str, Any] = {}
+        self.deleted: list[str] = []
+
+    async def get_custom(self, plural: str, name: str) -> dict[str, Any]:
+        if self.machine is None:
+            raise NotFound(f"get {plural}/{name}", 404, "not found")
+        return self.machine
+
+    async def patch_status(self, plural: str, name: str, status: Mapping[str, Any]) -> Any:
+        self.status.update(status)
+        return {}
+
+    async def _call(self, what: str, method: str, **kw: Any) -> dict[str, Any]:
+        self.deleted.append(kw["url"])
+        return {}
+
+
+MACHINE = {
+    "metadata": {"name": "m1"},
+    "spec": {
+        "hardware": {"gpuModel": "NVIDIA-H100-80GB-HBM3", "gpuCount": 8, "hcaCount": 8},
+        "bmc": {"endpoint": "http://bmc", "credentialsSecret": "gpufleet-system/bmc-m1"},
+    },
+    "status": {"armed": False, "tokenId": "abcdef"},
+}
+
+
+def node(labelled: bool = True, hw: inventory.Hardware | None = None) -> dict[str, Any]:
+    conds: list[dict[str, Any]] = [{"type": "Ready", "status": "True"}]
+    if hw is not None:
+        c = inventory.hardware_condition(hw)
+        conds.append({"type": c.type, "status": c.status, "message": c.message})
+    labels = {well_known.LABEL_MACHINE: "m1"} if labelled else {}
+    return {"metadata": {"name": "n1", "labels": labels}, "status": {"conditions": conds}}
+
+
+def run(api: Api, body: dict[str, Any]) -> machines.Registration | None:
+    return asyncio.run(machines.registration(api, body))  # type: ignore[arg-type]
+
+
+def test_a_node_without_a_machine_label_registers_unchecked() -> None:
+    got = run(Api(None), node(labelled=False))
+    assert got is not None and isinstance(got.event, ev.Registered)
+    assert "not checked" in got.event.detail
+
+
+def test_registration_waits_for_the_agents_hardware_report() -> None:
+    assert run(Api(MACHINE), node()) is None
+
+
+def test_a_match_registers_records_the_node_revokes_the_token_and_links_the_bmc() -> None:
+    api = Api(MACHINE)
+    got = run(api, node(hw=inventory.Hardware("NVIDIA H100 80GB HBM3", 8, 8)))
+    assert got is not None and isinstance(got.event, ev.Registered)
+    assert api.status["node"] == "n1" and api.status["phase"] == "Joined"
+    assert api.deleted == ["secrets/bootstrap-token-abcdef"]
+    assert got.annotations == {well_known.ANNOTATION_BMC_SECRET: "gpufleet-system/bmc-m1"}
+
+
+def test_a_difference_is_a_mismatch_in_words_and_a_missing_machine_too() -> None:
+    api = Api(MACHINE)
+    got = run(api, node(hw=inventory.Hardware("NVIDIA-H100-80GB-HBM3", 8, 6)))
+    assert got is not None and isinstance(got.event, ev.InventoryMismatch)
+    assert got.event.detail == "inventory mismatch: InfiniBand HCA count: expected 8, observed 6"
+    assert api.status["phase"] == "Mismatch"
+    missing = run(Api(None), node(hw=inventory.Hardware("x", 8, 8)))
+    assert missing is not None and isinstance(missing.event, ev.InventoryMismatch)
