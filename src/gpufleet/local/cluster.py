@@ -233,6 +233,9 @@ class LocalCluster:
                         None,
                         f"a cluster is already running in {run_dir}; stop it first",
                     )
+                # A stopped cluster's directory: start afresh (stale etcd data
+                # would bring back old nodes), but only in a directory we made.
+                _remove_tree(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
         run_dir.chmod(0o755)
         _check_searchable(run_dir)
