@@ -33,14 +33,14 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from gpufleet.domain import conditions, debounce
+from gpufleet.domain import conditions, debounce, inventory
 from gpufleet.domain.decide import respond
 from gpufleet.domain.faults import FaultEvent, Subsystem
 from gpufleet.domain.policy import Policy, Response
 from gpufleet.domain.profiles import SkuProfile
 from gpufleet.domain.records import NodeRecord, Occurrence
-from gpufleet.health import checks
-from gpufleet.health.hardware import Hardware, HardwareError
+from gpufleet.health import checks, sysfs
+from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
 from gpufleet.health.metrics import AgentMetrics
 from gpufleet.health.monitors import PassiveMonitors
 from gpufleet.health.results import CheckStatus
@@ -117,6 +117,7 @@ class Agent:
         self._last_write = 0.0
         self._last_active = clock()
         self.last_results: list[Any] = []
+        self._hardware: conditions.ConditionReport | None = None
         self._requests: asyncio.Queue[conditions.AgentRequest] | None = None
         self._handled: set[str] = set()
 
@@ -175,6 +176,10 @@ class Agent:
                 )
         self._present = present
         self._worthy &= present
+        hardware = self.hardware_report()
+        if hardware is not None and (hardware != self._hardware or resync):
+            self._hardware = hardware
+            changed.append(hardware)
         if changed:
             self._last_write = now
         return changed, events
@@ -243,6 +248,29 @@ class Agent:
                 await asyncio.wait_for(stop.wait(), timeout=self.settings.interval_s)
             except TimeoutError:
                 pass
+
+    def hardware_report(self) -> conditions.ConditionReport | None:
+        """The ``GpufleetHardware`` condition: GPU model and count, HCA count.
+
+        The lifecycle controller compares it with the Machine inventory when the
+        node joins. No GPU driver or no InfiniBand class counts as zero (a node
+        that should have them then goes to triage, which is right); any other
+        read error gives no report: none is better than a wrong one (the node
+        waits in provisioning).
+        """
+        try:
+            gpus = self.hw.gpus()
+        except NoGpuFound:
+            gpus = []
+        except HardwareError:
+            return None
+        ports = sysfs.read_ib_ports(self.hw.sysfs_root) or []
+        observed = inventory.Hardware(
+            gpu_model=str(gpus[0].get("name", "")) if gpus else "",
+            gpu_count=len(gpus),
+            hca_count=len({p.hca for p in ports}),
+        )
+        return inventory.hardware_condition(observed)
 
     # ------------------------------------------------------ controller requests
 

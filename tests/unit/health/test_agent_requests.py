@@ -98,3 +98,27 @@ def test_gpu_reset_clears_a_gpu_fault_but_not_a_gpu_off_the_bus() -> None:
         assert "not on the bus" in result.detail
     finally:
         hw.close()
+
+
+def test_agent_reports_its_hardware_for_the_inventory_check() -> None:
+    from gpufleet.domain import inventory
+
+    agent, hw, rep = make_agent()
+    try:
+        changed, events = agent.step(100.0)
+        asyncio.run(agent.publish(changed, events, 100.0))
+        cond = rep.conditions["GpufleetHardware"]
+        observed = inventory.decode(cond.message)
+        assert observed is not None
+        assert (observed.gpu_count, observed.hca_count) == (8, 8)
+        assert "H100" in observed.gpu_model
+        hw.inject("gpu-missing,gpu=6")
+        changed, events = agent.step(101.0)
+        assert any(c.type == "GpufleetHardware" for c in changed)
+        asyncio.run(agent.publish(changed, events, 101.0))
+        later = inventory.decode(rep.conditions["GpufleetHardware"].message)
+        assert later is not None and later.gpu_count == 7
+        changed, _ = agent.step(102.0)  # unchanged: not written again
+        assert not any(c.type == "GpufleetHardware" for c in changed)
+    finally:
+        hw.close()
