@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -57,6 +57,11 @@ class ClusterSpec:
     slurm: bool = True
     redfish: bool = True
     ready_timeout_s: float = 120.0
+    bmc_boot_hooks: Mapping[str, str] = field(default_factory=dict)
+    """Per node, a URL the node's BMC POSTs to when the system boots (e.g. the
+    simulated hardware's ``/recover``: a reboot clears what a real one clears)."""
+    bmc_boot_seconds: float = 0.0
+    """How long an emulated server takes to boot after a reset (PowerState Off meanwhile)."""
 
     def node_names(self) -> tuple[str, ...]:
         return tuple(f"{self.node_prefix}{i:04d}" for i in range(self.nodes))
@@ -393,7 +398,16 @@ class LocalCluster:
             "user": DEFAULT_BMC_USER,
             "password": password,
             "bmcs": [
-                {"node": b.node, "port": int(b.url.rsplit(":", 1)[1])}
+                {
+                    "node": b.node,
+                    "port": int(b.url.rsplit(":", 1)[1]),
+                    "boot_seconds": self.spec.bmc_boot_seconds,
+                    **(
+                        {"boot_hook": self.spec.bmc_boot_hooks[b.node]}
+                        if b.node in self.spec.bmc_boot_hooks
+                        else {}
+                    ),
+                }
                 for b in self.info.bmcs.values()
             ],
         }
@@ -418,6 +432,11 @@ class LocalCluster:
                     what=f"serving the BMC of {bmc.node}",
                 )
         self._ready(f"redfish ({len(self.info.bmcs)} BMCs)")
+
+    def launch(self, proc: ManagedProcess) -> ManagedProcess:
+        """Start one more process as part of this cluster (logged, recorded in
+        ``cluster.json``, stopped with it and by ``gpufleet local down``)."""
+        return self._launch(proc)
 
     def detach(self) -> None:
         """Leave the cluster running after this process exits (``gpufleet local up``)."""

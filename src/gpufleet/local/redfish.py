@@ -15,6 +15,13 @@ afterwards. Every action is recorded in the EventLog and counted under
 Run: ``python -m gpufleet.local.redfish CONFIG.json`` where the config is
 ``{"user": ..., "password": ..., "bmcs": [{"node": "gpu-node-0000", "port": 18000}]}``.
 Each BMC listens on 127.0.0.1 at its own port and shares nothing with the others.
+
+A BMC entry may give ``boot_seconds`` (how long PowerState reads ``Off``
+after a reset before the system is on again; default 0) and a ``boot_hook``:
+a URL the emulator POSTs to (outside Redfish, nothing of it shows in the
+resources) each time the system boots. The local cluster points it at the node's
+simulated hardware, so that a reboot or power cycle clears what a real one
+would clear (a GPU that fell off the bus), as on a real server.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import json
 import secrets
 import signal
 import threading
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -96,6 +105,10 @@ class BmcState:
     sessions: dict[str, str] = field(default_factory=dict)
     system_uuid: str = field(default_factory=lambda: str(uuid.uuid4()))
     lock: threading.Lock = field(default_factory=threading.Lock)
+    boot_hook: str | None = None
+    """URL POSTed to on every boot (see the module docstring); None: no hook."""
+    boot_seconds: float = 0.0
+    """How long a boot takes: PowerState reads Off until then (real servers: minutes)."""
 
     def record(self, message_id: str, message: str, severity: str = "OK") -> None:
         entry_id = str(len(self.log) + 1)
@@ -125,6 +138,24 @@ class BmcState:
         if self.boot_enabled == "Once":
             self.boot_enabled = "Disabled"
             self.boot_target = "None"
+        if self.boot_hook:
+            _call_hook(self.node, self.boot_hook)
+
+    def _power_on(self) -> None:
+        """Boot now, or after ``boot_seconds`` (PowerState Off meanwhile)."""
+        if self.boot_seconds <= 0:
+            self.boot()
+            return
+        self.power_state = "Off"
+
+        def later() -> None:
+            with self.lock:
+                if self.power_state == "Off":
+                    self.boot()
+
+        timer = threading.Timer(self.boot_seconds, later)
+        timer.daemon = True
+        timer.start()
 
     def reset(self, reset_type: str) -> None:
         if reset_type not in RESET_TYPES:
@@ -143,11 +174,11 @@ class BmcState:
             self.record("Gpufleet.1.0.PowerOff", f"{self.node} powered off")
         elif reset_type in ("On", "ForceOn"):
             if self.power_state != "On":
-                self.boot()
+                self._power_on()
         elif reset_type in ("GracefulRestart", "ForceRestart", "PowerCycle"):
             if reset_type == "PowerCycle" or self.power_state == "On":
                 self.record("Gpufleet.1.0.PowerOff", f"{self.node} powered off")
-            self.boot()
+            self._power_on()
         # Nmi: recorded only.
 
     def patch_system(self, body: Json) -> None:
@@ -186,6 +217,20 @@ class BmcState:
             "Gpufleet.1.0.BootOverrideSet",
             f"{self.node}: boot override {self.boot_target} ({self.boot_enabled})",
         )
+
+
+def _call_hook(node: str, url: str) -> None:
+    """POST ``{"node": ..., "event": "boot"}`` to a boot hook; failures are logged only
+    (the boot itself happened, whatever the hook's receiver says)."""
+    body = json.dumps({"node": node, "event": "boot"}).encode()
+    req = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            print(f"[{node}] boot hook {url}: HTTP {resp.status}", flush=True)
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"[{node}] boot hook {url} failed: {exc}", flush=True)
 
 
 def _collection(path: str, name: str, kind: str, members: list[str]) -> Json:
@@ -482,7 +527,11 @@ def serve(config: Json) -> list[ThreadingHTTPServer]:
     for bmc in config["bmcs"]:
         server = ThreadingHTTPServer(("127.0.0.1", int(bmc["port"])), _Handler)
         server.daemon_threads = True
-        server.bmc = BmcState(node=bmc["node"])  # type: ignore[attr-defined]
+        server.bmc = BmcState(  # type: ignore[attr-defined]
+            node=bmc["node"],
+            boot_hook=bmc.get("boot_hook"),
+            boot_seconds=float(bmc.get("boot_seconds", 0.0)),
+        )
         server.credentials = (config["user"], config["password"])  # type: ignore[attr-defined]
         threading.Thread(
             target=server.serve_forever, name=f"bmc-{bmc['node']}", daemon=True
