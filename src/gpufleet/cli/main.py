@@ -13,6 +13,7 @@ import typer
 from gpufleet.cli import (
     agent_cmd,
     controller_cmd,
+    demo_cmd,
     health_cmd,
     local_cmd,
     nodes_cmd,
@@ -39,6 +40,7 @@ app.command("sim")(sim_cmd.sim)
 app.add_typer(health_cmd.app, name="health")
 app.add_typer(agent_cmd.app, name="agent")
 app.add_typer(local_cmd.app, name="local")
+app.command("demo")(demo_cmd.demo)
 app.command("controller")(controller_cmd.controller)
 app.command("nodes")(nodes_cmd.nodes_table)
 app.command("node")(nodes_cmd.node_detail)

@@ -1,0 +1,255 @@
+"""The demo's fleet: the local cluster plus the gpufleet processes a user would run.
+
+Agents (one per node, simulated hardware with the fault-injection API), the
+lifecycle controller and the Slurm syncer run as ``python -m gpufleet.cli.main
+...`` subprocesses, registered with the cluster: their logs are in
+``<run_dir>/logs/`` and ``gpufleet local down`` stops them with the rest. Each
+node's BMC is told to call its agent's ``/recover`` when the node boots, so a
+reboot or power cycle clears the simulated fault as it would on a real server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpufleet.demo import kube, policy
+from gpufleet.local import processes
+from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
+from gpufleet.local.processes import ComponentError, ManagedProcess
+
+CLI = (sys.executable, "-m", "gpufleet.cli.main")
+AGENT_INTERVAL_S = 0.5
+SYNC_POLL_S = 0.5
+CONTROLLER_TICK_S = 0.5
+BOOT_SECONDS = 8.0
+"""How long the demo's servers take to boot after a BMC reset (real ones: minutes)."""
+
+
+@dataclass
+class Ports:
+    inject: dict[str, int]
+    agent_metrics: dict[str, int]
+    controller_metrics: int
+    syncer_metrics: int
+
+    @classmethod
+    def pick(cls, nodes: tuple[str, ...]) -> Ports:
+        free = processes.free_ports(2 * len(nodes) + 2)
+        n = len(nodes)
+        return cls(
+            inject=dict(zip(nodes, free[:n], strict=True)),
+            agent_metrics=dict(zip(nodes, free[n : 2 * n], strict=True)),
+            controller_metrics=free[2 * n],
+            syncer_metrics=free[2 * n + 1],
+        )
+
+
+@dataclass
+class Fleet:
+    """A running demo fleet; :meth:`stop` ends every process of it."""
+
+    cluster: LocalCluster
+    info: ClusterInfo
+    ports: Ports
+    api: kube.Kube
+    policy_file: Path
+    agents: dict[str, ManagedProcess] = field(default_factory=dict)
+    controller: ManagedProcess | None = None
+    syncer: ManagedProcess | None = None
+    controller_starts: int = 0
+    active_every_s: float = 0.0
+
+    # ------------------------------------------------------------ start-up
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        nodes: int,
+        run_dir: Path,
+        progress: Callable[[str], None],
+    ) -> Fleet:
+        spec = ClusterSpec(nodes=nodes, run_dir=run_dir)
+        ports = Ports.pick(spec.node_names())
+        hooks = {n: f"http://127.0.0.1:{p}/recover" for n, p in ports.inject.items()}
+        spec = ClusterSpec(
+            nodes=nodes, run_dir=run_dir, bmc_boot_hooks=hooks, bmc_boot_seconds=BOOT_SECONDS
+        )
+        cluster = LocalCluster(spec, progress=progress)
+        info = cluster.start()
+        try:
+            api = kube.Kube(info)
+            fleet = cls(
+                cluster=cluster,
+                info=info,
+                ports=ports,
+                api=api,
+                policy_file=info.run_dir / "demo-policy.yaml",
+            )
+            (info.run_dir / "slurm-jwt").write_text(info.slurm_jwt or "")
+            (info.run_dir / "slurm-jwt").chmod(0o600)
+            kube.install(api)
+            kube.add_bmc_secrets(api, info)
+            progress("CRDs, BMC Secrets and node annotations applied")
+        except BaseException:
+            cluster.stop()
+            raise
+        return fleet
+
+    def apply_policy(self, spec: dict[str, Any]) -> None:
+        """Write the agents' policy file and (re)create the FleetPolicy."""
+        self.policy_file.write_text(policy.policy_yaml(spec))
+        kube.put_policy(self.api, policy.fleet_policy(spec))
+
+    def _log(self, name: str) -> Path:
+        return self.info.logs_dir / f"{name}.log"
+
+    def start_agents(self, *, active_every_s: float = 0.0) -> None:
+        self.active_every_s = active_every_s
+        for node in self.info.node_names:
+            argv = [
+                *CLI,
+                "agent",
+                "--node",
+                node,
+                "--backend",
+                "simulated",
+                "--kubeconfig",
+                str(self.info.kubeconfig),
+                "--inject-port",
+                str(self.ports.inject[node]),
+                "--metrics-port",
+                str(self.ports.agent_metrics[node]),
+                "--policy",
+                str(self.policy_file),
+                "--interval",
+                str(AGENT_INTERVAL_S),
+                "--active-every",
+                str(active_every_s),
+            ]
+            self.agents[node] = self.cluster.launch(
+                ManagedProcess(f"agent-{node}", argv, self._log(f"agent-{node}"))
+            )
+
+    def start_controller(self) -> ManagedProcess:
+        argv = [
+            *CLI,
+            "controller",
+            "--kubeconfig",
+            str(self.info.kubeconfig),
+            "--policy-name",
+            policy.POLICY_NAME,
+            "--metrics-port",
+            str(self.ports.controller_metrics),
+            "--peering",
+            "",
+            "--tick",
+            str(CONTROLLER_TICK_S),
+        ]
+        self.controller_starts += 1
+        self.controller = self.cluster.launch(
+            ManagedProcess("controller", argv, self._log("controller"))
+        )
+        return self.controller
+
+    def start_syncer(self) -> ManagedProcess:
+        assert self.info.slurmrestd_url and self.info.slurm_conf
+        argv = [
+            *CLI,
+            "syncer",
+            "run",
+            "--slurmrestd-url",
+            self.info.slurmrestd_url,
+            "--kubeconfig",
+            str(self.info.kubeconfig),
+            "--slurm-conf",
+            str(self.info.slurm_conf),
+            "--token-file",
+            str(self.info.run_dir / "slurm-jwt"),
+            "--poll-interval",
+            str(SYNC_POLL_S),
+            "--preempt-priority",
+            str(kube.INFERENCE_PRIORITY),
+        ]
+        self.syncer = self.cluster.launch(ManagedProcess("syncer", argv, self._log("syncer")))
+        return self.syncer
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        """Agents answer on their injection API, the controller serves metrics with a
+        valid policy, every Node carries a state and the Slurm hold taint."""
+        with httpx.Client(timeout=2) as http:
+            for node, proc in self.agents.items():
+                url = f"http://127.0.0.1:{self.ports.inject[node]}/faults"
+                proc.wait_ready(lambda u=url: http.get(u).status_code == 200, timeout=timeout)  # type: ignore[misc]
+            assert self.controller is not None
+            metrics = f"http://127.0.0.1:{self.ports.controller_metrics}/metrics"
+            self.controller.wait_ready(
+                lambda: "gpufleet_policy_valid 1.0" in http.get(metrics).text,
+                timeout=timeout,
+                what="obeying the demo FleetPolicy",
+            )
+        assert self.syncer is not None
+        self.syncer.wait_ready(
+            lambda: all(
+                (n["metadata"].get("labels") or {}).get("gpufleet.io/state") == "production"
+                and any(t["key"] == "gpufleet.io/slurm" for t in n["spec"].get("taints") or [])
+                for n in self.api.nodes()
+            ),
+            timeout=timeout,
+            what="holding every node for Slurm (taint gpufleet.io/slurm=held)",
+        )
+
+    # ------------------------------------------------------------ actions
+
+    def inject(self, node: str, fault: str) -> None:
+        url = f"http://127.0.0.1:{self.ports.inject[node]}/inject"
+        r = httpx.post(url, json={"fault": fault}, timeout=5)
+        if r.status_code != 200:
+            raise ComponentError(
+                f"agent-{node}", self._log(f"agent-{node}"), f"inject {fault}: {r.text}"
+            )
+
+    def recover(self, node: str) -> None:
+        httpx.post(f"http://127.0.0.1:{self.ports.inject[node]}/recover", timeout=5)
+
+    def kill_controller(self) -> None:
+        """SIGKILL, as a crashed pod: no clean-up at all."""
+        assert self.controller is not None and self.controller.record is not None
+        with contextlib.suppress(ProcessLookupError):
+            import os
+
+            os.killpg(self.controller.pid, signal.SIGKILL)
+        self.controller.stop(grace=0.1)
+
+    def stop_controller(self) -> None:
+        if self.controller is not None:
+            self.controller.stop(grace=5)
+
+    def dead_component(self) -> ManagedProcess | None:
+        """A gpufleet process that exited although it should be running."""
+        procs = [*self.agents.values(), self.controller, self.syncer]
+        for p in procs:
+            if p is not None and p.poll() is not None:
+                return p
+        return None
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.api.close()
+        self.cluster.stop()
+
+    def detach(self) -> None:
+        self.cluster.detach()
+
+
+def wait_seconds(seconds: float) -> None:
+    time.sleep(seconds)

@@ -1,0 +1,396 @@
+"""Watch the real systems and turn each change into a timeline entry.
+
+Every poll reads the Nodes (Kubernetes), the Slurm nodes and jobs
+(slurmrestd), each BMC's EventLog (Redfish), the FleetPolicy status, the
+demo's Pods, and the training job's own event log; :class:`Observer` compares
+it with the previous poll and reports what changed. Nothing here assumes what
+should happen next: that is the scenario's business.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpufleet.demo.kube import GV, Kube
+from gpufleet.domain import well_known
+from gpufleet.local.cluster import ClusterInfo
+from gpufleet.slurm import hostlist
+
+OWN_CONDITIONS = frozenset(well_known.CONDITIONS.values())
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One thing that happened, seen at ``t`` (seconds since the epoch)."""
+
+    t: float
+    kind: str
+    node: str | None
+    text: str
+    data: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class _NodeState:
+    state: str | None = None
+    unschedulable: bool = False
+    taints: dict[str, str] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+    request: str | None = None
+    request_kind: dict[str, str] = field(default_factory=dict)
+    lent_to: str | None = None
+
+
+def _node_state(body: dict[str, Any]) -> _NodeState:
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    ann = meta.get("annotations") or {}
+    taints = {
+        t["key"]: f"{t.get('value', '')}:{t['effect']}".lstrip(":")
+        for t in (body.get("spec") or {}).get("taints") or []
+        if str(t["key"]).startswith("gpufleet.io/")
+    }
+    problems: dict[str, str] = {}
+    request = None
+    for c in (body.get("status") or {}).get("conditions") or []:
+        if c["type"] in OWN_CONDITIONS and c["status"] == "True":
+            problems[c["type"]] = f"{c.get('reason', '')}: {c.get('message', '')!s}"
+        elif c["type"] == well_known.CONDITION_REQUEST:
+            request = f"{c.get('reason', '')}|{c.get('message', '')}"
+    kinds: dict[str, str] = {}
+    raw = ann.get(well_known.ANNOTATION_AGENT_REQUEST)
+    if raw:
+        try:
+            doc = json.loads(raw)
+            kinds[str(doc.get("id"))] = str(doc.get("kind")) + (
+                f" {doc['profile']}" if doc.get("profile") else ""
+            )
+        except ValueError:
+            pass
+    return _NodeState(
+        state=labels.get(well_known.LABEL_STATE),
+        unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
+        taints=taints,
+        problems=problems,
+        request=request,
+        request_kind=kinds,
+        lent_to=ann.get(well_known.ANNOTATION_LENT_TO),
+    )
+
+
+def _kind_from_id(rid: str) -> str:
+    """The request kind its id names (``verify-...``, ``gpu-reset-...``), in case the
+    annotation came and went between two polls."""
+    for prefix, kind in (("verify-", "checks verify"), ("burn-in-", "checks burn-in")):
+        if rid.startswith(prefix):
+            return kind
+    return "gpu-reset" if rid.startswith("gpu-reset-") else "request"
+
+
+def _evidence(message: str) -> str:
+    """The human part of a condition message (before ``| evidence: [...]``)."""
+    return message.split("| evidence:", 1)[0].strip().rstrip(";")
+
+
+class TrainingLog:
+    """The example job's ``events.jsonl`` (start, step, done), read incrementally."""
+
+    def __init__(self, ckpt_dir: Path) -> None:
+        self.path = ckpt_dir / "events.jsonl"
+        self._offset = 0
+        self.events: list[dict[str, Any]] = []
+
+    def read_new(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open() as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return []
+        complete, _, _rest = data.rpartition("\n")
+        if not complete:
+            return []
+        self._offset += len(complete) + 1
+        new = [json.loads(line) for line in complete.splitlines() if line.strip()]
+        self.events.extend(new)
+        return new
+
+
+class Observer:
+    """Polls every source once per :meth:`poll` and returns the new entries."""
+
+    def __init__(self, info: ClusterInfo, api: Kube, *, policy_name: str) -> None:
+        self.info = info
+        self.api = api
+        self.policy_name = policy_name
+        self.slurm = httpx.Client(
+            base_url=str(info.slurmrestd_url),
+            headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": str(info.slurm_jwt)},
+            timeout=3,
+        )
+        self.bmc_http = httpx.Client(timeout=3)
+        self.nodes: dict[str, _NodeState] = {}
+        self.slurm_nodes: dict[str, tuple[str, str | None]] = {}
+        self.jobs: dict[int, dict[str, Any]] = {}
+        self.bmc_seen: dict[str, int] = {}
+        self.breaker_open: bool | None = None
+        self.pods: dict[str, str] = {}
+        self.training: TrainingLog | None = None
+        self.primed = False
+        self.errors: dict[str, str] = {}
+        self.request_kinds: dict[str, str] = {}
+
+    def close(self) -> None:
+        self.slurm.close()
+        self.bmc_http.close()
+
+    def watch_training(self, ckpt_dir: Path) -> None:
+        self.training = TrainingLog(ckpt_dir)
+
+    # ------------------------------------------------------------------ poll
+
+    def poll(self) -> list[Entry]:
+        """One look at everything. The first call only records the starting point."""
+        out: list[Entry] = []
+        now = time.time()
+        for source, fn in (
+            ("kube-apiserver", self._kube),
+            ("slurmrestd", self._slurm),
+            ("redfish-bmcs", self._bmcs),
+            ("fleetpolicy", self._policy),
+            ("pods", self._pods),
+            ("training job", self._training),
+        ):
+            try:
+                out.extend(fn(now))
+                self.errors.pop(source, None)
+            except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
+                self.errors[source] = str(exc)
+        primed, self.primed = self.primed, True
+        return out if primed else []
+
+    def _kube(self, now: float) -> list[Entry]:
+        out: list[Entry] = []
+        for body in self.api.nodes():
+            name = body["metadata"]["name"]
+            new = _node_state(body)
+            old = self.nodes.get(name, _NodeState())
+            self.nodes[name] = new
+            self.request_kinds.update(new.request_kind)
+            for ctype, text in new.problems.items():
+                if ctype not in old.problems:
+                    out.append(
+                        Entry(now, "condition", name, f"{name}: {ctype}=True ({_evidence(text)})")
+                    )
+            for ctype in old.problems:
+                if ctype not in new.problems:
+                    out.append(Entry(now, "condition-cleared", name, f"{name}: {ctype}=False"))
+            if new.unschedulable and not old.unschedulable:
+                taint = new.taints.get(well_known.TAINT_UNHEALTHY, "")
+                out.append(
+                    Entry(
+                        now,
+                        "cordon",
+                        name,
+                        f"{name}: cordoned, taint {well_known.TAINT_UNHEALTHY}={taint}",
+                        {"taint": taint},
+                    )
+                )
+            elif old.unschedulable and not new.unschedulable:
+                out.append(Entry(now, "uncordon", name, f"{name}: uncordoned, taints removed"))
+            if new.state != old.state and old.state is not None:
+                out.append(
+                    Entry(
+                        now,
+                        "state",
+                        name,
+                        f"{name}: state {old.state} -> {new.state}",
+                        {"state": new.state, "from": old.state},
+                    )
+                )
+            if new.request != old.request and new.request:
+                reason, _, message = new.request.partition("|")
+                rid = message.split(" ", 1)[0].rstrip(":")
+                kind = self.request_kinds.get(rid) or _kind_from_id(rid)
+                passed = reason == "Passed"
+                out.append(
+                    Entry(
+                        now,
+                        "agent-result",
+                        name,
+                        f"{name}: agent {kind}: {'passed' if passed else 'FAILED'} ({message})",
+                        {"kind": kind, "passed": passed},
+                    )
+                )
+            if new.lent_to != old.lent_to:
+                if new.lent_to:
+                    out.append(Entry(now, "lent", name, f"{name}: lent to Pod {new.lent_to}"))
+                elif old.lent_to:
+                    out.append(Entry(now, "returned", name, f"{name}: returned to Slurm"))
+        return out
+
+    def _slurm(self, now: float) -> list[Entry]:
+        out: list[Entry] = []
+        base = f"/slurm/{self.info.slurm_api_version}"
+        r = self.slurm.get(f"{base}/nodes")
+        r.raise_for_status()
+        for n in r.json().get("nodes") or []:
+            name = str(n["name"])
+            flags = {str(f).upper() for f in n.get("state_flags") or []}
+            drained = "DRAIN" in flags
+            reason = str(n.get("reason") or "") if drained else None
+            old = self.slurm_nodes.get(name)
+            self.slurm_nodes[name] = (str(n.get("state")), reason)
+            if old is None:
+                continue
+            if reason is not None and old[1] != reason:
+                out.append(Entry(now, "slurm-drain", name, f"{name}: DRAIN in Slurm ({reason!r})"))
+            elif reason is None and old[1] is not None:
+                out.append(Entry(now, "slurm-resume", name, f"{name}: resumed in Slurm"))
+        r = self.slurm.get(f"{base}/jobs")
+        r.raise_for_status()
+        for j in r.json().get("jobs") or []:
+            jid = int(j["job_id"])
+            state = str(j.get("job_state", "")).upper()
+            nodes = sorted(hostlist.expand(j.get("nodes") or "")) if state == "RUNNING" else []
+            restarts = int(j.get("restart_cnt") or 0)
+            was = self.jobs.get(jid)
+            self.jobs[jid] = {"state": state, "nodes": nodes, "restarts": restarts}
+            if was is None:
+                if state == "RUNNING":
+                    out.append(
+                        Entry(
+                            now,
+                            "job-running",
+                            None,
+                            f"job {jid}: RUNNING on {', '.join(nodes)}",
+                            {"job": jid, "nodes": nodes},
+                        )
+                    )
+                continue
+            if restarts > was["restarts"]:
+                out.append(
+                    Entry(
+                        now,
+                        "job-requeued",
+                        None,
+                        f"job {jid}: requeued by Slurm (restart {restarts})",
+                        {"job": jid},
+                    )
+                )
+            if state != was["state"] or (state == "RUNNING" and nodes != was["nodes"]):
+                kind = {"RUNNING": "job-running", "COMPLETED": "job-completed"}.get(
+                    state, "job-state"
+                )
+                where = f" on {', '.join(nodes)}" if nodes else ""
+                out.append(
+                    Entry(
+                        now, kind, None, f"job {jid}: {state}{where}", {"job": jid, "nodes": nodes}
+                    )
+                )
+        return out
+
+    def _bmcs(self, now: float) -> list[Entry]:
+        out: list[Entry] = []
+        for node, bmc in self.info.bmcs.items():
+            url = f"{bmc.system_url}/LogServices/EventLog/Entries"
+            r = self.bmc_http.get(url, auth=(bmc.user, bmc.password))
+            r.raise_for_status()
+            members = r.json().get("Members") or []
+            seen = self.bmc_seen.get(node)
+            self.bmc_seen[node] = len(members)
+            if seen is None:
+                continue
+            for m in members[seen:]:
+                mid = str(m.get("MessageId", ""))
+                if mid.endswith("ResetRequested"):
+                    reset = str(m.get("Message", "")).rsplit(" ", 1)[-1]
+                    out.append(
+                        Entry(
+                            now,
+                            "bmc-reset",
+                            node,
+                            f"{node}: BMC ComputerSystem.Reset {reset} (Redfish EventLog)",
+                            {"reset": reset},
+                        )
+                    )
+                elif mid.endswith("SystemBooted"):
+                    out.append(Entry(now, "bmc-boot", node, f"{node}: {m.get('Message')}"))
+        return out
+
+    def _policy(self, now: float) -> list[Entry]:
+        r = self.api.http.get(f"{GV}/fleetpolicies/{self.policy_name}")
+        if r.status_code != 200:
+            return []
+        breaker = ((r.json().get("status") or {}).get("breaker")) or {}
+        is_open = bool(breaker.get("open"))
+        old, self.breaker_open = self.breaker_open, is_open
+        if old is None or old == is_open:
+            return []
+        if is_open:
+            text = (
+                f"circuit breaker OPEN ({breaker.get('faultingNodes')} faulting nodes): "
+                "automatic actions held"
+            )
+            return [Entry(now, "breaker-open", None, text)]
+        return [Entry(now, "breaker-closed", None, "circuit breaker closed")]
+
+    def _pods(self, now: float) -> list[Entry]:
+        out: list[Entry] = []
+        items = self.api.get("/api/v1/namespaces/default/pods").get("items") or []
+        current: dict[str, str] = {}
+        for p in items:
+            name = p["metadata"]["name"]
+            phase = str((p.get("status") or {}).get("phase", ""))
+            node = (p.get("spec") or {}).get("nodeName") or ""
+            current[name] = f"{phase}@{node}"
+            if self.pods.get(name) != current[name]:
+                where = f" on {node}" if node else " (no node yet)"
+                kind = "pod-running" if phase == "Running" and node else "pod"
+                out.append(
+                    Entry(now, kind, node or None, f"Pod {name}: {phase}{where}", {"pod": name})
+                )
+        for name in self.pods:
+            if name not in current:
+                out.append(Entry(now, "pod-gone", None, f"Pod {name}: deleted", {"pod": name}))
+        self.pods = current
+        return out
+
+    def _training(self, now: float) -> list[Entry]:
+        if self.training is None:
+            return []
+        out: list[Entry] = []
+        for e in self.training.read_new():
+            if e["kind"] == "start":
+                step = int(e.get("step", 0))
+                what = (
+                    f"resumed from its checkpoint at step {step}" if step else "started at step 0"
+                )
+                out.append(
+                    Entry(
+                        float(e["t"]),
+                        "train-start",
+                        str(e.get("node")),
+                        f"training: {what} (rank 0 on {e.get('node')}, {e.get('backend')} "
+                        f"all-reduce, world {e.get('world')})",
+                        {"step": step},
+                    )
+                )
+            elif e["kind"] == "done":
+                out.append(
+                    Entry(
+                        float(e["t"]),
+                        "train-done",
+                        None,
+                        f"training: done, {e.get('step')} steps, "
+                        f"loss {float(e.get('loss', 0)):.5f}",
+                        {"step": int(e.get("step", 0))},
+                    )
+                )
+        return out

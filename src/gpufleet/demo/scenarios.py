@@ -1,0 +1,395 @@
+"""The demo's scenarios: what each injects and which steps it waits for.
+
+Each scenario acts through the real interfaces (the agent's fault-injection
+API, ``sbatch``, a Pod, SIGKILL) and then waits for the steps it expects on
+the :class:`~gpufleet.demo.timeline.Timeline`; every wait names the component
+to look at when it does not come. It returns the figures of its summary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.demo import job, kube, policy
+from gpufleet.demo.fleet import Fleet
+from gpufleet.demo.observe import Entry
+from gpufleet.demo.timeline import StepMissed, Timeline
+
+
+@dataclass
+class Ctx:
+    """What a scenario works with."""
+
+    fleet: Fleet
+    tl: Timeline
+    workdir: Path
+    shape: job.JobShape = field(default_factory=job.JobShape)
+    figures: dict[str, Any] = field(default_factory=dict)
+    job_id: int | None = None
+
+    def log(self, component: str) -> Path:
+        return self.fleet.info.logs_dir / f"{component}.log"
+
+    # ------------------------------------------------------------ helpers
+
+    def start_job(self, *sbatch: str) -> int:
+        ckpt = self.workdir / "ckpt"
+        self.fleet.info  # noqa: B018
+        self.tl.observer.watch_training(ckpt)
+        self.job_id = job.submit(self.fleet.info, ckpt, self.shape, *sbatch)
+        self.tl.note(
+            "demo",
+            f"sbatch examples/slurm-ddp/train.sbatch -> job {self.job_id} "
+            f"({self.shape.steps} steps, checkpoint every {self.shape.every})",
+        )
+        return self.job_id
+
+    def job_nodes(self) -> list[str]:
+        e = self.tl.wait(
+            "job-running",
+            what="the training job running",
+            timeout=60,
+            component="slurmctld",
+            log=self.log("slurmctld"),
+        )
+        return list(e.data["nodes"])
+
+    def wait_step(self, step: int, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            log = self.tl.observer.training
+            if log is not None and any(
+                e["kind"] == "step" and e["step"] >= step for e in log.events
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise StepMissed(
+                    f"the training job reaching step {step}",
+                    timeout,
+                    "the training job",
+                    self.workdir / "ckpt",
+                )
+            self.tl.poll()
+            time.sleep(0.2)
+
+    def inject(self, node: str, fault: str, text: str) -> Entry:
+        self.fleet.inject(node, fault)
+        return self.tl.note("fault", f"{node}: fault injected: {text} [{fault}]", node)
+
+    def agent(self, node: str) -> tuple[str, Path]:
+        return f"agent-{node}", self.log(f"agent-{node}")
+
+    def wait(self, kind: str, what: str, component: str, timeout: float = 30, **kw: Any) -> Entry:
+        return self.tl.wait(
+            kind, what=what, timeout=timeout, component=component, log=self.log(component), **kw
+        )
+
+    def finish_job(self, timeout: float = 180) -> None:
+        self.tl.wait(
+            "train-done",
+            what="the training job finishing",
+            timeout=timeout,
+            component="the training job",
+            log=self.workdir / "ckpt" / f"slurm-{self.job_id}.out",
+        )
+        self.wait("job-completed", "Slurm reporting the job COMPLETED", "slurmctld", 30)
+        log = self.tl.observer.training
+        assert log is not None
+        self.figures["work"] = job.work_report(log.events, self.shape.steps)
+
+    def recovery(
+        self, node: str, fault: Entry, *, reset: str | None, agent_step: str | None
+    ) -> None:
+        """The ladder from the fault to production, and the job's resume, on ``node``."""
+        name, agent_log = self.agent(node)
+        cond = self.tl.wait(
+            "condition",
+            what=f"a problem condition on {node}",
+            timeout=15,
+            component=name,
+            log=agent_log,
+            node=node,
+            after=fault.t,
+        )
+        cordon = self.wait("cordon", f"{node} cordoned and tainted", "controller", 15, node=node)
+        drain = self.wait("slurm-drain", f"{node} drained in Slurm", "syncer", 15, node=node)
+        self.figures["detect_s"] = cond.t - fault.t
+        self.figures["isolate_s"] = max(cordon.t, drain.t) - fault.t
+        if self.job_id is not None:
+            self.wait("job-requeued", "the job requeued by the syncer", "syncer", 20)
+        if reset is not None:
+            self.wait(
+                "bmc-reset",
+                f"{node}'s BMC reset ({reset})",
+                "controller",
+                45,
+                node=node,
+                match=lambda e: e.data.get("reset") == reset,
+            )
+        if agent_step is not None:
+            self.tl.wait(
+                "agent-result",
+                what=f"the agent's {agent_step}",
+                timeout=45,
+                component=name,
+                log=agent_log,
+                node=node,
+                match=lambda e: e.data.get("kind", "").startswith(agent_step) and e.data["passed"],
+            )
+        self.tl.wait(
+            "agent-result",
+            what=f"verification of {node}",
+            timeout=60,
+            component=name,
+            log=agent_log,
+            node=node,
+            match=lambda e: e.data.get("kind") == "checks verify" and e.data["passed"],
+        )
+        prod = self.wait(
+            "state",
+            f"{node} back in production",
+            "controller",
+            30,
+            node=node,
+            match=lambda e: e.data.get("state") == "production",
+        )
+        back = self.wait("slurm-resume", f"{node} resumed in Slurm", "syncer", 30, node=node)
+        self.figures["node_back_s"] = max(prod.t, back.t) - fault.t
+        if self.job_id is not None:
+            resumed = self.tl.wait(
+                "train-start",
+                what="the job resuming from its checkpoint",
+                timeout=120,
+                component="slurmctld",
+                log=self.log("slurmctld"),
+                match=lambda e: e.data.get("step", 0) > 0,
+            )
+            self.figures["job_back_s"] = resumed.t - fault.t
+
+
+# ----------------------------------------------------------------- scenarios
+
+
+def _mid_interval(ctx: Ctx) -> None:
+    """Let the job pass two checkpoints and stop between two, so that work is lost."""
+    ctx.wait_step(2 * ctx.shape.every + 2)
+
+
+def xid79(ctx: Ctx) -> None:
+    ctx.start_job()
+    nodes = ctx.job_nodes()
+    _mid_interval(ctx)
+    node = nodes[-1]
+    fault = ctx.inject(node, "xid=79,gpu=3", "XID 79 (GPU has fallen off the bus) on GPU 3")
+    ctx.recovery(node, fault, reset="GracefulRestart", agent_step=None)
+    ctx.finish_job()
+    ctx.figures["faulty"] = node
+
+
+def ib_flap(ctx: Ctx) -> None:
+    ctx.start_job()
+    nodes = ctx.job_nodes()
+    _mid_interval(ctx)
+    node = nodes[-1]
+    first: Entry | None = None
+    for i in range(3):
+        e = ctx.inject(node, "ib-link-flap,hca=mlx5_1", f"InfiniBand link flap {i + 1} on mlx5_1")
+        first = first or e
+        if i < 2:
+            ctx.tl.idle(1.5)
+            if ctx.tl.find("condition", node, after=first.t) is not None:
+                raise StepMissed(
+                    "a single flap must only be logged (policy: 3 in 10 minutes)",
+                    0,
+                    *ctx.agent(node),
+                )
+    assert first is not None
+    ctx.tl.note("demo", f"{node}: 2 flaps were Events only; the 3rd within 10 min takes it out")
+    last = ctx.tl.entries[-1]
+    ctx.recovery(node, last, reset="GracefulRestart", agent_step=None)
+    ctx.finish_job()
+    ctx.figures["faulty"] = node
+
+
+def ecc_uncorrectable(ctx: Ctx) -> None:
+    ctx.start_job()
+    nodes = ctx.job_nodes()
+    _mid_interval(ctx)
+    node = nodes[0]
+    fault = ctx.inject(node, "ecc-uncorrectable,gpu=2", "uncorrectable ECC error on GPU 2")
+    ctx.recovery(node, fault, reset=None, agent_step="gpu-reset")
+    ctx.finish_job()
+    ctx.figures["faulty"] = node
+
+
+def controller_crash(ctx: Ctx) -> None:
+    ctx.start_job()
+    nodes = ctx.job_nodes()
+    _mid_interval(ctx)
+    node = nodes[-1]
+    fault = ctx.inject(node, "xid=79,gpu=3", "XID 79 on GPU 3 (policy: power cycle)")
+    ctx.wait("bmc-reset", f"{node}'s power cycle", "controller", 45, node=node)
+    ctx.wait(
+        "state",
+        f"{node} verifying",
+        "controller",
+        30,
+        node=node,
+        match=lambda e: e.data.get("state") == "verifying",
+    )
+    ctx.fleet.kill_controller()
+    ctx.tl.note("demo", "controller killed with SIGKILL in the middle of the remediation")
+    ctx.tl.idle(2)
+    ctx.fleet.start_controller()
+    ctx.tl.note("demo", "controller restarted; it carries on from the Node's record")
+    ctx.recovery(node, fault, reset="PowerCycle", agent_step=None)
+    ctx.finish_job()
+    ctx.tl.idle(2)
+    resets = ctx.tl.count("bmc-reset", node)
+    ctx.figures["power_cycles"] = resets
+    ctx.figures["faulty"] = node
+    if resets != 1:
+        raise StepMissed(
+            f"exactly one BMC reset on {node} (saw {resets})",
+            0,
+            "controller",
+            ctx.log("controller"),
+        )
+
+
+def fault_storm(ctx: Ctx) -> None:
+    nodes = ctx.fleet.info.node_names
+    storm = nodes[: max(3, len(nodes) - 1)]
+    faults = [ctx.inject(n, "xid=79,gpu=0", "XID 79 on GPU 0") for n in storm]
+    ctx.wait("breaker-open", "the circuit breaker opening", "controller", 20)
+    for n in storm:
+        ctx.tl.wait(
+            "condition",
+            what=f"a condition on {n}",
+            timeout=15,
+            component=ctx.agent(n)[0],
+            log=ctx.agent(n)[1],
+            node=n,
+            after=faults[0].t,
+        )
+    ctx.tl.idle(5)
+    out = [n for n, s in ctx.tl.observer.nodes.items() if s.unschedulable]
+    budget = int(
+        ctx.fleet.api.get(f"{kube.GV}/fleetpolicies/{policy.POLICY_NAME}")["status"]["budget"][
+            "default"
+        ]["allowed"]
+    )
+    ctx.figures.update(out=out, budget=budget, breaker_open=ctx.tl.observer.breaker_open)
+    ctx.tl.note(
+        "demo",
+        f"{len(storm)} nodes report faults; {len(out)} taken out of service (budget {budget}); "
+        "the rest are held for a person",
+    )
+    if len(out) > budget or not ctx.tl.observer.breaker_open:
+        raise StepMissed(
+            "the budget holding and the breaker open", 0, "controller", ctx.log("controller")
+        )
+
+
+def preemption(ctx: Ctx) -> None:
+    n = len(ctx.fleet.info.node_names)
+    ctx.start_job(f"--nodes={n}")
+    ctx.job_nodes()
+    _mid_interval(ctx)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "inference-0", "namespace": "default"},
+        "spec": {
+            "priorityClassName": kube.INFERENCE_CLASS,
+            "containers": [
+                {
+                    "name": "serve",
+                    "image": "example.invalid/inference:1",
+                    "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                }
+            ],
+        },
+    }
+    ctx.fleet.api.post("/api/v1/namespaces/default/pods", pod, ok=(201,))
+    created = ctx.tl.note(
+        "demo", f"Pod inference-0 created (priority {kube.INFERENCE_PRIORITY}, 8 GPUs)"
+    )
+    lent = ctx.wait("lent", "the syncer lending a node to the Pod", "syncer", 20)
+    node = str(lent.node)
+    ctx.wait("slurm-drain", f"{node} drained in Slurm", "syncer", 15, node=node)
+    ctx.wait("job-requeued", "the job requeued", "syncer", 20)
+    running = ctx.wait("pod-running", "the Pod running on the lent node", "syncer", 30, node=node)
+    ctx.figures["pod_running_s"] = running.t - created.t
+    ctx.figures["lent"] = node
+    ctx.tl.idle(4)
+    ctx.fleet.api.delete("/api/v1/namespaces/default/pods/inference-0?gracePeriodSeconds=0")
+    ctx.tl.note("demo", "Pod inference-0 deleted (inference scaled down)")
+    ctx.wait("returned", f"{node} returned to Slurm", "syncer", 20, node=node)
+    ctx.wait("slurm-resume", f"{node} resumed in Slurm", "syncer", 20, node=node)
+    resumed = ctx.tl.wait(
+        "train-start",
+        what="the job resuming from its checkpoint",
+        timeout=120,
+        component="slurmctld",
+        log=ctx.log("slurmctld"),
+        match=lambda e: e.data.get("step", 0) > 0,
+    )
+    ctx.figures["job_back_s"] = resumed.t - created.t
+    ctx.finish_job()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    run: Callable[[Ctx], None]
+    rule_actions: dict[str, str] = field(default_factory=dict)
+    active_every_s: float = 0.0
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "xid79",
+            "XID 79 under a 2-node training job: cordon, Slurm drain, requeue, reboot via the BMC, "
+            "verification, back in production; the job resumes from its checkpoint",
+            xid79,
+        ),
+        Scenario(
+            "ib-flap",
+            "InfiniBand link flaps: the first two are only Events, the third within 10 minutes "
+            "takes the node out (repeat rule) and it is rebooted",
+            ib_flap,
+        ),
+        Scenario(
+            "ecc-uncorrectable",
+            "an uncorrectable ECC error: the agent resets the GPU (no reboot), verification, back",
+            ecc_uncorrectable,
+        ),
+        Scenario(
+            "controller-crash-mid-remediation",
+            "the controller is SIGKILLed during the remediation and restarted: it continues from "
+            "the Node's record and the BMC sees exactly one power cycle",
+            controller_crash,
+            rule_actions={"xid79": "power-cycle"},
+        ),
+        Scenario(
+            "fault-storm",
+            "XID 79 on most nodes at once (a monitoring bug looks like this): the disruption "
+            "budget and the circuit breaker stop gpufleet from draining the fleet",
+            fault_storm,
+        ),
+        Scenario(
+            "preemption-by-inference-pod",
+            "a high-priority inference Pod takes a node from a running Slurm job, which is "
+            "requeued and resumes from its checkpoint when the Pod is gone",
+            preemption,
+        ),
+    )
+}
