@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import ssl
 import subprocess
 import sys
@@ -300,6 +301,7 @@ def test_second_cluster_runs_beside_the_first_and_down_leaves_nothing(
     assert processes.processes_using(run_dir) == []
     status = subprocess.run([*cli, "status", "--run-dir", str(run_dir)], capture_output=True)
     assert status.returncode == 3
+    shutil.rmtree(run_dir)
 
 
 def test_a_cluster_whose_owner_died_is_reaped_by_the_next_start() -> None:
