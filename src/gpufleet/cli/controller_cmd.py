@@ -9,9 +9,6 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.kube.controller import ControllerSettings
-from gpufleet.kube.operator import RunOptions, run
-
 
 def controller(
     kubeconfig: Annotated[
@@ -50,6 +47,11 @@ def controller(
     )
     logging.getLogger("kopf").setLevel(logging.INFO if verbose else logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Imported here: kopf and the controller take a second to import, which
+    # every other gpufleet command would pay at start-up.
+    from gpufleet.kube.controller import ControllerSettings
+    from gpufleet.kube.operator import RunOptions, run
+
     settings = ControllerSettings(
         policy_name=policy_name, dry_run=dry_run, tick_s=tick, event_namespace=namespace
     )

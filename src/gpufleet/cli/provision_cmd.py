@@ -15,7 +15,6 @@ from rich.table import Table
 from gpufleet.provision import inventory, machines, render
 from gpufleet.provision.issuer import ServiceSettings, rearm, token_state
 from gpufleet.provision.kubeapi import ApiError, Conflict, KubeApi, NotFound
-from gpufleet.provision.server import ServeOptions, boot_config, serve
 
 app = typer.Typer(help="Day 0: network boot, cloud-init and join tokens for known machines.")
 machines_app = typer.Typer(
@@ -62,6 +61,8 @@ def serve_cmd(
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from gpufleet.provision.server import ServeOptions, serve  # fastapi: slow to import
+
     options = ServeOptions(
         kubeconfig=kubeconfig,
         host=host,
@@ -90,6 +91,8 @@ def render_cmd(
         gpufleet provision render --mac aa:bb:cc:00:01:00 --kubeconfig ~/.kube/config
     """
     try:
+        from gpufleet.provision.server import ServeOptions, boot_config
+
         config = boot_config(ServeOptions(kubeconfig=kubeconfig, public_url=public_url))
     except (OSError, ValueError) as exc:
         _fail(f"cannot read the cluster from the kubeconfig: {exc}")
