@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Self
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpufleet.domain import xids
+from gpufleet.domain import xids, yamldoc
 from gpufleet.domain.faults import FaultEvent, FaultKind, fault_key
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step
 
@@ -402,17 +399,8 @@ def _catalogue_rule(xid: int, unknown: Response) -> Rule:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyIssue:
-    """One problem in a policy file."""
-
-    location: str
-    line: int | None
-    message: str
-
-    def __str__(self) -> str:
-        where = f"line {self.line}: " if self.line is not None else ""
-        return f"{where}{self.location}: {self.message}"
+PolicyIssue = yamldoc.Issue
+"""One problem in a policy file (location, line, message)."""
 
 
 class PolicyError(ValueError):
@@ -431,71 +419,16 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
     Raises :class:`PolicyError` listing every problem with its path and line.
     """
     try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise PolicyError(source, [PolicyIssue("(file)", line, f"not valid YAML: {exc}")]) from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise PolicyError(source, [PolicyIssue("(file)", 1, "a policy must be a YAML mapping")])
-    data = dict(data)
+        node, data = yamldoc.parse_mapping(text, "a policy")
+    except yamldoc.DocumentError as exc:
+        raise PolicyError(source, exc.issues) from exc
     if "spec" in data and "kind" in data:  # a FleetPolicy object: validate its spec
-        node = _child(node, "spec")
+        node = yamldoc.child(node, "spec")
         data = dict(data["spec"] or {})
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
-        issues = [
-            PolicyIssue(
-                _path(err["loc"]),
-                _line(node, err["loc"]),
-                _message(err),
-            )
-            for err in exc.errors()
-        ]
-        raise PolicyError(source, issues) from None
-
-
-def _message(err: Mapping[str, Any]) -> str:
-    msg = str(err["msg"])
-    return msg.removeprefix("Value error, ")
-
-
-def _path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif str(part).startswith(("function-", "tagged-union")):
-            continue
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(policy)"
-
-
-def _child(node: yaml.Node | None, key: str | int) -> yaml.Node | None:
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            if isinstance(k, yaml.ScalarNode) and k.value == key:
-                found: yaml.Node = v
-                return found
-    if isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-        child: yaml.Node = node.value[key]
-        return child
-    return None
-
-
-def _line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    best = node.start_mark.line + 1 if node is not None else None
-    for part in loc:
-        node = _child(node, part)
-        if node is None:
-            break
-        best = node.start_mark.line + 1
-    return best
+        raise PolicyError(source, yamldoc.issues_of(exc, node, root="(policy)")) from None
 
 
 @functools.lru_cache(maxsize=1)

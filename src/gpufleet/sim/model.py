@@ -13,15 +13,13 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import math
-from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Self
+from typing import Self
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpufleet.domain import xids
+from gpufleet.domain import xids, yamldoc
 from gpufleet.domain.faults import FaultKind
 from gpufleet.domain.ladder import Step
 
@@ -322,48 +320,14 @@ class ModelError(ValueError):
 def load_model(text: str, source: str = "<model>") -> Model:
     """Parse and validate a model from YAML text; raise :class:`ModelError`."""
     try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ModelError(source, [f"(file): not valid YAML: {exc}"]) from exc
-    if not isinstance(data, Mapping):
-        raise ModelError(source, ["(file): a model must be a YAML mapping"])
+        node, data = yamldoc.parse_mapping(text, "a model")
+    except yamldoc.DocumentError as exc:
+        raise ModelError(source, [str(i) for i in exc.issues]) from exc
     try:
-        return Model.model_validate(dict(data))
+        return Model.model_validate(data)
     except ValidationError as exc:
-        issues = []
-        for err in exc.errors():
-            loc = tuple(err["loc"])
-            line = _line(node, loc)
-            where = f"line {line}: " if line is not None else ""
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            issues.append(f"{where}{_path(loc)}: {msg}")
-        raise ModelError(source, issues) from None
-
-
-def _path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not str(part).startswith(("function-", "tagged-union")):
-            out += ("." if out else "") + str(part)
-    return out or "(model)"
-
-
-def _line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    best = node.start_mark.line + 1 if node is not None else None
-    for part in loc:
-        child = None
-        if isinstance(node, yaml.MappingNode):
-            child = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            child = node.value[part] if part < len(node.value) else None
-        if child is None:
-            break
-        node = child
-        best = node.start_mark.line + 1
-    return best
+        issues = yamldoc.issues_of(exc, node, root="(model)")
+        raise ModelError(source, [str(i) for i in issues]) from None
 
 
 @functools.lru_cache(maxsize=1)
