@@ -88,6 +88,49 @@ def _fault(kind: FaultKind, node: str, now: float, **ev: object) -> FaultEvent:
     return FaultEvent(kind, node, now, evidence=Evidence(**ev))  # type: ignore[arg-type]
 
 
+def _rate_faults(
+    values: dict[int, float],
+    *,
+    minimum: float,
+    peer_tolerance: float,
+    kind: FaultKind,
+    what: str,
+    unit: str,
+    counter: str,
+    node: str,
+    now: float,
+) -> list[FaultEvent]:
+    """Faults for per-GPU rates (GEMM TFLOP/s, HBM GB/s): below the profile's
+    minimum, or (if not already) well below the median of the GPU's peers."""
+    faults: list[FaultEvent] = []
+    for i, value in sorted(values.items()):
+        j = prof.at_least(value, minimum, f"GPU {i} {what}", unit)
+        if j.verdict is prof.Verdict.FAIL:
+            faults.append(
+                _fault(
+                    kind,
+                    node,
+                    now,
+                    gpu_index=i,
+                    counters={counter: round(value, 3), "threshold": minimum},
+                    message=j.detail,
+                )
+            )
+    for i, ratio in prof.laggards(values, peer_tolerance).items():
+        if not any(f.evidence.gpu_index == i for f in faults):
+            faults.append(
+                _fault(
+                    kind,
+                    node,
+                    now,
+                    gpu_index=i,
+                    counters={counter: round(values[i], 3), "ratio_to_median": round(ratio, 3)},
+                    message=f"GPU {i} {what} {ratio:.0%} of the median of its peers",
+                )
+            )
+    return faults
+
+
 def judge_gemm(
     runs: dict[int, compute.GemmRun], profile: prof.SkuProfile, *, node: str, now: float
 ) -> CheckResult:
@@ -95,32 +138,17 @@ def judge_gemm(
     if not runs:
         return CheckResult("gemm", CheckStatus.UNKNOWN, "no device to run on")
     tflops = {i: r.tflops for i, r in runs.items()}
-    faults: list[FaultEvent] = []
-    for i, value in sorted(tflops.items()):
-        j = prof.at_least(value, profile.gemm_bf16_tflops_min, f"GPU {i} GEMM", "TFLOP/s")
-        if j.verdict is prof.Verdict.FAIL:
-            faults.append(
-                _fault(
-                    FaultKind.GEMM_BELOW_THRESHOLD,
-                    node,
-                    now,
-                    gpu_index=i,
-                    counters={"tflops": round(value, 3), "threshold": profile.gemm_bf16_tflops_min},
-                    message=j.detail,
-                )
-            )
-    for i, ratio in prof.laggards(tflops, profile.peer_tolerance).items():
-        if not any(f.evidence.gpu_index == i for f in faults):
-            faults.append(
-                _fault(
-                    FaultKind.GEMM_BELOW_THRESHOLD,
-                    node,
-                    now,
-                    gpu_index=i,
-                    counters={"tflops": round(tflops[i], 3), "ratio_to_median": round(ratio, 3)},
-                    message=f"GPU {i} GEMM {ratio:.0%} of the median of its peers",
-                )
-            )
+    faults = _rate_faults(
+        tflops,
+        minimum=profile.gemm_bf16_tflops_min,
+        peer_tolerance=profile.peer_tolerance,
+        kind=FaultKind.GEMM_BELOW_THRESHOLD,
+        what="GEMM",
+        unit="TFLOP/s",
+        counter="tflops",
+        node=node,
+        now=now,
+    )
     lowest = min(tflops.values())
     return from_faults(
         "gemm",
@@ -200,32 +228,17 @@ def judge_hbm(
     if not runs:
         return CheckResult("hbm", CheckStatus.UNKNOWN, "no device to run on")
     gbps = {i: r.gbps for i, r in runs.items()}
-    faults: list[FaultEvent] = []
-    for i, value in sorted(gbps.items()):
-        j = prof.at_least(value, profile.hbm_gbps_min, f"GPU {i} memory copy", "GB/s")
-        if j.verdict is prof.Verdict.FAIL:
-            faults.append(
-                _fault(
-                    FaultKind.HBM_BELOW_THRESHOLD,
-                    node,
-                    now,
-                    gpu_index=i,
-                    counters={"gbps": round(value, 3), "threshold": profile.hbm_gbps_min},
-                    message=j.detail,
-                )
-            )
-    for i, ratio in prof.laggards(gbps, profile.peer_tolerance).items():
-        if not any(f.evidence.gpu_index == i for f in faults):
-            faults.append(
-                _fault(
-                    FaultKind.HBM_BELOW_THRESHOLD,
-                    node,
-                    now,
-                    gpu_index=i,
-                    counters={"gbps": round(gbps[i], 3), "ratio_to_median": round(ratio, 3)},
-                    message=f"GPU {i} memory bandwidth {ratio:.0%} of its peers' median",
-                )
-            )
+    faults = _rate_faults(
+        gbps,
+        minimum=profile.hbm_gbps_min,
+        peer_tolerance=profile.peer_tolerance,
+        kind=FaultKind.HBM_BELOW_THRESHOLD,
+        what="memory copy",
+        unit="GB/s",
+        counter="gbps",
+        node=node,
+        now=now,
+    )
     lowest = min(gbps.values())
     return from_faults(
         "hbm",
