@@ -21,6 +21,7 @@ from gpufleet.cli import (
     provision_cmd,
     sim_cmd,
     slurm_cmd,
+    status_cmd,
 )
 
 app = typer.Typer(
@@ -41,6 +42,7 @@ app.add_typer(health_cmd.app, name="health")
 app.add_typer(agent_cmd.app, name="agent")
 app.add_typer(local_cmd.app, name="local")
 app.command("demo")(demo_cmd.demo)
+app.command("status")(status_cmd.status)
 app.command("controller")(controller_cmd.controller)
 app.command("nodes")(nodes_cmd.nodes_table)
 app.command("node")(nodes_cmd.node_detail)

@@ -229,6 +229,7 @@ class Fleet:
 
             os.killpg(self.controller.pid, signal.SIGKILL)
         self.controller.stop(grace=0.1)
+        self.controller = None  # not running, on purpose: not a dead component
 
     def stop_controller(self) -> None:
         if self.controller is not None:

@@ -146,14 +146,28 @@ def put_policy(api: Kube, body: dict[str, Any]) -> None:
     """Create the FleetPolicy afresh (a new object has no breaker or rate-limit history)."""
     path = f"{GV}/fleetpolicies/{body['metadata']['name']}"
     if api.exists(path):
+        # The controller's finalizer would hold the delete while it is stopped.
+        api.patch(path, {"metadata": {"finalizers": None}})
         api.delete(path)
         wait("old FleetPolicy gone", lambda: not api.exists(path))
     api.post(f"{GV}/fleetpolicies", body, ok=(201,))
 
 
-def reset_node(api: Kube, name: str) -> None:
+def reset_node(api: Kube, name: str, attempts: int = 10) -> None:
     """Forget every incident: gpufleet's marks, conditions, cordon and taints (not the
-    BMC annotation). Used between scenarios, with the controller stopped."""
+    BMC annotation). Used between scenarios, with the controller stopped; the syncer
+    and KWOK still write the Node, so a conflicting write is retried."""
+    for attempt in range(attempts):
+        try:
+            _reset_node(api, name)
+            return
+        except RuntimeError as exc:
+            if "HTTP 409" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.1)
+
+
+def _reset_node(api: Kube, name: str) -> None:
     node = api.get(f"/api/v1/nodes/{name}")
     ann = node["metadata"].get("annotations") or {}
     drop = {

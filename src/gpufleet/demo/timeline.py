@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from gpufleet.demo.observe import Entry, Observer
 
@@ -76,7 +77,8 @@ class Timeline:
     def show(self, entry: Entry) -> None:
         style = STYLES.get(entry.kind, "")
         stamp = f"[dim]{self.rel(entry.t):7.2f}s[/dim]"
-        text = f"[{style}]{entry.text}[/{style}]" if style else entry.text
+        body = escape(entry.text)
+        text = f"[{style}]{body}[/{style}]" if style else body
         self.console.print(f"{stamp}  {text}", soft_wrap=True)
 
     def note(self, kind: str, text: str, node: str | None = None) -> Entry:

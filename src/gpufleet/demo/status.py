@@ -1,0 +1,139 @@
+"""``gpufleet status``: one screen about a fleet -- nodes by state, nodes out and why,
+active remediations, Slurm partition usage, the circuit breaker.
+
+It reads Kubernetes (Nodes, NodeRemediations, FleetPolicies) and, when the
+cluster has Slurm, ``sinfo``; it changes nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from gpufleet.demo.kube import GV, Kube
+from gpufleet.domain import well_known
+from gpufleet.local.cluster import ClusterInfo
+
+
+@dataclass
+class FleetStatus:
+    by_state: Counter[str] = field(default_factory=Counter)
+    out: list[tuple[str, str, str, str]] = field(default_factory=list)
+    remediations: list[tuple[str, str, str, str]] = field(default_factory=list)
+    partitions: list[tuple[str, str, str]] = field(default_factory=list)
+    breakers: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def _ago(stamp: str | None, now: float) -> str:
+    if not stamp:
+        return "-"
+    try:
+        t = time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+    except ValueError:
+        return stamp
+    s = max(0, int(now - t))
+    return f"{s}s" if s < 120 else f"{s // 60}m"
+
+
+def gather(info: ClusterInfo) -> FleetStatus:
+    st = FleetStatus()
+    api = Kube(info)
+    now = time.time()
+    try:
+        for n in api.nodes():
+            meta = n["metadata"]
+            state = (meta.get("labels") or {}).get(well_known.LABEL_STATE, "unmanaged")
+            st.by_state[state] += 1
+            ann = meta.get("annotations") or {}
+            cordoned = bool((n.get("spec") or {}).get("unschedulable"))
+            lent = ann.get(well_known.ANNOTATION_LENT_TO)
+            if state != "production" or cordoned or lent:
+                why = ann.get(well_known.ANNOTATION_REASON) or ""
+                if lent:
+                    why = f"lent to Pod {lent}"
+                problems = [
+                    f"{c['type']}: {c.get('reason', '')}"
+                    for c in (n.get("status") or {}).get("conditions") or []
+                    if c["type"] in well_known.CONDITIONS.values() and c["status"] == "True"
+                ]
+                st.out.append((meta["name"], state, why[:70], ", ".join(problems) or "-"))
+        r = api.http.get(f"{GV}/noderemediations")
+        if r.status_code == 200:
+            for item in r.json().get("items") or []:
+                s = item.get("status") or {}
+                if s.get("phase") in ("Succeeded", "Escalated") and s.get("completedAt"):
+                    continue
+                st.remediations.append(
+                    (
+                        item["spec"].get("node", "?"),
+                        str(item["spec"].get("fault", "")),
+                        f"{s.get('phase', '-')} / {s.get('currentStep') or '-'}",
+                        _ago(s.get("startedAt"), now),
+                    )
+                )
+        r = api.http.get(f"{GV}/fleetpolicies")
+        if r.status_code == 200:
+            for item in r.json().get("items") or []:
+                b = (item.get("status") or {}).get("breaker") or {}
+                state = "[red]OPEN[/red]" if b.get("open") else "[green]closed[/green]"
+                st.breakers.append(
+                    (item["metadata"]["name"], state, str(b.get("faultingNodes", 0)))
+                )
+    finally:
+        api.close()
+    if info.slurm_conf is not None:
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%P %a %F"],
+            env=info.slurm_env(),
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        for line in out.stdout.splitlines():
+            name, avail, counts = line.split()
+            alloc, idle, other, total = counts.split("/")
+            st.partitions.append(
+                (name, avail, f"{alloc} allocated, {idle} idle, {other} other of {total}")
+            )
+    return st
+
+
+def render(st: FleetStatus, console: Console) -> None:
+    states = Table("STATE", "NODES", box=None)
+    for state, count in sorted(st.by_state.items()):
+        states.add_row(state, str(count))
+    out = Table("NODE", "STATE", "WHY", "PROBLEMS", box=None)
+    for row in st.out:
+        out.add_row(*row)
+    rem = Table("NODE", "FAULT", "PHASE / STEP", "SINCE", box=None)
+    for row in st.remediations:
+        rem.add_row(*row)
+    parts = Table("PARTITION", "AVAIL", "NODES", box=None)
+    for prow in st.partitions:
+        parts.add_row(*prow)
+    brk = Table("FLEETPOLICY", "BREAKER", "FAULTING NODES", box=None)
+    for brow in st.breakers:
+        brk.add_row(*brow)
+    console.print(
+        Group(
+            Panel(states, title="fleet by state", title_align="left"),
+            Panel(out if st.out else "none", title="nodes out", title_align="left"),
+            Panel(
+                rem if st.remediations else "none",
+                title="active remediations",
+                title_align="left",
+            ),
+            Panel(parts if st.partitions else "no Slurm", title="Slurm", title_align="left"),
+            Panel(
+                brk if st.breakers else "no FleetPolicy",
+                title="circuit breaker",
+                title_align="left",
+            ),
+        )
+    )
