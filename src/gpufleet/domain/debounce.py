@@ -17,9 +17,12 @@ settings:
 * when a monitor cannot read its source and nothing is wrong, the status is
   ``Unknown``, never ``True``: a broken monitor is not a broken node.
 
-The faults that explain a raised condition are kept (the latest per fault
-key and component), so that the condition message carries the evidence even
-after the fault itself stopped being observed.
+The faults that explain a raised condition are kept, so that the condition
+message carries the evidence even after the fault itself stopped being
+observed: for a state, its latest observation per fault key and component;
+for instants, every distinct occurrence (the most recent
+:data:`~gpufleet.domain.conditions.MAX_OCCURRENCES`), because repeat rules
+count them — three link flaps must reach the controller as three.
 
 Pure: the caller passes ``now``.
 """
@@ -30,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from gpufleet.domain.conditions import MAX_OCCURRENCES
 from gpufleet.domain.faults import FaultEvent
 from gpufleet.domain.policy import Detection
 
@@ -68,7 +72,7 @@ class ConditionState:
     last_bad: float | None = None
     """When a problem (state or instant) was last observed."""
     faults: tuple[FaultEvent, ...] = ()
-    """The faults behind the current or last raise (latest per key and component)."""
+    """The faults behind the current or last raise, oldest first."""
     note: str = ""
     """Why the status is Unknown, when it is."""
 
@@ -78,15 +82,21 @@ class ConditionState:
         return self.status is Status.PROBLEM
 
 
-def _merge(old: Sequence[FaultEvent], new: Sequence[FaultEvent]) -> tuple[FaultEvent, ...]:
-    """Latest fault per (key, component), ordered by first appearance."""
-    by: dict[tuple[str, str], FaultEvent] = {}
-    for fault in (*old, *new):
-        ident = (fault.key, fault.evidence.scope())
-        prev = by.get(ident)
-        if prev is None or fault.at >= prev.at:
-            by[ident] = fault
-    return tuple(by.values())
+def _merge(
+    old: Sequence[FaultEvent], present: Sequence[FaultEvent], instant: Sequence[FaultEvent]
+) -> tuple[FaultEvent, ...]:
+    """Old evidence plus this observation: a state present now replaces its earlier
+    observations (same key and component); instants are kept one per occurrence."""
+    current = {(f.key, f.evidence.scope()) for f in present}
+    kept = [f for f in old if (f.key, f.evidence.scope()) not in current]
+    seen = {(f.key, f.evidence.scope(), f.at) for f in kept}
+    for fault in (*present, *instant):
+        ident = (fault.key, fault.evidence.scope(), fault.at)
+        if ident not in seen:
+            seen.add(ident)
+            kept.append(fault)
+    kept.sort(key=lambda f: f.at)
+    return tuple(kept[-MAX_OCCURRENCES:])
 
 
 def observe(state: ConditionState, obs: Observation, detection: Detection) -> ConditionState:
@@ -97,7 +107,7 @@ def observe(state: ConditionState, obs: Observation, detection: Detection) -> Co
     bad = bool(present or instant)
     if bad:
         bad_since = (state.bad_since if state.bad_since is not None else now) if present else None
-        seen = _merge(state.faults if state.problem else (), (*present, *instant))
+        seen = _merge(state.faults if state.problem else (), present, instant)
         due = bool(instant) or (
             bad_since is not None and now - bad_since >= detection.raise_after_seconds
         )

@@ -118,15 +118,19 @@ class Agent:
         self._last_active = clock()
         self.last_results: list[Any] = []
         self._hardware: conditions.ConditionReport | None = None
+        self._recent: list[FaultEvent] = []
+        """Recent occurrences with their evidence, to replay a repeat to the controller."""
         self._requests: asyncio.Queue[conditions.AgentRequest] | None = None
         self._handled: set[str] = set()
 
     # ----------------------------------------------------------------- one poll
 
     def _judge(self, fault: FaultEvent, now: float) -> Response:
+        window = _window(self.policy)
         occ = Occurrence(fault.key, fault.evidence.scope(), fault.at)
-        keep = [o for o in self.record.occurrences if now - o.at < _window(self.policy)]
+        keep = [o for o in self.record.occurrences if now - o.at < window]
         self.record = replace(self.record, occurrences=(*keep, occ))
+        self._recent = [f for f in self._recent if now - f.at < window] + [fault]
         response, _why = respond(self.policy.rule_for(fault), fault, self.record, now)
         return response
 
@@ -159,6 +163,10 @@ class Agent:
                     events.append((fault, response))
                 if response.takes_node_out:
                     (worthy_instant if instant else worthy_state).append(fault)
+                    if instant:  # the earlier occurrences that made a repeat rule fire
+                        worthy_instant.extend(
+                            f for f in self._recent if f.key == fault.key and f is not fault
+                        )
                     if not instant:
                         self._worthy.add(ident)
             o = debounce.Observation(
