@@ -105,12 +105,6 @@ def test_inference_pod_takes_a_node_from_slurm_and_the_job_completes(demo: Demo)
     job_completed_with_bounded_loss(r)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the agent raises InfinibandProblem on the 3rd flap (repeat rule) but the "
-    "controller replays only that one occurrence and decides 'log': Slurm drains the node, "
-    "Kubernetes never cordons it (see docs/demo.md, known problems)",
-)
 def test_ib_flaps_take_the_node_out_on_the_third(demo: Demo) -> None:
     r = demo.run("ib-flap")
     node = r.figures["faulty"]
