@@ -1,22 +1,31 @@
 """Provisioning bench: 100 machines booting at once, and power-on -> Node in burn-in.
 
-Starts a local cluster (no Slurm), the provisioning service and the lifecycle
-controller, imports ``--machines`` Machines, then
+Starts a local cluster (no Slurm), the provisioning service (its own process,
+``gpufleet provision serve``, as deployed; ``--service thread`` runs it in a
+thread of the bench's process instead) and the lifecycle controller, imports
+``--machines`` Machines, then
 
+0. measures the load generator itself: ``--machines`` concurrent requests to
+   ``/healthz`` (no apiserver work) from the bench's minimal client and from one
+   ``httpx.AsyncClient`` -- the floor of what each client can see;
 1. boots all of them at once (iPXE, meta-data, user-data with a fresh token
-   each) and prints p50/p99/max per endpoint, measured by the clients;
+   each) and prints p50/p99/max per endpoint, measured by the clients
+   (``--client raw``: one connection per request, as machines make them;
+   ``--client httpx``: one shared ``httpx.AsyncClient``, as this bench did first);
 2. for ``--join`` of them, times a simulated power-on to the Node labelled
    ``burn-in``: boot requests, then the Node registers with the labels from
    the user-data (as the kubelet does), KWOK makes it Ready, the agent's
    hardware condition is written, and the controller checks the inventory.
 
     .venv/bin/python bench/provision.py --machines 100 --join 20
+    .venv/bin/python bench/provision.py --machines 100 --join 20 --client httpx --service thread
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import socket
@@ -25,8 +34,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -59,14 +71,47 @@ def mac(i: int) -> str:
     return f"bb:00:00:00:{i // 256:02x}:{i % 256:02x}"
 
 
-async def boot_one(http: httpx.AsyncClient, m: str, lat: dict[str, list[float]]) -> str:
+class Answer:
+    def __init__(self, status_code: int, text: str) -> None:
+        self.status_code = status_code
+        self.text = text
+
+    def raise_for_status(self) -> None:
+        if self.status_code != 200:
+            raise RuntimeError(f"HTTP {self.status_code}: {self.text[:200]}")
+
+
+async def raw_get(url: str, path: str, headers: dict[str, str] | None = None) -> Answer:
+    """One HTTP/1.1 GET on its own connection, as a booting machine's firmware or
+    cloud-init makes it. A few lines of asyncio: httpx's pool, shared by a hundred
+    concurrent requests, costs more CPU than the service's answers (see the
+    ``/healthz`` figures the bench prints)."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    request = f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{head}Connection: close\r\n\r\n"
+    writer.write(request.encode())
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    head_bytes, _, body = data.partition(b"\r\n\r\n")
+    return Answer(int(head_bytes.split(b" ", 2)[1]), body.decode())
+
+
+async def boot_one(
+    http: httpx.AsyncClient | None, url: str, m: str, lat: dict[str, list[float]]
+) -> str:
     for endpoint, path in (
         ("ipxe", f"/ipxe?mac={m}"),
         ("meta-data", f"/cloud-init/{m}/meta-data"),
         ("user-data", f"/cloud-init/{m}/user-data"),
     ):
         t = time.perf_counter()
-        r = await http.get(path, headers={"X-Gpufleet-Enrollment": SECRET})
+        headers = {"X-Gpufleet-Enrollment": SECRET}
+        if http is None:
+            r: Answer | httpx.Response = await raw_get(url, path, headers)
+        else:
+            r = await http.get(path, headers=headers)
         lat[endpoint].append(time.perf_counter() - t)
         r.raise_for_status()
     return r.text
@@ -123,16 +168,75 @@ async def main_async(args: argparse.Namespace, info: Any, url: str) -> None:
 
     lat: dict[str, list[float]] = {"ipxe": [], "meta-data": [], "user-data": []}
     limits = httpx.Limits(max_connections=n)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+    await asyncio.sleep(2)  # the service's Machine index catches up with the import
+
+    async def noop(http: httpx.AsyncClient | None) -> float:
+        t = time.perf_counter()
+        r = await raw_get(url, "/healthz") if http is None else await http.get("/healthz")
+        r.raise_for_status()
+        return time.perf_counter() - t
+
+    async def noop_round(label: str, http: httpx.AsyncClient | None) -> None:
         t0 = time.perf_counter()
-        await asyncio.gather(*(boot_one(http, mac(i), lat) for i in range(n)))
+        xs = await asyncio.gather(*(noop(http) for _ in range(n)))
         wall = time.perf_counter() - t0
-    print(f"{n} machines booting at once: all served in {wall:.2f} s")
+        print(
+            f"{n} concurrent GET /healthz, {label}: all in {wall * 1000:.0f} ms;"
+            f" p50 {statistics.median(xs) * 1000:.1f} ms   p99 {pct(xs, 99) * 1000:.1f} ms"
+        )
+
+    # The floor: what a request that costs the service no apiserver work looks like
+    # from each client (the difference between the two is the client's own cost).
+    await noop_round("raw asyncio client, a connection each", None)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+        await noop_round("one httpx.AsyncClient (new connections)", http)
+        await noop_round("one httpx.AsyncClient (kept-alive connections)", http)
+
+    async with contextlib.AsyncExitStack() as stack:
+        client = None
+        if args.client == "httpx":
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, timeout=60, limits=limits)
+            )
+        t0 = time.perf_counter()
+        await asyncio.gather(*(boot_one(client, url, mac(i), lat) for i in range(n)))
+        wall = time.perf_counter() - t0
+    print(f"{n} machines booting at once ({args.client} client): all served in {wall:.2f} s")
     for endpoint, xs in lat.items():
         print(
             f"  {endpoint:10s} p50 {statistics.median(xs) * 1000:6.1f} ms   "
             f"p99 {pct(xs, 99) * 1000:6.1f} ms   max {max(xs) * 1000:6.1f} ms"
         )
+
+    # The apiserver's share: the writes a boot storm makes, without the service.
+    # 2n status merge-patches (what the claims cost), 16 in flight as the service
+    # sends them, from one kept-alive client.
+    slots = asyncio.Semaphore(16)
+
+    async def write(i: int) -> float:
+        async with slots:
+            t = time.perf_counter()
+            r = await kube.patch(
+                f"{GV}/machines/bench-{i % n:04d}/status",
+                json={"status": {"message": f"bench write {i}"}},
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
+            r.raise_for_status()
+            return time.perf_counter() - t
+
+    one = [await write(i) for i in range(20)]
+    print(
+        f"apiserver alone: 20 Machine status writes one at a time: "
+        f"p50 {statistics.median(one) * 1000:.1f} ms   max {max(one) * 1000:.1f} ms"
+    )
+    t0 = time.perf_counter()
+    ws = await asyncio.gather(*(write(i) for i in range(2 * n)))
+    wall = time.perf_counter() - t0
+    print(
+        f"apiserver alone: {2 * n} Machine status writes, 16 in flight: {wall:.2f} s "
+        f"({2 * n / wall:.0f}/s); per write p50 {statistics.median(ws) * 1000:.1f} ms   "
+        f"p99 {pct(ws, 99) * 1000:.1f} ms"
+    )
 
     # Power-on -> burn-in, for machines not booted yet (re-arm the first `join`).
     for i in range(args.join):
@@ -196,10 +300,64 @@ async def main_async(args: argparse.Namespace, info: Any, url: str) -> None:
     await kube.aclose()
 
 
+@contextmanager
+def service_process(options: ServeOptions, run_dir: Path) -> Iterator[str]:
+    """``gpufleet provision serve`` as a process (default rate limits: one source
+    address may send 400 requests at once, more than the bench's 3 per machine)."""
+    url = f"http://{options.host}:{options.port}"
+    log = (run_dir / "provision.log").open("ab")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet.cli.main",
+            "provision",
+            "serve",
+            "--kubeconfig",
+            str(options.kubeconfig),
+            "--host",
+            options.host,
+            "--port",
+            str(options.port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"provisioning service did not start; see {log.name}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--machines", type=int, default=100)
     parser.add_argument("--join", type=int, default=20)
+    parser.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="boot requests from a minimal asyncio client (a connection each, like machines)"
+        " or from one shared httpx.AsyncClient",
+    )
+    parser.add_argument(
+        "--service",
+        choices=("process", "thread"),
+        default="process",
+        help="run the service as its own process (as deployed) or in a thread of the bench",
+    )
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-provision-", dir="/tmp"))
     with running(ClusterSpec(nodes=1, slurm=False, redfish=False, run_dir=run_dir)) as info:
@@ -228,8 +386,12 @@ def main() -> None:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         try:
-            with in_thread(options, settings) as url:
-                asyncio.run(main_async(args, info, url))
+            if args.service == "thread":
+                with in_thread(options, settings) as url:
+                    asyncio.run(main_async(args, info, url))
+            else:
+                with service_process(options, run_dir) as url:
+                    asyncio.run(main_async(args, info, url))
         finally:
             ctl.terminate()
             ctl.wait(15)

@@ -30,7 +30,8 @@ from pydantic import ValidationError
 
 from gpufleet.domain import enrollment, well_known
 from gpufleet.provision import machines, render
-from gpufleet.provision.kubeapi import ApiError, Conflict, KubeApi
+from gpufleet.provision.index import MachineIndex
+from gpufleet.provision.kubeapi import ApiError, Conflict, KubeApi, NotFound
 from gpufleet.provision.ratelimit import Buckets, Limit
 from gpufleet.remediate import redfish
 
@@ -55,6 +56,10 @@ class ServiceSettings:
 ten at once or more than one a second for long is a boot loop or an attack."""
     bmc_timeout_s: float = 5.0
     """Per BMC request when checking a presented serial."""
+
+
+class _Stale(Exception):
+    """A decision made on the index's copy of a Machine must be made again on a fresh read."""
 
 
 class Refused(Exception):
@@ -164,8 +169,14 @@ def token_secret(machine: str, token_id: str, token_secret: str, expires_at: flo
 
 
 def new_token() -> tuple[str, str]:
-    chars = "".join(secrets.choice(enrollment.TOKEN_ALPHABET) for _ in range(22))
-    return enrollment.token_from(chars)
+    """22 uniformly random characters of [a-z0-9] (a byte below 252 = 7 x 36, mod 36),
+    from one ``secrets.token_bytes`` call instead of 22 ``secrets.choice`` calls."""
+    alphabet = enrollment.TOKEN_ALPHABET
+    limit = 256 - 256 % len(alphabet)
+    chars: list[str] = []
+    while len(chars) < 22:
+        chars.extend(alphabet[b % len(alphabet)] for b in secrets.token_bytes(32) if b < limit)
+    return enrollment.token_from("".join(chars[:22]))
 
 
 class Provisioner:
@@ -180,8 +191,11 @@ class Provisioner:
         metrics: ProvisionMetrics | None = None,
         clock: Callable[[], float] = time.time,
         bmc_serial: Callable[[Json, machines.MachineSpec], Any] | None = None,
+        index: MachineIndex | None = None,
     ) -> None:
         self.api = api
+        self.index = index
+        """Machines by MAC from a watch; None: every lookup reads the apiserver."""
         self.config = config
         self.settings = settings or ServiceSettings()
         self.metrics = metrics or ProvisionMetrics()
@@ -199,13 +213,28 @@ class Provisioner:
         if not self._per_mac.allow(mac):
             raise Refused(429, f"rate limit for MAC {mac}", "too many requests")
 
-    async def find(self, mac: str, *, endpoint: str, client: str) -> tuple[str, Json]:
-        """The Machine that lists this MAC; an unknown MAC is refused with an Event."""
+    async def find(
+        self, mac: str, *, endpoint: str, client: str, fresh: bool = False
+    ) -> tuple[str, Json]:
+        """The Machine that lists this MAC; an unknown MAC is refused with an Event.
+
+        From the index when it has the MAC (unless ``fresh``), else from the apiserver.
+        """
+        name, body, _ = await self._find(mac, endpoint=endpoint, client=client, fresh=fresh)
+        return name, body
+
+    async def _find(
+        self, mac: str, *, endpoint: str, client: str, fresh: bool = False
+    ) -> tuple[str, Json, bool]:
+        """:meth:`find`, also saying whether the answer came from the index."""
         try:
             mac = machines.normalize_mac(mac)
         except ValueError:
             raise Refused(400, f"malformed MAC {mac!r}", "not a MAC address") from None
-        body = await self.api.machine_by_mac(mac)
+        body = None if fresh or self.index is None else self.index.lookup(mac)
+        cached = body is not None
+        if body is None:
+            body = await self.api.machine_by_mac(mac)
         if body is None or mac not in ((body.get("spec") or {}).get("macs") or []):
             self.metrics.unknown.inc()
             self.audit(
@@ -215,7 +244,7 @@ class Provisioner:
                 warning=True,
             )
             raise Refused(404, f"unknown MAC {mac}", "not found")
-        return str(body["metadata"]["name"]), body
+        return str(body["metadata"]["name"]), body, cached
 
     def audit(self, machine: str | None, reason: str, message: str, *, warning: bool) -> None:
         """Post an audit Event about a Machine (or about an unknown one) in the background."""
@@ -305,19 +334,64 @@ class Provisioner:
         enrollment_secret: str | None = None,
         serial: str | None = None,
     ) -> Boot:
-        """Authenticate, claim this boot's token, create it, render the user-data."""
+        """Authenticate, claim this boot's token, create it, render the user-data.
+
+        The first attempt may decide on the index's copy of the Machine. That copy
+        is only a guess: a refusal is confirmed on a fresh read before it is
+        answered, and the claim carries the copy's ``resourceVersion``, so a stale
+        copy makes the claim fail (409, or 404 for a deleted Machine) and the
+        decision is made again on a fresh read. A token is issued only by a claim
+        that won against the Machine as it is in the apiserver.
+        """
         self.rate_limit(client, mac)
-        name, body = await self.find(mac, endpoint="user-data", client=client)
+        name, body, cached = await self._find(mac, endpoint="user-data", client=client)
+        bmc_memo: dict[tuple[str, str], str | None] = {}
+        if cached:
+            try:
+                return await self._issue(
+                    name, body, mac, client, enrollment_secret, serial, bmc_memo, tentative=True
+                )
+            except _Stale:
+                name, body = await self.find(mac, endpoint="user-data", client=client, fresh=True)
+        try:
+            return await self._issue(
+                name, body, mac, client, enrollment_secret, serial, bmc_memo, tentative=False
+            )
+        except _Stale:  # pragma: no cover (only tentative attempts raise it)
+            raise Refused(409, "machine changed while claiming", "no token for this boot") from None
+
+    async def _issue(
+        self,
+        name: str,
+        body: Json,
+        mac: str,
+        client: str,
+        enrollment_secret: str | None,
+        serial: str | None,
+        bmc_memo: dict[tuple[str, str], str | None],
+        *,
+        tentative: bool,
+    ) -> Boot:
+        """One attempt; ``tentative`` (``body`` from the index): raise :class:`_Stale`
+        instead of refusing, and when the claim loses. ``bmc_memo`` keeps a BMC's
+        answer for the second attempt (one BMC request per boot request)."""
         try:
             spec = machines.spec_of(body)
         except ValidationError as exc:
+            if tentative:
+                raise _Stale from None
             raise Refused(409, f"machine {name} has an invalid spec: {exc}") from None
         bmc_serial: str | None = None
         if serial and not enrollment_secret:
-            try:
-                bmc_serial = await self._bmc_serial(body, spec)
-            except (redfish.RedfishError, ApiError) as exc:
-                log.warning("machine=%s BMC serial not read: %s", name, exc)
+            key = (spec.bmc.endpoint, spec.bmc.credentials_secret)
+            if key in bmc_memo:
+                bmc_serial = bmc_memo[key]
+            else:
+                try:
+                    bmc_serial = await self._bmc_serial(body, spec)
+                except (redfish.RedfishError, ApiError) as exc:
+                    log.warning("machine=%s BMC serial not read: %s", name, exc)
+                bmc_memo[key] = bmc_serial
         who = enrollment.authenticate(
             presented_secret=enrollment_secret,
             secret_digest=spec.enrollment_digest,
@@ -326,11 +400,15 @@ class Provisioner:
             bmc_serial=bmc_serial,
         )
         if not who.allowed:
+            if tentative:
+                raise _Stale
             self._refuse(name, client, "authentication", who.reason)
             raise Refused(403, who.reason, "forbidden")
         now = self.clock()
         may = enrollment.may_issue(token_state(body), now)
         if not may.allowed:
+            if tentative:
+                raise _Stale
             self._refuse(name, client, "not-armed", may.reason)
             raise Refused(409, may.reason, "no token for this boot")
         token_id, token_secret_ = new_token()
@@ -350,7 +428,11 @@ class Provisioner:
             await self.api.patch_machine_status(
                 name, claim, body["metadata"].get("resourceVersion")
             )
-        except Conflict:
+        except (Conflict, NotFound) as exc:
+            if tentative:
+                raise _Stale from None
+            if isinstance(exc, NotFound):
+                raise Refused(404, f"machine {name} deleted while claiming", "not found") from None
             reason = "another request claimed this boot's token first"
             self._refuse(name, client, "not-armed", reason)
             raise Refused(409, reason, "no token for this boot") from None

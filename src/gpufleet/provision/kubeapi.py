@@ -8,9 +8,10 @@ naming the request.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -39,9 +40,24 @@ class NotFound(ApiError):
     """404."""
 
 
+class Gone(ApiError):
+    """410: the resourceVersion a watch started from is too old; list again."""
+
+
+MAX_IN_FLIGHT = 16
+"""Apiserver requests in flight at once. A boot storm queues here instead of
+opening a TLS connection per request (each handshake costs more CPU than the
+request it carries); the kept-alive connections are reused."""
+MAX_BACKGROUND = 2
+"""Of those, how many may be background work (audit Events): a boot waits for
+its claim and its token, never for the Events of the boots before it."""
+
+
 class KubeApi:
-    def __init__(self, api: Any) -> None:
+    def __init__(self, api: Any, *, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self._api = api
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._background = asyncio.Semaphore(min(MAX_BACKGROUND, max_in_flight))
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> KubeApi:
@@ -58,7 +74,20 @@ class KubeApi:
         body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
+        background: bool = False,
     ) -> Json:
+        if background:
+            async with self._background:
+                return await self.call(
+                    what,
+                    method,
+                    url=url,
+                    version=version,
+                    namespace=namespace,
+                    body=body,
+                    headers=headers,
+                    params=params,
+                )
         kwargs: dict[str, Any] = {}
         if body is not None:
             kwargs["content"] = json.dumps(body)
@@ -66,9 +95,12 @@ class KubeApi:
         if params:
             kwargs["params"] = dict(params)
         try:
-            async with self._api.call_api(
-                method, version=version, namespace=namespace, url=url, **kwargs
-            ) as resp:
+            async with (
+                self._slots,
+                self._api.call_api(
+                    method, version=version, namespace=namespace, url=url, **kwargs
+                ) as resp,
+            ):
                 data: Json = resp.json() if resp.content else {}
                 return data
         except (httpx.HTTPStatusError, kr8s.ServerError) as exc:
@@ -96,6 +128,49 @@ class KubeApi:
         )
         items = data.get("items") or []
         return items[0] if len(items) == 1 else None
+
+    async def list_machines_at(self) -> tuple[list[Json], str]:
+        """All Machines and the list's resourceVersion (where a watch starts)."""
+        data = await self.call("list machines", "GET", version=GV, url=machines.PLURAL)
+        rv = str((data.get("metadata") or {}).get("resourceVersion") or "")
+        return list(data.get("items") or []), rv
+
+    async def watch_machines(
+        self, resource_version: str, *, timeout_s: int = 300
+    ) -> AsyncIterator[tuple[str, Json]]:
+        """Machine watch events after ``resource_version`` (with bookmarks) until the
+        server ends the watch. A too-old version raises :class:`Gone`."""
+        params = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+        }
+        try:
+            async with self._api.call_api(
+                "GET",
+                version=GV,
+                url=machines.PLURAL,
+                params=params,
+                stream=True,
+                timeout=httpx.Timeout(timeout_s + 30, connect=5),
+            ) as resp:
+                async for line in resp.aiter_lines():
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    kind, obj = str(event.get("type")), event.get("object") or {}
+                    if kind == "ERROR":
+                        code = obj.get("code")
+                        cls = Gone if code == 410 else ApiError
+                        raise cls("watch machines", code, str(obj.get("message", ""))[:300])
+                    yield kind, obj
+        except (httpx.HTTPStatusError, kr8s.ServerError) as exc:
+            status = exc.response.status_code if exc.response is not None else None
+            cls = Gone if status == 410 else ApiError
+            raise cls("watch machines", status, str(exc)[:300]) from None
+        except httpx.HTTPError as exc:
+            raise ApiError("watch machines", None, f"{type(exc).__name__}: {exc}") from exc
 
     async def get_machine(self, name: str) -> Json:
         return await self.call(
@@ -158,4 +233,7 @@ class KubeApi:
     # ---------------------------------------------------------------- events
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
-        await self.call("create event", "POST", namespace=namespace, url="events", body=event)
+        """Audit Events are background work (:data:`MAX_BACKGROUND`)."""
+        await self.call(
+            "create event", "POST", namespace=namespace, url="events", body=event, background=True
+        )

@@ -19,6 +19,14 @@ import yaml
 from gpufleet.domain import well_known
 from gpufleet.provision.machines import MachineSpec
 
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+"""libyaml's emitter when PyYAML has it: the same documents (line folding may differ),
+about 8x faster than the pure-Python one, which was most of a user-data answer's CPU."""
+
+
+def _dump(data: object) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
+
 
 @dataclass(frozen=True)
 class BootConfig:
@@ -104,7 +112,7 @@ def ipxe(config: BootConfig, name: str, mac: str) -> str:
 
 def meta_data(name: str) -> str:
     """nocloud meta-data: the instance id and hostname (no secrets)."""
-    return yaml.safe_dump({"instance-id": name, "local-hostname": name}, sort_keys=False)
+    return _dump({"instance-id": name, "local-hostname": name})
 
 
 def user_data(config: BootConfig, name: str, spec: MachineSpec, token: str) -> str:
@@ -138,9 +146,9 @@ def user_data(config: BootConfig, name: str, spec: MachineSpec, token: str) -> s
             {
                 "path": "/etc/gpufleet/kubeadm-join.yaml",
                 "permissions": "0600",
-                "content": yaml.safe_dump(join, sort_keys=False),
+                "content": _dump(join),
             }
         ],
         "runcmd": [["kubeadm", "join", "--config", "/etc/gpufleet/kubeadm-join.yaml"]],
     }
-    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
+    return "#cloud-config\n" + _dump(doc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 import uvicorn
 
 from gpufleet.provision import cluster, render, service
+from gpufleet.provision.index import MachineIndex
 from gpufleet.provision.issuer import Provisioner, ServiceSettings
 from gpufleet.provision.kubeapi import KubeApi
 
@@ -58,7 +60,30 @@ async def serve(
 ) -> None:
     """Serve until ``stop`` is set (or the process is signalled)."""
     api = await KubeApi.connect(str(options.kubeconfig) if options.kubeconfig else None)
-    provisioner = Provisioner(api, boot_config(options), settings)
+    index = MachineIndex(api)
+    index_task = asyncio.create_task(index.run(), name="machine-index")
+    try:
+        await _serve(options, settings, api, index, started=started, stop=stop)
+    finally:
+        index_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await index_task
+
+
+async def _serve(
+    options: ServeOptions,
+    settings: ServiceSettings,
+    api: KubeApi,
+    index: MachineIndex,
+    *,
+    started: threading.Event | None,
+    stop: asyncio.Event | None,
+) -> None:
+    # Requests before the index is synced read the apiserver; waiting a little
+    # for it only spares the first boots that detour.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(index.ready.wait(), 10)
+    provisioner = Provisioner(api, boot_config(options), settings, index=index)
     config = uvicorn.Config(
         service.create_app(provisioner),
         host=options.host,
