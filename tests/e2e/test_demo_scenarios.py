@@ -86,6 +86,9 @@ def test_fault_storm_is_held_by_the_budget_and_the_breaker(demo: Demo) -> None:
     assert len(r.figures["out"]) <= r.figures["budget"] == 1
     assert kinds(r, "breaker-open")
     assert len(kinds(r, "cordon")) <= 1
+    # The rails hold in Slurm too: the syncer follows the controller's decision.
+    drained = {e.node for e in r.entries if e.kind == "slurm-drain"}
+    assert len(drained) <= 1, kinds(r, "slurm-drain")
 
 
 def test_inference_pod_takes_a_node_from_slurm_and_the_job_completes(demo: Demo) -> None:

@@ -14,9 +14,14 @@ state, flags, drain reason). :func:`sync_node` turns the pair into one
    is reported to Kubernetes (condition + annotation) and otherwise left alone.
 3. **Kubernetes out => Slurm drained.** A node not in ``production``,
    cordoned, with a gpufleet problem condition, or lent to a Kubernetes Pod is
-   drained with reason ``gpufleet: <why>``. If someone resumes it early, the
-   next pass drains it again. A foreign drain already holds the node out, so
-   it is kept as it is (its owner's reason stays visible).
+   drained with reason ``gpufleet: <why>``. Where the lifecycle controller
+   runs (the Node carries its record), a problem condition on a node still in
+   ``production`` does not drain it by itself: the controller may be holding
+   it back (disruption budget, circuit breaker, pause, dry-run), and Slurm
+   follows the controller's decision, so the safety rails hold in Slurm too.
+   If someone resumes a node early, the next pass drains it again. A foreign
+   drain already holds the node out, so it is kept as it is (its owner's
+   reason stays visible).
 
 Pure: no I/O, no clock. The preemption choice (:func:`choose_lendable`) is
 here for the same reason: the simulator and the tests can run it without a
@@ -64,6 +69,8 @@ class KubeView:
     """The node is locked for a Kubernetes Pod (preemption)."""
     requeue: RequeueMode | None = None
     """The open incident's requeue policy, from the lifecycle record (None: no record)."""
+    managed: bool = False
+    """The lifecycle controller keeps a record on this Node: its state decides."""
 
     @property
     def known(self) -> bool:
@@ -141,7 +148,8 @@ def out_reason(view: KubeView) -> str | None:
     """
     if view.lent:
         return LENT_REASON
-    if view.problems:
+    counts = view.problems and not (view.managed and view.state is NodeState.PRODUCTION)
+    if counts:
         text = ", ".join(f"{t} {r}".strip() for t, r in sorted(view.problems))
         return text
     if view.state is not None and view.state is not NodeState.PRODUCTION:

@@ -86,6 +86,7 @@ def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:
         problems=problems,
         lent=lent_to(node) is not None,
         requeue=_requeue(node),
+        managed=bool(annotations_of(node).get(well_known.ANNOTATION_RECORD)),
     )
 
 

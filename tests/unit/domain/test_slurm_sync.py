@@ -262,3 +262,20 @@ def test_choice_is_bounded_healthy_and_cheapest_first(
     rest = [c for c in candidates if ss.lendable(c) and c.name not in chosen]
     if chosen and rest:
         assert max(costs) <= min(ss.lend_cost(c) for c in rest)
+
+
+def test_a_managed_node_held_back_by_the_controller_is_not_drained_for_its_problem() -> None:
+    """Budget, breaker and pause hold in Slurm too: where the lifecycle controller runs,
+    a problem condition on a node it kept in production does not drain it."""
+    from gpufleet.domain.slurm_sync import KubeView, SlurmView, Verb, sync_node
+    from gpufleet.domain.states import NodeState
+
+    idle = SlurmView(state="idle")
+    problem = (("GpuProblem", "Xid79"),)
+    held = KubeView(state=NodeState.PRODUCTION, problems=problem, managed=True)
+    assert sync_node(held, idle).verb is Verb.NOTHING
+    taken_out = KubeView(state=NodeState.DRAINING, problems=problem, managed=True)
+    decision = sync_node(taken_out, idle)
+    assert decision.verb is Verb.DRAIN and "GpuProblem Xid79" in (decision.drain_reason or "")
+    unmanaged = KubeView(state=NodeState.PRODUCTION, problems=problem)
+    assert sync_node(unmanaged, idle).verb is Verb.DRAIN
