@@ -119,6 +119,9 @@ class Agent:
         self.last_results: list[Any] = []
         self._hardware: conditions.ConditionReport | None = None
         self._recent: list[FaultEvent] = []
+        self._found: list[FaultEvent] = []
+        """Faults found by scheduled active checks (another thread), for the next poll."""
+        self._found_lock = threading.Lock()
         """Recent occurrences with their evidence, to replay a repeat to the controller."""
         self._requests: asyncio.Queue[conditions.AgentRequest] | None = None
         self._handled: set[str] = set()
@@ -139,6 +142,7 @@ class Agent:
     ) -> tuple[list[conditions.ConditionReport], list[tuple[FaultEvent, Response]]]:
         """Poll once; returns changed conditions and new occurrences with their response."""
         snap = self.monitors.poll(now)
+        self._add_found(snap, now)
         if self.metrics is not None:
             self.metrics.observe(snap)
         changed: list[conditions.ConditionReport] = []
@@ -338,8 +342,25 @@ class Agent:
         every = self.settings.active_every_s
         return every > 0 and now - self._last_active >= every and not self.hw.busy()
 
+    def _add_found(self, snap: Any, now: float) -> None:
+        """Fold faults found by active checks into this poll, as instants of their
+        subsystem, so they are judged, debounced and reported like any other; and
+        keep observing a subsystem whose condition is raised so that it can clear."""
+        with self._found_lock:
+            found, self._found = self._found, []
+        for fault in found:
+            sub = fault.subsystem
+            obs = snap.observations.get(sub) or debounce.Observation(at=now)
+            snap.observations[sub] = replace(obs, instant=(*obs.instant, fault))
+        for sub, entry in self.subs.items():
+            if sub not in snap.observations and entry.state.problem:
+                snap.observations[sub] = debounce.Observation(at=now)
+
     def run_active(self, now: float) -> list[Any]:
-        """Run the scheduled active checks (skipping the rest if a workload starts)."""
+        """Run the scheduled active checks (skipping the rest if a workload starts).
+
+        A failed check is a fault like any other: it is reported on the next poll.
+        """
         self._last_active = now
         results = []
         for name in self.settings.active_checks:
@@ -352,6 +373,8 @@ class Agent:
         if self.metrics is not None:
             for r in results:
                 self.metrics.check(r, self.clock())
+        with self._found_lock:
+            self._found.extend(f for r in results for f in r.faults)
         self.last_results = results
         return results
 

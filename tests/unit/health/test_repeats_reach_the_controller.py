@@ -50,3 +50,35 @@ def test_three_flaps_raise_a_condition_that_the_controller_acts_on() -> None:
         assert record.incident is not None and record.incident.key == "ib-link-flap"
     finally:
         hw.close()
+
+
+def test_a_scheduled_active_check_that_finds_sdc_raises_the_condition() -> None:
+    agent, hw, rep = make_agent()
+    try:
+        changed, events = agent.step(10.0)
+        asyncio.run(agent.publish(changed, events, 10.0))
+        assert rep.conditions["GpuProblem"].status == "False"
+        hw.inject("sdc-mismatch,gpu=4")
+        results = agent.run_active(11.0)
+        assert any(r.name == "sdc" and r.failed for r in results)
+        changed, events = agent.step(12.0)
+        asyncio.run(agent.publish(changed, events, 12.0))
+        cond = rep.conditions["GpuProblem"]
+        assert (cond.status, cond.reason) == ("True", "SdcMismatch")
+        faults = conditions.faults_of("n1", cond.type, cond.status, cond.message)
+        assert [f.evidence.gpu_index for f in faults] == [4]
+        # A slow GPU found by the GEMM check raises PerformanceProblem, and it clears
+        # once the checks pass again (the agent keeps observing a raised subsystem).
+        hw.recover()
+        hw.inject("gemm-below-threshold,gpu=1")
+        agent.run_active(13.0)
+        changed, events = agent.step(14.0)
+        asyncio.run(agent.publish(changed, events, 14.0))
+        assert rep.conditions["PerformanceProblem"].status == "True"
+        hw.recover()
+        for t in (20.0, 30.0):  # clearAfterSeconds is 2 in make_agent()
+            changed, events = agent.step(t)
+            asyncio.run(agent.publish(changed, events, t))
+        assert rep.conditions["PerformanceProblem"].status == "False"
+    finally:
+        hw.close()
