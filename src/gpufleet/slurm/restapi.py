@@ -14,6 +14,7 @@ the syncer treats as "Slurm view unknown" (fail closed).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +39,11 @@ class RestConfig:
     token: str
     timeout_s: float = 2.0
     """Per request; short, because a slow slurmrestd means an unknown view."""
+    max_in_flight: int = 4
+    """Requests in flight at once, over as many kept-alive connections. slurmrestd
+    is one process: a burst of concurrent connections is refused (ConnectTimeout),
+    which the syncer must read as "Slurm unknown"; a queue here is not. The wait
+    for a slot does not count against ``timeout_s``."""
 
 
 def node_view(raw: Mapping[str, Any]) -> slurm_sync.SlurmView:
@@ -77,14 +83,20 @@ class SlurmRest:
             base_url=config.url.rstrip("/"),
             headers={"X-SLURM-USER-NAME": config.user, "X-SLURM-USER-TOKEN": config.token},
             timeout=config.timeout_s,
+            limits=httpx.Limits(
+                max_connections=config.max_in_flight,
+                max_keepalive_connections=config.max_in_flight,
+            ),
         )
+        self._slots = asyncio.Semaphore(config.max_in_flight)
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
     async def _get(self, path: str) -> dict[str, Any]:
         try:
-            resp = await self._client.get(path)
+            async with self._slots:
+                resp = await self._client.get(path)
         except httpx.HTTPError as e:
             raise SlurmUnavailable(f"slurmrestd {self.config.url}{path}: {e!r}") from e
         if resp.status_code != 200:

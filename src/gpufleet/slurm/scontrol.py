@@ -14,6 +14,11 @@ slurm.conf and the JWT key, not the munge key.
 
 We resume with ``state=UNDRAIN``, not ``RESUME``: it clears only the DRAIN
 flag and leaves a DOWN base state (Slurm's, or an admin's) as it is.
+
+Several nodes with the same reason are drained with one call
+(``nodename=gpu-node-[0001-0003,0042]``): a burst of faults costs one
+scontrol process and one slurmctld RPC per reason, not one per node. At most
+``max_in_flight`` scontrol processes run at once.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpufleet.slurm import hostlist
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
 
 
@@ -32,13 +38,20 @@ class ScontrolConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment: ``SLURM_CONF`` and, optionally, ``SLURM_JWT``."""
     timeout_s: float = 10.0
+    max_in_flight: int = 4
+    """scontrol processes at once (each is an RPC slurmctld serves with its own threads)."""
 
 
 class Scontrol:
     def __init__(self, config: ScontrolConfig) -> None:
         self.config = config
+        self._slots = asyncio.Semaphore(config.max_in_flight)
 
     async def run(self, *args: str) -> str:
+        async with self._slots:
+            return await self._run(*args)
+
+    async def _run(self, *args: str) -> str:
         argv = [self.config.scontrol, *args]
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -62,11 +75,12 @@ class Scontrol:
             raise SlurmCommandFailed(argv, proc.returncode or 1, text)
         return out.decode(errors="replace")
 
-    async def drain(self, node: str, reason: str) -> None:
-        await self.run("update", f"nodename={node}", "state=DRAIN", f"reason={reason}")
+    async def drain(self, node: str | Sequence[str], reason: str) -> None:
+        """Drain one node, or several (one hostlist, one call) with the same reason."""
+        await self.run("update", f"nodename={_names(node)}", "state=DRAIN", f"reason={reason}")
 
-    async def undrain(self, node: str) -> None:
-        await self.run("update", f"nodename={node}", "state=UNDRAIN")
+    async def undrain(self, node: str | Sequence[str]) -> None:
+        await self.run("update", f"nodename={_names(node)}", "state=UNDRAIN")
 
     async def requeue(self, job_ids: Sequence[int]) -> None:
         if job_ids:
@@ -74,3 +88,11 @@ class Scontrol:
 
     async def reconfigure(self) -> None:
         await self.run("reconfigure")
+
+
+def _names(node: str | Sequence[str]) -> str:
+    if isinstance(node, str):
+        return node
+    if not node:
+        raise ValueError("no node names")
+    return hostlist.compress(node)

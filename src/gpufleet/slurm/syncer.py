@@ -15,7 +15,13 @@ One reconcile of one node (:meth:`Syncer.reconcile`), in order:
 1. decide with :func:`gpufleet.domain.slurm_sync.sync_node` on the last snapshot;
 2. if that asks for a write, read the node fresh from slurmrestd and decide again
    (the snapshot may be a second old, and an admin may have drained meanwhile),
-   then drain (``gpufleet: ...``) or undrain;
+   then drain (``gpufleet: ...``) or undrain. Writes are group-committed: while
+   one batch is being read and written, the nodes that want a write meanwhile
+   wait for the next batch, which is read with one request (``/nodes`` when it
+   holds more than :data:`PER_NODE_READS` nodes) and written with one
+   ``scontrol update`` per (verb, reason). A lone fault is a batch of one
+   (``/node/{name}``, one scontrol); a burst of fifty costs two reads and a few
+   scontrol calls instead of fifty of each;
 3. report foreign drains / DOWN on the Node (condition ``SlurmUnavailable``,
    annotation ``gpufleet.io/slurm-state``), only when it changed;
 4. keep our taint (``held`` / ``lent``) on the Node;
@@ -42,12 +48,16 @@ import kr8s
 from gpufleet.domain import slurm_sync, well_known
 from gpufleet.domain.policy import RequeueMode
 from gpufleet.slurm import nodes as kn
-from gpufleet.slurm.errors import SlurmError, SlurmUnavailable
+from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
 from gpufleet.slurm.kubeapi import KubeApi
 from gpufleet.slurm.restapi import SlurmRest
 from gpufleet.slurm.scontrol import Scontrol
 
 log = logging.getLogger("gpufleet.slurm.syncer")
+
+PER_NODE_READS = 2
+"""A write batch of at most this many nodes reads each with ``/node/{name}``;
+a larger one reads ``/nodes`` once (as fresh, and one request)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,15 @@ class SyncStats:
     timings: list[Timing] = field(default_factory=list)
 
 
+@dataclass
+class _Write:
+    """A node waiting for the next write batch; ``done`` gets the fresh decision and view."""
+
+    kube: slurm_sync.KubeView | None
+    seen: float | None
+    done: asyncio.Future[tuple[slurm_sync.SyncDecision, slurm_sync.SlurmView | None]]
+
+
 def _now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -122,6 +141,8 @@ class Syncer:
         self._stuck_reported: dict[str, tuple[int, ...]] = {}
         self._unresponsive_since: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: dict[str, _Write] = {}
+        self._writer: asyncio.Future[None] | None = None
         self.synced = asyncio.Event()
         """Set after the first complete pass over both views."""
         from gpufleet.slurm.lending import Lender  # (import cycle: the lender uses the syncer)
@@ -183,45 +204,133 @@ class Syncer:
         decision = slurm_sync.sync_node(kube, self.slurm.get(name))
         view = self.slurm.get(name)
         if decision.verb is not slurm_sync.Verb.NOTHING:
-            view = await self.rest.node(name)
-            decision = slurm_sync.sync_node(kube, view)
-            if decision.verb is not slurm_sync.Verb.NOTHING:
-                view = await self._act(name, decision, view, seen)
+            decision, view = await self._write(name, kube, seen)
         if decision.report_known:
             await self._report(name, self._settled(name, decision.foreign))
         await self._keep_taint(name)
         if kube is not None and view is not None:
             await self._requeue(name, kube, view)
 
+    # -- writes (group commit) -----------------------------------------------------------
+
+    async def _write(
+        self, name: str, kube: slurm_sync.KubeView | None, seen: float | None
+    ) -> tuple[slurm_sync.SyncDecision, slurm_sync.SlurmView | None]:
+        """Read ``name`` fresh, decide again, write if still wanted: in the next batch.
+
+        Raises what the batch's read or write raised for this node (SlurmError).
+        The caller holds the node's lock, so a node is in at most one batch.
+        """
+        done: asyncio.Future[tuple[slurm_sync.SyncDecision, slurm_sync.SlurmView | None]]
+        done = asyncio.get_running_loop().create_future()
+        self._pending[name] = _Write(kube, seen, done)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.ensure_future(self._write_batches())
+        return await done
+
+    async def _write_batches(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            try:
+                await self._write_batch(batch)
+            except asyncio.CancelledError:
+                for w in batch.values():
+                    w.done.cancel()
+                raise
+            except Exception as e:  # never leave a reconcile waiting
+                log.exception("write batch of %d nodes failed", len(batch))
+                for w in batch.values():
+                    if not w.done.done():
+                        w.done.set_exception(e)
+
+    async def _read_fresh(self, names: list[str]) -> dict[str, slurm_sync.SlurmView | None]:
+        if len(names) <= PER_NODE_READS:
+            views = await asyncio.gather(*(self.rest.node(n) for n in names))
+            return dict(zip(names, views, strict=True))
+        every = await self.rest.nodes()
+        return {n: every.get(n) for n in names}
+
+    async def _write_batch(self, batch: dict[str, _Write]) -> None:
+        names = list(batch)
+        try:
+            fresh = await self._read_fresh(names)
+        except SlurmError as e:
+            for w in batch.values():
+                if not w.done.done():
+                    w.done.set_exception(e)
+            return
+        groups: dict[tuple[slurm_sync.Verb, str | None], list[str]] = {}
+        decisions: dict[str, slurm_sync.SyncDecision] = {}
+        for name in names:
+            d = slurm_sync.sync_node(batch[name].kube, fresh[name])
+            decisions[name] = d
+            if d.verb is slurm_sync.Verb.NOTHING:
+                _resolve(batch[name], d, fresh[name])
+            else:
+                groups.setdefault((d.verb, d.drain_reason), []).append(name)
+        await asyncio.gather(
+            *(
+                self._act(verb, reason, members, batch, decisions, fresh)
+                for (verb, reason), members in groups.items()
+            )
+        )
+
     async def _act(
         self,
-        name: str,
-        d: slurm_sync.SyncDecision,
-        view: slurm_sync.SlurmView | None,
-        seen: float | None,
-    ) -> slurm_sync.SlurmView | None:
-        assert view is not None  # sync_node never acts on an unknown view
+        verb: slurm_sync.Verb,
+        reason: str | None,
+        names: list[str],
+        batch: dict[str, _Write],
+        decisions: dict[str, slurm_sync.SyncDecision],
+        fresh: dict[str, slurm_sync.SlurmView | None],
+    ) -> None:
+        """One write for ``names`` (same verb and reason); each node's result to its waiter."""
         if self.settings.dry_run:
-            log.info("node=%s would %s (%s) [dry run]", name, d.verb, d.why)
-            return view
-        if d.verb is slurm_sync.Verb.DRAIN:
-            assert d.drain_reason is not None
-            await self.scontrol.drain(name, d.drain_reason)
-            self.stats.drains += 1
-            view = slurm_sync.SlurmView(view.state, view.flags | {"DRAIN"}, d.drain_reason)
-        else:
-            await self.scontrol.undrain(name)
-            self.stats.resumes += 1
-            view = slurm_sync.SlurmView(view.state, view.flags - {"DRAIN"}, None)
-        if self.slurm is not None:
-            self.slurm[name] = view
+            for name in names:
+                log.info("node=%s would %s (%s) [dry run]", name, verb, decisions[name].why)
+                _resolve(batch[name], decisions[name], fresh[name])
+            return
+        target: str | list[str] = names[0] if len(names) == 1 else names
+        try:
+            if verb is slurm_sync.Verb.DRAIN:
+                assert reason is not None
+                await self.scontrol.drain(target, reason)
+            else:
+                await self.scontrol.undrain(target)
+        except SlurmCommandFailed as e:
+            if len(names) > 1:  # one node scontrol refuses must not hold back the rest
+                log.warning("%s of %d nodes refused (%s); one by one", verb, len(names), e)
+                await asyncio.gather(
+                    *(self._act(verb, reason, [n], batch, decisions, fresh) for n in names)
+                )
+                return
+            _fail(batch[names[0]], e)
+            return
+        except SlurmError as e:
+            for name in names:
+                _fail(batch[name], e)
+            return
         acted = self.clock()
-        self.stats.timings.append(
-            Timing(name, acted if seen is None else seen, acted, d.verb.value)
-        )
+        for name in names:
+            view = fresh[name]
+            assert view is not None  # sync_node never acts on an unknown view
+            if verb is slurm_sync.Verb.DRAIN:
+                self.stats.drains += 1
+                view = slurm_sync.SlurmView(view.state, view.flags | {"DRAIN"}, reason)
+            else:
+                self.stats.resumes += 1
+                view = slurm_sync.SlurmView(view.state, view.flags - {"DRAIN"}, None)
+            if self.slurm is not None:
+                self.slurm[name] = view
+            seen = batch[name].seen
+            self.stats.timings.append(
+                Timing(name, acted if seen is None else seen, acted, verb.value)
+            )
+            log.info("node=%s %s: %s", name, verb, reason or decisions[name].why)
+            _resolve(batch[name], decisions[name], view)
         del self.stats.timings[:-10_000]
-        log.info("node=%s %s: %s", name, d.verb, d.drain_reason or d.why)
-        return view
+        if len(names) > 1:
+            log.info("%s of %d nodes in one scontrol call", verb, len(names))
 
     def _settled(
         self, name: str, hold: slurm_sync.ForeignHold | None
@@ -358,7 +467,21 @@ class Syncer:
         try:
             await asyncio.gather(*loops)
         finally:
+            if self._writer is not None:
+                self._writer.cancel()
             for task in list(self._tasks):
                 task.cancel()
             with contextlib.suppress(Exception):
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _resolve(
+    w: _Write, decision: slurm_sync.SyncDecision, view: slurm_sync.SlurmView | None
+) -> None:
+    if not w.done.done():
+        w.done.set_result((decision, view))
+
+
+def _fail(w: _Write, error: BaseException) -> None:
+    if not w.done.done():
+        w.done.set_exception(error)
