@@ -113,3 +113,15 @@ def test_ib_flaps_take_the_node_out_on_the_third(demo: Demo) -> None:
     node = r.figures["faulty"]
     assert len(kinds(r, "condition", node)) == 1
     job_completed_with_bounded_loss(r)
+
+
+def test_sdc_is_found_by_the_idle_time_check_and_the_node_goes_to_triage(demo: Demo) -> None:
+    r = demo.run("sdc-found-by-active-check")
+    node = r.figures["faulty"]
+    order(r, ("condition", node), ("cordon", node), ("slurm-drain", node), ("state", node))
+    assert any("triage" in t for t in kinds(r, "state", node))
+    # The job ran on other nodes: it finishes untouched.
+    work = r.figures["work"]
+    assert work is not None and work.steps == SHAPE.steps
+    assert work.restarts == 0 and work.repeated == 0
+    assert kinds(r, "job-completed")

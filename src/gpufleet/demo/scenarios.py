@@ -343,6 +343,41 @@ def preemption(ctx: Ctx) -> None:
     ctx.finish_job()
 
 
+def sdc_found_by_active_check(ctx: Ctx) -> None:
+    ctx.start_job()
+    busy = set(ctx.job_nodes())
+    node = next(n for n in ctx.fleet.info.node_names if n not in busy)
+    fault = ctx.inject(
+        node,
+        "sdc-mismatch,gpu=6",
+        "GPU 6 computes wrong results (silent: nothing in the kernel log, no ECC error)",
+    )
+    name, agent_log = ctx.agent(node)
+    cond = ctx.tl.wait(
+        "condition",
+        what=f"the idle-time active check (GEMM vs. reference) finding it on {node}",
+        timeout=45,
+        component=name,
+        log=agent_log,
+        node=node,
+        after=fault.t,
+    )
+    cordon = ctx.wait("cordon", f"{node} cordoned and tainted", "controller", 15, node=node)
+    drain = ctx.wait("slurm-drain", f"{node} drained in Slurm", "syncer", 15, node=node)
+    ctx.wait(
+        "state",
+        f"{node} handed to a person (triage: a GPU that computes wrong answers)",
+        "controller",
+        30,
+        node=node,
+        match=lambda e: e.data.get("state") == "triage",
+    )
+    ctx.figures["detect_s"] = cond.t - fault.t
+    ctx.figures["isolate_s"] = max(cordon.t, drain.t) - fault.t
+    ctx.figures["faulty"] = node
+    ctx.finish_job()
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -384,6 +419,13 @@ SCENARIOS: dict[str, Scenario] = {
             "XID 79 on most nodes at once (a monitoring bug looks like this): the disruption "
             "budget and the circuit breaker stop gpufleet from draining the fleet",
             fault_storm,
+        ),
+        Scenario(
+            "sdc-found-by-active-check",
+            "silent data corruption on an idle node: no error is logged, the agent's idle-time "
+            "GEMM check finds the GPU disagreeing with the reference, and the node goes to triage",
+            sdc_found_by_active_check,
+            active_every_s=5.0,
         ),
         Scenario(
             "preemption-by-inference-pod",
