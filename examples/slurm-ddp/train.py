@@ -29,6 +29,7 @@ import socket
 import struct
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,16 @@ def make_allreduce(backend: str, rank: int, world: int, addr: str, port: int) ->
 # -- main ---------------------------------------------------------------------------
 
 
+def rendezvous_port(job: int, restart: int, cluster: str) -> int:
+    """A port for rank 0 that differs between jobs, requeues and clusters.
+
+    Job ids alone repeat across Slurm clusters on one machine (each local cluster
+    starts at 1), so the cluster's config path is mixed in; the restart count
+    keeps a requeued run off the previous run's port.
+    """
+    return 20000 + zlib.crc32(f"{cluster}:{job}:{restart}".encode()) % 20000
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ckpt-dir", type=Path, required=True)
@@ -201,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     job = int(env.get("SLURM_JOB_ID", "0"))
     restart = int(env.get("SLURM_RESTART_COUNT", "0"))
     addr = env.get("MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
-    port = int(env.get("MASTER_PORT") or 20000 + job % 20000)
+    port = int(env.get("MASTER_PORT") or rendezvous_port(job, restart, env.get("SLURM_CONF", "")))
     node = env.get("SLURMD_NODENAME", socket.gethostname())
 
     ckpt = latest_checkpoint(a.ckpt_dir)

@@ -74,3 +74,13 @@ def test_two_ranks_train_and_resume_from_the_checkpoint(tmp_path: Path) -> None:
     w = np.array(train.latest_checkpoint(tmp_path)["weights"])
     x, y = train.shard(0, 1)
     assert train.gradient(w, x, y)[1] < train.gradient(np.zeros_like(w), x, y)[1]
+
+
+def test_rendezvous_port_differs_between_clusters_jobs_and_requeues() -> None:
+    """Two local clusters both start at job 1: their jobs must not meet on one port."""
+    a = train.rendezvous_port(1, 0, "/tmp/cluster-a/slurm.conf")
+    b = train.rendezvous_port(1, 0, "/tmp/cluster-b/slurm.conf")
+    again = train.rendezvous_port(1, 1, "/tmp/cluster-a/slurm.conf")
+    assert len({a, b, again}) == 3
+    assert all(20000 <= p < 40000 for p in (a, b, again))
+    assert a == train.rendezvous_port(1, 0, "/tmp/cluster-a/slurm.conf")
