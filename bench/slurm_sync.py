@@ -77,6 +77,35 @@ def main() -> None:
             f" max {max(passes) * 1000:.0f} ms (poll interval {a.poll * 1000:.0f} ms)"
         )
 
+        # 1b. what one fault's path costs at least: the fresh read and the scontrol
+        # call, measured on the syncer's own event loop while its poll runs.
+        async def floors() -> tuple[list[float], list[float], list[float]]:
+            one, every, sc = [], [], []
+            for n in info.node_names[:20]:
+                t = time.monotonic()
+                await s.rest.node(n)
+                one.append(time.monotonic() - t)
+            for _ in range(5):
+                t = time.monotonic()
+                await s.rest.nodes()
+                every.append(time.monotonic() - t)
+            for n in info.node_names[:10]:
+                t = time.monotonic()
+                await s.scontrol.run("show", "node", n)
+                sc.append(time.monotonic() - t)
+            return one, every, sc
+
+        one, every, sc = asyncio.run_coroutine_threadsafe(floors(), rs.loop).result()
+        for label, xs in (
+            ("GET /node/{name}", one),
+            ("GET /nodes", every),
+            ("scontrol show node", sc),
+        ):
+            print(
+                f"  floor: {label:20s} p50 {statistics.median(xs) * 1000:5.0f} ms, "
+                f"max {max(xs) * 1000:5.0f} ms ({len(xs)} one at a time)"
+            )
+
         # 2. fault -> DRAIN latency, one node at a time
         lat: list[float] = []
         names = info.node_names
@@ -98,8 +127,11 @@ def main() -> None:
 
         # 3. burst
         burst = names[: max(1, len(names) // 10)]
+        first = len(s.stats.timings)
         start = time.monotonic()
+        patched_at: dict[str, float] = {}
         for n in burst:
+            patched_at[n] = time.monotonic()
             kube.set_condition(n, "GpuProblem", "True", "Xid79")
         patched = time.monotonic() - start
         wait_for(
@@ -115,6 +147,17 @@ def main() -> None:
             f"burst: {len(burst)} nodes faulted (patches took {patched:.2f} s) -> all drained "
             f"{took:.2f} s after the first patch; sinfo confirms {ok}/{len(burst)}"
         )
+        per_node = [
+            (t.acted - patched_at[t.node]) * 1000
+            for t in s.stats.timings[first:]
+            if t.verb == "drain" and t.node in patched_at
+        ]
+        if per_node:
+            print(
+                f"  burst, fault -> DRAIN per node (from its own patch): "
+                f"p50 {pct(per_node, 50):.0f} ms, p99 {pct(per_node, 99):.0f} ms, "
+                f"max {max(per_node):.0f} ms"
+            )
         for n in burst:
             kube.set_condition(n, "GpuProblem", "False", "Healthy")
         wait_for(

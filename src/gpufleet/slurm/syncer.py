@@ -17,10 +17,10 @@ One reconcile of one node (:meth:`Syncer.reconcile`), in order:
    (the snapshot may be a second old, and an admin may have drained meanwhile),
    then drain (``gpufleet: ...``) or undrain. Writes are group-committed: while
    one batch is being read and written, the nodes that want a write meanwhile
-   wait for the next batch, which is read with one request (``/nodes`` when it
-   holds more than :data:`PER_NODE_READS` nodes) and written with one
+   wait for the next batch, which is read fresh (``/node/{name}`` each up to
+   :data:`PER_NODE_READS` nodes, else one ``/nodes``) and written with one
    ``scontrol update`` per (verb, reason). A lone fault is a batch of one
-   (``/node/{name}``, one scontrol); a burst of fifty costs two reads and a few
+   (``/node/{name}``, one scontrol); fifty faults at once cost two reads and a few
    scontrol calls instead of fifty of each;
 3. report foreign drains / DOWN on the Node (condition ``SlurmUnavailable``,
    annotation ``gpufleet.io/slurm-state``), only when it changed;
@@ -55,9 +55,10 @@ from gpufleet.slurm.scontrol import Scontrol
 
 log = logging.getLogger("gpufleet.slurm.syncer")
 
-PER_NODE_READS = 2
-"""A write batch of at most this many nodes reads each with ``/node/{name}``;
-a larger one reads ``/nodes`` once (as fresh, and one request)."""
+PER_NODE_READS = 8
+"""A write batch of at most this many nodes reads each with ``/node/{name}``
+(about 15 ms each at 500 nodes, 4 at a time); a larger one reads ``/nodes`` once
+(about 140 ms at 500 nodes, as fresh, one request)."""
 
 
 @dataclass(frozen=True)
