@@ -28,12 +28,7 @@ out="$cache/bin/k8s-$k8s_version-etcd-$etcd_version-kwok-$kwok_version-$hash"
 
 if [[ "${1:-}" == "--print-dir" ]]; then echo "$out"; exit 0; fi
 
-go_bin="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-if [[ ! -x "$go_bin" ]]; then
-  echo "build-go-binaries: no Go toolchain found (looked for 'go' on PATH and /usr/local/go/bin/go)." >&2
-  echo "  Install Go >= 1.26 from https://go.dev/dl or set GO=/path/to/go." >&2
-  exit 1
-fi
+go_bin="$("$root/scripts/find-go.sh")"
 # The wrapper modules say 'go 1.26.0'; use the installed toolchain when it is
 # new enough, otherwise let cmd/go fetch go1.26.x from the module proxy.
 export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"

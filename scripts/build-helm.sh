@@ -8,8 +8,7 @@ version="${HELM_VERSION:-v3.22.0}"
 cache="${GPUFLEET_CACHE:-$HOME/.cache/gpufleet}"
 out="$cache/bin/helm-$version"
 if [[ -x "$out/helm" ]]; then echo "  helm $version: cached"; exit 0; fi
-go_bin="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-[[ -x "$go_bin" ]] || { echo "build-helm: no Go toolchain (set GO=/path/to/go)" >&2; exit 1; }
+go_bin="$("$(dirname "${BASH_SOURCE[0]}")/find-go.sh")"
 mkdir -p "$out"
 echo "  helm $version: building helm.sh/helm/v3/cmd/helm (log: $out/build.log)"
 start=$(date +%s)
