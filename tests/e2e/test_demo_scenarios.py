@@ -125,3 +125,29 @@ def test_sdc_is_found_by_the_idle_time_check_and_the_node_goes_to_triage(demo: D
     assert work is not None and work.steps == SHAPE.steps
     assert work.restarts == 0 and work.repeated == 0
     assert kinds(r, "job-completed")
+
+
+def test_new_machine_boots_joins_passes_burn_in_and_reaches_production(demo: Demo) -> None:
+    r = demo.run("new-machine")
+    node = r.figures["joined"]
+    order(
+        r,
+        ("power-on", node),
+        ("ipxe", node),
+        ("user-data", node),
+        ("token-accepted", node),
+        ("node-added", node),
+        ("node-ready", node),
+        ("state", node),
+        ("agent-result", node),
+        ("state", node),
+        ("token-refused", node),
+    )
+    states = [e.data["state"] for e in r.entries if e.kind == "state" and e.node == node]
+    assert states == ["burn-in", "production"], states
+    added = next(e for e in r.entries if e.kind == "node-added" and e.node == node)
+    assert added.data == {"state": "provisioning", "machine": node}
+    assert any("system:bootstrap:" in t for t in kinds(r, "token-accepted", node))
+    assert any("checks burn-in: passed" in t for t in kinds(r, "agent-result", node))
+    assert r.figures["machine_phase"] == "Joined"
+    assert r.figures["node_s"] < r.figures["burn_in_s"] < r.figures["production_s"]

@@ -6,11 +6,16 @@ lifecycle controller and the Slurm syncer run as ``python -m gpufleet.cli.main
 ``<run_dir>/logs/`` and ``gpufleet local down`` stops them with the rest. Each
 node's BMC is told to call its agent's ``/recover`` when the node boots, so a
 reboot or power cycle clears the simulated fault as it would on a real server.
+
+A scenario in which a new machine joins starts ``gpufleet provision serve`` and a
+BMC for that machine the same way, when it first needs them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import secrets
 import signal
 import sys
 import time
@@ -23,7 +28,13 @@ import httpx
 
 from gpufleet.demo import kube, policy
 from gpufleet.local import processes
-from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
+from gpufleet.local.cluster import (
+    DEFAULT_BMC_USER,
+    BmcEndpoint,
+    ClusterInfo,
+    ClusterSpec,
+    LocalCluster,
+)
 from gpufleet.local.processes import ComponentError, ManagedProcess
 
 CLI = (sys.executable, "-m", "gpufleet.cli.main")
@@ -67,6 +78,12 @@ class Fleet:
     syncer: ManagedProcess | None = None
     controller_starts: int = 0
     active_every_s: float = 0.0
+    provision: ManagedProcess | None = None
+    provision_url: str = ""
+    new_bmcs: dict[str, tuple[ManagedProcess, BmcEndpoint]] = field(default_factory=dict)
+    """BMCs of machines that are not part of the cluster yet (they join in a scenario)."""
+    joining: set[str] = field(default_factory=set)
+    """Machines added by a scenario; :meth:`remove_joining` takes them out again."""
 
     # ------------------------------------------------------------ start-up
 
@@ -116,29 +133,115 @@ class Fleet:
     def start_agents(self, *, active_every_s: float = 0.0) -> None:
         self.active_every_s = active_every_s
         for node in self.info.node_names:
-            argv = [
-                *CLI,
-                "agent",
-                "--node",
-                node,
-                "--backend",
-                "simulated",
-                "--kubeconfig",
-                str(self.info.kubeconfig),
-                "--inject-port",
-                str(self.ports.inject[node]),
-                "--metrics-port",
-                str(self.ports.agent_metrics[node]),
-                "--policy",
-                str(self.policy_file),
-                "--interval",
-                str(AGENT_INTERVAL_S),
-                "--active-every",
-                str(active_every_s),
-            ]
-            self.agents[node] = self.cluster.launch(
-                ManagedProcess(f"agent-{node}", argv, self._log(f"agent-{node}"))
+            self.start_agent(node)
+
+    def start_agent(self, node: str) -> ManagedProcess:
+        """The agent of ``node`` on simulated hardware (ports from :attr:`ports`)."""
+        argv = [
+            *CLI,
+            "agent",
+            "--node",
+            node,
+            "--backend",
+            "simulated",
+            "--kubeconfig",
+            str(self.info.kubeconfig),
+            "--inject-port",
+            str(self.ports.inject[node]),
+            "--metrics-port",
+            str(self.ports.agent_metrics[node]),
+            "--policy",
+            str(self.policy_file),
+            "--interval",
+            str(AGENT_INTERVAL_S),
+            "--active-every",
+            str(self.active_every_s),
+        ]
+        self.agents[node] = self.cluster.launch(
+            ManagedProcess(f"agent-{node}", argv, self._log(f"agent-{node}"))
+        )
+        return self.agents[node]
+
+    def stop_agent(self, node: str) -> None:
+        """Stop and forget the agent of a node that leaves the fleet."""
+        proc = self.agents.pop(node, None)
+        if proc is not None:
+            proc.stop(grace=3)
+
+    def remove_joining(self) -> None:
+        """Take out the machines a scenario added: agent, Node, Machine, token and BMC
+        Secrets (their BMC and the provisioning service keep running)."""
+        for name in sorted(self.joining):
+            self.stop_agent(name)
+            kube.remove_machine(self.api, name)
+            self.joining.discard(name)
+
+    def start_provisioning(self, timeout: float = 60.0) -> str:
+        """``gpufleet provision serve`` on a free loopback port (once); its base URL."""
+        if self.provision is not None and self.provision.poll() is None:
+            return self.provision_url
+        port = processes.free_ports(1)[0]
+        argv = [
+            *CLI,
+            "provision",
+            "serve",
+            "--kubeconfig",
+            str(self.info.kubeconfig),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        proc = self.cluster.launch(ManagedProcess("provision", argv, self._log("provision")))
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(timeout=2) as http:
+            proc.wait_ready(
+                lambda: http.get(f"{url}/healthz").status_code == 200,
+                timeout=timeout,
+                what="serving /healthz",
             )
+        self.provision, self.provision_url = proc, url
+        return url
+
+    def start_new_bmc(self, node: str, timeout: float = 30.0) -> BmcEndpoint:
+        """A Redfish BMC for a machine that is not in the cluster yet (once per name), and
+        agent ports for it; its boot calls the agent's ``/recover`` as the others do."""
+        if node in self.new_bmcs and self.new_bmcs[node][0].poll() is None:
+            return self.new_bmcs[node][1]
+        inject, metrics, port = processes.free_ports(3)
+        self.ports.inject[node] = inject
+        self.ports.agent_metrics[node] = metrics
+        bmc = BmcEndpoint(node, f"http://127.0.0.1:{port}", DEFAULT_BMC_USER, secrets.token_hex(8))
+        config = self.info.run_dir / f"redfish-{node}.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "user": bmc.user,
+                    "password": bmc.password,
+                    "bmcs": [
+                        {
+                            "node": node,
+                            "port": port,
+                            "boot_seconds": BOOT_SECONDS,
+                            "boot_hook": f"http://127.0.0.1:{inject}/recover",
+                        }
+                    ],
+                }
+            )
+        )
+        config.chmod(0o600)
+        argv = [sys.executable, "-m", "gpufleet.local.redfish", str(config)]
+        proc = self.cluster.launch(
+            ManagedProcess(f"redfish-{node}", argv, self._log(f"redfish-{node}"))
+        )
+        with httpx.Client(timeout=2) as http:
+            proc.wait_ready(
+                lambda: http.get(f"{bmc.url}/redfish/v1").status_code == 200,
+                timeout=timeout,
+                what=f"serving the BMC of {node}",
+            )
+        self.new_bmcs[node] = (proc, bmc)
+        return bmc
 
     def start_controller(self) -> ManagedProcess:
         argv = [
@@ -237,7 +340,13 @@ class Fleet:
 
     def dead_component(self) -> ManagedProcess | None:
         """A gpufleet process that exited although it should be running."""
-        procs = [*self.agents.values(), self.controller, self.syncer]
+        procs = [
+            *self.agents.values(),
+            self.controller,
+            self.syncer,
+            self.provision,
+            *(p for p, _ in self.new_bmcs.values()),
+        ]
         for p in procs:
             if p is not None and p.poll() is not None:
                 return p

@@ -17,7 +17,7 @@ import httpx
 import yaml
 
 from gpufleet.domain import well_known
-from gpufleet.local.cluster import ClusterInfo
+from gpufleet.local.cluster import BmcEndpoint, ClusterInfo
 
 SYSTEM_NS = "gpufleet-system"
 GV = f"/apis/{well_known.GROUP}/{well_known.VERSION}"
@@ -119,27 +119,41 @@ def install(api: Kube) -> None:
 def add_bmc_secrets(api: Kube, info: ClusterInfo) -> None:
     """One Secret per node with its BMC's endpoint and credentials, named by the Node."""
     for node, bmc in info.bmcs.items():
-        name = f"bmc-{node}"
-        data = {
-            k: base64.b64encode(v.encode()).decode()
-            for k, v in {
-                "endpoint": bmc.url,
-                "username": bmc.user,
-                "password": bmc.password,
-            }.items()
-        }
-        api.post(
-            f"/api/v1/namespaces/{SYSTEM_NS}/secrets",
-            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data},
-        )
         api.patch(
             f"/api/v1/nodes/{node}",
             {
                 "metadata": {
-                    "annotations": {well_known.ANNOTATION_BMC_SECRET: f"{SYSTEM_NS}/{name}"}
+                    "annotations": {well_known.ANNOTATION_BMC_SECRET: put_bmc_secret(api, bmc)}
                 }
             },
         )
+
+
+def put_bmc_secret(api: Kube, bmc: BmcEndpoint) -> str:
+    """The Secret ``bmc-<node>`` with the BMC's endpoint and credentials; its reference
+    (``namespace/name``, the ``gpufleet.io/bmc-secret`` format)."""
+    name = f"bmc-{bmc.node}"
+    data = {
+        k: base64.b64encode(v.encode()).decode()
+        for k, v in {"endpoint": bmc.url, "username": bmc.user, "password": bmc.password}.items()
+    }
+    api.post(
+        f"/api/v1/namespaces/{SYSTEM_NS}/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data},
+    )
+    return f"{SYSTEM_NS}/{name}"
+
+
+def remove_machine(api: Kube, name: str) -> None:
+    """Forget a machine that joined in a scenario: its Node, its Machine, any join token
+    still in ``kube-system`` and its BMC Secret. Idempotent."""
+    api.delete(f"/api/v1/nodes/{name}")
+    api.delete(f"{GV}/{well_known.MACHINE_PLURAL}/{name}")
+    api.delete(
+        f"/api/v1/namespaces/kube-system/secrets?labelSelector={well_known.LABEL_MACHINE}%3D{name}"
+    )
+    api.delete(f"/api/v1/namespaces/{SYSTEM_NS}/secrets/bmc-{name}")
+    wait(f"Node {name} gone", lambda: not api.exists(f"/api/v1/nodes/{name}"))
 
 
 def put_policy(api: Kube, body: dict[str, Any]) -> None:

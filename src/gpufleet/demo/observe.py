@@ -45,6 +45,7 @@ class _NodeState:
     request: str | None = None
     request_kind: dict[str, str] = field(default_factory=dict)
     lent_to: str | None = None
+    ready: bool = False
 
 
 def _node_state(body: dict[str, Any]) -> _NodeState:
@@ -58,7 +59,10 @@ def _node_state(body: dict[str, Any]) -> _NodeState:
     }
     problems: dict[str, str] = {}
     request = None
+    ready = False
     for c in (body.get("status") or {}).get("conditions") or []:
+        if c["type"] == "Ready":
+            ready = c["status"] == "True"
         if c["type"] in OWN_CONDITIONS and c["status"] == "True":
             problems[c["type"]] = f"{c.get('reason', '')}: {c.get('message', '')!s}"
         elif c["type"] == well_known.CONDITION_REQUEST:
@@ -81,6 +85,7 @@ def _node_state(body: dict[str, Any]) -> _NodeState:
         request=request,
         request_kind=kinds,
         lent_to=ann.get(well_known.ANNOTATION_LENT_TO),
+        ready=ready,
     )
 
 
@@ -177,11 +182,32 @@ class Observer:
 
     def _kube(self, now: float) -> list[Entry]:
         out: list[Entry] = []
-        for body in self.api.nodes():
+        bodies = self.api.nodes()
+        present = {b["metadata"]["name"] for b in bodies}
+        for name in [n for n in self.nodes if n not in present]:
+            del self.nodes[name]
+            out.append(Entry(now, "node-removed", name, f"{name}: Node deleted"))
+        for body in bodies:
             name = body["metadata"]["name"]
             new = _node_state(body)
+            if name not in self.nodes:
+                labels = body["metadata"].get("labels") or {}
+                machine = labels.get(well_known.LABEL_MACHINE)
+                out.append(
+                    Entry(
+                        now,
+                        "node-added",
+                        name,
+                        f"{name}: Node registered (state {new.state}"
+                        + (f", Machine {machine}" if machine else "")
+                        + ")",
+                        {"state": new.state, "machine": machine},
+                    )
+                )
             old = self.nodes.get(name, _NodeState())
             self.nodes[name] = new
+            if new.ready and not old.ready:
+                out.append(Entry(now, "node-ready", name, f"{name}: Ready"))
             self.request_kinds.update(new.request_kind)
             for ctype, text in new.problems.items():
                 if ctype not in old.problems:

@@ -74,6 +74,7 @@ class Demo:
         if not self.dirty and not scenario.rule_actions and not scenario.active_every_s:
             return
         job.cancel_all(fleet.info)
+        fleet.remove_joining()
         fleet.stop_controller()
         for proc in fleet.agents.values():
             proc.stop(grace=3)
@@ -150,6 +151,9 @@ def print_summary(console: Console, r: ScenarioResult) -> None:
     add("time to recover the node (-> production, resumed in Slurm)", "node_back_s")
     add("Pod pending -> Running on a node taken from Slurm", "pod_running_s")
     add("BMC resets on the faulty node", "power_cycles", "{}")
+    add("power-on -> Node registered", "node_s")
+    add("power-on -> burn-in (hardware matches the Machine)", "burn_in_s")
+    add("power-on -> production (burn-in checks passed)", "production_s")
     if "out" in f:
         table.add_row("nodes taken out / budget", f"{len(f['out'])} / {f['budget']}")
         table.add_row("circuit breaker", "open" if f.get("breaker_open") else "closed")

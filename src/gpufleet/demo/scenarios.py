@@ -1,23 +1,32 @@
 """The demo's scenarios: what each injects and which steps it waits for.
 
 Each scenario acts through the real interfaces (the agent's fault-injection
-API, ``sbatch``, a Pod, SIGKILL) and then waits for the steps it expects on
+API, ``sbatch``, a Pod, SIGKILL, the provisioning service's HTTP API as a booting
+machine calls it) and then waits for the steps it expects on
 the :class:`~gpufleet.demo.timeline.Timeline`; every wait names the component
 to look at when it does not come. It returns the figures of its summary.
 """
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+import yaml
+
 from gpufleet.demo import job, kube, policy
 from gpufleet.demo.fleet import Fleet
 from gpufleet.demo.observe import Entry
 from gpufleet.demo.timeline import StepMissed, Timeline
+from gpufleet.domain import enrollment, well_known
+from gpufleet.local import kube as local_kube
+from gpufleet.local.cluster import ClusterInfo
+from gpufleet.provision import machines
 
 
 @dataclass
@@ -378,6 +387,186 @@ def sdc_found_by_active_check(ctx: Ctx) -> None:
     ctx.finish_job()
 
 
+NEW_MACHINE = "gpu-node-0100"
+NEW_MAC = "aa:bb:cc:00:01:00"
+ENROLLMENT_SECRET = "demo-enrollment-secret-0100"
+"""What the new machine's image carries; the Machine holds only its digest."""
+NEW_HARDWARE = {"gpuModel": "NVIDIA-H100-80GB-HBM3", "gpuCount": 8, "hcaCount": 8}
+"""The inventory's word for the box; the simulated agent reports 8 x ``NVIDIA H100 80GB
+HBM3`` and 8 HCAs (``mlx5_0``..``mlx5_7``)."""
+
+
+def _self_review(info: ClusterInfo, token: str) -> tuple[int, dict[str, Any]]:
+    """Who the apiserver says ``token`` is (a SelfSubjectReview made with it)."""
+    r = httpx.post(
+        f"{info.apiserver_url}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        headers={"Authorization": f"Bearer {token}"},
+        verify=ssl.create_default_context(cafile=str(info.ca_file)),
+        timeout=10,
+    )
+    user = (r.json().get("status") or {}).get("userInfo") or {} if r.status_code == 201 else {}
+    return r.status_code, user
+
+
+def _served(ctx: Ctx, r: httpx.Response, what: str) -> str:
+    if r.status_code != 200:
+        raise StepMissed(
+            f"{what}: HTTP {r.status_code} {r.text[:200]}", 0, "provision", ctx.log("provision")
+        )
+    return r.text
+
+
+def _until(ctx: Ctx, check: Callable[[], bool], what: str, component: str) -> None:
+    """Poll ``check`` (and the timeline) for up to 20 s."""
+    deadline = time.monotonic() + 20
+    while not check():
+        if time.monotonic() > deadline:
+            raise StepMissed(what, 20, component, ctx.log(component))
+        ctx.tl.poll()
+        time.sleep(0.2)
+
+
+def new_machine(ctx: Ctx) -> None:
+    fleet, tl, api = ctx.fleet, ctx.tl, ctx.fleet.api
+    name, mac = NEW_MACHINE, NEW_MAC
+    url = fleet.start_provisioning()
+    bmc = fleet.start_new_bmc(name)
+    fleet.joining.add(name)
+    spec = machines.MachineSpec.model_validate(
+        {
+            "macs": [mac],
+            "serial": f"SN-{name}",
+            "bmc": {"endpoint": bmc.url, "credentialsSecret": kube.put_bmc_secret(api, bmc)},
+            "hardware": NEW_HARDWARE,
+            "topology": {"leaf": "ib-leaf-025", "block": "ib-block-b"},
+            "enrollmentDigest": enrollment.digest(ENROLLMENT_SECRET),
+        }
+    )
+    api.post(f"{kube.GV}/{well_known.MACHINE_PLURAL}", machines.manifest(name, spec), ok=(201,))
+    tl.note(
+        "demo",
+        f"Machine {name} added to the inventory (MAC {mac}, 8 x H100, 8 HCAs, its BMC, "
+        f"enrollment digest); gpufleet provision serve on {url}",
+        name,
+    )
+
+    # Power on: the PXE firmware chain-loads iPXE, the image fetches its cloud-init.
+    power_on = tl.note("power-on", f"{name} powers on; PXE: GET /ipxe?mac={mac}", name)
+    with httpx.Client(base_url=url, timeout=10) as http:
+        script = _served(ctx, http.get("/ipxe", params={"mac": mac}), "the iPXE script")
+        kernel = next((ln for ln in script.splitlines() if ln.startswith("kernel ")), "")
+        tl.note("ipxe", f"{name}: iPXE script served: {kernel.split(' ds=')[0]} ...", name)
+        _served(ctx, http.get(f"/cloud-init/{mac}/meta-data"), "cloud-init meta-data")
+        text = _served(
+            ctx,
+            http.get(
+                f"/cloud-init/{mac}/user-data",
+                headers={"X-Gpufleet-Enrollment": ENROLLMENT_SECRET},
+            ),
+            "cloud-init user-data",
+        )
+    doc = yaml.safe_load(text.removeprefix("#cloud-config\n"))
+    join = yaml.safe_load(doc["write_files"][0]["content"])
+    discovery = join["discovery"]["bootstrapToken"]
+    token = str(discovery["token"])
+    token_id = token.split(".")[0]
+    value = join["nodeRegistration"]["kubeletExtraArgs"][0]["value"]
+    labels = dict(pair.split("=", 1) for pair in value.split(","))
+    tl.note(
+        "user-data",
+        f"{name}: cloud-init user-data served (enrollment secret checked): kubeadm join "
+        f"{discovery['apiServerEndpoint']}, token {token_id}.<secret>, "
+        f"{len(labels)} node labels",
+        name,
+    )
+
+    # kubeadm join: the token authenticates as a bootstrapper.
+    code, user = _self_review(fleet.info, token)
+    groups = list(user.get("groups") or [])
+    if code != 201 or "system:bootstrappers" not in groups:
+        raise StepMissed(
+            f"the join token accepted by the apiserver (HTTP {code}, {user})",
+            0,
+            "kube-apiserver",
+            ctx.log("kube-apiserver"),
+        )
+    tl.note(
+        "token-accepted",
+        f"{name}: the apiserver accepts the token: {user.get('username')} "
+        f"in {', '.join(g for g in groups if g != 'system:authenticated')}",
+        name,
+    )
+
+    # The kubelet registers the Node (played here: no kubelets run in the local
+    # cluster; KWOK makes it Ready), then its agent starts.
+    body = local_kube.node_manifest(
+        name,
+        len(fleet.info.node_names),
+        local_kube.NodeShape(kubelet_version=str(api.get("/version")["gitVersion"])),
+    )
+    body["metadata"]["labels"].update(labels)
+    api.post("/api/v1/nodes", body, ok=(201,))
+    added = ctx.wait("node-added", f"Node {name} registered", "kube-apiserver", 15, node=name)
+    ctx.wait("node-ready", f"{name} Ready", "kwok", 30, node=name)
+    fleet.start_agent(name)
+    tl.note("demo", f"agent started on {name} (simulated HGX H100: 8 GPUs, 8 HCAs)", name)
+    agent, agent_log = ctx.agent(name)
+
+    burn_in = ctx.wait(
+        "state",
+        f"{name}: hardware matches the Machine, burn-in",
+        "controller",
+        45,
+        node=name,
+        match=lambda e: e.data.get("state") == "burn-in",
+    )
+    tl.wait(
+        "agent-result",
+        what=f"the agent's burn-in checks on {name}",
+        timeout=120,
+        component=agent,
+        log=agent_log,
+        node=name,
+        match=lambda e: e.data.get("kind") == "checks burn-in" and e.data["passed"],
+    )
+    prod = ctx.wait(
+        "state",
+        f"{name} in production",
+        "controller",
+        30,
+        node=name,
+        match=lambda e: e.data.get("state") == "production",
+    )
+    status = api.get(f"{kube.GV}/{well_known.MACHINE_PLURAL}/{name}").get("status") or {}
+    tl.note(
+        "demo",
+        f"Machine {name}: phase {status.get('phase')}, node {status.get('node')}, "
+        f"observed {status.get('observed')}",
+        name,
+    )
+
+    # Single use: the controller deleted the token's Secret when the Node registered;
+    # the apiserver refuses the token once its authentication cache (10 s) has expired.
+    secret = f"/api/v1/namespaces/kube-system/secrets/{enrollment.secret_name(token_id)}"
+    _until(ctx, lambda: not api.exists(secret), "the used token's Secret deleted", "controller")
+    tl.note("demo", f"{name}: token Secret kube-system/{secret.rsplit('/', 1)[1]} deleted", name)
+    _until(
+        ctx,
+        lambda: _self_review(fleet.info, token)[0] == 401,
+        "the used join token refused",
+        "kube-apiserver",
+    )
+    tl.note("token-refused", f"{name}: the used join token is refused (HTTP 401)", name)
+    ctx.figures.update(
+        joined=name,
+        node_s=added.t - power_on.t,
+        burn_in_s=burn_in.t - power_on.t,
+        production_s=prod.t - power_on.t,
+        machine_phase=status.get("phase"),
+    )
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -432,6 +621,12 @@ SCENARIOS: dict[str, Scenario] = {
             "a high-priority inference Pod takes a node from a running Slurm job, which is "
             "requeued and resumes from its checkpoint when the Pod is gone",
             preemption,
+        ),
+        Scenario(
+            "new-machine",
+            "a new machine joins: iPXE -> cloud-init with a single-use join token -> Node -> "
+            "hardware checked against the inventory -> burn-in -> production",
+            new_machine,
         ),
     )
 }

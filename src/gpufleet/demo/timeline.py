@@ -35,6 +35,13 @@ STYLES = {
     "job-completed": "bold green",
     "breaker-open": "bold red",
     "demo": "bold",
+    "power-on": "bold cyan",
+    "ipxe": "cyan",
+    "user-data": "cyan",
+    "token-accepted": "cyan",
+    "token-refused": "green",
+    "node-added": "green",
+    "node-ready": "green",
 }
 
 
