@@ -87,7 +87,9 @@ class Kube:
         return (self.node(name)["metadata"].get("annotations") or {}).get(key)
 
     def reset_node(self, name: str) -> None:
-        """Remove everything the Slurm tests and the syncer put on a Node."""
+        """Remove everything gpufleet put on a Node: our conditions, taints, cordon, and
+        every ``gpufleet.io/`` label and annotation. A lifecycle record left by another
+        test would make the node managed by a controller these tests do not run."""
         node = self.node(name)
         conds = [
             c
@@ -100,12 +102,8 @@ class Kube:
         taints = [t for t in node["spec"].get("taints", []) if t["key"] != well_known.TAINT_SLURM]
         ann = {
             k: None
-            for k in (
-                well_known.ANNOTATION_SLURM_STATE,
-                well_known.ANNOTATION_LENT_TO,
-                well_known.ANNOTATION_SLURM_STUCK_JOBS,
-                well_known.ANNOTATION_CORDONED,
-            )
+            for k in node["metadata"].get("annotations") or {}
+            if k.startswith(f"{well_known.GROUP}/") and k != well_known.ANNOTATION_BMC_SECRET
         }
         self.patch(
             f"/api/v1/nodes/{name}",

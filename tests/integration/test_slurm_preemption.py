@@ -24,6 +24,7 @@ NS = "slurm-preempt-test"
 def env(local_cluster: ClusterInfo) -> Iterator[tuple[Kube, Slurm, RunningSyncer]]:
     kube, slurm = Kube(local_cluster), Slurm(local_cluster)
     for n in local_cluster.node_names:
+        kube.reset_node(n)  # start clean, whatever earlier tests left
         kube.set_state(n, "production")
     kube.http.post("/api/v1/namespaces", json={"metadata": {"name": NS}})
     kube.http.post(

@@ -26,6 +26,7 @@ STEPS, EVERY = 30, 5
 def env(local_cluster: ClusterInfo) -> Iterator[tuple[Kube, Slurm]]:
     kube, slurm = Kube(local_cluster), Slurm(local_cluster)
     for n in local_cluster.node_names:
+        kube.reset_node(n)  # start clean, whatever earlier tests left
         kube.set_state(n, "production")
     syncer = RunningSyncer(local_cluster, SyncSettings(poll_interval_s=0.5, hold_taint=False))
     syncer.start()

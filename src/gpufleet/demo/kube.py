@@ -203,14 +203,14 @@ def _reset_node(api: Kube, name: str) -> None:
     }
     node = api.get(f"/api/v1/nodes/{name}")
     conds = node.get("status", {}).get("conditions") or []
-    keep = [c for c in conds if c["type"] not in ours]
-    if len(keep) != len(conds):
+    drop_conds = [{"type": c["type"], "$patch": "delete"} for c in conds if c["type"] in ours]
+    if drop_conds:
+        # A strategic-merge delete by condition type: no resourceVersion, so the writers
+        # still running (KWOK heartbeats, the syncer) cannot make it conflict.
         api.patch(
             f"/api/v1/nodes/{name}/status",
-            {
-                "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
-                "status": {"conditions": keep},
-            },
+            {"status": {"conditions": drop_conds}},
+            kind="strategic-merge",
         )
 
 
