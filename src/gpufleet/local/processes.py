@@ -248,13 +248,18 @@ def processes_using(path: Path) -> list[int]:
     """Pids of cluster processes tied to the run directory ``path``.
 
     A process counts when it runs a Slurm job script from the spool under
-    ``path``, or when it is a known component executable (or our own Redfish
-    emulator) whose command line names ``path`` or whose working directory is
-    inside it (slurmstepd runs in the log directory). A user's shell or
+    ``path``, when it belongs to a job of this cluster (its environment has a
+    ``SLURM_JOB_ID`` and points ``SLURM_CONF`` into ``path``: job scripts,
+    ``srun`` and job steps started from elsewhere; a user's shell that merely
+    exported ``SLURM_CONF`` is not a job and is left alone), or when it is a
+    known component executable (or our own Redfish emulator) whose command line
+    names ``path`` or whose working directory is inside it (slurmstepd runs in
+    the log directory). A user's shell or
     ``tail -f`` in the run directory is left alone. Job steps and job scripts run in sessions of
     their own, so group kills miss them; this finds them.
     """
     root = str(path.resolve())
+    conf = f"SLURM_CONF={root}/".encode()
     skip = _ancestors()
     found: list[int] = []
     for entry in Path("/proc").iterdir():
@@ -272,9 +277,21 @@ def processes_using(path: Path) -> list[int]:
         exe = os.path.basename(argv[0].decode("utf-8", "replace")).split(":")[0]
         ours = exe in COMPONENT_EXECUTABLES or "gpufleet.local.redfish" in cmdline
         inside = cwd == root or cwd.startswith(root + "/")
-        if f"{root}/slurm/spool/" in cmdline or (ours and (inside or root in cmdline)):
+        job = f"{root}/slurm/spool/" in cmdline or _in_job(entry, conf)
+        if job or (ours and (inside or root in cmdline)):
             found.append(pid)
     return found
+
+
+def _in_job(entry: Path, conf: bytes) -> bool:
+    """Whether the process's environment is that of a Slurm job of this cluster."""
+    try:
+        env = (entry / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(item.startswith(conf) for item in env) and any(
+        item.startswith(b"SLURM_JOB_ID=") for item in env
+    )
 
 
 def _kill(pid: int, sig: signal.Signals) -> None:

@@ -188,3 +188,30 @@ class TestBmcState:
         reset = system["Actions"]["#ComputerSystem.Reset"]
         assert reset["target"].endswith("/Actions/ComputerSystem.Reset")
         assert "PowerCycle" in reset["ResetType@Redfish.AllowableValues"]
+
+
+def test_sweep_finds_job_processes_by_their_slurm_conf(tmp_path: Path) -> None:
+    """An srun or job script started outside the run dir is tied to it only by SLURM_CONF."""
+    import os
+    import subprocess
+    import sys
+
+    from gpufleet.local import processes
+
+    run = tmp_path / "run"
+    (run / "slurm" / "etc").mkdir(parents=True)
+    conf = {"SLURM_CONF": str(run / "slurm" / "etc" / "slurm.conf")}
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    job = subprocess.Popen(sleep, env={**os.environ, **conf, "SLURM_JOB_ID": "5"}, cwd=tmp_path)
+    # A user's shell after `eval "$(gpufleet local env)"`: SLURM_CONF, but no job.
+    other = subprocess.Popen(sleep, env={**os.environ, **conf}, cwd=tmp_path)
+    try:
+        found = processes.processes_using(run)
+        assert job.pid in found and other.pid not in found
+        assert job.pid in processes.sweep(run, grace=5)
+        assert job.wait(timeout=5) is not None
+        assert other.poll() is None
+    finally:
+        for p in (job, other):
+            p.kill()
+            p.wait()
