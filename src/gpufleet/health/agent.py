@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from gpufleet.domain import conditions, debounce, inventory
-from gpufleet.domain.decide import respond
+from gpufleet.domain.decide import policy_window, respond
 from gpufleet.domain.faults import FaultEvent, Subsystem
 from gpufleet.domain.policy import Policy, Response
 from gpufleet.domain.profiles import SkuProfile
@@ -391,8 +391,9 @@ def verdict(results: list[Any]) -> tuple[bool, str]:
 
 
 def _window(policy: Policy) -> float:
-    windows = [r.repeat.window_seconds for r in policy.rules if r.repeat is not None]
-    return max(windows, default=3600.0)
+    """How long occurrences are kept: the policy's longest repeat window (as the
+    controller keeps them), an hour when the policy has no repeat rule."""
+    return policy_window(policy) or 3600.0
 
 
 def _report(sub: Subsystem, state: debounce.ConditionState) -> conditions.ConditionReport:
