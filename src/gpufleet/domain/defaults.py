@@ -163,4 +163,8 @@ checks:
 detection:
   raiseAfterSeconds: 0
   clearAfterSeconds: 300
+  stragglers:
+    slowerThan: 1.08
+    windowSteps: 50
+    reportEverySeconds: 1800
 """

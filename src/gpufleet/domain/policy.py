@@ -25,6 +25,7 @@ from pydantic.alias_generators import to_camel
 from gpufleet.domain import xids, yamldoc
 from gpufleet.domain.faults import FaultEvent, FaultKind, fault_key
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step
+from gpufleet.domain.stragglers import StragglerRule
 
 
 class Response(StrEnum):
@@ -240,13 +241,28 @@ class Checks(_Model):
     burn_in_timeout_seconds: float = Field(default=4 * 3600, gt=0)
 
 
+class Stragglers(_Model):
+    """When job telemetry names a node a straggler (docs/agent.md, "Stragglers")."""
+
+    slower_than: float = Field(default=1.08, gt=1)
+    """A node whose compute per step is this many times its peers' median is slow."""
+    window_steps: int = Field(default=50, ge=3)
+    """Steps (reported by every rank) the comparison looks at; medians over them."""
+    report_every_seconds: float = Field(default=1800, gt=0)
+    """While a node stays slow, one ``straggler`` occurrence per this interval."""
+
+    def rule(self) -> StragglerRule:
+        return StragglerRule(slower_than=self.slower_than, window_steps=self.window_steps)
+
+
 class Detection(_Model):
-    """Debounce of problem conditions (used by the agent)."""
+    """Debounce of problem conditions, and straggler detection (used by the agent)."""
 
     raise_after_seconds: float = Field(default=0, ge=0)
     """A condition must be seen this long before it is raised."""
     clear_after_seconds: float = Field(default=300, ge=0)
     """A raised condition must be healthy this long before it is cleared."""
+    stragglers: Stragglers = Stragglers()
 
 
 class Policy(_Model):
