@@ -13,6 +13,17 @@ Backends: ``torch.distributed`` (gloo, CPU) when torch is installed, otherwise
 numpy with a small TCP all-reduce over the rendezvous address. The
 checkpoint/resume code is the same for both.
 
+Job telemetry: with ``GPUFLEET_TELEMETRY_DIR`` set, every rank appends one
+line per step to ``<dir>/<job>.<restart>/rank-<rank>.<node>.jsonl`` with the
+seconds of its own work in the step (before the all-reduce, which waits for
+the slowest rank). gpufleet's node agents read it to find stragglers (format:
+``gpufleet.domain.stragglers``; this file does not import gpufleet).
+
+Simulated GPUs: the step's GPU work is simulated by ``--step-time`` seconds.
+With ``GPUFLEET_SIM_GPUS`` set (the local demo), it is divided by the speed
+that the node's simulated hardware publishes in ``<dir>/<node>.json``, so an
+injected slow GPU slows this rank as a real one would.
+
 Environment (set by Slurm/srun): SLURM_PROCID, SLURM_NTASKS, SLURM_JOB_ID,
 SLURM_RESTART_COUNT, SLURM_LAUNCH_NODE_IPADDR; or RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT to run it without Slurm.
@@ -183,6 +194,37 @@ def make_allreduce(backend: str, rank: int, world: int, addr: str, port: int) ->
     return "numpy", TcpAllReduce(rank, world, addr, port)
 
 
+# -- telemetry and simulated GPU speed ------------------------------------------------
+
+
+class Telemetry:
+    """One rank's step telemetry (nothing when ``root`` is not set)."""
+
+    def __init__(self, root: str | None, job: str, run: int, rank: int, node: str) -> None:
+        self.head = {"v": 1, "job": job, "run": run, "rank": rank, "node": node}
+        self.file = None
+        if root:
+            path = Path(root) / f"{job}.{run}" / f"rank-{rank}.{node}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = path.open("a", buffering=1)  # line-buffered: whole lines
+
+    def step(self, step: int, compute_s: float) -> None:
+        if self.file is not None:
+            line = {**self.head, "step": step, "compute_s": round(compute_s, 6), "t": time.time()}
+            self.file.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def sim_speed(root: str | None, node: str) -> float:
+    """The simulated node's speed (1.0 without simulated GPUs or when unreadable)."""
+    if not root:
+        return 1.0
+    try:
+        speed = float(json.loads((Path(root) / f"{node}.json").read_text())["speed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1.0
+    return min(1.0, max(speed, 0.05))
+
+
 # -- main ---------------------------------------------------------------------------
 
 
@@ -201,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt-dir", type=Path, required=True)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--every", type=int, default=5, help="checkpoint every N steps")
-    p.add_argument("--step-time", type=float, default=0.2, help="extra seconds per step")
+    p.add_argument(
+        "--step-time", type=float, default=0.2, help="seconds of (simulated) GPU work per step"
+    )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--backend", choices=["auto", "torch", "numpy"], default="auto")
     a = p.parse_args(argv)
@@ -231,11 +275,16 @@ def main(argv: list[str] | None = None) -> int:
     a.ckpt_dir.mkdir(parents=True, exist_ok=True)
     record("start", step=start, world=world, backend=backend, node=node)
     print(f"rank {rank}/{world} on {node}: {backend}, resuming at step {start}", flush=True)
+    telemetry = Telemetry(
+        env.get("GPUFLEET_TELEMETRY_DIR"), env.get("SLURM_JOB_ID", "local"), restart, rank, node
+    )
     loss = float("nan")
     for step in range(start + 1, a.steps + 1):
+        began = time.perf_counter()
         g, loss = gradient(w, x, y)
+        time.sleep(a.step_time / sim_speed(env.get("GPUFLEET_SIM_GPUS"), node))
+        telemetry.step(step, time.perf_counter() - began)
         w = w - a.lr * reducer.mean(g)
-        time.sleep(a.step_time)
         record("step", step=step)
         if rank == 0 and (step % a.every == 0 or step == a.steps):
             save_checkpoint(a.ckpt_dir, step, [float(v) for v in w])

@@ -15,6 +15,7 @@ from gpufleet.health import agent as agent_mod
 from gpufleet.health import backends, skus
 from gpufleet.health.hardware import NoGpuFound
 from gpufleet.health.metrics import AgentMetrics
+from gpufleet.health.telemetry import JobTelemetry
 
 app = typer.Typer(help="Run the node agent.", invoke_without_command=True)
 
@@ -47,6 +48,17 @@ def run(
     kmsg_lookback: float = typer.Option(
         300.0, help="At start, kernel log records older than this many seconds are ignored."
     ),
+    job_telemetry: Path | None = typer.Option(
+        None,
+        help="Directory of job telemetry (shared with the jobs, GPUFLEET_TELEMETRY_DIR): "
+        "find out whether this node is a straggler in its jobs.",
+    ),
+    telemetry_every: float = typer.Option(10.0, help="Seconds between job telemetry reads."),
+    sim_publish: Path | None = typer.Option(
+        None,
+        help="Simulated backend: publish the GPUs' speed here for the node's jobs "
+        "(GPUFLEET_SIM_GPUS of examples/slurm-ddp).",
+    ),
 ) -> None:
     """Watch GPUs, InfiniBand and the kernel; report Node conditions, Events and metrics.
 
@@ -54,13 +66,23 @@ def run(
 
         gpufleet agent --node gpu-node-0000 --backend simulated --inject-port 9401 \\
             --kubeconfig ~/.local/share/gpufleet/kubeconfig
+
+    With --job-telemetry, the agent also compares this node's compute per step
+    with its peers' in the jobs that write telemetry there, and reports a
+    straggler fault (policy: detection.stragglers and the straggler rule):
+
+        gpufleet agent --job-telemetry /shared/gpufleet-telemetry
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     policy = (
         load_policy(policy_file.read_text(), str(policy_file)) if policy_file else default_policy()
     )
     try:
-        hw = backends.open_backend(backend, node=node, kmsg_lookback_s=kmsg_lookback)
+        if sim_publish is not None and backend != "simulated":
+            raise typer.BadParameter("--sim-publish needs --backend simulated")
+        hw = backends.open_backend(
+            backend, node=node, kmsg_lookback_s=kmsg_lookback, sim_publish_dir=sim_publish
+        )
     except NoGpuFound as exc:
         typer.echo(f"no GPU found: {exc}", err=True)
         raise typer.Exit(3) from None
@@ -75,9 +97,23 @@ def run(
         from gpufleet.health.kube_report import KubeReporter
 
         reporter = KubeReporter(node, kubeconfig=kubeconfig)
-    settings = agent_mod.AgentSettings(interval_s=interval, active_every_s=active_every)
+    settings = agent_mod.AgentSettings(
+        interval_s=interval, active_every_s=active_every, telemetry_every_s=telemetry_every
+    )
+    telemetry = (
+        JobTelemetry(job_telemetry, node, policy.detection.stragglers)
+        if job_telemetry is not None
+        else None
+    )
     agent = agent_mod.Agent(
-        hw, profile, policy, node=node, reporter=reporter, metrics=metrics, settings=settings
+        hw,
+        profile,
+        policy,
+        node=node,
+        reporter=reporter,
+        metrics=metrics,
+        settings=settings,
+        telemetry=telemetry,
     )
     injector = None
     if inject_port:

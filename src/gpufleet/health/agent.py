@@ -44,6 +44,7 @@ from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
 from gpufleet.health.metrics import AgentMetrics
 from gpufleet.health.monitors import PassiveMonitors
 from gpufleet.health.results import CheckStatus
+from gpufleet.health.telemetry import JobTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class AgentSettings:
     active_every_s: float = 0.0
     """Period of idle-time active checks; 0 disables them."""
     active_checks: tuple[str, ...] = ("gemm", "sdc", "hbm", "allreduce")
+    telemetry_every_s: float = 10.0
+    """Period of reading job telemetry (straggler detection), when a directory is given."""
 
 
 @dataclass
@@ -100,6 +103,7 @@ class Agent:
         metrics: AgentMetrics | None = None,
         settings: AgentSettings | None = None,
         clock: Callable[[], float] = time.time,
+        telemetry: JobTelemetry | None = None,
     ) -> None:
         self.hw = hw
         self.profile = profile
@@ -110,6 +114,8 @@ class Agent:
         self.settings = settings or AgentSettings()
         self.clock = clock
         self.monitors = PassiveMonitors(hw, profile, node=node)
+        self.telemetry = telemetry
+        self._last_telemetry = float("-inf")
         self.subs: dict[Subsystem, _Sub] = {s: _Sub() for s in Subsystem}
         self.record = NodeRecord.new(node, at=clock())
         self._present: set[tuple[str, str]] = set()
@@ -142,6 +148,7 @@ class Agent:
     ) -> tuple[list[conditions.ConditionReport], list[tuple[FaultEvent, Response]]]:
         """Poll once; returns changed conditions and new occurrences with their response."""
         snap = self.monitors.poll(now)
+        self._read_telemetry(now)
         self._add_found(snap, now)
         if self.metrics is not None:
             self.metrics.observe(snap)
@@ -341,6 +348,17 @@ class Agent:
     def _active_due(self, now: float) -> bool:
         every = self.settings.active_every_s
         return every > 0 and now - self._last_active >= every and not self.hw.busy()
+
+    def _read_telemetry(self, now: float) -> None:
+        """Straggler reports from job telemetry join the faults found by active checks."""
+        if self.telemetry is None or now - self._last_telemetry < self.settings.telemetry_every_s:
+            return
+        self._last_telemetry = now
+        found = self.telemetry.poll(now)
+        if self.metrics is not None:
+            self.metrics.job_slowdown.labels(self.node).set(self.telemetry.slowdown())
+        with self._found_lock:
+            self._found.extend(found)
 
     def _add_found(self, snap: Any, now: float) -> None:
         """Fold faults found by active checks into this poll, as instants of their

@@ -10,6 +10,14 @@ under a private directory. Faults are injected with :meth:`SimulatedHardware.inj
 Active checks on simulated GPUs run a real (small, numpy) GEMM so that the
 result comparison is exercised, and report *modelled* throughput: the SKU's
 nominal figure times the GPU's injected slowdown.
+
+Jobs on simulated nodes have no GPU to be slowed by, so the hardware
+publishes its speed: with ``publish_dir``, every change writes
+``<publish_dir>/<node>.json`` (``{"node", "speed", "gpus": [{"index", "speed"}]}``,
+speed 1.0 = nominal; the node's speed is its slowest GPU's, as a data-parallel
+step waits for it). ``examples/slurm-ddp/train.py`` scales its simulated
+compute by it (``GPUFLEET_SIM_GPUS``), which is how a slow GPU becomes a
+straggler in the demo's training job.
 """
 
 from __future__ import annotations
@@ -193,13 +201,32 @@ class SimDevice:
         return compute.CopyRun(nbytes, iters, 2.0 * nbytes * iters / (gbps * 1e9))
 
 
+def _factor(spec: FaultSpec) -> float:
+    raw = spec.params.get("factor", "0.5")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InjectionError(f"factor={raw!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise InjectionError(f"factor={raw}: give a speed in (0, 1], e.g. factor=0.5")
+    return value
+
+
 class SimulatedHardware:
     """An HGX H100 node in memory: 8 GPUs, 8 HCAs, a kernel log."""
 
     name = "simulated"
 
-    def __init__(self, *, node: str = "sim-node", gpus: int = 8, hcas: int = 8) -> None:
+    def __init__(
+        self,
+        *,
+        node: str = "sim-node",
+        gpus: int = 8,
+        hcas: int = 8,
+        publish_dir: Path | None = None,
+    ) -> None:
         self.node = node
+        self.publish_dir = publish_dir
         self._lock = threading.Lock()
         self._gpus = [SimGpu(i, GPU_BUSES[i % len(GPU_BUSES)]) for i in range(gpus)]
         self._hcas = [SimHca(f"mlx5_{i}", HCA_BUSES[i % len(HCA_BUSES)]) for i in range(hcas)]
@@ -397,12 +424,14 @@ class SimulatedHardware:
             )
         elif k == K.KERNEL_HUNG_TASK:
             self._log("INFO: task python3:4242 blocked for more than 122 seconds.")
-        elif k == K.GEMM_BELOW_THRESHOLD:
-            self._gpu(spec).gemm_factor = float(spec.params.get("factor", "0.5"))
+        elif k in (K.GEMM_BELOW_THRESHOLD, K.STRAGGLER):
+            # A GPU that computes slowly: the GEMM check sees it when the node is
+            # idle, the job's telemetry when it is busy (published speed).
+            self._gpu(spec).gemm_factor = _factor(spec)
         elif k == K.HBM_BELOW_THRESHOLD:
-            self._gpu(spec).hbm_factor = float(spec.params.get("factor", "0.5"))
+            self._gpu(spec).hbm_factor = _factor(spec)
         elif k == K.NCCL_BELOW_THRESHOLD:
-            self._nccl_factor = float(spec.params.get("factor", "0.5"))
+            self._nccl_factor = _factor(spec)
         elif k == K.SDC_MISMATCH:
             self._gpu(spec).sdc = True
         elif k == K.DCGM_DIAG_FAILED:
@@ -417,7 +446,29 @@ class SimulatedHardware:
         else:
             raise InjectionError(f"the simulator cannot inject {k!r}")
 
+    def speeds(self) -> list[float]:
+        """Each GPU's speed for jobs (1.0 = nominal; a GPU off the bus: 0)."""
+        return [g.gemm_factor if g.present else 0.0 for g in self._gpus]
+
+    def _publish(self) -> None:
+        """Write the node's speed for jobs (atomically: a job may be reading it)."""
+        if self.publish_dir is None:
+            return
+        speeds = self.speeds()
+        doc = {
+            "node": self.node,
+            "speed": min(speeds, default=1.0),
+            "gpus": [
+                {"index": g.index, "speed": v} for g, v in zip(self._gpus, speeds, strict=True)
+            ],
+        }
+        self.publish_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.publish_dir / f".{self.node}.json.tmp"
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self.publish_dir / f"{self.node}.json")
+
     def _write_sysfs(self) -> None:
+        self._publish()
         for h in self._hcas:
             port = sysfs.IbPort(
                 hca=h.name,

@@ -93,6 +93,13 @@ class AgentMetrics:
             ["node", "check"],
             registry=r,
         )
+        self.job_slowdown = Gauge(
+            "gpufleet_job_slowdown_ratio",
+            "This node's compute per step over its peers' median, in its slowest running "
+            "job (job telemetry; 1 = on par, 0 = no comparison)",
+            ["node"],
+            registry=r,
+        )
         self._server: Any = None
 
     def observe(self, snap: Snapshot) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufleet.local.processes import free_ports
+
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "slurm-ddp" / "train.py"
 spec = importlib.util.spec_from_file_location("ddp_train", EXAMPLE)
 assert spec and spec.loader
@@ -63,9 +65,10 @@ def run_ranks(tmp_path: Path, steps: int, port: int) -> None:
 
 
 def test_two_ranks_train_and_resume_from_the_checkpoint(tmp_path: Path) -> None:
-    run_ranks(tmp_path, 12, 29517)
+    first, second = free_ports(2)
+    run_ranks(tmp_path, 12, first)
     assert train.latest_checkpoint(tmp_path)["step"] == 12
-    run_ranks(tmp_path, 20, 29518)
+    run_ranks(tmp_path, 20, second)
     log = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     starts = [e["step"] for e in log if e["kind"] == "start"]
     assert starts == [0, 12]

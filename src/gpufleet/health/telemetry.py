@@ -1,0 +1,183 @@
+"""The agent's reader of job telemetry: is this node a straggler in a job?
+
+Jobs write one line per rank per step under a shared directory (the format
+and the decision are in :mod:`gpufleet.domain.stragglers`). Each poll, the
+agent
+
+1. lists the run directories (``<job>.<run>``) and, in those whose listing
+   changed, the rank files: their names say which nodes are in the run;
+2. for each live run that has a rank on this node, reads what was appended to
+   its own rank files and to those of a bounded sample of peer nodes (only
+   whole lines: a rank may be half-way through writing one);
+3. asks :func:`~gpufleet.domain.stragglers.find_stragglers` about the newest
+   complete steps and, when this node is slow and a report is due, returns a
+   ``straggler`` fault for the agent to judge with the policy like any other.
+
+Each agent judges only itself, so it is the only writer of its own condition.
+A run whose files have not grown for :attr:`JobTelemetry.idle_s` has ended:
+its samples are dropped (its read offsets kept, so nothing old is read
+again), and samples older than that are history, never reported. A run
+directory that cannot be read is skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufleet.domain import stragglers
+from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
+from gpufleet.domain.policy import Stragglers
+
+log = logging.getLogger(__name__)
+
+MAX_READ = 1 << 20
+"""Bytes read from one rank file per poll (a reader far behind catches up over polls)."""
+
+
+@dataclass
+class _Rank:
+    path: Path
+    offset: int = 0
+    partial: bytes = b""
+    samples: deque[stragglers.StepSample] = field(default_factory=deque)
+
+
+@dataclass
+class _Run:
+    dir_mtime: float = -1.0
+    nodes: dict[str, list[Path]] = field(default_factory=dict)
+    ranks: dict[Path, _Rank] = field(default_factory=dict)
+    grew_at: float = 0.0
+    last_report: float | None = None
+
+
+class JobTelemetry:
+    """Straggler detection for one node from the job telemetry under ``root``."""
+
+    def __init__(self, root: Path, node: str, config: Stragglers, *, idle_s: float = 600.0) -> None:
+        self.root = Path(root)
+        self.node = node
+        self.config = config
+        self.idle_s = idle_s
+        self._runs: dict[str, _Run] = {}
+        self.paces: dict[str, stragglers.NodePace] = {}
+        """Per live run, this node's latest comparison with its peers."""
+
+    def poll(self, now: float) -> list[FaultEvent]:
+        """Read what is new; a ``straggler`` fault per run where this node is slow and due."""
+        try:
+            entries = list(os.scandir(self.root))
+        except OSError:
+            return []  # no telemetry yet (no job has written any)
+        faults: list[FaultEvent] = []
+        live: set[str] = set()
+        for entry in entries:
+            if not stragglers.RUN_DIR.match(entry.name):
+                continue
+            live.add(entry.name)
+            run = self._runs.setdefault(entry.name, _Run(grew_at=now))
+            try:
+                self._refresh(run, Path(entry.path), entry.stat().st_mtime)
+            except OSError as exc:
+                log.debug("telemetry %s unreadable: %s", entry.path, exc)
+                continue
+            if self.node not in run.nodes:
+                continue
+            if self._read(run, now):
+                fault = self._judge(entry.name, run, now)
+                if fault is not None:
+                    faults.append(fault)
+        for name, run in list(self._runs.items()):
+            if name not in live:  # removed by whoever cleans the telemetry directory
+                del self._runs[name]
+                self.paces.pop(name, None)
+            elif now - run.grew_at > self.idle_s:  # ended: keep the offsets, not the samples
+                for rank in run.ranks.values():
+                    rank.samples.clear()
+                self.paces.pop(name, None)
+        return faults
+
+    def _refresh(self, run: _Run, path: Path, mtime: float) -> None:
+        """List the run's rank files when the directory changed (a rank started)."""
+        if mtime == run.dir_mtime:
+            return
+        nodes: dict[str, list[Path]] = {}
+        for f in os.scandir(path):
+            node = stragglers.node_of_rank_file(f.name)
+            if node is not None:
+                nodes.setdefault(node, []).append(Path(f.path))
+        run.nodes, run.dir_mtime = nodes, mtime
+        wanted = (
+            [self.node, *stragglers.peers_to_read(self.node, nodes)] if self.node in nodes else []
+        )
+        paths = {p for n in wanted for p in nodes.get(n, [])}
+        run.ranks = {p: run.ranks.get(p) or _Rank(p) for p in paths}
+
+    def _read(self, run: _Run, now: float) -> bool:
+        """Append new whole lines of the wanted rank files; whether anything was new."""
+        keep = 2 * self.config.window_steps + 8
+        grew = False
+        for rank in run.ranks.values():
+            try:
+                with rank.path.open("rb") as f:
+                    f.seek(rank.offset)
+                    data = f.read(MAX_READ)
+            except OSError:
+                continue
+            if not data:
+                continue
+            rank.offset += len(data)
+            *lines, rank.partial = (rank.partial + data).split(b"\n")
+            for line in lines:
+                sample = stragglers.parse_sample(line.decode("utf-8", "replace"))
+                if sample is not None:
+                    rank.samples.append(sample)
+            while len(rank.samples) > keep:
+                rank.samples.popleft()
+            grew = True
+        if grew:
+            run.grew_at = now
+        return grew
+
+    def slowdown(self) -> float:
+        """This node's worst slowdown over its live jobs (0: no comparison yet)."""
+        return max((p.slowdown for p in self.paces.values()), default=0.0)
+
+    def _judge(self, run_id: str, run: _Run, now: float) -> FaultEvent | None:
+        samples = [s for r in run.ranks.values() for s in r.samples]
+        if not samples or now - max(s.at for s in samples) > self.idle_s:
+            return None  # history (an agent started after the run ended), not news
+        rule = self.config.rule()
+        mine = next(
+            (
+                p
+                for p in stragglers.compare_nodes(samples, rule.window_steps)
+                if p.node == self.node
+            ),
+            None,
+        )
+        if mine is None:
+            self.paces.pop(run_id, None)
+            return None
+        self.paces[run_id] = mine
+        due = stragglers.due(run.last_report, now, self.config.report_every_seconds)
+        if not stragglers.is_straggler(mine, rule) or not due:
+            return None
+        run.last_report = now
+        return FaultEvent(
+            FaultKind.STRAGGLER,
+            self.node,
+            now,
+            evidence=Evidence(
+                counters={
+                    "slowdown": round(mine.slowdown, 3),
+                    "compute_s": round(mine.compute_s, 4),
+                    "peers_s": round(mine.peers_s, 4),
+                },
+                message=mine.describe(),
+            ),
+        )
