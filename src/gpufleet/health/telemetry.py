@@ -7,6 +7,7 @@ agent
 1. lists the run directories (``<job>.<run>``) and, in those whose listing
    changed, the rank files: their names say which nodes are in the run;
 2. for each live run that has a rank on this node, reads what was appended to
+   (since the agent started)
    its own rank files and to those of a bounded sample of peer nodes (only
    whole lines: a rank may be half-way through writing one);
 3. asks :func:`~gpufleet.domain.stragglers.find_stragglers` about the newest
@@ -22,6 +23,7 @@ directory that cannot be read is skipped, never fatal.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import deque
@@ -64,11 +66,13 @@ class JobTelemetry:
         self.config = config
         self.idle_s = idle_s
         self._runs: dict[str, _Run] = {}
+        self._first_poll = True
         self.paces: dict[str, stragglers.NodePace] = {}
         """Per live run, this node's latest comparison with its peers."""
 
     def poll(self, now: float) -> list[FaultEvent]:
         """Read what is new; a ``straggler`` fault per run where this node is slow and due."""
+        history, self._first_poll = self._first_poll, False
         try:
             entries = list(os.scandir(self.root))
         except OSError:
@@ -81,7 +85,7 @@ class JobTelemetry:
             live.add(entry.name)
             run = self._runs.setdefault(entry.name, _Run(grew_at=now))
             try:
-                self._refresh(run, Path(entry.path), entry.stat().st_mtime)
+                self._refresh(run, Path(entry.path), entry.stat().st_mtime, history=history)
             except OSError as exc:
                 log.debug("telemetry %s unreadable: %s", entry.path, exc)
                 continue
@@ -101,8 +105,13 @@ class JobTelemetry:
                 self.paces.pop(name, None)
         return faults
 
-    def _refresh(self, run: _Run, path: Path, mtime: float) -> None:
-        """List the run's rank files when the directory changed (a rank started)."""
+    def _refresh(self, run: _Run, path: Path, mtime: float, *, history: bool) -> None:
+        """List the run's rank files when the directory changed (a rank started).
+
+        What is there at the agent's first look is history: it may predate a
+        repair of this node (the agent restarts when the node reboots), so it is
+        skipped, and only what the job writes from then on is judged.
+        """
         if mtime == run.dir_mtime:
             return
         nodes: dict[str, list[Path]] = {}
@@ -115,7 +124,7 @@ class JobTelemetry:
             [self.node, *stragglers.peers_to_read(self.node, nodes)] if self.node in nodes else []
         )
         paths = {p for n in wanted for p in nodes.get(n, [])}
-        run.ranks = {p: run.ranks.get(p) or _Rank(p) for p in paths}
+        run.ranks = {p: run.ranks.get(p) or _new_rank(p, history) for p in paths}
 
     def _read(self, run: _Run, now: float) -> bool:
         """Append new whole lines of the wanted rank files; whether anything was new."""
@@ -181,3 +190,11 @@ class JobTelemetry:
                 message=mine.describe(),
             ),
         )
+
+
+def _new_rank(path: Path, history: bool) -> _Rank:
+    offset = 0
+    if history:
+        with contextlib.suppress(OSError):
+            offset = path.stat().st_size
+    return _Rank(path, offset=offset)

@@ -39,6 +39,8 @@ def test_a_slow_simulated_gpu_makes_its_node_a_straggler_in_the_example_job(
     sim, telemetry, ckpt = tmp_path / "sim", tmp_path / "telemetry", tmp_path / "ckpt"
     fast = SimulatedHardware(node="node-a", publish_dir=sim)
     slow = SimulatedHardware(node="node-b", publish_dir=sim)
+    readers = {n: JobTelemetry(telemetry, n, CONFIG) for n in ("node-a", "node-b")}
+    assert [r.poll(time.time()) for r in readers.values()] == [[], []]  # nothing yet
     try:
         slow.inject("straggler,gpu=5,factor=0.5")
         (port,) = free_ports(1)
@@ -68,13 +70,20 @@ def test_a_slow_simulated_gpu_makes_its_node_a_straggler_in_the_example_job(
         "rank-1.node-b.jsonl",
     ]
     now = time.time()
-    (fault,) = JobTelemetry(telemetry, "node-b", CONFIG).poll(now)
+    (fault,) = readers["node-b"].poll(now)
     assert fault.kind is FaultKind.STRAGGLER and fault.node == "node-b"
     assert 1.6 < fault.evidence.counters["slowdown"] < 2.4, fault.evidence
     assert "job 77.0" in fault.evidence.message
-    reader_a = JobTelemetry(telemetry, "node-a", CONFIG)
+    reader_a = readers["node-a"]
     assert reader_a.poll(now) == []
     assert 0.4 < reader_a.slowdown() < 0.65
+
+
+def started(root: Path, node: str) -> JobTelemetry:
+    """A reader that has had its first look (at an empty directory)."""
+    r = JobTelemetry(root, node, CONFIG, idle_s=600)
+    assert r.poll(0.0) == []
+    return r
 
 
 def write(root: Path, run: str, rank: int, node: str, steps: range, pace: float, at: float) -> Path:
@@ -89,7 +98,7 @@ def write(root: Path, run: str, rank: int, node: str, steps: range, pace: float,
 
 
 def test_reports_are_spaced_and_stop_when_the_node_keeps_pace(tmp_path: Path) -> None:
-    r = JobTelemetry(tmp_path, "b", CONFIG)
+    r = started(tmp_path, "b")
     write(tmp_path, "9.0", 0, "a", range(1, 11), 0.5, 1000)
     write(tmp_path, "9.0", 1, "b", range(1, 11), 1.0, 1000)
     assert len(r.poll(1011.0)) == 1
@@ -106,12 +115,12 @@ def test_reports_are_spaced_and_stop_when_the_node_keeps_pace(tmp_path: Path) ->
 
 
 def test_half_written_lines_wait_for_their_end(tmp_path: Path) -> None:
+    r = started(tmp_path, "b")
     write(tmp_path, "9.0", 0, "a", range(1, 11), 0.5, 1000)
     path = write(tmp_path, "9.0", 1, "b", range(1, 10), 1.0, 1000)
     line = sample_line(StepSample("9", 0, 1, "b", 10, 1.0, 1010))
     with path.open("a") as f:
         f.write(line[:20])
-    r = JobTelemetry(tmp_path, "b", CONFIG)
     (fault,) = r.poll(1011.0)
     assert "steps 2-9" in fault.evidence.message  # rank 1's step 10 is not whole yet
     with path.open("a") as f:
@@ -120,18 +129,31 @@ def test_half_written_lines_wait_for_their_end(tmp_path: Path) -> None:
     assert r.paces["9.0"].last_step == 10
 
 
-def test_history_is_not_news(tmp_path: Path) -> None:
-    """An agent started long after a run ended does not report what it reads there."""
+def test_what_was_written_before_the_agent_started_is_history(tmp_path: Path) -> None:
+    """A restarted agent (the node rebooted after a repair) does not report what the
+    job wrote before; it judges what comes after."""
     write(tmp_path, "9.0", 0, "a", range(1, 11), 0.5, 1000)
     write(tmp_path, "9.0", 1, "b", range(1, 11), 1.0, 1000)
     r = JobTelemetry(tmp_path, "b", CONFIG, idle_s=600)
+    assert r.poll(1011.0) == []
+    write(tmp_path, "9.0", 0, "a", range(11, 19), 0.5, 1000)
+    write(tmp_path, "9.0", 1, "b", range(11, 19), 0.5, 1000)  # repaired
+    assert r.poll(1020.0) == []
+    assert r.slowdown() == 1.0
+
+
+def test_old_samples_are_not_news(tmp_path: Path) -> None:
+    """Lines with old timestamps (a run that ended long ago) are never reported."""
+    r = started(tmp_path, "b")
+    write(tmp_path, "9.0", 0, "a", range(1, 11), 0.5, 1000)
+    write(tmp_path, "9.0", 1, "b", range(1, 11), 1.0, 1000)
     assert r.poll(5000.0) == []
 
 
 def test_an_ended_run_is_not_read_again(tmp_path: Path) -> None:
+    r = started(tmp_path, "b")
     write(tmp_path, "9.0", 0, "a", range(1, 11), 0.5, 1000)
     write(tmp_path, "9.0", 1, "b", range(1, 11), 1.0, 1000)
-    r = JobTelemetry(tmp_path, "b", CONFIG, idle_s=600)
     assert len(r.poll(1011.0)) == 1
     assert r.poll(1700.0) == []  # idle for more than idle_s: samples dropped
     assert r.poll(3000.0) == []  # and its old lines are not read (and reported) again
@@ -139,13 +161,13 @@ def test_an_ended_run_is_not_read_again(tmp_path: Path) -> None:
 
 
 def test_runs_without_this_node_are_only_listed_and_peers_are_bounded(tmp_path: Path) -> None:
+    r = started(tmp_path, "n07")
     for i in range(30):
         write(tmp_path, "5.1", i, f"n{i:02d}", range(1, 11), 0.5, 1000)
     write(tmp_path, "6.0", 0, "x", range(1, 11), 0.5, 1000)
     write(tmp_path, "6.0", 1, "y", range(1, 11), 2.0, 1000)
     (tmp_path / "not-a-run").mkdir()
     (tmp_path / "5.1" / "notes.txt").write_text("hello")
-    r = JobTelemetry(tmp_path, "n07", CONFIG)
     assert r.poll(1011.0) == []
     run = r._runs["5.1"]
     assert len(run.nodes) == 30
@@ -173,7 +195,7 @@ def test_the_agent_judges_straggler_reports_with_the_policy(tmp_path: Path) -> N
         reporter=rep,
         metrics=AgentMetrics("b"),
         settings=AgentSettings(telemetry_every_s=1.0),
-        telemetry=JobTelemetry(tmp_path, "b", CONFIG),
+        telemetry=started(tmp_path, "b"),
     )
     try:
         t = 1000.0
