@@ -115,6 +115,37 @@ def test_ib_flaps_take_the_node_out_on_the_third(demo: Demo) -> None:
     job_completed_with_bounded_loss(r)
 
 
+def test_a_straggler_is_found_in_the_job_telemetry_and_the_job_regains_its_pace(
+    demo: Demo,
+) -> None:
+    r = demo.run("straggler")
+    node, peer = r.figures["faulty"], r.figures["peer"]
+    order(
+        r,
+        ("fault", node),
+        ("event", node),
+        ("condition", node),
+        ("cordon", node),
+        ("slurm-drain", node),
+        ("bmc-reset", node),
+        ("uncordon", node),
+        ("slurm-resume", node),
+        ("train-done", None),
+    )
+    condition = min(e.t for e in r.entries if e.kind == "condition" and e.node == node)
+    logged = [
+        e.text
+        for e in r.entries
+        if e.kind == "event" and e.node == node and e.t <= condition and "Straggler" in e.text
+    ]
+    assert sum("(policy: log)" in t for t in logged) == 2, logged  # the 3rd takes it out
+    assert not [t for t in kinds(r, "event", peer) if "Straggler" in t]
+    job_completed_with_bounded_loss(r)
+    work = r.figures["work"]
+    assert r.figures["slow_step_s"] > 1.8 * work.step_s  # the job really ran at its pace
+    assert r.figures["pace_after_s"] < 1.3 * work.step_s  # and regained its own after
+
+
 def test_sdc_is_found_by_the_idle_time_check_and_the_node_goes_to_triage(demo: Demo) -> None:
     r = demo.run("sdc-found-by-active-check")
     node = r.figures["faulty"]

@@ -122,6 +122,23 @@ class Fleet:
             raise
         return fleet
 
+    @property
+    def telemetry_dir(self) -> Path:
+        """Job telemetry (GPUFLEET_TELEMETRY_DIR of the example job), read by the agents."""
+        return self.info.run_dir / "job-telemetry"
+
+    @property
+    def sim_gpus_dir(self) -> Path:
+        """Where each node's simulated GPUs publish their speed (GPUFLEET_SIM_GPUS)."""
+        return self.info.run_dir / "sim-gpus"
+
+    def job_env(self) -> dict[str, str]:
+        """What the example job needs to write telemetry and run on the simulated GPUs."""
+        return {
+            "GPUFLEET_TELEMETRY_DIR": str(self.telemetry_dir),
+            "GPUFLEET_SIM_GPUS": str(self.sim_gpus_dir),
+        }
+
     def apply_policy(self, spec: dict[str, Any]) -> None:
         """Write the agents' policy file and (re)create the FleetPolicy."""
         self.policy_file.write_text(policy.policy_yaml(spec))
@@ -156,6 +173,12 @@ class Fleet:
             str(AGENT_INTERVAL_S),
             "--active-every",
             str(self.active_every_s),
+            "--job-telemetry",
+            str(self.telemetry_dir),
+            "--telemetry-every",
+            str(AGENT_INTERVAL_S),
+            "--sim-publish",
+            str(self.sim_gpus_dir),
         ]
         self.agents[node] = self.cluster.launch(
             ManagedProcess(f"agent-{node}", argv, self._log(f"agent-{node}"))

@@ -27,11 +27,21 @@ class JobShape:
     step_time_s: float = 0.5
 
 
-def submit(info: ClusterInfo, ckpt: Path, shape: JobShape, *extra: str) -> int:
-    """``sbatch examples/slurm-ddp/train.sbatch`` (2 nodes, requeue-able); the job id."""
+def submit(
+    info: ClusterInfo,
+    ckpt: Path,
+    shape: JobShape,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> int:
+    """``sbatch examples/slurm-ddp/train.sbatch`` (2 nodes, requeue-able); the job id.
+
+    ``env`` is added to the job's environment (telemetry and simulated-GPU paths).
+    """
     ckpt.mkdir(parents=True, exist_ok=True)
     env = {
         **info.slurm_env(),
+        **(env or {}),
         "CKPT_DIR": str(ckpt),
         "PYTHON": sys.executable,
         "TRAIN_PY": str(EXAMPLE / "train.py"),
@@ -112,3 +122,14 @@ def work_report(events: list[dict[str, Any]], steps: int) -> WorkReport | None:
         restarts=len(starts) - 1,
         resumed_at=int(starts[-1]["step"]) if len(starts) > 1 else None,
     )
+
+
+def pace(events: list[dict[str, Any]], start: float, end: float) -> float | None:
+    """Median seconds per step of the steps the job finished between ``start`` and ``end``."""
+    steps = [e for e in events if e["kind"] == "step" and start <= e["t"] <= end]
+    gaps = [
+        b["t"] - a["t"]
+        for a, b in itertools.pairwise(steps)
+        if a.get("restart") == b.get("restart") and b["step"] == a["step"] + 1
+    ]
+    return statistics.median(gaps) if gaps else None

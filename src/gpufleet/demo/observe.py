@@ -150,6 +150,7 @@ class Observer:
         self.primed = False
         self.errors: dict[str, str] = {}
         self.request_kinds: dict[str, str] = {}
+        self.events_seen: set[str] = set()
 
     def close(self) -> None:
         self.slurm.close()
@@ -170,6 +171,7 @@ class Observer:
             ("redfish-bmcs", self._bmcs),
             ("fleetpolicy", self._policy),
             ("pods", self._pods),
+            ("events", self._events),
             ("training job", self._training),
         ):
             try:
@@ -366,6 +368,20 @@ class Observer:
             )
             return [Entry(now, "breaker-open", None, text)]
         return [Entry(now, "breaker-closed", None, "circuit breaker closed")]
+
+    def _events(self, now: float) -> list[Entry]:
+        """Node Events of the agents: faults the policy logs, or counts towards a repeat."""
+        out: list[Entry] = []
+        for e in self.api.get("/api/v1/namespaces/default/events").get("items") or []:
+            name = e["metadata"]["name"]
+            if e.get("reportingComponent") != well_known.AGENT or name in self.events_seen:
+                continue
+            self.events_seen.add(name)
+            node = (e.get("involvedObject") or {}).get("name")
+            reason = str(e.get("reason", ""))
+            text = f"{node}: Event {reason}: {e.get('message', '')}"
+            out.append(Entry(now, "event", node, text, {"reason": reason}))
+        return out
 
     def _pods(self, now: float) -> list[Entry]:
         out: list[Entry] = []

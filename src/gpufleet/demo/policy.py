@@ -2,7 +2,8 @@
 
 Only times change, never a decision: XID 79 still means "reboot, NoExecute
 taint, evict, requeue now", so what the demo shows is what the default policy
-does on a real fleet, only faster.
+does on a real fleet, only faster. (The straggler window is a number of
+steps, cut with the job's length: the demo's job runs 40 steps.)
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ DEMO_TIMES = {
     "checks.verificationTimeoutSeconds": 60,
     "drain.timeoutSeconds": 20,
     "detection.clearAfterSeconds": 3,
+    "detection.stragglers.reportEverySeconds": 2,
 }
 """What the demo shortens (the default policy's values are minutes)."""
+DEMO_STRAGGLER_WINDOW_STEPS = 4
+"""Steps a straggler comparison looks at: the demo's job has 40 (a real one, thousands)."""
 
 
 def demo_policy_spec(**rule_actions: str) -> dict[str, Any]:
@@ -35,6 +39,9 @@ def demo_policy_spec(**rule_actions: str) -> dict[str, Any]:
     spec["checks"]["verificationTimeoutSeconds"] = DEMO_TIMES["checks.verificationTimeoutSeconds"]
     spec["drain"]["timeoutSeconds"] = DEMO_TIMES["drain.timeoutSeconds"]
     spec["detection"]["clearAfterSeconds"] = DEMO_TIMES["detection.clearAfterSeconds"]
+    stragglers = spec["detection"]["stragglers"]
+    stragglers["reportEverySeconds"] = DEMO_TIMES["detection.stragglers.reportEverySeconds"]
+    stragglers["windowSteps"] = DEMO_STRAGGLER_WINDOW_STEPS
     for key, action in rule_actions.items():
         number = int(key.removeprefix("xid"))
         for rule in spec["rules"]:

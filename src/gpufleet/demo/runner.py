@@ -151,6 +151,8 @@ def print_summary(console: Console, r: ScenarioResult) -> None:
     add("time to recover the node (-> production, resumed in Slurm)", "node_back_s")
     add("Pod pending -> Running on a node taken from Slurm", "pod_running_s")
     add("BMC resets on the faulty node", "power_cycles", "{}")
+    add("straggler reports (Events) before the node was taken out", "reports", "{}")
+    add("job pace while the straggler was in it", "slow_step_s", "{:.2f} s per step")
     add("power-on -> Node registered", "node_s")
     add("power-on -> burn-in (hardware matches the Machine)", "burn_in_s")
     add("power-on -> production (burn-in checks passed)", "production_s")

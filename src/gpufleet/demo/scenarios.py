@@ -47,9 +47,10 @@ class Ctx:
 
     def start_job(self, *sbatch: str) -> int:
         ckpt = self.workdir / "ckpt"
-        self.fleet.info  # noqa: B018
         self.tl.observer.watch_training(ckpt)
-        self.job_id = job.submit(self.fleet.info, ckpt, self.shape, *sbatch)
+        self.job_id = job.submit(
+            self.fleet.info, ckpt, self.shape, *sbatch, env=self.fleet.job_env()
+        )
         self.tl.note(
             "demo",
             f"sbatch examples/slurm-ddp/train.sbatch -> job {self.job_id} "
@@ -387,6 +388,50 @@ def sdc_found_by_active_check(ctx: Ctx) -> None:
     ctx.finish_job()
 
 
+def straggler(ctx: Ctx) -> None:
+    ctx.start_job()
+    nodes = ctx.job_nodes()
+    _mid_interval(ctx)
+    node = nodes[-1]
+    fault = ctx.inject(
+        node,
+        "straggler,gpu=5,factor=0.4",
+        "GPU 5 computes at 40% of its speed (no XID, no ECC error, no throttle reason: "
+        "nothing in any log; the whole job slows to its pace)",
+    )
+    name, agent_log = ctx.agent(node)
+    ctx.tl.wait(
+        "event",
+        what=f"the agent finding {node} slower than its peer in the job (job telemetry)",
+        timeout=30,
+        component=name,
+        log=agent_log,
+        node=node,
+        after=fault.t,
+        match=lambda e: e.data.get("reason") == "Straggler",
+    )
+    if ctx.tl.find("condition", node, after=fault.t) is not None:
+        raise StepMissed(
+            "a first straggler report must only be logged (policy: 3 within a day)", 0, name, None
+        )
+    ctx.tl.note("demo", f"{node}: straggler reports are Events; the 3rd within a day takes it out")
+    ctx.recovery(node, fault, reset="GracefulRestart", agent_step=None)
+    requeued = ctx.tl.find("job-requeued", after=fault.t)
+    ctx.finish_job()
+    log = ctx.tl.observer.training
+    assert log is not None and requeued is not None
+    resumed = ctx.tl.find("train-start", match=lambda e: e.data.get("step", 0) > 0)
+    done = ctx.tl.find("train-done")
+    assert resumed is not None and done is not None
+    ctx.figures["slow_step_s"] = job.pace(log.events, fault.t, requeued.t)
+    ctx.figures["pace_after_s"] = job.pace(log.events, resumed.t, done.t)
+    ctx.figures["peer"] = nodes[0]
+    ctx.figures["reports"] = sum(
+        1 for e in ctx.tl.entries if e.kind == "event" and e.data.get("reason") == "Straggler"
+    )
+    ctx.figures["faulty"] = node
+
+
 NEW_MACHINE = "gpu-node-0100"
 NEW_MAC = "aa:bb:cc:00:01:00"
 ENROLLMENT_SECRET = "demo-enrollment-secret-0100"
@@ -615,6 +660,13 @@ SCENARIOS: dict[str, Scenario] = {
             "GEMM check finds the GPU disagreeing with the reference, and the node goes to triage",
             sdc_found_by_active_check,
             active_every_s=5.0,
+        ),
+        Scenario(
+            "straggler",
+            "a GPU slows down without a word in any log: the agents compare each node's "
+            "compute per step in the job's telemetry, report the slow node, and the third "
+            "report takes it out; the job resumes on healthy nodes at full speed",
+            straggler,
         ),
         Scenario(
             "preemption-by-inference-pod",

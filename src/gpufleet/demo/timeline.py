@@ -22,6 +22,7 @@ POLL_S = 0.2
 STYLES = {
     "fault": "bold red",
     "condition": "red",
+    "event": "dim red",
     "cordon": "yellow",
     "slurm-drain": "yellow",
     "job-requeued": "magenta",

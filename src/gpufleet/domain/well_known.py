@@ -39,6 +39,8 @@ the time of the latest occurrence already fed to ``decide`` (JSON), so a
 condition that stays ``True`` is not replayed as a new fault."""
 CONTROLLER = "gpufleet-controller"
 """The value of :data:`ANNOTATION_CORDONED` and the Event source of the lifecycle controller."""
+AGENT = "gpufleet-agent"
+"""The Event source (``reportingComponent``) and field manager of the node agent."""
 ANNOTATION_INTERRUPTIBLE = "gpufleet.io/interruptible"
 """Pod annotation, set by users: "true" means the pod may be evicted at once."""
 ANNOTATION_SLURM_STATE = "gpufleet.io/slurm-state"

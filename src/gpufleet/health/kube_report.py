@@ -21,7 +21,7 @@ from gpufleet.domain.conditions import ConditionReport, decode_result
 from gpufleet.domain.faults import FaultEvent
 
 log = logging.getLogger(__name__)
-COMPONENT = "gpufleet-agent"
+COMPONENT = well_known.AGENT
 
 
 def _ts(t: float) -> str:
