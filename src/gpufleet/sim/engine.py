@@ -501,7 +501,7 @@ class Simulator:
         self._at(self.now + self.rng.expovariate(1.0 / cat.symptom_mean_seconds), _Ev.SYMPTOM, i, c)
         det = self.model.detection
         if cat.effect is Effect.SLOW and det.performance_monitoring:
-            self._at(self.now + det.performance_report_seconds, _Ev.PERF_REPORT, i, c)
+            self._at(self.now + self._report_every(), _Ev.PERF_REPORT, i, c)
 
     def _maybe_idle_check(self, i: int) -> None:
         ac = self.model.detection.active_checks
@@ -551,9 +551,11 @@ class Simulator:
         if i in self.job.nodes and self.job.phase is _Phase.RUNNING:
             self._decide(i, ev.FaultObserved(self._fault_event(i, c)))
         if self.fault[i] == c and self.records[i].state is S.PRODUCTION:
-            self._at(
-                self.now + self.model.detection.performance_report_seconds, _Ev.PERF_REPORT, i, c
-            )
+            self._at(self.now + self._report_every(), _Ev.PERF_REPORT, i, c)
+
+    def _report_every(self) -> float:
+        """Straggler reports: the policy's interval, as the agents use it."""
+        return self.policy.detection.stragglers.report_every_seconds
 
     def _sdc_rollback(self, i: int) -> None:
         """Checkpoints written since the corruption began are bad: roll back past them."""

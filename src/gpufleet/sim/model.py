@@ -185,9 +185,8 @@ class Detection(_Model):
     hang_timeout_seconds: float = Field(default=600.0, gt=0)
     """Collective watchdog for hangs [PTPR: PyTorch NCCL default 10 min]."""
     performance_monitoring: bool = True
-    """Job telemetry names stragglers (reported as ``straggler`` faults)."""
-    performance_report_seconds: float = Field(default=1800.0, gt=0)
-    """Interval between straggler reports while a slow node stays in the job."""
+    """Job telemetry names stragglers (reported as ``straggler`` faults, every
+    ``detection.stragglers.reportEverySeconds`` of the policy)."""
     active_checks: ActiveChecks = ActiveChecks()
 
 
