@@ -1,17 +1,23 @@
-"""The syncer against a real apiserver and real Slurm: both directions, ownership, failures."""
+"""The syncer against a real apiserver and real Slurm: both directions, ownership, failures,
+and its Prometheus metrics scraped over HTTP."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
+import slurm_support
+from prometheus_client.parser import text_string_to_metric_families
 from slurm_support import Kube, RunningSyncer, Slurm, wait_for
 
 from gpufleet.domain import well_known
 from gpufleet.local.cluster import ClusterInfo
-from gpufleet.slurm.syncer import SyncSettings
+from gpufleet.slurm.metrics import SyncerMetrics
+from gpufleet.slurm.syncer import Syncer, SyncSettings
 
 pytestmark = pytest.mark.integration
 
@@ -19,13 +25,42 @@ OURS = well_known.SLURM_REASON_PREFIX
 
 
 @pytest.fixture(scope="module")
-def env(local_cluster: ClusterInfo) -> Iterator[tuple[Kube, Slurm, RunningSyncer]]:
+def metrics_url() -> Iterator[tuple[SyncerMetrics, str]]:
+    """The module's syncer's metrics, served on a free loopback port."""
+    metrics = SyncerMetrics()
+    port = metrics.serve(0, "127.0.0.1")
+    try:
+        yield metrics, f"http://127.0.0.1:{port}/metrics"
+    finally:
+        metrics.stop()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """``name{labels}`` (labels sorted, as in the exposition) -> value, over HTTP."""
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
+
+@pytest.fixture(scope="module")
+def env(
+    local_cluster: ClusterInfo, metrics_url: tuple[SyncerMetrics, str]
+) -> Iterator[tuple[Kube, Slurm, RunningSyncer]]:
     kube, slurm = Kube(local_cluster), Slurm(local_cluster)
     for n in local_cluster.node_names:
         kube.reset_node(n)  # start clean, whatever earlier tests left
         kube.set_state(n, "production")
     syncer = RunningSyncer(local_cluster, SyncSettings(poll_interval_s=0.5, hold_taint=False))
-    syncer.start()
+    with pytest.MonkeyPatch.context() as mp:
+        # RunningSyncer builds its Syncer when it starts: give that one our metrics.
+        mp.setattr(slurm_support, "Syncer", functools.partial(Syncer, metrics=metrics_url[0]))
+        syncer.start()
+    assert syncer.syncer is not None and syncer.syncer.metrics is metrics_url[0]
     try:
         yield kube, slurm, syncer
     finally:
@@ -117,7 +152,43 @@ def test_early_resume_of_our_drain_is_reapplied(env, node) -> None:
     wait_for("drain reapplied", lambda: slurm.drained(node) == "gpufleet: state verifying", 5)
 
 
-def test_slurmrestd_unreachable_fails_closed_then_recovers(env, node) -> None:
+def test_metrics_scraped_over_http_show_the_drain_and_slurm_up(
+    env, node, metrics_url, local_cluster
+) -> None:
+    kube, slurm, _ = env
+    _, url = metrics_url
+    polls = 'gpufleet_syncer_poll_seconds_count{result="ok"}'
+    first = scrape(url)[polls]
+    # a whole poll pass after this point, so the gauges no longer show an earlier test
+    before = wait_for("a fresh poll pass", lambda: (m := scrape(url))[polls] >= first + 2 and m, 5)
+    assert before["gpufleet_syncer_slurm_up"] == 1
+    assert before["gpufleet_syncer_managed_nodes"] == len(local_cluster.node_names)
+    kube.set_state(node, "maintenance")
+    wait_for("drain", lambda: slurm.drained(node) == "gpufleet: state maintenance", 5)
+    after = wait_for(
+        "the drain counted and the node seen drained",
+        lambda: (
+            (m := scrape(url))["gpufleet_syncer_drains_total"]
+            > before["gpufleet_syncer_drains_total"]
+            and m['gpufleet_syncer_slurm_nodes{state="drained"}']
+            > before['gpufleet_syncer_slurm_nodes{state="drained"}']
+            and m
+        ),
+        5,
+    )
+    assert after["gpufleet_syncer_slurm_up"] == 1
+    assert after['gpufleet_syncer_slurm_errors_total{op="drain"}'] == 0
+    kube.set_state(node, "production")
+    wait_for(
+        "the resume counted",
+        lambda: (
+            scrape(url)["gpufleet_syncer_resumes_total"] > before["gpufleet_syncer_resumes_total"]
+        ),
+        5,
+    )
+
+
+def test_slurmrestd_unreachable_fails_closed_then_recovers(env, node, metrics_url) -> None:
     kube, slurm, syncer = env
     kube.set_state(node, "draining")
     wait_for("drain", lambda: slurm.drained(node) == "gpufleet: state draining", 5)
@@ -125,6 +196,11 @@ def test_slurmrestd_unreachable_fails_closed_then_recovers(env, node) -> None:
     try:
         assert syncer.syncer is not None
         wait_for("syncer notices", lambda: not syncer.syncer.stats.slurm_up, 10)
+        wait_for(
+            "slurm_up 0 over HTTP",
+            lambda: scrape(metrics_url[1])["gpufleet_syncer_slurm_up"] == 0,
+            5,
+        )
         kube.set_state(node, "production")
         time.sleep(3)
         assert slurm.drained(node) == "gpufleet: state draining", "resumed without a Slurm view"

@@ -69,6 +69,12 @@ def run_syncer(
     ),
     hold_taint: bool = typer.Option(True, help="Taint managed nodes gpufleet.io/slurm=held."),
     dry_run: bool = typer.Option(False, help="Decide and log; write nothing."),
+    metrics_port: int = typer.Option(
+        0, help="Port of the Prometheus /metrics endpoint; 0 (the default) turns it off."
+    ),
+    metrics_address: str = typer.Option(
+        "127.0.0.1", help="Address /metrics listens on (0.0.0.0 for a Prometheus off the host)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the syncer until interrupted.
@@ -77,9 +83,10 @@ def run_syncer(
 
         gpufleet syncer run --slurmrestd-url http://127.0.0.1:6820 \\
             --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --slurm-conf /etc/slurm/slurm.conf \\
-            --preempt-priority 1000000
+            --preempt-priority 1000000 --metrics-port 9809
     """
     from gpufleet.slurm.kubeapi import KubeApi
+    from gpufleet.slurm.metrics import SyncerMetrics
     from gpufleet.slurm.syncer import Syncer, SyncSettings
 
     _logging(verbose)
@@ -92,12 +99,23 @@ def run_syncer(
         dry_run=dry_run,
     )
 
+    metrics = SyncerMetrics()
+    if metrics_port:
+        port = metrics.serve(metrics_port, metrics_address)
+        logging.getLogger("gpufleet.slurm.syncer").info(
+            "metrics on http://%s:%d/metrics", metrics_address, port
+        )
+
     async def main() -> None:
         kube = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
         rest, scontrol = _clients(slurmrestd_url, slurm_user, token, slurm_conf)
-        await Syncer(kube=kube, rest=rest, scontrol=scontrol, settings=settings).run()
+        syncer = Syncer(kube=kube, rest=rest, scontrol=scontrol, settings=settings, metrics=metrics)
+        await syncer.run()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        metrics.stop()
 
 
 @app.command("operator")

@@ -127,6 +127,7 @@ class Lender:
             well_known.ANNOTATION_LENT_TO
         ] = key
         self.stats.lent += 1
+        s.metrics.lends.inc()
         self.stats.timings[key] = LendTiming(key, name, seen=seen, locked=s.clock())
         log.info("pod=%s node=%s lent to kubernetes (locked)", key, name)
         # Drain and requeue now rather than at the next poll.
@@ -177,6 +178,7 @@ class Lender:
         node.get("metadata", {}).get("annotations", {}).pop(well_known.ANNOTATION_LENT_TO, None)
         self.pods.pop(key, None)
         self.stats.returned += 1
+        s.metrics.returns.inc()
         log.info("node=%s returned to slurm (pod %s gone)", name, key)
         await s.reconcile(name)
 

@@ -30,6 +30,10 @@ One reconcile of one node (:meth:`Syncer.reconcile`), in order:
 
 When slurmrestd does not answer, the Slurm view is unknown and step 1 decides
 nothing: the syncer fails closed (no drains, no resumes) until it answers.
+
+Prometheus metrics (:class:`gpufleet.slurm.metrics.SyncerMetrics`, listed in
+docs/slurm.md) are counted where each write, requeue, error and poll happens;
+the node gauges are set from the views after every poll pass.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from gpufleet.domain.policy import RequeueMode
 from gpufleet.slurm import nodes as kn
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
 from gpufleet.slurm.kubeapi import KubeApi
+from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.restapi import SlurmRest
 from gpufleet.slurm.scontrol import Scontrol
 
@@ -127,6 +132,7 @@ class Syncer:
         scontrol: Scontrol,
         settings: SyncSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        metrics: SyncerMetrics | None = None,
     ) -> None:
         self.kube = kube
         self.rest = rest
@@ -137,6 +143,7 @@ class Syncer:
         self.slurm: dict[str, slurm_sync.SlurmView] | None = None
         self.jobs: list[slurm_sync.JobView] | None = None
         self.stats = SyncStats()
+        self.metrics = metrics or SyncerMetrics()
         self._locks: dict[str, asyncio.Lock] = {}
         self._requeued: dict[int, float] = {}
         self._stuck_reported: dict[str, tuple[int, ...]] = {}
@@ -163,6 +170,8 @@ class Syncer:
 
     async def poll_slurm(self) -> bool:
         """Refresh the Slurm snapshot; on failure forget it (fail closed)."""
+        m = self.metrics
+        started = self.clock()
         try:
             if self.rest.version is None:
                 await self.rest.connect()
@@ -174,11 +183,16 @@ class Syncer:
             self.stats.slurm_errors += 1
             self.stats.slurm_up = False
             self.slurm, self.jobs = None, None
+            m.poll_seconds.labels(result="failed").observe(self.clock() - started)
+            m.slurm_errors.labels(op="poll").inc()
+            m.slurm_up.set(0)
             return False
         if not self.stats.slurm_up:
             log.info("slurm view available (%d nodes, API %s)", len(views), self.rest.version)
         self.stats.slurm_up = True
         self.slurm, self.jobs = views, jobs
+        m.poll_seconds.labels(result="ok").observe(self.clock() - started)
+        m.slurm_up.set(1)
         return True
 
     # -- one node ----------------------------------------------------------------------
@@ -197,6 +211,7 @@ class Syncer:
             except SlurmError as e:
                 log.error("node=%s slurm refused: %s", name, e)
             except kr8s.ServerError as e:
+                self.metrics.kube_errors.inc()
                 log.error("node=%s kubernetes refused: %s", name, e)
 
     async def _reconcile(self, name: str, seen: float | None) -> None:
@@ -256,6 +271,7 @@ class Syncer:
         try:
             fresh = await self._read_fresh(names)
         except SlurmError as e:
+            self.metrics.slurm_errors.labels(op="read").inc()
             for w in batch.values():
                 if not w.done.done():
                     w.done.set_exception(e)
@@ -299,6 +315,7 @@ class Syncer:
             else:
                 await self.scontrol.undrain(target)
         except SlurmCommandFailed as e:
+            self.metrics.slurm_errors.labels(op=verb.value).inc()
             if len(names) > 1:  # one node scontrol refuses must not hold back the rest
                 log.warning("%s of %d nodes refused (%s); one by one", verb, len(names), e)
                 await asyncio.gather(
@@ -308,22 +325,28 @@ class Syncer:
             _fail(batch[names[0]], e)
             return
         except SlurmError as e:
+            self.metrics.slurm_errors.labels(op=verb.value).inc()
             for name in names:
                 _fail(batch[name], e)
             return
         acted = self.clock()
+        m = self.metrics
         for name in names:
             view = fresh[name]
             assert view is not None  # sync_node never acts on an unknown view
             if verb is slurm_sync.Verb.DRAIN:
                 self.stats.drains += 1
+                m.drains.inc()
                 view = slurm_sync.SlurmView(view.state, view.flags | {"DRAIN"}, reason)
             else:
                 self.stats.resumes += 1
+                m.resumes.inc()
                 view = slurm_sync.SlurmView(view.state, view.flags - {"DRAIN"}, None)
             if self.slurm is not None:
                 self.slurm[name] = view
             seen = batch[name].seen
+            if seen is not None:  # a Kubernetes change, not a poll, asked for it
+                m.sync_latency.labels(verb=verb.value).observe(acted - seen)
             self.stats.timings.append(
                 Timing(name, acted if seen is None else seen, acted, verb.value)
             )
@@ -394,13 +417,18 @@ class Syncer:
                 try:
                     await self.scontrol.requeue([job])
                 except SlurmError as e:
+                    self.metrics.slurm_errors.labels(op="requeue").inc()
                     # Usually "already pending": the job left by itself meanwhile.
                     log.info("node=%s job=%d requeue refused: %s", name, job, e)
                     continue
                 self.stats.requeues += 1
+                self.metrics.requeues.inc()
                 log.info("node=%s job=%d requeued (node drained by gpufleet)", name, job)
         if self._stuck_reported.get(name) != plan.unrequeueable:
             self._stuck_reported[name] = plan.unrequeueable
+            self.metrics.unrequeueable_jobs.set(
+                len({j for jobs in self._stuck_reported.values() for j in jobs})
+            )
             if plan.unrequeueable:
                 log.warning(
                     "node=%s jobs %s cannot be requeued (--no-requeue); left running, reported",
@@ -458,8 +486,19 @@ class Syncer:
                 if self.lender is not None:
                     await self.lender.tick()
                 self.synced.set()
+            self.observe_views()
             elapsed = self.clock() - started
             await asyncio.sleep(max(0.05, self.settings.poll_interval_s - elapsed))
+
+    def observe_views(self) -> None:
+        """Set the node gauges from the views as they stand (after each poll pass)."""
+        m = self.metrics
+        managed = [n for n in self.nodes if self.managed(n)]
+        m.kube_nodes.set(len(self.nodes))
+        m.managed_nodes.set(len(managed))
+        m.set_slurm_states(None if self.slurm is None else [self.slurm[n] for n in managed])
+        m.lent_nodes.set(sum(1 for node in self.nodes.values() if kn.lent_to(node)))
+        m.foreign_holds.set(sum(1 for node in self.nodes.values() if kn.reported(node)))
 
     async def run(self) -> None:
         loops = [self.node_loop(), self.slurm_loop()]

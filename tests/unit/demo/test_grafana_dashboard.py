@@ -1,4 +1,5 @@
-"""Every metric the Grafana dashboard queries is one the agent or the controller exports."""
+"""Every metric the Grafana dashboard queries is one the agent, the controller or the
+Slurm syncer exports."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "gpufleet-dashboard.json"
 SOURCES = [
     ROOT / "src" / "gpufleet" / "kube" / "metrics.py",
     ROOT / "src" / "gpufleet" / "health" / "metrics.py",
+    ROOT / "src" / "gpufleet" / "slurm" / "metrics.py",
 ]
 NAME = re.compile(r"\bgpufleet_[a-z0-9_]+")
 
@@ -49,3 +51,10 @@ def test_the_dashboard_covers_agent_and_controller() -> None:
     q = queried()
     assert "gpufleet_nodes" in q and "gpufleet_breaker_open" in q  # controller
     assert "gpufleet_condition" in q and "gpufleet_gpu_temperature_celsius" in q  # agent
+
+
+def test_the_dashboard_covers_the_slurm_syncer() -> None:
+    q = queried()
+    assert any(name.startswith("gpufleet_syncer_") for name in q)
+    assert "gpufleet_syncer_slurm_up" in q and "gpufleet_syncer_drains_total" in q
+    assert "gpufleet_syncer_sync_latency_seconds_bucket" in q
