@@ -18,6 +18,7 @@ import httpx
 from gpufleet.domain import well_known
 from gpufleet.local.cluster import ClusterInfo
 from gpufleet.slurm.kubeapi import KubeApi
+from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
 from gpufleet.slurm.syncer import Syncer, SyncSettings
@@ -203,8 +204,10 @@ class Slurm:
 class RunningSyncer:
     """The real syncer on its own event loop in a thread (the tests stay synchronous)."""
 
-    def __init__(self, info: ClusterInfo, settings: SyncSettings) -> None:
-        self.info, self.settings = info, settings
+    def __init__(
+        self, info: ClusterInfo, settings: SyncSettings, metrics: SyncerMetrics | None = None
+    ) -> None:
+        self.info, self.settings, self.metrics = info, settings, metrics
         self.loop = asyncio.new_event_loop()
         self.syncer: Syncer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -227,7 +230,9 @@ class RunningSyncer:
         kube = await KubeApi.connect(str(self.info.kubeconfig))
         rest = SlurmRest(RestConfig(self.info.slurmrestd_url, "root", self.info.slurm_jwt))
         scontrol = Scontrol(ScontrolConfig(env={"SLURM_CONF": str(self.info.slurm_conf)}))
-        self.syncer = Syncer(kube=kube, rest=rest, scontrol=scontrol, settings=self.settings)
+        self.syncer = Syncer(
+            kube=kube, rest=rest, scontrol=scontrol, settings=self.settings, metrics=self.metrics
+        )
         self._task = asyncio.ensure_future(self.syncer.run())
 
         async def mark_ready() -> None:

@@ -54,7 +54,17 @@ def test_helm_lint(helm: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("suffix", "extra"), [("plain", []), ("dbd", ["--set", "slurm.accounting.enabled=true"])]
+    ("suffix", "extra"),
+    [
+        ("plain", []),
+        (
+            "options",
+            [
+                *("--set", "slurm.accounting.enabled=true"),
+                *("--set", "agent.jobTelemetryDir=/shared/gpufleet-telemetry"),
+            ],
+        ),
+    ],
 )
 def test_rendered_manifests_pass_server_side_dry_run(
     helm: str, local_cluster: ClusterInfo, suffix: str, extra: list[str]

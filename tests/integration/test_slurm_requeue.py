@@ -147,3 +147,8 @@ def test_a_job_that_cannot_be_requeued_is_reported_not_killed(env, local_cluster
     slurm.run("scancel", str(job_id))
     kube.set_condition(node, "GpuProblem", "False", "Healthy")
     wait_for("resume", lambda: slurm.drained(node) is None, 10)
+    wait_for(
+        "report cleared",
+        lambda: kube.annotation(node, well_known.ANNOTATION_SLURM_STUCK_JOBS) is None,
+        10,
+    )

@@ -3,21 +3,19 @@ and its Prometheus metrics scraped over HTTP."""
 
 from __future__ import annotations
 
-import functools
 import signal
 import time
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
-import slurm_support
 from prometheus_client.parser import text_string_to_metric_families
 from slurm_support import Kube, RunningSyncer, Slurm, wait_for
 
 from gpufleet.domain import well_known
 from gpufleet.local.cluster import ClusterInfo
 from gpufleet.slurm.metrics import SyncerMetrics
-from gpufleet.slurm.syncer import Syncer, SyncSettings
+from gpufleet.slurm.syncer import SyncSettings
 
 pytestmark = pytest.mark.integration
 
@@ -55,11 +53,9 @@ def env(
     for n in local_cluster.node_names:
         kube.reset_node(n)  # start clean, whatever earlier tests left
         kube.set_state(n, "production")
-    syncer = RunningSyncer(local_cluster, SyncSettings(poll_interval_s=0.5, hold_taint=False))
-    with pytest.MonkeyPatch.context() as mp:
-        # RunningSyncer builds its Syncer when it starts: give that one our metrics.
-        mp.setattr(slurm_support, "Syncer", functools.partial(Syncer, metrics=metrics_url[0]))
-        syncer.start()
+    settings = SyncSettings(poll_interval_s=0.5, hold_taint=False)
+    syncer = RunningSyncer(local_cluster, settings, metrics=metrics_url[0])
+    syncer.start()
     assert syncer.syncer is not None and syncer.syncer.metrics is metrics_url[0]
     try:
         yield kube, slurm, syncer

@@ -305,6 +305,8 @@ class Fleet:
             str(SYNC_POLL_S),
             "--preempt-priority",
             str(kube.INFERENCE_PRIORITY),
+            "--metrics-port",
+            str(self.ports.syncer_metrics),
         ]
         self.syncer = self.cluster.launch(ManagedProcess("syncer", argv, self._log("syncer")))
         return self.syncer

@@ -400,7 +400,10 @@ class Syncer:
     async def _requeue(
         self, name: str, kube: slurm_sync.KubeView, view: slurm_sync.SlurmView
     ) -> None:
-        if not view.ours or self.jobs is None:
+        if not view.ours:
+            await self._clear_stuck(name)
+            return
+        if self.jobs is None:
             return
         if slurm_sync.requeue_mode(kube) is not RequeueMode.NOW:
             return
@@ -437,6 +440,23 @@ class Syncer:
                 )
             if not self.settings.dry_run:
                 await self.kube.patch_node(name, kn.stuck_jobs_patch(plan.unrequeueable))
+
+    async def _clear_stuck(self, name: str) -> None:
+        """Once our drain is gone, so is the report of jobs it could not requeue
+        (also one left by an earlier run of the syncer: the Node is the memory)."""
+        node = self.nodes.get(name) or {}
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        reported = well_known.ANNOTATION_SLURM_STUCK_JOBS in annotations
+        if not reported and not self._stuck_reported.get(name):
+            return
+        self._stuck_reported.pop(name, None)
+        self.metrics.unrequeueable_jobs.set(
+            len({j for jobs in self._stuck_reported.values() for j in jobs})
+        )
+        if reported and not self.settings.dry_run:
+            await self.kube.patch_node(name, kn.stuck_jobs_patch(()))
+            annotations.pop(well_known.ANNOTATION_SLURM_STUCK_JOBS, None)
+            log.info("node=%s back from our drain: unrequeueable-jobs report cleared", name)
 
     # -- loops -------------------------------------------------------------------------
 

@@ -93,10 +93,12 @@ class FakeKube:
     def __init__(self) -> None:
         self.refuse = False
         self.pods: dict[str, dict[str, Any]] = {}
+        self.patches: list[tuple[str, dict[str, Any]]] = []
 
-    async def patch_node(self, *_: Any, **__: Any) -> None:
+    async def patch_node(self, name: str, patch: dict[str, Any], **__: Any) -> None:
         if self.refuse:
             raise kr8s.ServerError("forbidden")
+        self.patches.append((name, patch))
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.pods.get(f"{namespace}/{name}")
@@ -256,6 +258,30 @@ def test_requeues_unrequeueable_jobs_and_refused_requeues() -> None:
 
     asyncio.run(job_2_ends())
     assert value(m, "gpufleet_syncer_unrequeueable_jobs") == 1
+
+
+def test_the_unrequeueable_report_is_cleared_when_our_drain_ends() -> None:
+    """Also a report an earlier syncer left on the Node (the Node is the memory)."""
+    (a,) = names(1)
+    slurm = FakeSlurm([a])
+    slurm.jobs = [job(2, a, requeueable=False)]
+    kube = FakeKube()
+    stale = {well_known.ANNOTATION_SLURM_STUCK_JOBS: "2"}
+    s, m = make(slurm, {a: node(a, "Xid79", **stale)}, kube=kube)
+
+    async def fault_then_healthy() -> None:
+        await s.poll_slurm()
+        await s.reconcile(a)  # drains, reports job 2
+        slurm.jobs = []
+        s.nodes[a] = node(a, None, **stale)  # condition cleared; the report still on the Node
+        await s.poll_slurm()
+        await s.reconcile(a)  # undrains: the report goes
+
+    asyncio.run(fault_then_healthy())
+    cleared = {well_known.ANNOTATION_SLURM_STUCK_JOBS: None}
+    assert (a, {"metadata": {"annotations": cleared}}) in kube.patches
+    assert value(m, "gpufleet_syncer_unrequeueable_jobs") == 0
+    assert well_known.ANNOTATION_SLURM_STUCK_JOBS not in s.nodes[a]["metadata"]["annotations"]
 
 
 def test_kubernetes_refusals_are_counted() -> None:
