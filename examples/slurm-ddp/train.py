@@ -233,9 +233,10 @@ def rendezvous_port(job: int, restart: int, cluster: str) -> int:
 
     Job ids alone repeat across Slurm clusters on one machine (each local cluster
     starts at 1), so the cluster's config path is mixed in; the restart count
-    keeps a requeued run off the previous run's port.
+    keeps a requeued run off the previous run's port. The range stays below the
+    kernel's ephemeral ports (32768 and up), which outgoing connections take.
     """
-    return 20000 + zlib.crc32(f"{cluster}:{job}:{restart}".encode()) % 20000
+    return 20000 + zlib.crc32(f"{cluster}:{job}:{restart}".encode()) % 12000
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -57,18 +58,45 @@ def tail_lines(path: Path, count: int) -> list[str]:
     return data.splitlines()[-count:]
 
 
-def free_ports(count: int) -> list[int]:
+LISTEN_PORTS = range(10000, 20000)
+"""Where :func:`free_ports` looks: below the kernel's ephemeral range (32768-60999
+by default), so that no outgoing connection (apiserver to etcd, srun, gloo) takes a
+port between the moment it is chosen and the moment its server binds it; and below
+the example job's rendezvous ports (20000-31999)."""
+
+
+def _ephemeral_range() -> range:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+def free_ports(count: int, *, rng: random.Random | None = None) -> list[int]:
     """``count`` distinct TCP ports that are free on 127.0.0.1 right now.
 
-    All sockets are held open until every port is chosen, so the ports are
-    distinct; another program may still take one before we bind it (the same
-    small race envtest accepts).
+    Chosen at random in :data:`LISTEN_PORTS` outside the ephemeral range, each
+    checked by binding it; all sockets are held open until every port is chosen,
+    so the ports are distinct. Another listener may still take one before we
+    bind it (the same small race envtest accepts), but no client connection can.
+    Falls back to a kernel-chosen port when the range is crowded.
     """
+    pick = rng or random.SystemRandom()
+    ephemeral = _ephemeral_range()
+    candidates = [p for p in LISTEN_PORTS if p not in ephemeral]
     socks: list[socket.socket] = []
     try:
         for _ in range(count):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            for _attempt in range(50):
+                try:
+                    s.bind(("127.0.0.1", pick.choice(candidates) if candidates else 0))
+                    break
+                except OSError:
+                    continue
+            else:
+                s.bind(("127.0.0.1", 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -133,9 +134,35 @@ def test_node_names_are_stable() -> None:
     assert ClusterSpec(nodes=2).node_names() == ("gpu-node-0000", "gpu-node-0001")
 
 
-def test_free_ports_are_distinct() -> None:
+def test_free_ports_are_distinct_and_outside_the_ephemeral_range() -> None:
+    """No outgoing connection can take a chosen port before its server binds it."""
     ports = processes.free_ports(20)
     assert len(set(ports)) == 20
+    ephemeral = processes._ephemeral_range()
+    assert all(p in processes.LISTEN_PORTS and p not in ephemeral for p in ports)
+
+
+def test_a_port_in_use_is_not_chosen() -> None:
+    busy = socket.socket()
+    try:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+
+        class Stub:
+            """Offers the taken port first, then a free one."""
+
+            def __init__(self) -> None:
+                self.offers = [taken, *processes.free_ports(1)]
+
+            def choice(self, _seq: object) -> int:
+                return self.offers.pop(0)
+
+        stub = Stub()
+        free = stub.offers[1]
+        assert processes.free_ports(1, rng=stub) == [free]  # type: ignore[arg-type]
+    finally:
+        busy.close()
 
 
 def test_process_record_recognises_a_live_process() -> None:

@@ -85,5 +85,5 @@ def test_rendezvous_port_differs_between_clusters_jobs_and_requeues() -> None:
     b = train.rendezvous_port(1, 0, "/tmp/cluster-b/slurm.conf")
     again = train.rendezvous_port(1, 1, "/tmp/cluster-a/slurm.conf")
     assert len({a, b, again}) == 3
-    assert all(20000 <= p < 40000 for p in (a, b, again))
+    assert all(20000 <= p < 32000 for p in (a, b, again))  # below the ephemeral range
     assert a == train.rendezvous_port(1, 0, "/tmp/cluster-a/slurm.conf")
