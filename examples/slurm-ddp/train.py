@@ -149,6 +149,10 @@ class TcpAllReduce:
         (n,) = struct.unpack("!I", self._recv(sock, 4))
         return np.frombuffer(self._recv(sock, n), dtype=np.float64)
 
+    def close(self) -> None:
+        for p in self.peers:
+            p.close()
+
     def mean(self, v: np.ndarray) -> np.ndarray:
         if self.world == 1:
             return v
@@ -179,6 +183,12 @@ class TorchAllReduce:
         t = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float64))
         self.dist.all_reduce(t)
         return (t / self.dist.get_world_size()).numpy()
+
+    def close(self) -> None:
+        """Leave together: a process group left to interpreter exit can abort the
+        process ("terminate called without an active exception"), failing the job."""
+        self.dist.barrier()
+        self.dist.destroy_process_group()
 
 
 def make_allreduce(backend: str, rank: int, world: int, addr: str, port: int) -> Any:
@@ -289,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         record("step", step=step)
         if rank == 0 and (step % a.every == 0 or step == a.steps):
             save_checkpoint(a.ckpt_dir, step, [float(v) for v in w])
+    reducer.close()
     record("done", step=a.steps, loss=loss)
     print(f"rank {rank}: done, {a.steps} steps, loss {loss:.5f}", flush=True)
     return 0

@@ -34,7 +34,7 @@ def test_checkpoints_are_atomic_and_latest_wins(tmp_path: Path) -> None:
     ]
 
 
-def run_ranks(tmp_path: Path, steps: int, port: int) -> None:
+def run_ranks(tmp_path: Path, steps: int, port: int, backend: str = "numpy") -> None:
     procs = [
         subprocess.Popen(
             [
@@ -49,7 +49,7 @@ def run_ranks(tmp_path: Path, steps: int, port: int) -> None:
                 "--step-time",
                 "0",
                 "--backend",
-                "numpy",
+                backend,
             ],
             env={
                 **os.environ,
@@ -77,6 +77,15 @@ def test_two_ranks_train_and_resume_from_the_checkpoint(tmp_path: Path) -> None:
     w = np.array(train.latest_checkpoint(tmp_path)["weights"])
     x, y = train.shard(0, 1)
     assert train.gradient(w, x, y)[1] < train.gradient(np.zeros_like(w), x, y)[1]
+
+
+def test_two_torch_ranks_leave_the_process_group_and_exit_cleanly(tmp_path: Path) -> None:
+    """Each rank must exit 0: Slurm fails a job whose task aborted at exit."""
+    (port,) = free_ports(1)
+    run_ranks(tmp_path, 6, port, backend="torch")
+    log = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in log][-1] == "done"
+    assert {e["backend"] for e in log if e["kind"] == "start"} == {"torch"}
 
 
 def test_rendezvous_port_differs_between_clusters_jobs_and_requeues() -> None:
