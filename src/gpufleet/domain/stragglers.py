@@ -23,8 +23,8 @@ The node is in the file name so that a node's agent can find its own ranks
 and a bounded sample of its peers (:func:`peers_to_read`) without reading
 every rank of a 1,000-node job.
 
-**The decision** (:func:`find_stragglers`, pure, called by the node agent that
-reads the telemetry of the jobs on its node): over the last ``windowSteps``
+**The decision** (:func:`compare_nodes` and :func:`is_straggler`, pure, called by
+the node agent that reads the telemetry of the jobs on its node): over the last ``windowSteps``
 steps that every rank has reported, a node's pace is the median of its slowest
 rank's ``compute_s``; a node whose pace is ``slowerThan`` times the median pace
 of the other nodes is a straggler. Medians make one slow step (a checkpoint
@@ -219,11 +219,6 @@ def compare_nodes(samples: Iterable[StepSample], window_steps: int) -> list[Node
                 )
             )
     return out
-
-
-def find_stragglers(samples: Iterable[StepSample], rule: StragglerRule) -> list[NodePace]:
-    """The nodes of one job run at least ``rule.slower_than`` times slower than their peers."""
-    return [p for p in compare_nodes(samples, rule.window_steps) if is_straggler(p, rule)]
 
 
 def is_straggler(pace: NodePace, rule: StragglerRule) -> bool:

@@ -6,13 +6,14 @@ agent
 
 1. lists the run directories (``<job>.<run>``) and, in those whose listing
    changed, the rank files: their names say which nodes are in the run;
-2. for each live run that has a rank on this node, reads what was appended to
-   (since the agent started)
-   its own rank files and to those of a bounded sample of peer nodes (only
-   whole lines: a rank may be half-way through writing one);
-3. asks :func:`~gpufleet.domain.stragglers.find_stragglers` about the newest
-   complete steps and, when this node is slow and a report is due, returns a
-   ``straggler`` fault for the agent to judge with the policy like any other.
+2. for each live run that has a rank on this node, reads what was appended,
+   since the agent started, to its own rank files and to those of a bounded
+   sample of peer nodes (only whole lines: a rank may be half-way through
+   writing one);
+3. compares this node with its peers over the newest complete steps
+   (:func:`~gpufleet.domain.stragglers.compare_nodes`) and, when it is a
+   straggler and a report is due, returns a ``straggler`` fault for the agent
+   to judge with the policy like any other.
 
 Each agent judges only itself, so it is the only writer of its own condition.
 A run whose files have not grown for :attr:`JobTelemetry.idle_s` has ended:
@@ -43,9 +44,10 @@ MAX_READ = 1 << 20
 @dataclass
 class _Rank:
     path: Path
+    samples: deque[stragglers.StepSample]
+    """The newest samples (bounded: twice the comparison window)."""
     offset: int = 0
     partial: bytes = b""
-    samples: deque[stragglers.StepSample] = field(default_factory=deque)
 
 
 @dataclass
@@ -124,11 +126,11 @@ class JobTelemetry:
             [self.node, *stragglers.peers_to_read(self.node, nodes)] if self.node in nodes else []
         )
         paths = {p for n in wanted for p in nodes.get(n, [])}
-        run.ranks = {p: run.ranks.get(p) or _new_rank(p, history) for p in paths}
+        keep = 2 * self.config.window_steps + 8
+        run.ranks = {p: run.ranks.get(p) or _new_rank(p, keep, history) for p in paths}
 
     def _read(self, run: _Run, now: float) -> bool:
         """Append new whole lines of the wanted rank files; whether anything was new."""
-        keep = 2 * self.config.window_steps + 8
         grew = False
         for rank in run.ranks.values():
             try:
@@ -145,8 +147,6 @@ class JobTelemetry:
                 sample = stragglers.parse_sample(line.decode("utf-8", "replace"))
                 if sample is not None:
                     rank.samples.append(sample)
-            while len(rank.samples) > keep:
-                rank.samples.popleft()
             grew = True
         if grew:
             run.grew_at = now
@@ -192,9 +192,9 @@ class JobTelemetry:
         )
 
 
-def _new_rank(path: Path, history: bool) -> _Rank:
+def _new_rank(path: Path, keep: int, history: bool) -> _Rank:
     offset = 0
     if history:
         with contextlib.suppress(OSError):
             offset = path.stat().st_size
-    return _Rank(path, offset=offset)
+    return _Rank(path, deque(maxlen=keep), offset=offset)

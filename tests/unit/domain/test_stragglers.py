@@ -12,15 +12,22 @@ from hypothesis import strategies as st
 
 from gpufleet.domain.policy import default_policy, load_policy
 from gpufleet.domain.stragglers import (
+    NodePace,
     StepSample,
     StragglerRule,
+    compare_nodes,
     due,
-    find_stragglers,
+    is_straggler,
     parse_sample,
     sample_line,
 )
 
 RULE = StragglerRule(slower_than=1.08, window_steps=10)
+
+
+def find_stragglers(samples: list[StepSample], rule: StragglerRule) -> list[NodePace]:
+    """The nodes the agent would report: compared with their peers, and slow enough."""
+    return [p for p in compare_nodes(samples, rule.window_steps) if is_straggler(p, rule)]
 
 
 def run(
