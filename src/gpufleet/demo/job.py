@@ -98,12 +98,7 @@ def work_report(events: list[dict[str, Any]], steps: int) -> WorkReport | None:
     step_events = [e for e in events if e["kind"] == "step"]
     if not done or not starts or not step_events:
         return None
-    gaps = [
-        b["t"] - a["t"]
-        for a, b in itertools.pairwise(step_events)
-        if a.get("restart") == b.get("restart") and b["step"] == a["step"] + 1
-    ]
-    step_s = statistics.median(gaps) if gaps else 0.0
+    step_s = _median_step(step_events) or 0.0
     elapsed = done[-1]["t"] - starts[0]["t"]
     useful = steps * step_s
     # Time between the last step of one run and the first step of the next.
@@ -126,10 +121,14 @@ def work_report(events: list[dict[str, Any]], steps: int) -> WorkReport | None:
 
 def pace(events: list[dict[str, Any]], start: float, end: float) -> float | None:
     """Median seconds per step of the steps the job finished between ``start`` and ``end``."""
-    steps = [e for e in events if e["kind"] == "step" and start <= e["t"] <= end]
+    return _median_step([e for e in events if e["kind"] == "step" and start <= e["t"] <= end])
+
+
+def _median_step(step_events: list[dict[str, Any]]) -> float | None:
+    """Median time between consecutive steps of one run (None: no two such steps)."""
     gaps = [
         b["t"] - a["t"]
-        for a, b in itertools.pairwise(steps)
+        for a, b in itertools.pairwise(step_events)
         if a.get("restart") == b.get("restart") and b["step"] == a["step"] + 1
     ]
     return statistics.median(gaps) if gaps else None

@@ -429,9 +429,7 @@ class Syncer:
                 log.info("node=%s job=%d requeued (node drained by gpufleet)", name, job)
         if self._stuck_reported.get(name) != plan.unrequeueable:
             self._stuck_reported[name] = plan.unrequeueable
-            self.metrics.unrequeueable_jobs.set(
-                len({j for jobs in self._stuck_reported.values() for j in jobs})
-            )
+            self._observe_stuck()
             if plan.unrequeueable:
                 log.warning(
                     "node=%s jobs %s cannot be requeued (--no-requeue); left running, reported",
@@ -450,13 +448,16 @@ class Syncer:
         if not reported and not self._stuck_reported.get(name):
             return
         self._stuck_reported.pop(name, None)
-        self.metrics.unrequeueable_jobs.set(
-            len({j for jobs in self._stuck_reported.values() for j in jobs})
-        )
+        self._observe_stuck()
         if reported and not self.settings.dry_run:
             await self.kube.patch_node(name, kn.stuck_jobs_patch(()))
             annotations.pop(well_known.ANNOTATION_SLURM_STUCK_JOBS, None)
             log.info("node=%s back from our drain: unrequeueable-jobs report cleared", name)
+
+    def _observe_stuck(self) -> None:
+        """The gauge of jobs reported as unrequeueable, from what is reported now."""
+        jobs = {j for reported in self._stuck_reported.values() for j in reported}
+        self.metrics.unrequeueable_jobs.set(len(jobs))
 
     # -- loops -------------------------------------------------------------------------
 
