@@ -7,7 +7,7 @@ the operator validates objects with the same model.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -16,6 +16,25 @@ from gpufleet.domain import well_known
 
 KIND = "SlurmCluster"
 PLURAL = "slurmclusters"
+
+# Every string the operator writes into slurm.conf or gres.conf is held to one
+# of these patterns, in the CRD (the apiserver refuses the object) and again by
+# the renderer (gpufleet.slurm.render): no control character (a newline would
+# start a new directive), no space (a new key=value), no '#' (a comment) and
+# no '=' in a value. The patterns are plain RE2 and Python syntax alike.
+WORD = r"^[A-Za-z0-9_.-]+$"
+"""Names, gres types, features: one Slurm token."""
+HOST = r"^[A-Za-z0-9_.:-]+$"
+"""Host names and IP addresses (':' for IPv6)."""
+VALUE = r"^[A-Za-z0-9_./,:\[\]-]+$"
+"""Paths with ranges (``/dev/nvidia[0-7]``), times (``1-00:00:00``), option lists."""
+LINE = r"^[^\x00-\x1f\x7f]*$"
+"""One line of ``extraConfig``: anything but a control character."""
+LABEL_KEY = r"^([A-Za-z0-9][A-Za-z0-9.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$"
+"""A Kubernetes label key (prefix/name)."""
+
+Word = Annotated[str, Field(pattern=WORD, max_length=63)]
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY, max_length=316)]
 
 
 class _Model(BaseModel):
@@ -34,10 +53,20 @@ class NodePool(_Model):
     cpus: int = Field(default=64, ge=1)
     real_memory_mib: int = Field(default=512 * 1024, ge=1)
     gpus: int = Field(default=8, ge=0, description="GPUs per node, announced as gres gpu.")
-    gpu_type: str | None = Field(default=None, description="gres type, e.g. h100 -> gpu:h100:8.")
-    gpu_files: str = Field(default="/dev/nvidia[0-7]", description="gres.conf File= for the GPUs.")
-    features: list[str] = Field(default_factory=list, description="Static node features.")
-    feature_labels: list[str] = Field(
+    gpu_type: str | None = Field(
+        default=None,
+        pattern=WORD,
+        max_length=63,
+        description="gres type, e.g. h100 -> gpu:h100:8.",
+    )
+    gpu_files: str = Field(
+        default="/dev/nvidia[0-7]",
+        pattern=VALUE,
+        max_length=255,
+        description="gres.conf File= for the GPUs.",
+    )
+    features: list[Word] = Field(default_factory=list, description="Static node features.")
+    feature_labels: list[LabelKey] = Field(
         default_factory=lambda: ["nvidia.com/gpu.product"],
         description="Node label keys whose values become node features.",
     )
@@ -49,7 +78,7 @@ class Partition(_Model):
     default: bool = False
     priority_tier: int = Field(default=1, ge=0, le=65533)
     preempt_mode: Literal["OFF", "REQUEUE", "CANCEL", "SUSPEND"] = "REQUEUE"
-    max_time: str = "INFINITE"
+    max_time: str = Field(default="INFINITE", pattern=VALUE, max_length=32)
 
 
 class Preemption(_Model):
@@ -65,20 +94,23 @@ class Preemption(_Model):
 
 class Accounting(_Model):
     enabled: bool = False
-    host: str = "slurmdbd"
+    host: str = Field(default="slurmdbd", pattern=HOST, max_length=253)
     port: int = 6819
 
 
 class Topology(_Model):
     enabled: bool = True
-    leaf_label: str = "network.topology.kubernetes.io/block"
-    spine_label: str = "network.topology.kubernetes.io/spine"
+    leaf_label: LabelKey = "network.topology.kubernetes.io/block"
+    spine_label: LabelKey = "network.topology.kubernetes.io/spine"
 
 
 class SlurmClusterSpec(_Model):
     cluster_name: str = Field(default="gpufleet", pattern=r"^[a-z0-9_-]+$", max_length=40)
     controller_host: str = Field(
-        default="slurm-controller-0", description="slurmctld host name (the StatefulSet pod)."
+        default="slurm-controller-0",
+        pattern=HOST,
+        max_length=253,
+        description="slurmctld host name (the StatefulSet pod).",
     )
     controller_port: int = 6817
     slurmd_port: int = 6818
@@ -87,8 +119,9 @@ class SlurmClusterSpec(_Model):
     preemption: Preemption = Field(default_factory=Preemption)
     accounting: Accounting = Field(default_factory=Accounting)
     topology: Topology = Field(default_factory=Topology)
-    extra_config: list[str] = Field(
-        default_factory=list, description="Lines appended to slurm.conf as they are."
+    extra_config: list[Annotated[str, Field(pattern=LINE, max_length=1024)]] = Field(
+        default_factory=list,
+        description="Lines appended to slurm.conf as they are (one directive each, no newline).",
     )
 
 

@@ -4,7 +4,8 @@ One reconcile of one SlurmCluster, as ordered steps:
 
 1. validate the spec with the same pydantic model the CRD schema came from
    (a bad spec sets ``Ready=False, reason=InvalidSpec`` and stops: nothing is
-   rendered from a spec we do not understand);
+   rendered from a spec we do not understand; a value the renderer will not
+   write, e.g. a Node address with a line break, sets ``reason=UnsafeValue``);
 2. select the Nodes of each pool, label them ``gpufleet.io/slurm-cluster``
    (the slurmd DaemonSet's node selector) and unlabel Nodes that left;
 3. render slurm.conf, gres.conf and topology.conf; server-side apply the
@@ -110,7 +111,11 @@ class ClusterOperator:
         pools = render.assign(spec, infos)
         members = sorted(n.name for m in pools.values() for n in m)
         await self._label_members(namespace, name, items, set(members))
-        data = render.render_all(spec, [n for m in pools.values() for n in m])
+        try:
+            data = render.render_all(spec, [n for m in pools.values() for n in m])
+        except render.UnsafeValue as e:  # nothing is written: slurmctld keeps its last config
+            status["conditions"] = [_cond("Ready", "False", "UnsafeValue", str(e)[:1000])]
+            return await self._write_status(namespace, name, old_status, status)
         digest = render.config_hash(data)
         await self._apply_configmap(obj, data, digest)
         status["configHash"] = digest

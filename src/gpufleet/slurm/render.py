@@ -8,17 +8,71 @@ InfiniBand topology labels; nodes without the labels are left out of it.
 
 The output is stable (sorted, no timestamps), so its hash says whether
 ``scontrol reconfigure`` is needed.
+
+Every string written into a file passes :func:`_safe` first: the CRD's
+patterns already keep control characters, spaces, ``#`` and ``=`` out of the
+spec, but the renderer is the last line before slurmctld runs the file (a
+``PrologSlurmctld=`` line injected through a newline would run as root), and
+Node names, addresses and label values do not come from the spec at all. A
+value that does not fit raises :class:`UnsafeValue` naming the field; nothing
+is rendered.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpufleet.slurm import hostlist
-from gpufleet.slurm.crd import NodePool, SlurmClusterSpec
+from gpufleet.slurm.crd import HOST, LINE, VALUE, WORD, NodePool, SlurmClusterSpec
+
+_ALLOWED = {
+    WORD: "letters, digits, '_', '.', '-'",
+    HOST: "letters, digits, '_', '.', ':', '-'",
+    VALUE: "letters, digits, '_', '.', '/', ',', ':', '[', ']', '-'",
+    LINE: "one line without control characters",
+}
+_COMPILED = {p: re.compile(p) for p in _ALLOWED}
+
+
+class UnsafeValue(ValueError):
+    """A value cannot be written into slurm.conf/gres.conf/topology.conf as it is."""
+
+    def __init__(self, field: str, value: str, pattern: str) -> None:
+        super().__init__(
+            f"{field}={value!r} cannot be written into the Slurm config: {_why(value, pattern)}"
+            f" (allowed: {_ALLOWED[pattern]})"
+        )
+        self.field = field
+
+
+def _why(value: str, pattern: str) -> str:
+    """The first character that breaks the pattern, and what it would do in the file."""
+    if not value:
+        return "it is empty"
+    for ch in value:
+        if ch in "\n\r":
+            return "it contains a line break, which would start a new directive"
+        if ord(ch) < 0x20 or ord(ch) == 0x7F:
+            return f"it contains the control character U+{ord(ch):04X}"
+        if not _COMPILED[pattern].fullmatch(ch):
+            if ch.isspace():
+                return "it contains whitespace, which would start a new key=value"
+            if ch == "#":
+                return "it contains '#', which starts a comment"
+            if ch == "=":
+                return "it contains '=', which would set another key"
+            return f"it contains {ch!r}"
+    return "it does not match " + pattern
+
+
+def _safe(field: str, value: str, pattern: str = WORD) -> str:
+    """``value`` if it fits ``pattern`` (one of the crd patterns), else :class:`UnsafeValue`."""
+    if not _COMPILED[pattern].fullmatch(value):
+        raise UnsafeValue(field, value, pattern)
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +107,7 @@ def _feature(value: str) -> str:
 
 
 def features_of(pool: NodePool, node: NodeInfo) -> list[str]:
-    found = list(pool.features)
+    found = [_safe(f"spec.nodePools[{pool.name!r}].features", f) for f in pool.features]
     for key in pool.feature_labels:
         value = node.labels.get(key)
         if value:
@@ -61,16 +115,31 @@ def features_of(pool: NodePool, node: NodeInfo) -> list[str]:
     return sorted(set(found))
 
 
+def _gpu_type(pool: NodePool) -> str | None:
+    if pool.gpu_type is None:
+        return None
+    return _safe(f"spec.nodePools[{pool.name!r}].gpuType", pool.gpu_type)
+
+
 def _gres(pool: NodePool) -> str:
-    kind = f"gpu:{pool.gpu_type}" if pool.gpu_type else "gpu"
+    gpu_type = _gpu_type(pool)
+    kind = f"gpu:{gpu_type}" if gpu_type else "gpu"
     return f"{kind}:{pool.gpus}"
+
+
+def _node_name(node: NodeInfo) -> str:
+    return _safe(f"Node {node.name!r} name", node.name, HOST)
+
+
+def _names(nodes: Iterable[NodeInfo]) -> list[str]:
+    return [_node_name(n) for n in nodes]
 
 
 def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]]) -> str:
     lines = [
         "# Rendered by the gpufleet SlurmCluster operator; edit the SlurmCluster, not this.",
-        f"ClusterName={spec.cluster_name}",
-        f"SlurmctldHost={spec.controller_host}",
+        f"ClusterName={_safe('spec.clusterName', spec.cluster_name)}",
+        f"SlurmctldHost={_safe('spec.controllerHost', spec.controller_host, HOST)}",
         f"SlurmctldPort={spec.controller_port}",
         f"SlurmdPort={spec.slurmd_port}",
         "SlurmUser=slurm",
@@ -89,14 +158,14 @@ def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]
         "ReturnToService=2",
         "JobRequeue=1",
         "SchedulerType=sched/backfill",
-        f"PreemptType={spec.preemption.type}",
-        f"PreemptMode={spec.preemption.mode}",
+        f"PreemptType={_safe('spec.preemption.type', spec.preemption.type, VALUE)}",
+        f"PreemptMode={_safe('spec.preemption.mode', spec.preemption.mode, VALUE)}",
         "MailProg=/bin/true",
     ]
     if spec.accounting.enabled:
         lines += [
             "AccountingStorageType=accounting_storage/slurmdbd",
-            f"AccountingStorageHost={spec.accounting.host}",
+            f"AccountingStorageHost={_safe('spec.accounting.host', spec.accounting.host, HOST)}",
             f"AccountingStoragePort={spec.accounting.port}",
             "AccountingStorageTRES=gres/gpu",
             "JobAcctGatherType=jobacct_gather/linux",
@@ -113,9 +182,10 @@ def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]
         pool = by_name[pool_name]
         for node in members:
             feats = features_of(pool, node)
-            parts = [f"NodeName={node.name}"]
+            parts = [f"NodeName={_node_name(node)}"]
             if node.address:
-                parts.append(f"NodeAddr={node.address}")
+                where = f"Node {node.name!r} status.addresses InternalIP"
+                parts.append(f"NodeAddr={_safe(where, node.address, HOST)}")
             parts += [
                 f"CPUs={pool.cpus}",
                 f"RealMemory={pool.real_memory_mib}",
@@ -125,15 +195,19 @@ def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]
             ]
             lines.append(" ".join(p for p in parts if p))
     for part in spec.partitions:
-        names = [n.name for pool in part.pools for n in pools.get(pool, [])]
+        names = _names(n for pool in part.pools for n in pools.get(pool, []))
         node_expr = hostlist.compress(names) if names else '""'
+        where = f"spec.partitions[{part.name!r}]"
         lines.append(
-            f"PartitionName={part.name} Nodes={node_expr} "
+            f"PartitionName={_safe(f'{where}.name', part.name)} Nodes={node_expr} "
             f"Default={'YES' if part.default else 'NO'} "
-            f"MaxTime={part.max_time} State=UP PriorityTier={part.priority_tier} "
-            f"PreemptMode={part.preempt_mode}"
+            f"MaxTime={_safe(f'{where}.maxTime', part.max_time, VALUE)} State=UP "
+            f"PriorityTier={part.priority_tier} "
+            f"PreemptMode={_safe(f'{where}.preemptMode', part.preempt_mode, VALUE)}"
         )
-    lines += list(spec.extra_config)
+    lines += [
+        _safe(f"spec.extraConfig[{i}]", line, LINE) for i, line in enumerate(spec.extra_config)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -143,10 +217,11 @@ def render_gres_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]]
         members = pools.get(pool.name, [])
         if not members or not pool.gpus:
             continue
-        type_part = f" Type={pool.gpu_type}" if pool.gpu_type else ""
+        gpu_type = _gpu_type(pool)
+        type_part = f" Type={gpu_type}" if gpu_type else ""
+        files = _safe(f"spec.nodePools[{pool.name!r}].gpuFiles", pool.gpu_files, VALUE)
         lines.append(
-            f"NodeName={hostlist.compress(n.name for n in members)} Name=gpu{type_part} "
-            f"File={pool.gpu_files}"
+            f"NodeName={hostlist.compress(_names(members))} Name=gpu{type_part} File={files}"
         )
     return "\n".join(lines) + "\n"
 
@@ -159,9 +234,11 @@ def render_topology_conf(spec: SlurmClusterSpec, nodes: Sequence[NodeInfo]) -> s
         leaf = node.labels.get(spec.topology.leaf_label)
         if not leaf:
             continue
-        leaves.setdefault(leaf, []).append(node.name)
+        _safe(f"Node {node.name!r} label {spec.topology.leaf_label}", leaf)
+        leaves.setdefault(leaf, []).append(_node_name(node))
         spine = node.labels.get(spec.topology.spine_label)
         if spine:
+            _safe(f"Node {node.name!r} label {spec.topology.spine_label}", spine)
             spines.setdefault(spine, set()).add(leaf)
     lines = ["# Rendered from the InfiniBand topology labels of the Nodes."]
     for leaf in sorted(leaves):
