@@ -163,6 +163,27 @@ _ID = re.compile(r"^[A-Za-z0-9._:-]{1,80}$")
 
 
 @dataclass(frozen=True, slots=True)
+class Binding:
+    """What ties a request to the controller's decision for one node (decision 0074).
+
+    The agent carries out a request only when its binding equals the one
+    :func:`gpufleet.domain.agent_requests.binding_of` derives from the node's
+    current lifecycle record: so a hand-written request, one copied from
+    another node, or one left over from an earlier incident or attempt is
+    refused.
+    """
+
+    node: str
+    """The Node the request was issued for."""
+    state: str
+    """The lifecycle state it was issued in (``remediating``, ``verifying``, ``burn-in``)."""
+    incident: float | None
+    """``opened_at`` of the node's incident (None in burn-in, which has no incident)."""
+    started: float
+    """When the step attempt (GPU reset) or the checks (verify, burn-in) started."""
+
+
+@dataclass(frozen=True, slots=True)
 class AgentRequest:
     """What the controller asks of a node's agent."""
 
@@ -173,6 +194,8 @@ class AgentRequest:
     """For ``checks``: the profile (``verify``, ``burn-in``)."""
     gpu_index: int | None = None
     """For ``gpu-reset``: the GPU, or None for every GPU."""
+    binding: Binding | None = None
+    """None: an unbound request (hand-written or from an older controller): refused."""
 
     def encode(self) -> str:
         """The annotation value."""
@@ -181,11 +204,22 @@ class AgentRequest:
             data["profile"] = self.profile
         if self.gpu_index is not None:
             data["gpu_index"] = self.gpu_index
+        if self.binding is not None:
+            b = self.binding
+            data["node"] = b.node
+            data["state"] = b.state
+            data["incident"] = b.incident
+            data["started"] = b.started
         return json.dumps(data, separators=(",", ":"))
 
 
 def decode_request(value: str | None) -> AgentRequest | None:
-    """Parse the request annotation; None if absent or malformed."""
+    """Parse the request annotation; None if absent or malformed.
+
+    A request whose binding is missing or malformed still decodes (with
+    ``binding=None``), so the agent can answer it with a refusal that says why
+    instead of ignoring it silently.
+    """
     if not value:
         return None
     try:
@@ -201,9 +235,49 @@ def decode_request(value: str | None) -> AgentRequest | None:
             kind=kind,
             profile=None if profile is None else str(profile),
             gpu_index=None if gpu is None else int(gpu),
+            binding=_binding_from(data),
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _binding_from(data: Mapping[str, Any]) -> Binding | None:
+    node, state = data.get("node"), data.get("state")
+    started = _number(data.get("started"))
+    incident = data.get("incident")
+    if not isinstance(node, str) or not isinstance(state, str) or started is None:
+        return None
+    if incident is not None and _number(incident) is None:
+        return None
+    return Binding(node=node, state=state, incident=_number(incident), started=started)
+
+
+REFUSED = "Refused"
+"""Reason of the ``GpufleetRequest`` condition when the agent refused a request."""
+EVENT_REQUEST_REFUSED = "RequestRefused"
+"""Reason of the Warning Event the agent writes on its Node when it refuses a request."""
+
+
+def refusal(request_id: str, why: str) -> ConditionReport:
+    """The ``GpufleetRequest`` condition of a refused request.
+
+    Its reason is neither ``Passed`` nor ``Failed``, so :func:`decode_result`
+    answers nothing: the controller does not take a refusal for a failed step
+    (which would escalate to a reboot); it waits, and its step or verification
+    timeout decides.
+    """
+    return ConditionReport(
+        type=well_known.CONDITION_REQUEST,
+        status="True",
+        reason=REFUSED,
+        message=f"{request_id}: refused: {why}"[:1024],
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,11 +51,22 @@ class Nvml:
             return _error_name(self._nv, exc)
 
     def busy(self) -> bool:
+        """Whether any GPU has running compute processes; raises HardwareError when
+        a GPU's processes cannot be read (unknown is not idle)."""
         nv = self._nv
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as exc:
+            raise HardwareError(f"nvmlDeviceGetCount failed: {exc}") from exc
+        for i in range(count):
+            try:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+            except nv.NVMLError as exc:
+                raise HardwareError(f"GPU {i}: no NVML handle: {exc}") from exc
             procs = self._call(lambda h=h: nv.nvmlDeviceGetComputeRunningProcesses(h))  # type: ignore[misc]
-            if isinstance(procs, list) and procs:
+            if not isinstance(procs, list):
+                raise HardwareError(f"GPU {i}: running processes unreadable: {procs}")
+            if procs:
                 return True
         return False
 

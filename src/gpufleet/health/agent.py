@@ -18,6 +18,16 @@ burn-in, reset a GPU); the agent answers with the ``GpufleetRequest``
 condition (:mod:`gpufleet.domain.conditions`). A request is answered once:
 the condition names the request id, so a restarted agent does not run it
 again.
+
+The annotation is not obeyed blindly (decision 0074): before it acts, the
+agent reads its Node again and carries out the request only if it is bound to
+the decision in the node's lifecycle record (node, state, incident, attempt;
+:func:`gpufleet.domain.agent_requests.refusal`) and nothing runs on the node:
+no Kubernetes pod, no Slurm job, no GPU process, each of them known
+(:func:`gpufleet.domain.agent_requests.work_refusal`). Otherwise it answers
+"refused: <why>" (condition reason ``Refused``), writes a Warning Event
+``RequestRefused`` and counts it; a legitimate request refused only because of
+work is judged again every ``request_retry_s`` while it stays on the Node.
 """
 
 from __future__ import annotations
@@ -31,14 +41,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from gpufleet.domain import conditions, debounce, inventory
+from gpufleet.domain import agent_requests, conditions, debounce, inventory, well_known
 from gpufleet.domain.decide import policy_window, respond
 from gpufleet.domain.faults import FaultEvent, Subsystem
 from gpufleet.domain.policy import Policy, Response
 from gpufleet.domain.profiles import SkuProfile
-from gpufleet.domain.records import NodeRecord, Occurrence
+from gpufleet.domain.records import NodeRecord, Occurrence, record_from_json
 from gpufleet.health import checks, sysfs
 from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
 from gpufleet.health.metrics import AgentMetrics
@@ -68,6 +78,26 @@ class Reporter(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class NodeSource(Protocol):
+    """What the agent reads before it carries out a request (Kubernetes; a fake in
+    unit tests). A reporter without it gets every request refused."""
+
+    async def node_object(self) -> dict[str, Any]: ...
+
+    async def pods_on_node(self) -> list[dict[str, Any]]: ...
+
+    async def node_event(
+        self,
+        *,
+        reason: str,
+        message: str,
+        now: float,
+        first: float | None = None,
+        warning: bool = True,
+    ) -> None: ...
+
+
 @dataclass
 class AgentSettings:
     """How often the agent does what."""
@@ -81,6 +111,9 @@ class AgentSettings:
     active_checks: tuple[str, ...] = ("gemm", "sdc", "hbm", "allreduce")
     telemetry_every_s: float = 10.0
     """Period of reading job telemetry (straggler detection), when a directory is given."""
+    request_retry_s: float = 15.0
+    """A legitimate request refused because work ran on the node is judged again this
+    often while it stays on the Node (the controller's step timeout bounds the wait)."""
 
 
 @dataclass
@@ -131,6 +164,11 @@ class Agent:
         """Recent occurrences with their evidence, to replay a repeat to the controller."""
         self._requests: asyncio.Queue[conditions.AgentRequest] | None = None
         self._handled: set[str] = set()
+        self._retry_at: dict[str, float] = {}
+        """Requests refused only because of work: when to judge them again."""
+        self._refused: dict[str, str] = {}
+        """The last refusal reported per request (an unchanged one is not reported again)."""
+        self._offered: tuple[str | None, str | None] = (None, None)
 
     # ----------------------------------------------------------------- one poll
 
@@ -260,6 +298,7 @@ class Agent:
                     fault.evidence.summary(),
                 )
             await self.publish(changed, events, now)
+            self._retry_due(now)
             await self._serve_requests()
             if self._active_due(now):
                 await asyncio.to_thread(self.run_active, now)
@@ -295,16 +334,101 @@ class Agent:
 
     def offer_request(self, annotation: str | None, answered: str | None) -> None:
         """Called on every change of this Node: queue a request not yet answered."""
+        self._offered = (annotation, answered)
         req = conditions.decode_request(annotation)
         if req is None or req.id == answered or req.id in self._handled:
             return
         self._handled.add(req.id)
+        self._retry_at.pop(req.id, None)
         if self._requests is None:
             self._requests = asyncio.Queue()
         self._requests.put_nowait(req)
 
+    def _retry_due(self, now: float) -> None:
+        """Offer again a request refused only because of work, once its retry is due."""
+        due = [rid for rid, at in self._retry_at.items() if now >= at]
+        for rid in due:
+            del self._retry_at[rid]
+            self._handled.discard(rid)
+        if due:
+            self.offer_request(*self._offered)
+
+    def gpu_busy(self) -> bool | None:
+        """Whether processes use the GPUs; None when that cannot be read (callers
+        count it as busy: an unreadable NVML never makes a node look idle)."""
+        try:
+            return bool(self.hw.busy())
+        except HardwareError as exc:
+            log.warning("node=%s GPU processes unreadable: %s", self.node, exc)
+            return None
+
+    async def refusal(self, req: conditions.AgentRequest) -> tuple[str, bool] | None:
+        """Why ``req`` must not be carried out now, and whether to judge it again
+        later (only when it is legitimate and work is in the way); None: go ahead.
+
+        Reads the Node and its pods fresh: the watch event that offered the
+        request may be older than the record it must match.
+        """
+        source = self.reporter
+        if not isinstance(source, NodeSource):
+            return "this agent cannot read its Node (no Kubernetes connection)", False
+        try:
+            body = await source.node_object()
+        except Exception as exc:
+            return f"the Node could not be read ({exc}); failing closed", True
+        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        record = _record(annotations.get(well_known.ANNOTATION_RECORD))
+        why = agent_requests.refusal(req, self.node, record)
+        if why is not None:
+            return why, False
+        pods: list[dict[str, Any]] | None
+        try:
+            pods = await source.pods_on_node()
+        except Exception as exc:
+            log.warning("node=%s pods on the node could not be listed: %s", self.node, exc)
+            pods = None
+        busy = await asyncio.to_thread(self.gpu_busy)
+        why = agent_requests.work_refusal(
+            req,
+            pods=pods,
+            slurm_work=annotations.get(well_known.ANNOTATION_SLURM_WORK),
+            gpu_busy=busy,
+        )
+        return None if why is None else (why, True)
+
+    async def _refuse(self, req: conditions.AgentRequest, why: str, retry: bool) -> None:
+        """Answer a refusal: condition, Warning Event, metric (each once per reason)."""
+        now = self.clock()
+        if retry:
+            self._retry_at[req.id] = now + self.settings.request_retry_s
+        if self.metrics is not None:
+            self.metrics.requests.labels(self.node, req.kind, "refused").inc()
+        if self._refused.get(req.id) == why:
+            return
+        log.warning("node=%s request=%s kind=%s refused: %s", self.node, req.id, req.kind, why)
+        self._refused[req.id] = why
+        if self.reporter is None:
+            return
+        try:
+            await self.reporter.set_conditions([conditions.refusal(req.id, why)], now)
+        except Exception as exc:
+            log.warning("node=%s refusal of %s not written: %s", self.node, req.id, exc)
+            self._refused.pop(req.id, None)
+        if isinstance(self.reporter, NodeSource):
+            try:
+                await self.reporter.node_event(
+                    reason=conditions.EVENT_REQUEST_REFUSED,
+                    message=f"{req.kind} request {req.id} refused: {why}",
+                    now=now,
+                )
+            except Exception as exc:
+                log.warning("node=%s refusal Event not written: %s", self.node, exc)
+
     def handle_request(self, req: conditions.AgentRequest) -> conditions.AgentResult:
-        """Carry out one request (blocking: checks take seconds to minutes)."""
+        """Carry out one request (blocking: checks take seconds to minutes).
+
+        Only after :meth:`refusal` said yes: this method does not check.
+        """
         log.info("node=%s request=%s kind=%s profile=%s", self.node, req.id, req.kind, req.profile)
         if req.kind == "gpu-reset":
             try:
@@ -334,6 +458,13 @@ class Agent:
     async def _serve_requests(self) -> None:
         while self._requests is not None and not self._requests.empty():
             req = self._requests.get_nowait()
+            refused = await self.refusal(req)
+            if refused is not None:
+                await self._refuse(req, *refused)
+                continue
+            self._refused.pop(req.id, None)
+            if self.metrics is not None:
+                self.metrics.requests.labels(self.node, req.kind, "carried-out").inc()
             result = await asyncio.to_thread(self.handle_request, req)
             log.info(
                 "node=%s request=%s passed=%s %s", self.node, req.id, result.passed, result.detail
@@ -347,7 +478,7 @@ class Agent:
 
     def _active_due(self, now: float) -> bool:
         every = self.settings.active_every_s
-        return every > 0 and now - self._last_active >= every and not self.hw.busy()
+        return every > 0 and now - self._last_active >= every and self.gpu_busy() is False
 
     def _read_telemetry(self, now: float) -> None:
         """Straggler reports from job telemetry join the faults found by active checks."""
@@ -382,7 +513,7 @@ class Agent:
         self._last_active = now
         results = []
         for name in self.settings.active_checks:
-            if self.hw.busy():
+            if self.gpu_busy() is not False:
                 log.info("node=%s active checks preempted by a workload", self.node)
                 break
             results.extend(
@@ -406,6 +537,16 @@ def verdict(results: list[Any]) -> tuple[bool, str]:
     if not bad:
         return True, f"{len(results)} checks passed"
     return False, "; ".join(f"{r.name} {r.status.label}: {r.reason}" for r in bad)[:900]
+
+
+def _record(text: str | None) -> NodeRecord | None:
+    """The node's lifecycle record, or None when absent or unreadable (refuses every request)."""
+    if not text:
+        return None
+    try:
+        return record_from_json(text)
+    except ValueError:
+        return None
 
 
 def _window(policy: Policy) -> float:
@@ -450,7 +591,8 @@ class InjectionServer:
 
             def do_GET(self) -> None:
                 if self.path == "/faults":
-                    self._reply(200, {"injected": list(hardware.injected)})
+                    resets = getattr(hardware, "resets", 0)
+                    self._reply(200, {"injected": list(hardware.injected), "resets": resets})
                 else:
                     self._reply(404, {"error": "GET /faults, POST /inject, POST /recover"})
 

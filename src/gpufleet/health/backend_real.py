@@ -144,10 +144,13 @@ class RealHardware:
         return _torch.allreduce(world=world, nbytes=nbytes, iters=iters, backend="nccl")
 
     def busy(self) -> bool:
-        try:
-            return bool(self._session().busy())
-        except HardwareError:
-            return False
+        """Whether compute processes run on any GPU (NVML).
+
+        NVML that cannot be read raises :class:`HardwareError`: the caller
+        counts that as busy (an unreadable GPU must never look idle to a GPU
+        reset or a stress check).
+        """
+        return bool(self._session().busy())
 
     def reset_gpu(self, index: int | None) -> str:
         """``nvidia-smi --gpu-reset`` (the node is drained before this is asked)."""

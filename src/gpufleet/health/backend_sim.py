@@ -239,6 +239,8 @@ class SimulatedHardware:
         self._dir = Path(tempfile.mkdtemp(prefix="gpufleet-sim-"))
         self.sysfs_root = self._dir
         self.injected: list[str] = []
+        self.resets = 0
+        """GPU resets carried out (tests assert that a refused request did none)."""
         self._write_sysfs()
 
     # ------------------------------------------------------------------ Hardware
@@ -320,6 +322,7 @@ class SimulatedHardware:
                 raise HardwareError(f"GPU {gone[0]} is not on the bus: a reset cannot reach it")
             for g in targets:
                 self._gpus[g.index] = SimGpu(g.index, g.bus)
+            self.resets += 1
             self._write_sysfs()
         which = "every GPU" if index is None else f"GPU {index}"
         return f"simulated reset of {which}"

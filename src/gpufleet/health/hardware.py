@@ -58,7 +58,12 @@ class Hardware(Protocol):
         ...
 
     def busy(self) -> bool:
-        """Whether a workload is using the GPUs (active checks then wait)."""
+        """Whether a workload is using the GPUs (active checks then wait, GPU resets
+        are refused).
+
+        Raises :class:`HardwareError` when that cannot be read; callers count
+        it as busy (fail closed).
+        """
         ...
 
     def reset_gpu(self, index: int | None) -> str:

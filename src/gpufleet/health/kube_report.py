@@ -86,6 +86,38 @@ class KubeReporter:
     async def event(
         self, fault: FaultEvent, *, reason: str, message: str, now: float, warning: bool = True
     ) -> None:
+        """Create one core/v1 Event on the Node about a fault."""
+        await self.node_event(
+            reason=reason, message=message, now=now, first=fault.at, warning=warning
+        )
+
+    async def node_object(self) -> dict[str, Any]:
+        """This Node as the apiserver has it now (the agent reads its record and
+        Slurm work report from it before it carries out a request)."""
+        return await self._node()
+
+    async def pods_on_node(self) -> list[dict[str, Any]]:
+        """Every pod bound to this node (RBAC: list pods; a field selector cannot
+        be expressed in RBAC, so the permission is cluster-wide read)."""
+        api = await self._connect()
+        async with api.call_api(
+            "GET",
+            version="v1",
+            url="pods",
+            params={"fieldSelector": f"spec.nodeName={self.node}"},
+        ) as resp:
+            body: dict[str, Any] = resp.json()
+        return list(body.get("items") or [])
+
+    async def node_event(
+        self,
+        *,
+        reason: str,
+        message: str,
+        now: float,
+        first: float | None = None,
+        warning: bool = True,
+    ) -> None:
         """Create one core/v1 Event on the Node."""
         if self._uid is None:
             await self._node()
@@ -105,7 +137,7 @@ class KubeReporter:
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",
             "source": {"component": COMPONENT, "host": self.node},
-            "firstTimestamp": _ts(fault.at),
+            "firstTimestamp": _ts(now if first is None else first),
             "lastTimestamp": _ts(now),
             "count": 1,
             "reportingComponent": COMPONENT,

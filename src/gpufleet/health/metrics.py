@@ -100,6 +100,13 @@ class AgentMetrics:
             ["node"],
             registry=r,
         )
+        self.requests = Counter(
+            "gpufleet_agent_requests",
+            "Controller requests (checks, gpu-reset) carried out or refused (refused: not"
+            " bound to the node's current decision, or work on the node)",
+            ["node", "kind", "outcome"],
+            registry=r,
+        )
         self._server: Any = None
 
     def observe(self, snap: Snapshot) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.domain import conditions, events, well_known
+from gpufleet.domain import agent_requests, conditions, events, well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.records import NodeRecord, record_from_json, record_to_json
@@ -108,39 +108,24 @@ class Observation:
 
 
 def request_id(record: NodeRecord) -> str | None:
-    """The id of the agent request the record is waiting for, derived from the record.
-
-    Deriving it (instead of storing it) keeps the controller stateless: the
-    same record always expects the same answer, before and after a restart.
-    """
-    inc = record.incident
-    if record.state is NodeState.VERIFYING and inc is not None and inc.checks_started_at:
-        return f"verify-{int(inc.checks_started_at * 1000)}"
-    if record.state is NodeState.BURN_IN and record.checks_started_at:
-        return f"burn-in-{int(record.checks_started_at * 1000)}"
-    if (
-        record.state is NodeState.REMEDIATING
-        and inc is not None
-        and inc.current is Step.GPU_RESET
-        and inc.tried
-    ):
-        last = inc.tried[-1]
-        return f"gpu-reset-{last.attempt}-{int(last.started_at * 1000)}"
-    return None
+    """The id of the agent request the record is waiting for (derived from the record,
+    so a restarted controller expects the same answer; :mod:`gpufleet.domain.agent_requests`)."""
+    return agent_requests.request_id(record)
 
 
 def agent_request(
     record: NodeRecord, actions: tuple[Action, ...]
 ) -> conditions.AgentRequest | None:
-    """The request to put on the Node for these actions (checks or a GPU reset), if any."""
-    rid = request_id(record)
-    if rid is None:
-        return None
+    """The request to put on the Node for these actions (checks or a GPU reset), if any.
+
+    It carries its binding to this record (node, state, incident, attempt): the
+    agent carries out only a request that matches the record it reads (decision 0074).
+    """
     for a in actions:
         if a.kind is ActionKind.RUN_CHECKS:
-            return conditions.AgentRequest(id=rid, kind="checks", profile=a.profile)
+            return agent_requests.issue(record, "checks", profile=a.profile)
         if a.kind is ActionKind.RUN_STEP and a.step is Step.GPU_RESET:
-            return conditions.AgentRequest(id=rid, kind="gpu-reset", gpu_index=_gpu_of(record))
+            return agent_requests.issue(record, "gpu-reset", gpu_index=_gpu_of(record))
     return None
 
 

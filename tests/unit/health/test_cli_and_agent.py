@@ -146,7 +146,7 @@ def test_injection_api_on_loopback() -> None:
         url = f"http://127.0.0.1:{server.port}"
         r = httpx.post(f"{url}/inject", json={"fault": "xid=79,gpu=3"})
         assert r.status_code == 200 and r.json()["injected"] == "xid"
-        assert httpx.get(f"{url}/faults").json() == {"injected": ["xid=79,gpu=3"]}
+        assert httpx.get(f"{url}/faults").json() == {"injected": ["xid=79,gpu=3"], "resets": 0}
         assert httpx.post(f"{url}/inject", json={"fault": "nope"}).status_code == 400
         assert httpx.post(f"{url}/recover").status_code == 200
         assert hw.injected == []
