@@ -8,9 +8,10 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from gpufleet.domain import xids
+from gpufleet.domain import xids, yamldoc
 from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
 from gpufleet.domain.explain import Explanation, explain
 from gpufleet.domain.faults import FaultKind
@@ -26,19 +27,33 @@ err = Console(stderr=True, soft_wrap=True)
 _FAULT_NAMES = ", ".join(k.value for k in FaultKind if k is not FaultKind.XID)
 
 
+def read_policy(path: Path) -> Policy:
+    """A policy file, read and parsed within :data:`yamldoc.LIMITS`.
+
+    At most ``max_bytes + 1`` bytes are read, so a huge file (or a device) is
+    refused at once; bytes that are not UTF-8 are a :class:`PolicyError` like
+    any other problem. Raises OSError if the file cannot be read.
+    """
+    with path.open("rb") as f:
+        data = f.read(yamldoc.LIMITS.max_bytes + 1)
+    try:
+        text = yamldoc.decode(data)
+    except yamldoc.DocumentError as exc:
+        raise PolicyError(str(path), exc.issues) from None
+    return load_policy(text, str(path))
+
+
 def _load(path: Path | None) -> Policy:
     if path is None:
         return default_policy()
     try:
-        text = path.read_text()
+        return read_policy(path)
     except OSError as exc:
-        err.print(f"[red]cannot read policy file {path}: {exc.strerror}[/red]")
+        err.print(f"[red]cannot read policy file {escape(str(path))}: {exc.strerror}[/red]")
         raise typer.Exit(2) from exc
-    try:
-        return load_policy(text, str(path))
     except PolicyError as exc:
-        err.print(f"[red]{exc}[/red]")
-        err.print(f"Check it with: gpufleet policy validate {path}")
+        err.print(f"[red]{escape(str(exc))}[/red]")
+        err.print(f"Check it with: gpufleet policy validate {escape(str(path))}")
         raise typer.Exit(2) from exc
 
 
@@ -117,7 +132,9 @@ def validate_cmd(
 ) -> None:
     """Check policy files and report every problem with its line and field.
 
-    Exits 1 if any file is invalid.
+    Exits 1 if any file is invalid. Files are bounded (1 MiB, 32 levels of
+    nesting, 100,000 values); a file over a bound, not UTF-8 or not YAML is
+    reported in one line.
 
     Example:
 
@@ -125,16 +142,20 @@ def validate_cmd(
     """
     bad = 0
     for path in files:
+        name = escape(str(path))
         try:
-            load_policy(path.read_text(), str(path))
+            read_policy(path)
         except OSError as exc:
-            err.print(f"[red]{path}: cannot read: {exc.strerror}[/red]")
+            err.print(f"[red]{name}: cannot read: {exc.strerror}[/red]")
             bad += 1
         except PolicyError as exc:
             bad += 1
-            err.print(f"[red]{path}: {len(exc.issues)} problem(s)[/red]")
+            if len(exc.issues) == 1 and exc.issues[0].location == "(file)":
+                err.print(f"[red]{name}: {escape(str(exc.issues[0]))}[/red]")
+                continue
+            err.print(f"[red]{name}: {len(exc.issues)} problem(s)[/red]")
             for issue in exc.issues:
-                err.print(f"  {issue}")
+                err.print(f"  {escape(str(issue))}")
         else:
             out.print(f"{path}: valid")
     if bad:

@@ -432,6 +432,9 @@ class PolicyError(ValueError):
 def load_policy(text: str, source: str = "<policy>") -> Policy:
     """Parse and validate a policy from YAML text.
 
+    The text is bounded by :data:`yamldoc.LIMITS` (1 MiB, 32 levels, 100,000
+    values): the controller loads whatever a FleetPolicy editor wrote, and a
+    file over a bound is refused before it costs time or memory.
     Raises :class:`PolicyError` listing every problem with its path and line.
     """
     try:
