@@ -281,8 +281,11 @@ def processes_using(path: Path) -> list[int]:
     ``srun`` and job steps started from elsewhere; a user's shell that merely
     exported ``SLURM_CONF`` is not a job and is left alone), or when it is a
     known component executable (or our own Redfish emulator) whose command line
-    names ``path`` or whose working directory is inside it (slurmstepd runs in
-    the log directory). A user's shell or
+    names ``path``, whose working directory is inside it, or whose environment
+    points ``SLURM_CONF`` into it: a batch job's ``slurmstepd: [N.batch]`` names
+    neither the run directory nor runs in it (it moves to the job's working
+    directory), and it leaves slurmd's process group, but it inherits slurmd's
+    environment. A user's shell or
     ``tail -f`` in the run directory is left alone. Job steps and job scripts run in sessions of
     their own, so group kills miss them; this finds them.
     """
@@ -305,21 +308,27 @@ def processes_using(path: Path) -> list[int]:
         exe = os.path.basename(argv[0].decode("utf-8", "replace")).split(":")[0]
         ours = exe in COMPONENT_EXECUTABLES or "gpufleet.local.redfish" in cmdline
         inside = cwd == root or cwd.startswith(root + "/")
-        job = f"{root}/slurm/spool/" in cmdline or _in_job(entry, conf)
-        if job or (ours and (inside or root in cmdline)):
+        env = _environ(entry)
+        job = f"{root}/slurm/spool/" in cmdline or _in_job(env, conf)
+        if job or (ours and (inside or root in cmdline or _has(env, conf))):
             found.append(pid)
     return found
 
 
-def _in_job(entry: Path, conf: bytes) -> bool:
-    """Whether the process's environment is that of a Slurm job of this cluster."""
+def _environ(entry: Path) -> list[bytes]:
     try:
-        env = (entry / "environ").read_bytes().split(b"\0")
+        return (entry / "environ").read_bytes().split(b"\0")
     except OSError:
-        return False
-    return any(item.startswith(conf) for item in env) and any(
-        item.startswith(b"SLURM_JOB_ID=") for item in env
-    )
+        return []
+
+
+def _has(env: list[bytes], prefix: bytes) -> bool:
+    return any(item.startswith(prefix) for item in env)
+
+
+def _in_job(env: list[bytes], conf: bytes) -> bool:
+    """Whether the process's environment is that of a Slurm job of this cluster."""
+    return _has(env, conf) and _has(env, b"SLURM_JOB_ID=")
 
 
 def _kill(pid: int, sig: signal.Signals) -> None:
