@@ -1,0 +1,290 @@
+"""Reliability: the node agent carries out only requests the controller issued for its node
+in its current state, and never a disruptive one on a node with work (decision 0074).
+
+Real apiserver and KWOK nodes, the real lifecycle controller process, a real node agent
+(in this process, on the simulated hardware backend, whose GPU-reset counter tells whether
+a reset happened). docs/reliability.md lists these cases with their outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller_harness import (
+    GV,
+    Api,
+    create_kwok_nodes,
+    install,
+    policy_spec,
+    put_policy,
+    report_fault,
+    reset_node,
+    running,
+    wait_for,
+)
+
+from gpufleet.domain import agent_requests, well_known
+from gpufleet.domain.faults import Subsystem
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.policy import Detection, default_policy
+from gpufleet.domain.records import Incident, NodeRecord, StepAttempt, record_to_json
+from gpufleet.domain.states import NodeState
+from gpufleet.health.agent import Agent, AgentSettings
+from gpufleet.health.backend_sim import SimulatedHardware
+from gpufleet.health.kube_report import KubeReporter
+from gpufleet.health.metrics import AgentMetrics
+from gpufleet.health.skus import bundled
+from gpufleet.local.cluster import ClusterInfo
+
+pytestmark = pytest.mark.integration
+
+NS = "agent-guard"
+NODES = ["guard-forged", "guard-copied", "guard-empty", "guard-busy"]
+
+
+@pytest.fixture(scope="module")
+def env(
+    local_cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ClusterInfo, Api, Path]]:
+    api = Api(local_cluster)
+    install(api)
+    for node in NODES:  # one pool each: the disruption budget of one never holds another
+        create_kwok_nodes(api, [node], pool=node)
+    api.post(
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
+        ok=(201, 409),
+    )
+    logs = tmp_path_factory.mktemp("reliability-agent")
+    try:
+        yield local_cluster, api, logs
+    finally:
+        api.delete(f"/api/v1/namespaces/{NS}")
+        for policy in ("agent-guard", "agent-guard-busy"):
+            api.delete(f"{GV}/fleetpolicies/{policy}")
+        for node in NODES:
+            api.delete(f"/api/v1/nodes/{node}")
+
+
+class RunningAgent:
+    """A real agent for one node, on its own event loop in a thread."""
+
+    def __init__(self, info: ClusterInfo, node: str) -> None:
+        self.node = node
+        self.hw = SimulatedHardware(node=node)
+        policy = default_policy().model_copy(
+            update={"detection": Detection(raise_after_seconds=0, clear_after_seconds=1.0)}
+        )
+        self.metrics = AgentMetrics(node)
+        self.agent = Agent(
+            self.hw,
+            bundled().get("h100-sxm"),
+            policy,
+            node=node,
+            reporter=KubeReporter(node, kubeconfig=str(info.kubeconfig)),
+            metrics=self.metrics,
+            settings=AgentSettings(interval_s=0.2, request_retry_s=1.0),
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        async def go() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self._ready.set()
+            await self.agent.run(self._stop)
+
+        asyncio.run(go())
+
+    def requests(self, kind: str = "gpu-reset", outcome: str = "refused") -> float:
+        value = self.metrics.registry.get_sample_value(
+            "gpufleet_agent_requests_total", {"node": self.node, "kind": kind, "outcome": outcome}
+        )
+        return value or 0.0
+
+    @contextlib.contextmanager
+    def started(self) -> Iterator[RunningAgent]:
+        self._thread.start()
+        self._ready.wait(10)
+        try:
+            yield self
+        finally:
+            if self._loop is not None and self._stop is not None:
+                self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(15)
+            self.hw.close()
+
+
+def request_condition(api: Api, node: str) -> dict[str, Any] | None:
+    for c in api.node(node).get("status", {}).get("conditions") or []:
+        if c["type"] == well_known.CONDITION_REQUEST:
+            return dict(c)
+    return None
+
+
+def refusal_events(api: Api, node: str) -> list[dict[str, Any]]:
+    items = api.get(
+        f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3D{node}"
+    )["items"]
+    return [e for e in items if e["reason"] == "RequestRefused"]
+
+
+def set_annotations(api: Api, node: str, **values: str | None) -> None:
+    keys = {"record": well_known.ANNOTATION_RECORD, "request": well_known.ANNOTATION_AGENT_REQUEST}
+    ann = {keys[k]: v for k, v in values.items()}
+    api.patch(f"/api/v1/nodes/{node}", {"metadata": {"annotations": ann}})
+
+
+def start_pod(api: Api, node: str, name: str) -> None:
+    """A training pod placed on the node directly (no scheduler, every taint tolerated):
+    work that is on the node whatever its state says."""
+    api.post(
+        f"/api/v1/namespaces/{NS}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "nodeName": node,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "train", "image": "example.com/train:1"}],
+            },
+        },
+    )
+    wait_for(
+        f"pod {name} running",
+        lambda: (
+            api.get(f"/api/v1/namespaces/{NS}/pods/{name}").get("status", {}).get("phase")
+            == "Running"
+        ),
+        timeout=30,
+    )
+
+
+def remediating(node: str, opened: float) -> NodeRecord:
+    """A record as the controller writes it when a node's gpu-reset step starts."""
+    inc = Incident(
+        key="xid-48",
+        description="xid48 gpu2",
+        opened_at=opened,
+        plan=Step.GPU_RESET,
+        drained=True,
+        current=Step.GPU_RESET,
+        tried=(StepAttempt(Step.GPU_RESET, 1, opened + 2.5),),
+    )
+    return replace(NodeRecord.new(node, at=opened, state=NodeState.REMEDIATING), incident=inc)
+
+
+def test_a_hand_written_gpu_reset_on_a_production_node_with_a_job_is_refused(env: Any) -> None:
+    info, api, _ = env
+    node = "guard-forged"
+    prod = NodeRecord.new(node, at=time.time(), state=NodeState.PRODUCTION)
+    set_annotations(api, node, record=record_to_json(prod))
+    start_pod(api, node, "forged-job")
+    with RunningAgent(info, node).started() as a:
+        set_annotations(api, node, request='{"id":"ops-reset-1","kind":"gpu-reset","gpu_index":0}')
+        wait_for("refusal", lambda: (request_condition(api, node) or {}).get("reason") == "Refused")
+        cond = request_condition(api, node)
+        assert cond is not None and cond["status"] == "True"
+        assert cond["message"].startswith("ops-reset-1: refused: the request carries no binding")
+        # Forged with a binding for this node's state: still no request in production.
+        forged = {
+            "id": "ops-reset-2",
+            "kind": "gpu-reset",
+            "node": node,
+            "state": "production",
+            "incident": None,
+            "started": time.time(),
+        }
+        set_annotations(api, node, request=json.dumps(forged))
+        wait_for(
+            "second refusal",
+            lambda: (
+                "ops-reset-2: refused: no request is carried out on a node in production"
+                in (request_condition(api, node) or {}).get("message", "")
+            ),
+        )
+        wait_for("RequestRefused Events", lambda: len(refusal_events(api, node)) >= 2)
+        events = refusal_events(api, node)
+        assert all(e["type"] == "Warning" for e in events)
+        assert any("no binding" in e["message"] for e in events)
+        assert a.hw.resets == 0
+        assert a.requests() == 2
+        assert api.get(f"/api/v1/namespaces/{NS}/pods/forged-job")["status"]["phase"] == "Running"
+    print(f"refused: {cond['message']}")
+
+
+def test_a_request_copied_from_another_node_is_refused(env: Any) -> None:
+    info, api, _ = env
+    node = "guard-copied"
+    mine = remediating(node, opened=time.time())
+    set_annotations(api, node, record=record_to_json(mine))
+    other = agent_requests.issue(remediating("guard-empty", opened=time.time() - 60), "gpu-reset")
+    assert other is not None
+    with RunningAgent(info, node).started() as a:
+        set_annotations(api, node, request=other.encode())
+        wait_for("refusal", lambda: (request_condition(api, node) or {}).get("reason") == "Refused")
+        msg = (request_condition(api, node) or {})["message"]
+        assert "issued for node guard-empty, not for guard-copied" in msg
+        wait_for("RequestRefused Event", lambda: refusal_events(api, node))
+        assert a.hw.resets == 0
+    print(f"refused: {msg}")
+
+
+def test_a_controller_issued_gpu_reset_on_an_empty_node_is_carried_out(env: Any) -> None:
+    info, api, logs = env
+    node = "guard-empty"
+    put_policy(api, "agent-guard", policy_spec())
+    with RunningAgent(info, node).started() as a, running(info, logs, policy="agent-guard"):
+        a.hw.inject("xid=48,gpu=2")  # the rule for XID 48 starts the ladder at gpu-reset
+        wait_for("remediating", lambda: api.state(node) == "remediating", timeout=30)
+        wait_for("GPU reset carried out", lambda: a.hw.resets == 1, timeout=30)
+        wait_for("back in production", lambda: api.state(node) == "production", timeout=90)
+        assert a.hw.resets == 1
+        assert not refusal_events(api, node)
+        assert a.requests() == 0
+        assert a.requests("gpu-reset", "carried-out") == 1
+        assert a.requests("checks", "carried-out") == 1  # the verification, bound the same way
+    reset_node(api, node)
+
+
+def test_a_legitimate_gpu_reset_waits_while_a_pod_runs_on_the_node(env: Any) -> None:
+    info, api, logs = env
+    node = "guard-busy"
+    put_policy(api, "agent-guard-busy", policy_spec())
+    with running(info, logs, policy="agent-guard-busy"):
+        report_fault(api, node, 48, Subsystem.GPU)  # as the agent would report it
+        wait_for("remediating", lambda: api.state(node) == "remediating", timeout=30)
+        value = api.node(node)["metadata"]["annotations"][well_known.ANNOTATION_AGENT_REQUEST]
+        assert json.loads(value)["node"] == node  # the controller bound it
+        start_pod(api, node, "late-job")  # work lands on the node after the drain
+        with RunningAgent(info, node).started() as a:
+            wait_for(
+                "refusal",
+                lambda: (request_condition(api, node) or {}).get("reason") == "Refused",
+                timeout=15,
+            )
+            msg = (request_condition(api, node) or {})["message"]
+            assert f"the node has work: 1 pod(s) run on the node ({NS}/late-job)" in msg
+            events = wait_for("RequestRefused Event", lambda: refusal_events(api, node))
+            assert "late-job" in events[0]["message"]
+            time.sleep(2.5)  # two retries while the pod is still there: still refused
+            assert a.hw.resets == 0 and api.state(node) == "remediating"
+            api.delete(f"/api/v1/namespaces/{NS}/pods/late-job?gracePeriodSeconds=0")
+            wait_for("GPU reset once the node is empty", lambda: a.hw.resets == 1, timeout=30)
+            wait_for("verifying", lambda: api.state(node) != "remediating", timeout=30)
+            assert a.hw.resets == 1
+    print(f"refused: {msg}")
+    reset_node(api, node)
