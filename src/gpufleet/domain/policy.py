@@ -90,6 +90,26 @@ class RequeueMode(StrEnum):
     """Drain in Slurm but let running jobs finish."""
 
 
+class SlurmWait(StrEnum):
+    """Which nodes Slurm must confirm empty before they are disrupted (``drain.slurm``)."""
+
+    AUTO = "auto"
+    """Nodes marked as Slurm's (operator label, syncer taint or report)."""
+    ALWAYS = "always"
+    """Every node."""
+    NEVER = "never"
+    """No node: Kubernetes pods alone decide (fleets without Slurm)."""
+
+
+class SlurmSilence(StrEnum):
+    """What a drain does when Slurm says nothing about a Slurm node (a rule's ``ifSlurmSilent``)."""
+
+    WAIT = "wait"
+    """Keep waiting (fail closed): nothing is rebooted without Slurm's word."""
+    PROCEED = "proceed"
+    """After ``drain.slurmSilentSeconds`` of silence, go on as if Slurm were empty."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
@@ -141,6 +161,8 @@ class Rule(_Model):
     drain: DrainMode | None = None
     """None: the policy-wide drain mode."""
     requeue: RequeueMode = RequeueMode.NOW
+    if_slurm_silent: SlurmSilence = SlurmSilence.WAIT
+    """While Slurm is silent about a draining Slurm node: wait (default) or proceed."""
     note: str = ""
 
     @model_validator(mode="after")
@@ -230,6 +252,10 @@ class Drain(_Model):
 
     mode: DrainMode = DrainMode.EVICT
     timeout_seconds: float = Field(default=600, gt=0)
+    slurm: SlurmWait = SlurmWait.AUTO
+    """Which nodes Slurm must confirm empty (drained, no job) before a node leaves draining."""
+    slurm_silent_seconds: float = Field(default=300, gt=0)
+    """Silence from Slurm after which a rule with ``ifSlurmSilent: proceed`` goes on."""
 
 
 class Checks(_Model):

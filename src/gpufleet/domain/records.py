@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 
 from gpufleet.domain.faults import FaultEvent
 from gpufleet.domain.ladder import Step
-from gpufleet.domain.policy import DrainMode, RequeueMode, TaintEffect
+from gpufleet.domain.policy import DrainMode, RequeueMode, SlurmSilence, TaintEffect
 from gpufleet.domain.safety import BreakerState
 from gpufleet.domain.states import OUT_OF_SERVICE, NodeState, Transition
 
@@ -74,6 +74,8 @@ class Incident:
     taint: TaintEffect = TaintEffect.NO_SCHEDULE
     drain_mode: DrainMode = DrainMode.EVICT
     requeue: RequeueMode = RequeueMode.NOW
+    if_slurm_silent: SlurmSilence = SlurmSilence.WAIT
+    """The rule's choice while Slurm is silent about the draining node."""
     drained: bool = False
     current: Step | None = None
     """The step in progress; None between steps (or before the first)."""
@@ -100,7 +102,12 @@ class NodeRecord:
     incidents: tuple[float, ...] = ()
     """When each incident opened (lemon detection)."""
     pending: FaultEvent | None = None
-    """A fault whose isolation a safety rail withheld; retried on Tick."""
+    """A fault whose isolation a safety rail withheld: kept (even after its
+    condition clears) and retried on every Tick until it is acted on or an
+    operator dismisses it. Never dropped silently."""
+    pending_step: Step | None = None
+    """The ladder step decided for :attr:`pending` when it was held: a retry acts
+    on this even after the occurrences that justified it age out of the window."""
     checks_started_at: float | None = None
     """When the current burn-in run started."""
     history: tuple[Transition, ...] = ()

@@ -30,6 +30,18 @@ Without it, a cordon belongs to someone else and is never cleared by gpufleet.""
 ANNOTATION_BMC_SECRET = "gpufleet.io/bmc-secret"
 """Node annotation, set by provisioning or an admin: ``<namespace>/<name>`` of the
 Secret with the node's BMC (keys ``endpoint``, ``username``, ``password``)."""
+ANNOTATION_BMC_ACTION = "gpufleet.io/bmc-action"
+"""Node annotation, set by the lifecycle controller *before* each BMC reset POST:
+the write-ahead mark (JSON: step, attempt, the attempt's startedAt, resetType,
+the BMC's baseline -- LastResetTime, log, power state -- and postedAt;
+:class:`gpufleet.remediate.evidence.ActionMark`). A restarted controller reads
+it to tell a reset that was never posted from one whose answer was lost, so a
+ladder attempt ends in at most one reset (docs/decisions/0072)."""
+CONDITION_BMC_MISMATCH = "GpufleetBmcMismatch"
+"""Node condition, set by the lifecycle controller: ``True`` when the BMC the
+Node's ``gpufleet.io/bmc-secret`` points at could not be verified as this
+node's machine (serial, UUID or host name; docs/decisions/0073) and no power
+action was taken; ``False`` once a later check verified it."""
 ANNOTATION_REMEDIATION = "gpufleet.io/remediation"
 """Node annotation, set by the lifecycle controller: the name of the node's
 current NodeRemediation object."""
@@ -46,6 +58,12 @@ ANNOTATION_INTERRUPTIBLE = "gpufleet.io/interruptible"
 ANNOTATION_SLURM_STATE = "gpufleet.io/slurm-state"
 """Node annotation, set by the Slurm syncer: the Slurm state and reason of
 drains and DOWN states that gpufleet does not own."""
+
+ANNOTATION_SLURM_WORK = "gpufleet.io/slurm-work"
+"""Node annotation, set by the Slurm syncer on nodes Kubernetes wants out of
+service: what Slurm reports about the node (state, running jobs, the incident
+it was read for) as JSON (:class:`gpufleet.domain.emptiness.SlurmWork`). The
+lifecycle controller disrupts a Slurm node only once this says drained and idle."""
 
 TAINT_UNHEALTHY = "gpufleet.io/unhealthy"
 """Taint, set by the lifecycle controller on a faulted node (NoSchedule or NoExecute)."""
@@ -132,3 +150,22 @@ InfiniBand HCA count) in its message (:mod:`gpufleet.domain.inventory`). Status
 ``False`` (no problem, Node-Problem-Detector convention) once observed."""
 PROVISIONER = "gpufleet-provision"
 """The Event source of the provisioning service (audit Events on Machines)."""
+
+# --- Operator requests (gpufleet node VERB, gpufleet breaker reset; docs/operations.md) ---
+
+ANNOTATION_OPERATOR_REQUEST = "gpufleet.io/operator-request"
+"""Node annotation, set by ``gpufleet node return|triage|rma|maintenance|dismiss``:
+a person's request as JSON ``{verb, reason, by, at, id}``
+(:class:`gpufleet.domain.operator.OperatorRequest`). The CLI never changes the
+node itself: the lifecycle controller decides the request like any other event
+(the state table, pause, dry-run and the budget apply), answers with a Node Event
+``OperatorRequest`` (accepted or refused, and why) and removes the annotation in
+the same guarded write that stores the record."""
+ANNOTATION_BREAKER_RESET = "gpufleet.io/breaker-reset"
+"""FleetPolicy annotation, set by ``gpufleet breaker reset``: ``{at, by, reason, id}``
+as JSON. The lifecycle controller closes the circuit breaker, saves the FleetPolicy
+status, posts an Event on the FleetPolicy and removes the annotation."""
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+"""Label on objects the lifecycle controller creates (NodeRemediations), value
+:data:`CONTROLLER`: ``gpufleet status`` counts only those (with the Node pointing
+back through :data:`ANNOTATION_REMEDIATION`) as gpufleet's remediations."""

@@ -67,6 +67,18 @@ def _requeue(node: Mapping[str, Any]) -> Any:
     return record.incident.requeue if record.incident is not None else None
 
 
+def incident_opened_at(node: Mapping[str, Any]) -> float | None:
+    """When the lifecycle record's open incident opened (binds a Slurm report to it)."""
+    text = annotations_of(node).get(well_known.ANNOTATION_RECORD)
+    if not text:
+        return None
+    try:
+        record = records.record_from_json(text)
+    except (ValueError, TypeError):
+        return None
+    return record.incident.opened_at if record.incident is not None else None
+
+
 def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:
     """The syncer's view of a Node; None for a missing Node (unknown)."""
     if node is None:

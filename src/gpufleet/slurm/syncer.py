@@ -49,8 +49,9 @@ from typing import Any
 
 import kr8s
 
-from gpufleet.domain import slurm_sync, well_known
+from gpufleet.domain import emptiness, slurm_sync, well_known
 from gpufleet.domain.policy import RequeueMode
+from gpufleet.domain.states import NodeState
 from gpufleet.slurm import nodes as kn
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
 from gpufleet.slurm.kubeapi import KubeApi
@@ -88,6 +89,10 @@ class SyncSettings:
     """Pods with ``spec.priority`` >= this may take nodes from Slurm; None disables lending."""
     dry_run: bool = False
     """Decide and log, write nothing."""
+    work_heartbeat_s: float = 30.0
+    """How often the Slurm report on a node Kubernetes wants out
+    (``gpufleet.io/slurm-work``) is rewritten while nothing in it changes: the
+    lifecycle controller takes a report that stops changing as Slurm's silence."""
 
 
 @dataclass
@@ -223,6 +228,8 @@ class Syncer:
             decision, view = await self._write(name, kube, seen)
         if decision.report_known:
             await self._report(name, self._settled(name, decision.foreign))
+        if kube is not None and view is not None and view.known and self.jobs is not None:
+            await self._report_work(name, kube, view)
         await self._keep_taint(name)
         if kube is not None and view is not None:
             await self._requeue(name, kube, view)
@@ -383,6 +390,47 @@ class Syncer:
             well_known.ANNOTATION_SLURM_STATE
         ] = kn.report_text(hold)
         log.info("node=%s slurm hold reported: %s", name, kn.report_text(hold) or "none")
+
+    async def _report_work(
+        self, name: str, kube: slurm_sync.KubeView, view: slurm_sync.SlurmView
+    ) -> None:
+        """Tell the lifecycle controller what Slurm runs on a node Kubernetes wants out.
+
+        The controller reboots nothing until this says drained and idle for the
+        node's current incident (domain.emptiness); on a node in service the
+        report is removed. Written when it changes, and every
+        ``work_heartbeat_s`` while it does not, so silence means Slurm is silent.
+        """
+        node = self.nodes.get(name)
+        if node is None or self.settings.dry_run or not kube.known:
+            return
+        annotations = node.setdefault("metadata", {}).setdefault("annotations", {})
+        old_text = annotations.get(well_known.ANNOTATION_SLURM_WORK)
+        wanted_out = kube.state is not NodeState.PRODUCTION or bool(slurm_sync.out_reason(kube))
+        if not wanted_out:
+            if old_text is not None:
+                await self.kube.patch_node(
+                    name, {"metadata": {"annotations": {well_known.ANNOTATION_SLURM_WORK: None}}}
+                )
+                annotations.pop(well_known.ANNOTATION_SLURM_WORK, None)
+            return
+        new = emptiness.work_report(
+            view.label,
+            (j.job_id for j in self.jobs_on(name)),
+            kn.incident_opened_at(node),
+            time.time(),
+        )
+        old = emptiness.SlurmWork.from_annotation(old_text)
+        fresh = old is not None and new.at - old.at < self.settings.work_heartbeat_s
+        if new.same_report(old) and fresh:
+            return
+        text = new.to_annotation()
+        await self.kube.patch_node(
+            name, {"metadata": {"annotations": {well_known.ANNOTATION_SLURM_WORK: text}}}
+        )
+        annotations[well_known.ANNOTATION_SLURM_WORK] = text
+        if not new.same_report(old):
+            log.info("node=%s slurm work reported: %s jobs=%s", name, new.state, list(new.jobs))
 
     async def _keep_taint(self, name: str) -> None:
         node = self.nodes.get(name)
