@@ -10,6 +10,10 @@ extras="${GPUFLEET_EXTRAS:-dev}"
 stamp="$venv/.gpufleet-installed"
 want="$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1) extras=$extras"
 
+# One install at a time: a second run waits for the first, then finds it done.
+exec 9>"$root/.venv.lock"
+flock 9
+
 if [[ ! -x "$venv/bin/python" ]]; then
     echo "[bootstrap] creating virtual environment in $venv" >&2
     python3 -m venv "$venv"
