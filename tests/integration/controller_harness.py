@@ -213,7 +213,10 @@ def reset_node(api: Api, name: str) -> None:
             "spec": {"unschedulable": None, "taints": None},
         },
     )
-    ours = set(well_known.CONDITIONS.values()) | {well_known.CONDITION_REQUEST}
+    ours = set(well_known.CONDITIONS.values()) | {
+        well_known.CONDITION_REQUEST,
+        well_known.CONDITION_BMC_MISMATCH,
+    }
     conds = [c for c in node.get("status", {}).get("conditions", []) if c["type"] not in ours]
     if len(conds) != len(node.get("status", {}).get("conditions", [])):
         node = api.node(name)
@@ -354,7 +357,32 @@ def running(info: Any, log_dir: Path, **kw: Any) -> Iterator[ControllerProcess]:
 
 
 def bmc_counters(info: Any, node: str) -> dict[str, Any]:
+    """The emulator's counters: ``ResetCount`` (resets performed), ``ResetPosts`` (Reset
+    POSTs received, performed or not), ``ResetPostsByType``, ``LastResetType``, boots."""
     bmc = info.bmcs[node]
     data = httpx.get(bmc.system_url, auth=(bmc.user, bmc.password), timeout=5).json()
     counters: dict[str, Any] = data["Oem"]["Gpufleet"]
     return counters
+
+
+def bmc_control(info: Any, node: str, **switches: Any) -> dict[str, Any]:
+    """Set a BMC's misbehaviour switches (``refuse``, ``failAfterReset``, ``slowAnswers``,
+    ``slowAnswerSeconds``, ``getDelaySeconds``, ``bootSeconds``, ``reportLastResetTime``;
+    see :mod:`gpufleet.local.redfish`); returns them all."""
+    bmc = info.bmcs[node]
+    url = bmc.url + "/gpufleet/control"
+    r = httpx.patch(url, json=switches, auth=(bmc.user, bmc.password), timeout=5)
+    assert r.status_code == 200, f"PATCH {url}: {r.status_code} {r.text[:300]}"
+    result: dict[str, Any] = r.json()
+    return result
+
+
+WELL_BEHAVED_BMC = {
+    "failAfterReset": 0,
+    "slowAnswers": 0,
+    "refuse": 0,
+    "getDelaySeconds": 0.0,
+    "bootSeconds": 0.0,
+    "reportLastResetTime": True,
+}
+"""Switches of a BMC that does what it is asked: ``bmc_control(info, n, **WELL_BEHAVED_BMC)``."""

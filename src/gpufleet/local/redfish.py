@@ -16,12 +16,26 @@ Run: ``python -m gpufleet.local.redfish CONFIG.json`` where the config is
 ``{"user": ..., "password": ..., "bmcs": [{"node": "gpu-node-0000", "port": 18000}]}``.
 Each BMC listens on 127.0.0.1 at its own port and shares nothing with the others.
 
-A BMC entry may give ``boot_seconds`` (how long PowerState reads ``Off``
-after a reset before the system is on again; default 0) and a ``boot_hook``:
+Each system reports ``SerialNumber`` ``SN-<node>`` (what the demo's Machines
+say), ``HostName`` the node name, a ``UUID`` derived from the node name, and a
+``LastResetTime`` that changes on every performed reset (ComputerSystem
+v1.15+). A BMC entry may override ``serial``, ``hostname`` and ``uuid``, and
+give ``boot_seconds`` (how long PowerState reads ``Off`` after a reset before
+the system is on again; default 0) and a ``boot_hook``:
 a URL the emulator POSTs to (outside Redfish, nothing of it shows in the
 resources) each time the system boots. The local cluster points it at the node's
 simulated hardware, so that a reboot or power cycle clears what a real one
 would clear (a GPU that fell off the bus), as on a real server.
+
+Misbehaviour, for reliability tests, switched at run time per BMC through
+``/gpufleet/control`` (outside Redfish; same credentials; GET reads, PATCH
+sets): ``failAfterReset: N`` -- the next N Reset POSTs are performed, then
+answered 500; ``slowAnswers: N`` with ``slowAnswerSeconds: S`` -- performed,
+answered only after S seconds; ``refuse: N`` -- answered 503 and *not*
+performed; ``getDelaySeconds: S`` -- every GET answered after S seconds;
+``bootSeconds``; ``reportLastResetTime: false`` -- an older BMC without
+``LastResetTime``. ``Oem.Gpufleet.ResetPosts`` counts every Reset POST
+received (performed or not), ``ResetCount`` the resets performed.
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ import json
 import secrets
 import signal
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -42,6 +57,16 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+FAULTS: dict[str, Any] = {
+    "failAfterReset": 0,
+    "slowAnswers": 0,
+    "slowAnswerSeconds": 15.0,
+    "refuse": 0,
+    "getDelaySeconds": 0.0,
+    "reportLastResetTime": True,
+}
+"""Misbehaviour switches and their defaults (a well-behaved BMC)."""
 
 RESET_TYPES = (
     "On",
@@ -59,12 +84,20 @@ SYSTEM = "/redfish/v1/Systems/1"
 MANAGER = "/redfish/v1/Managers/BMC"
 CHASSIS = "/redfish/v1/Chassis/1"
 LOG = f"{SYSTEM}/LogServices/EventLog"
+RESET_ACTION = f"{SYSTEM}/Actions/ComputerSystem.Reset"
+CONTROL = "/gpufleet/control"
+"""Test control endpoint (not Redfish): the misbehaviour switches of this BMC."""
 
 Json = dict[str, Any]
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _precise_now() -> str:
+    """LastResetTime: sub-second, so two resets in one second still differ."""
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 class RedfishError(Exception):
@@ -103,12 +136,65 @@ class BmcState:
     last_boot_source: str = "Hdd"
     log: list[Json] = field(default_factory=list)
     sessions: dict[str, str] = field(default_factory=dict)
-    system_uuid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    system_uuid: str = ""
+    """Derived from the node name when not given (stable across emulator restarts)."""
+    serial: str = ""
+    """``SN-<node>`` when not given (what the demo's Machines record)."""
+    hostname: str = ""
+    """The node name when not given."""
+    last_reset_time: str = field(default_factory=_precise_now)
+    reset_posts: int = 0
+    """Reset POSTs received, performed or not."""
+    reset_posts_by_type: dict[str, int] = field(default_factory=dict)
+    faults: dict[str, Any] = field(default_factory=lambda: dict(FAULTS))
+    """The misbehaviour switches (see the module docstring and :data:`FAULTS`)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     boot_hook: str | None = None
     """URL POSTed to on every boot (see the module docstring); None: no hook."""
     boot_seconds: float = 0.0
     """How long a boot takes: PowerState reads Off until then (real servers: minutes)."""
+
+    def __post_init__(self) -> None:
+        self.system_uuid = self.system_uuid or str(uuid.uuid5(uuid.NAMESPACE_DNS, self.node))
+        self.serial = self.serial or f"SN-{self.node}"
+        self.hostname = self.hostname or self.node
+
+    def control(self) -> Json:
+        """The switches as the control endpoint shows them."""
+        return {**self.faults, "bootSeconds": self.boot_seconds}
+
+    def set_control(self, body: Json) -> None:
+        """Set switches; an unknown name or a wrong type is refused (400), nothing set."""
+        for key, value in body.items():
+            if key == "bootSeconds":
+                ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+            elif key in FAULTS:
+                want = type(FAULTS[key])
+                ok = isinstance(value, want) or (
+                    want is float and isinstance(value, int) and not isinstance(value, bool)
+                )
+                ok = ok and (isinstance(value, bool) or value >= 0)
+            else:
+                ok = False
+            if not ok:
+                raise RedfishError(
+                    HTTPStatus.BAD_REQUEST,
+                    "PropertyValueNotInList",
+                    f"control {key}={value!r}: known switches {', '.join(sorted(FAULTS))}, "
+                    "bootSeconds (numbers >= 0; reportLastResetTime a boolean)",
+                )
+        for key, value in body.items():
+            if key == "bootSeconds":
+                self.boot_seconds = float(value)
+            else:
+                self.faults[key] = value
+
+    def take(self, switch: str) -> bool:
+        """Use up one count of a ``next N POSTs`` switch; whether it applied."""
+        if self.faults[switch] > 0:
+            self.faults[switch] -= 1
+            return True
+        return False
 
     def record(self, message_id: str, message: str, severity: str = "OK") -> None:
         entry_id = str(len(self.log) + 1)
@@ -166,6 +252,7 @@ class BmcState:
             )
         self.reset_count += 1
         self.last_reset_type = reset_type
+        self.last_reset_time = _precise_now()
         self.record(
             "Gpufleet.1.0.ResetRequested", f"{self.node}: ComputerSystem.Reset {reset_type}"
         )
@@ -270,13 +357,18 @@ def render(state: BmcState, path: str) -> Json | None:
             "@odata.type": "#ComputerSystem.v1_20_0.ComputerSystem",
             "Id": "1",
             "Name": state.node,
-            "HostName": state.node,
+            "HostName": state.hostname,
             "SystemType": "Physical",
             "Manufacturer": "gpufleet",
             "Model": "Emulated 8-GPU server",
-            "SerialNumber": f"SN-{state.node}",
+            "SerialNumber": state.serial,
             "UUID": state.system_uuid,
             "PowerState": state.power_state,
+            **(
+                {"LastResetTime": state.last_reset_time}
+                if state.faults["reportLastResetTime"]
+                else {}
+            ),
             "Status": {"State": "Enabled", "Health": "OK"},
             "Boot": {
                 "BootSourceOverrideEnabled": state.boot_enabled,
@@ -296,6 +388,8 @@ def render(state: BmcState, path: str) -> Json | None:
             "Oem": {
                 "Gpufleet": {
                     "ResetCount": state.reset_count,
+                    "ResetPosts": state.reset_posts,
+                    "ResetPostsByType": dict(state.reset_posts_by_type),
                     "LastResetType": state.last_reset_type,
                     "BootCount": state.boot_count,
                     "LastBootSource": state.last_boot_source,
@@ -403,9 +497,17 @@ class _Handler(BaseHTTPRequestHandler):
         self, status: HTTPStatus, body: Json | None = None, headers: dict[str, str] | None = None
     ) -> None:
         data = json.dumps(body).encode() if body is not None else b""
+        try:
+            self._write(status, data, body is not None, headers)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up waiting (a slow answer)
+
+    def _write(
+        self, status: HTTPStatus, data: bytes, is_json: bool, headers: dict[str, str] | None
+    ) -> None:
         self.send_response(status)
         self.send_header("OData-Version", "4.0")
-        if body is not None:
+        if is_json:
             self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
         for k, v in (headers or {}).items():
@@ -444,6 +546,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        self._answer_delay = 0.0
         try:
             # The service root and the session login are open, as the spec requires.
             open_paths = {"/redfish", "/redfish/v1"}
@@ -452,6 +555,10 @@ class _Handler(BaseHTTPRequestHandler):
                 raise RedfishError(
                     HTTPStatus.UNAUTHORIZED, "NoValidSession", "authentication required"
                 )
+            if method == "GET" and path != CONTROL:
+                delay = float(self.bmc.faults["getDelaySeconds"])
+                if delay > 0:
+                    time.sleep(delay)
             with self.bmc.lock:
                 status, body, headers = self._dispatch(method, path)
         except RedfishError as err:
@@ -462,10 +569,16 @@ class _Handler(BaseHTTPRequestHandler):
             )
             self._send(err.status, err.body, extra)
             return
+        if self._answer_delay > 0:  # outside the lock: the BMC answers reads meanwhile
+            time.sleep(self._answer_delay)
         self._send(status, body, headers)
 
     def _dispatch(self, method: str, path: str) -> tuple[HTTPStatus, Json | None, dict[str, str]]:
         bmc = self.bmc
+        if path == CONTROL and method in ("GET", "PATCH"):
+            if method == "PATCH":
+                bmc.set_control(self._body())
+            return HTTPStatus.OK, bmc.control(), {}
         if method == "GET":
             resource = render(bmc, path)
             if resource is None:
@@ -473,8 +586,23 @@ class _Handler(BaseHTTPRequestHandler):
                     HTTPStatus.NOT_FOUND, "ResourceMissingAtURI", f"no resource at {path}"
                 )
             return HTTPStatus.OK, resource, {}
-        if method == "POST" and path == f"{SYSTEM}/Actions/ComputerSystem.Reset":
-            bmc.reset(str(self._body().get("ResetType", "")))
+        if method == "POST" and path == RESET_ACTION:
+            reset_type = str(self._body().get("ResetType", ""))
+            bmc.reset_posts += 1
+            bmc.reset_posts_by_type[reset_type] = bmc.reset_posts_by_type.get(reset_type, 0) + 1
+            if bmc.take("refuse"):
+                raise RedfishError(
+                    HTTPStatus.SERVICE_UNAVAILABLE,
+                    "ServiceTemporarilyUnavailable",
+                    "the service is busy; the reset was not performed",
+                )
+            bmc.reset(reset_type)
+            if bmc.take("failAfterReset"):
+                raise RedfishError(
+                    HTTPStatus.INTERNAL_SERVER_ERROR, "InternalError", "internal error"
+                )
+            if bmc.take("slowAnswers"):
+                self._answer_delay = float(bmc.faults["slowAnswerSeconds"])
             return HTTPStatus.NO_CONTENT, None, {}
         if method == "PATCH" and path == SYSTEM:
             bmc.patch_system(self._body())
@@ -531,6 +659,9 @@ def serve(config: Json) -> list[ThreadingHTTPServer]:
             node=bmc["node"],
             boot_hook=bmc.get("boot_hook"),
             boot_seconds=float(bmc.get("boot_seconds", 0.0)),
+            serial=str(bmc.get("serial", "")),
+            hostname=str(bmc.get("hostname", "")),
+            system_uuid=str(bmc.get("uuid", "")),
         )
         server.credentials = (config["user"], config["password"])  # type: ignore[attr-defined]
         threading.Thread(

@@ -8,9 +8,14 @@ action's ``ResetActionInfo``) and falls back where a BMC lacks one: no
 ``PowerCycle`` -> ``ForceOff`` then ``On``; ``GracefulRestart`` refused ->
 ``ForceRestart``.
 
-Every request has a timeout; transport errors and 5xx answers are retried a
-bounded number of times (``retry_delays``), 4xx answers never. Errors are
-typed and name the BMC, so an Event can say which machine refused what.
+Every request has a timeout. Reads (GET) and idempotent writes (the boot
+override PATCH) are retried a bounded number of times on transport errors and
+5xx answers (``retry_delays``); 4xx answers never. A ``ComputerSystem.Reset``
+POST is sent **once**: it is not idempotent (a BMC that power cycled and then
+answered 500 would power cycle again), so a lost answer raises
+:class:`BmcOutcomeUnknown` and the caller reads the BMC to learn what happened
+(:mod:`gpufleet.remediate.evidence`). Errors are typed and name the BMC, so an
+Event can say which machine refused what.
 """
 
 from __future__ import annotations
@@ -22,12 +27,17 @@ from typing import Any
 
 import httpx
 
+from gpufleet.remediate.evidence import RESET_WORDS, ResetEvidence
+from gpufleet.remediate.identity import BmcIdentity
+
 RETRY_DELAYS: tuple[float, ...] = (0.5, 1.0, 2.0)
 """Pauses between attempts of one request: 4 attempts, about 3.5 s in all."""
 REQUEST_TIMEOUT_S = 10.0
 """Per request; a BMC that takes longer is treated as unreachable."""
 POWER_WAIT_S = 60.0
 """How long to wait for a power state to be reached after ForceOff / On."""
+IDEMPOTENT = frozenset({"GET", "HEAD", "PATCH", "PUT", "DELETE"})
+"""Methods the client may repeat after a lost answer; a POST (an action) is never repeated."""
 
 
 class RedfishError(Exception):
@@ -47,7 +57,17 @@ class BmcAuthError(RedfishError):
 
 
 class BmcRejected(RedfishError):
-    """The BMC answered 4xx to a request, or lacks a needed resource or action."""
+    """The BMC answered 4xx (or 501) to a request, or lacks a needed resource or
+    action: nothing was done."""
+
+
+class BmcOutcomeUnknown(RedfishError):
+    """An action was sent but its answer was lost (timeout, broken connection, 5xx):
+    it may or may not have been carried out. Never answered by posting again."""
+
+    def __init__(self, bmc: str, message: str, *, status: int | None = None) -> None:
+        super().__init__(bmc, message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,8 @@ class SystemInfo:
     reset_target: str
     reset_types: tuple[str, ...]
     power_state: str
+    log_services: str | None = None
+    """The system's ``LogServices`` collection, if it has one."""
 
 
 class RedfishClient:
@@ -107,6 +129,9 @@ class RedfishClient:
     # ---------------------------------------------------------------- transport
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One request; repeated on a lost answer only if ``method`` is idempotent."""
+        if method not in IDEMPOTENT:
+            return await self._send_once(method, path, body)
         last = ""
         for delay in (*self._retry_delays, None):
             try:
@@ -114,21 +139,45 @@ class RedfishClient:
             except httpx.HTTPError as exc:
                 last = f"{method} {path}: {type(exc).__name__}: {exc}".rstrip(": ")
             else:
-                if resp.status_code in (401, 403):
-                    raise BmcAuthError(
-                        self.name, f"{method} {path}: HTTP {resp.status_code}; check the Secret"
-                    )
-                if 400 <= resp.status_code < 500:
-                    raise BmcRejected(
-                        self.name, f"{method} {path}: HTTP {resp.status_code} {_message(resp)}"
-                    )
-                if resp.status_code < 400:
-                    return resp.json() if resp.content else None
+                if resp.status_code < 500 or resp.status_code == 501:
+                    return self._answer(method, path, resp)
                 last = f"{method} {path}: HTTP {resp.status_code} {_message(resp)}"
             if delay is None:
                 break
             await asyncio.sleep(delay)
         raise BmcUnreachable(self.name, f"{last} (after {len(self._retry_delays) + 1} attempts)")
+
+    async def _send_once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        """A non-idempotent request: sent once, whatever happens."""
+        try:
+            resp = await self._http.request(method, path, json=body)
+        except httpx.ConnectError as exc:
+            # No connection was made, so the request never left: nothing was done.
+            raise BmcUnreachable(
+                self.name, f"{method} {path}: {type(exc).__name__}: {exc}"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise BmcOutcomeUnknown(
+                self.name, f"{method} {path}: {type(exc).__name__}: {exc}".rstrip(": ")
+            ) from exc
+        if resp.status_code >= 500 and resp.status_code != 501:
+            raise BmcOutcomeUnknown(
+                self.name,
+                f"{method} {path}: HTTP {resp.status_code} {_message(resp)}".rstrip(),
+                status=resp.status_code,
+            )
+        return self._answer(method, path, resp)
+
+    def _answer(self, method: str, path: str, resp: httpx.Response) -> Any:
+        if resp.status_code in (401, 403):
+            raise BmcAuthError(
+                self.name, f"{method} {path}: HTTP {resp.status_code}; check the Secret"
+            )
+        if resp.status_code >= 400:
+            raise BmcRejected(
+                self.name, f"{method} {path}: HTTP {resp.status_code} {_message(resp)}"
+            )
+        return resp.json() if resp.content else None
 
     # ---------------------------------------------------------------- discovery
 
@@ -163,15 +212,61 @@ class RedfishClient:
             reset_target=action["target"],
             reset_types=tuple(types or ()),
             power_state=str(system.get("PowerState", "Unknown")),
+            log_services=_link(system, "LogServices"),
         )
         return self._system
 
-    async def serial_number(self) -> str | None:
-        """The ComputerSystem's ``SerialNumber`` (None if the BMC does not report one)."""
+    async def identity(self) -> BmcIdentity:
+        """What the ComputerSystem says about itself, read now (never cached)."""
         info = await self.system()
         data = await self._request("GET", info.path)
-        serial = data.get("SerialNumber")
-        return str(serial) if serial else None
+        return BmcIdentity(
+            serial=_text(data.get("SerialNumber")),
+            uuid=_text(data.get("UUID")),
+            hostname=_text(data.get("HostName")),
+        )
+
+    async def evidence(self) -> ResetEvidence:
+        """What a reset would change: LastResetTime, else the logs, and PowerState."""
+        info = await self.system()
+        data = await self._request("GET", info.path)
+        power = _text(data.get("PowerState"))
+        last = _text(data.get("LastResetTime"))
+        if last is not None or info.log_services is None:
+            return ResetEvidence(last_reset_time=last, power_state=power)
+        newest, resets = await self._log_entries(info.log_services)
+        return ResetEvidence(power_state=power, log_newest=newest, log_resets=resets)
+
+    async def _log_entries(self, services_path: str) -> tuple[str | None, tuple[str, ...]]:
+        """Newest entry time and the times of reset-like entries, first page of each log.
+
+        A BMC without readable logs gives (None, ()): no evidence either way.
+        """
+        newest: str | None = None
+        resets: list[str] = []
+        try:
+            services = await self._request("GET", services_path)
+            for member in (services or {}).get("Members") or []:
+                service = await self._request("GET", member["@odata.id"])
+                entries_path = _link(service, "Entries")
+                if entries_path is None:
+                    continue
+                entries = await self._request("GET", entries_path)
+                for entry in (entries or {}).get("Members") or []:
+                    created = _text(entry.get("Created"))
+                    if created is None:
+                        continue
+                    newest = max(newest or created, created)
+                    words = f"{entry.get('MessageId', '')} {entry.get('Message', '')}".lower()
+                    if any(w in words for w in RESET_WORDS):
+                        resets.append(created)
+        except (RedfishError, KeyError, TypeError, AttributeError):
+            return None, ()
+        return newest, tuple(resets)
+
+    async def serial_number(self) -> str | None:
+        """The ComputerSystem's ``SerialNumber`` (None if the BMC does not report one)."""
+        return (await self.identity()).serial
 
     async def power_state(self) -> str:
         info = await self.system()
@@ -181,17 +276,23 @@ class RedfishClient:
     # ------------------------------------------------------------------ actions
 
     async def reset(self, reset_type: str) -> None:
-        """POST ComputerSystem.Reset; refuses types the BMC does not list."""
+        """POST ComputerSystem.Reset once; refuses types the BMC does not list.
+
+        Raises :class:`BmcOutcomeUnknown` when the answer is lost or a 5xx: the
+        caller must read the BMC (:meth:`evidence`) before doing anything else.
+        """
         info = await self.system()
-        if info.reset_types and reset_type not in info.reset_types:
+        if not self.allows(reset_type):
             raise BmcRejected(
                 self.name,
                 f"ResetType {reset_type} is not allowed (allowed: {', '.join(info.reset_types)})",
             )
         await self._request("POST", info.reset_target, {"ResetType": reset_type})
 
-    def _allows(self, info: SystemInfo, reset_type: str) -> bool:
-        return not info.reset_types or reset_type in info.reset_types
+    def allows(self, reset_type: str) -> bool:
+        """Whether the discovered system lists ``reset_type`` (or lists none at all)."""
+        info = self._system
+        return info is None or not info.reset_types or reset_type in info.reset_types
 
     async def wait_power(self, state: str) -> None:
         """Poll until PowerState reads ``state``; BmcUnreachable after ``power_wait_s``."""
@@ -208,30 +309,6 @@ class RedfishClient:
             f"PowerState still {current} {self._power_wait_s:g}s after asking for {state}",
         )
 
-    async def reboot(self) -> str:
-        """GracefulRestart, or ForceRestart if the BMC lacks or refuses it; returns which."""
-        info = await self.system()
-        if self._allows(info, "GracefulRestart"):
-            try:
-                await self.reset("GracefulRestart")
-                return "GracefulRestart"
-            except BmcRejected:
-                pass
-        await self.reset("ForceRestart")
-        return "ForceRestart"
-
-    async def power_cycle(self) -> str:
-        """PowerCycle, or ForceOff + On where the BMC has no PowerCycle. Returns what was done."""
-        info = await self.system()
-        if self._allows(info, "PowerCycle"):
-            await self.reset("PowerCycle")
-            return "PowerCycle"
-        await self.reset("ForceOff")
-        await self.wait_power("Off")
-        await self.reset("On")
-        await self.wait_power("On")
-        return "ForceOff+On"
-
     async def set_one_time_boot(self, target: str = "Pxe") -> None:
         """Boot once from ``target``; the next boot consumes the override."""
         info = await self.system()
@@ -241,18 +318,19 @@ class RedfishClient:
             {"Boot": {"BootSourceOverrideTarget": target, "BootSourceOverrideEnabled": "Once"}},
         )
 
-    async def reimage(self) -> str:
-        """One-time PXE boot, then a power cycle: the node boots its image afresh."""
-        await self.set_one_time_boot("Pxe")
-        done = await self.power_cycle()
-        return f"Pxe once + {done}"
-
 
 def _link(resource: Any, key: str) -> str | None:
     value = resource.get(key) if isinstance(resource, dict) else None
     if isinstance(value, dict) and isinstance(value.get("@odata.id"), str):
         return str(value["@odata.id"])
     return None
+
+
+def _text(value: Any) -> str | None:
+    """A property as text; None when absent or empty (a BMC that does not report it)."""
+    if value is None:
+        return None
+    return str(value).strip() or None
 
 
 def _message(resp: httpx.Response) -> str:

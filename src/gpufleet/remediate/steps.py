@@ -1,34 +1,232 @@
-"""Carry out the machine-level ladder steps through a BMC.
+"""Carry out the machine-level ladder steps through a BMC, at most once per attempt.
 
 ``reboot`` restarts the machine (for a stateless node, whose root file system
 comes from the network image, a reboot *is* a reimage); ``power-cycle`` cuts
 power, which clears what a warm reboot keeps (a hung GPU, a wedged NIC);
 ``reimage`` forces a one-time network boot first. GPU resets are not here:
 they run on the node, asked of its agent.
+
+Every step follows the same order, so that one ladder attempt ends in at most
+one performed reset (docs/decisions/0072):
+
+1. **identity**: the BMC's ComputerSystem must be the node's machine
+   (:mod:`gpufleet.remediate.identity`), or nothing is done;
+2. **baseline**: read what a reset would change (:class:`ResetEvidence`);
+3. **write-ahead mark**: the caller's :class:`Journal` stores an
+   :class:`ActionMark` durably (on the Node) *before* the POST;
+4. **one POST**: never repeated; a lost answer (timeout, 5xx) is followed by
+   reads until the reset shows or :data:`SETTLE_S` has passed;
+5. **power on**: wait for ``PowerState: On``.
+
+A controller that restarts in the middle passes the mark it finds back in
+(``mark=``): the reset is then *read*, not posted, unless the BMC shows it
+never happened.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
 from gpufleet.domain.ladder import Step
-from gpufleet.remediate.redfish import RedfishClient
+from gpufleet.remediate import identity
+from gpufleet.remediate.evidence import ActionMark, reset_since
+from gpufleet.remediate.redfish import (
+    BmcOutcomeUnknown,
+    BmcRejected,
+    RedfishClient,
+    RedfishError,
+)
 
 BMC_STEPS = frozenset({Step.REBOOT, Step.POWER_CYCLE, Step.REIMAGE})
 """Steps that go through the node's BMC."""
+SETTLE_S = 10.0
+"""After a lost answer, how long the BMC is given to show the reset before the
+controller concludes it was not performed (BMCs apply an accepted reset within
+seconds; the answer is what gets lost)."""
+POLL_S = 1.0
+"""How often the BMC is read while waiting for the reset to show."""
 
 
-async def run_bmc_step(step: Step, bmc: RedfishClient) -> str:
-    """Run one BMC step and wait until the machine is powered on again.
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The ladder attempt a BMC step belongs to (``StepAttempt`` of the record)."""
+
+    step: Step
+    attempt: int
+    started_at: float
+
+
+class Journal(Protocol):
+    """Where the write-ahead mark is kept. ``write`` returns only once it is durable
+    and raises if it is not: then nothing is posted."""
+
+    async def write(self, mark: ActionMark) -> None: ...
+
+
+class BmcIdentityMismatch(RedfishError):
+    """The BMC is not (provably) the node's: no power action was taken."""
+
+    def __init__(self, bmc: str, problems: tuple[str, ...], seen: identity.BmcIdentity) -> None:
+        super().__init__(
+            bmc,
+            "identity not verified, no power action: "
+            + "; ".join(problems)
+            + f" (BMC reports {seen.describe()})",
+        )
+        self.problems = problems
+        self.seen = seen
+
+
+class ResetNotPerformed(RedfishError):
+    """The BMC did not carry out a reset whose answer was lost; it was not posted again."""
+
+
+async def run_bmc_step(
+    step: Step,
+    bmc: RedfishClient,
+    *,
+    attempt: Attempt,
+    journal: Journal,
+    expected: identity.ExpectedIdentity,
+    mark: ActionMark | None = None,
+    prepare: Callable[[], Awaitable[None]] | None = None,
+    clock: Callable[[], float] = time.time,
+    settle_s: float = SETTLE_S,
+    poll_s: float = POLL_S,
+) -> str:
+    """Run (or, given this attempt's ``mark``, resume) one BMC step; wait for power on.
+
+    ``prepare`` runs once the identity is verified and before the BMC is
+    touched, only on a fresh run (the reimage's new join token). ``clock`` is
+    wall time: ``mark.posted_at`` may come from another process.
 
     Returns a sentence for the record and the Event. Raises
-    :class:`~gpufleet.remediate.redfish.RedfishError` if the BMC failed.
+    :class:`~gpufleet.remediate.redfish.RedfishError` (its subclasses
+    :class:`BmcIdentityMismatch` and :class:`ResetNotPerformed` among them)
+    if the step failed.
     """
-    if step is Step.REBOOT:
-        done = await bmc.reboot()
-    elif step is Step.POWER_CYCLE:
-        done = await bmc.power_cycle()
-    elif step is Step.REIMAGE:
-        done = await bmc.reimage()
-    else:
+    if step not in BMC_STEPS:
         raise ValueError(f"{step} is not a BMC step")
+    seen = await bmc.identity()
+    problems = identity.mismatches(expected, seen)
+    if problems:
+        raise BmcIdentityMismatch(bmc.name, problems, seen)
+    run = _Run(step, bmc, attempt, journal, clock, settle_s, poll_s)
+    if mark is not None and mark.binds(step.value, attempt.attempt, attempt.started_at):
+        done = await run.resume(mark)
+    else:
+        if prepare is not None:
+            await prepare()
+        done = await run.fresh()
     await bmc.wait_power("On")
     return f"{step} via {bmc.name}: {done}"
+
+
+@dataclass
+class _Run:
+    step: Step
+    bmc: RedfishClient
+    attempt: Attempt
+    journal: Journal
+    clock: Callable[[], float]
+    settle_s: float
+    poll_s: float
+
+    async def fresh(self) -> str:
+        if self.step is Step.REBOOT:
+            if self.bmc.allows("GracefulRestart"):
+                try:
+                    return await self.post("GracefulRestart")
+                except BmcRejected:
+                    pass  # refused (4xx): nothing was done, the forced restart may go
+            return await self.post("ForceRestart")
+        if self.step is Step.REIMAGE:
+            await self.bmc.set_one_time_boot("Pxe")  # idempotent: may be repeated
+            return f"Pxe once + {await self.power_cycle()}"
+        return await self.power_cycle()
+
+    async def power_cycle(self) -> str:
+        if self.bmc.allows("PowerCycle"):
+            try:
+                return await self.post("PowerCycle")
+            except BmcRejected:
+                pass  # refused (4xx, 501): nothing was done
+        return await self.off_on()
+
+    async def off_on(self) -> str:
+        off = await self.post("ForceOff")
+        await self.bmc.wait_power("Off")
+        return f"{off} + {await self.post('On')}"
+
+    async def post(self, reset_type: str) -> str:
+        """Baseline, mark, one POST; after a lost answer, read what happened."""
+        baseline = await self.bmc.evidence()
+        mark = ActionMark(
+            step=self.step.value,
+            attempt=self.attempt.attempt,
+            started_at=self.attempt.started_at,
+            reset_type=reset_type,
+            baseline=baseline,
+            posted_at=self.clock(),
+        )
+        await self.journal.write(mark)
+        try:
+            await self.bmc.reset(reset_type)
+        except BmcOutcomeUnknown as exc:
+            happened = await self.observe(mark)
+            return self.judged(mark, happened, f"answer lost ({exc})")
+        return reset_type
+
+    async def observe(self, mark: ActionMark) -> bool | None:
+        """Read the BMC until the reset shows or ``settle_s`` after the POST has passed."""
+        loop = asyncio.get_running_loop()
+        # Wall time only to learn how much of the settle time is left (the POST may
+        # be another process's); the waiting itself is on this loop's monotonic clock.
+        left = max(0.0, self.settle_s - max(0.0, self.clock() - mark.posted_at))
+        deadline = loop.time() + left
+        happened: bool | None = None
+        while True:
+            try:
+                happened = reset_since(mark.baseline, await self.bmc.evidence())
+            except RedfishError:
+                happened = None
+            if happened or loop.time() >= deadline:
+                return happened
+            await asyncio.sleep(self.poll_s)
+
+    def judged(self, mark: ActionMark, happened: bool | None, why: str) -> str:
+        if happened:
+            return f"{mark.reset_type} ({why}; the BMC shows the reset happened)"
+        if happened is None:
+            # Nothing the BMC shows can say whether it happened: count it as done
+            # and let verification judge the node (docs/decisions/0072).
+            return (
+                f"{mark.reset_type} ({why}; not confirmed: the BMC shows neither "
+                "LastResetTime, a log entry nor a power change; not posted again)"
+            )
+        raise ResetNotPerformed(
+            self.bmc.name,
+            f"{mark.reset_type} was not performed: {why}; LastResetTime unchanged "
+            f"{self.settle_s:g}s after the POST; not posted again",
+        )
+
+    async def resume(self, mark: ActionMark) -> str:
+        """A POST of this attempt may have gone out before a restart: read, then finish."""
+        happened = await self.observe(mark)
+        why = "posted before a controller restart"
+        if happened is False:
+            if mark.reset_type == "On":  # second half of ForceOff + On
+                if await self.bmc.power_state() == "On":
+                    return "ForceOff + On (on already)"
+                return f"ForceOff + {await self.post('On')}"
+            # Never performed: this attempt's one reset is still to be done.
+            return f"{await self.fresh()} ({why}, not performed then)"
+        done = self.judged(mark, happened, why)
+        if mark.reset_type == "ForceOff":
+            await self.bmc.wait_power("Off")
+            return f"{done} + {await self.post('On')}"
+        return done
