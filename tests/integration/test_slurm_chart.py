@@ -21,6 +21,13 @@ pytestmark = pytest.mark.integration
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "gpufleet"
 NS = "gpufleet-chart-test"
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 
 
 def helm_binary() -> str | None:
@@ -72,9 +79,11 @@ def test_rendered_manifests_pass_server_side_dry_run(
     ns = f"{NS}-{suffix}"
     kubectl = str(local_cluster.kubectl)
     env = local_cluster.kube_env()
+    bmc_ns = f"{ns}-bmc"
     rendered = run(
-        helm, "template", "gpufleet", str(CHART), "--namespace", ns, "--include-crds", *extra
-    )
+        helm, "template", "gpufleet", str(CHART), "--namespace", ns, "--include-crds",
+        "--set", f"bmcSecretsNamespace={bmc_ns}", *extra,
+    )  # fmt: skip
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     kinds = {d["kind"] for d in docs}
     assert {"StatefulSet", "DaemonSet", "Deployment", "Secret", "SlurmCluster"} <= kinds
@@ -93,21 +102,26 @@ def test_rendered_manifests_pass_server_side_dry_run(
         stdin=yaml.safe_dump_all(crds),
     )
     run(kubectl, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s", env=env)
-    subprocess.run([kubectl, "create", "namespace", ns], env=env, capture_output=True)
+    # The chart also writes to the BMC Secrets' namespace and to kube-system (join
+    # tokens): every namespaced object names its namespace.
+    for d in rest:
+        if d["kind"] not in CLUSTER_SCOPED:
+            assert d["metadata"].get("namespace"), f"{d['kind']} {d['metadata']['name']}"
+    for name in (ns, bmc_ns):
+        subprocess.run([kubectl, "create", "namespace", name], env=env, capture_output=True)
     try:
         out = run(
             kubectl,
             "apply",
             "--dry-run=server",
-            "-n",
-            ns,
             "-f",
             "-",
             env=env,
             stdin=yaml.safe_dump_all(rest),
         )
     finally:
-        subprocess.run(
-            [kubectl, "delete", "namespace", ns, "--wait=false"], env=env, capture_output=True
-        )
+        for name in (ns, bmc_ns):
+            subprocess.run(
+                [kubectl, "delete", "namespace", name, "--wait=false"], env=env, capture_output=True
+            )
     assert out.count("(server dry run)") == len(rest), out

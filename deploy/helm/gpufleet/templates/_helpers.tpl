@@ -51,3 +51,10 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 - {key: gpufleet.io/unverified, operator: Exists}
 - {key: node.kubernetes.io/unschedulable, operator: Exists, effect: NoSchedule}
 {{- end -}}
+{{- /* The BMC Secrets' namespace; never the release's, which holds the munge and JWT keys. */ -}}
+{{- define "gpufleet.bmcNamespace" -}}
+{{- if or (eq .Values.bmcSecretsNamespace .Release.Namespace) (eq .Values.bmcSecretsNamespace "kube-system") (not .Values.bmcSecretsNamespace) -}}
+{{- fail (printf "bmcSecretsNamespace %q: must be a namespace of its own, not the release namespace (the Slurm keys) nor kube-system" .Values.bmcSecretsNamespace) -}}
+{{- end -}}
+{{ .Values.bmcSecretsNamespace }}
+{{- end -}}
