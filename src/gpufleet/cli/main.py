@@ -12,6 +12,7 @@ import typer
 
 from gpufleet.cli import (
     agent_cmd,
+    breaker_cmd,
     controller_cmd,
     demo_cmd,
     health_cmd,
@@ -45,7 +46,8 @@ app.command("demo")(demo_cmd.demo)
 app.command("status")(status_cmd.status)
 app.command("controller")(controller_cmd.controller)
 app.command("nodes")(nodes_cmd.nodes_table)
-app.command("node")(nodes_cmd.node_detail)
+app.add_typer(nodes_cmd.node_app, name="node")
+app.add_typer(breaker_cmd.app, name="breaker")
 app.add_typer(provision_cmd.app, name="provision")
 app.add_typer(provision_cmd.machines_app, name="machines")
 

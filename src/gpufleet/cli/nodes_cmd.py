@@ -1,4 +1,5 @@
-"""``gpufleet nodes`` and ``gpufleet node NAME``: which nodes are out, why, since when."""
+"""``gpufleet nodes`` and ``gpufleet node NAME``: which nodes are out, why, since when;
+``gpufleet node VERB NAME --reason ...``: a person's request to the lifecycle controller."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
+from gpufleet.cli import operator_cmd
 from gpufleet.domain import conditions, well_known
 from gpufleet.kube import crds, nodes
 from gpufleet.kube.client import KubeClient, NotFound
@@ -154,3 +157,131 @@ def node_detail(
                 str(st.get("outcome") or "-"),
             )
         console.print(table)
+
+
+# ------------------------------------------------------------ operator verbs
+
+
+class _ShowByDefault(TyperGroup):
+    """``gpufleet node NAME`` shows the node; ``gpufleet node VERB NAME`` asks for a verb.
+
+    A first argument that is not a subcommand is a node name: it is shown.
+    """
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # click.Context
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            args = ["show", *args]
+        return super().parse_args(ctx, args)
+
+
+node_app = typer.Typer(
+    cls=_ShowByDefault,
+    no_args_is_help=True,
+    help=(
+        "One node: show it (gpufleet node NAME), or ask the lifecycle controller to "
+        "return, triage, rma, maintain it or dismiss its held fault. Every verb needs "
+        "--reason; the controller decides, records who and why, and answers with an "
+        "Event (docs/operations.md)."
+    ),
+)
+node_app.command("show")(node_detail)
+
+NodeArg = Annotated[str, typer.Argument(help="Node name.")]
+
+
+def _verb(verb: str, summary: str, example: str) -> Any:
+    def command(
+        node: NodeArg,
+        reason: operator_cmd.ReasonOpt,
+        kubeconfig: KubeconfigOpt = None,
+        no_wait: operator_cmd.NoWaitOpt = False,
+        timeout: operator_cmd.TimeoutOpt = 10.0,
+        event_namespace: operator_cmd.EventNsOpt = "default",
+    ) -> None:
+        operator_cmd.node_request(
+            verb,
+            node,
+            reason,
+            kubeconfig,
+            no_wait=no_wait,
+            timeout=timeout,
+            event_namespace=event_namespace,
+        )
+
+    command.__doc__ = f"{summary}\n\nExample:\n\n    {example}"
+    command.__name__ = f"node_{verb}"
+    return command
+
+
+@node_app.command("return")
+def node_return(
+    node: NodeArg,
+    reason: operator_cmd.ReasonOpt,
+    hardware_replaced: Annotated[
+        bool,
+        typer.Option(
+            "--hardware-replaced",
+            help="The node is in rma and the vendor replaced its hardware: it starts over "
+            "from provisioning (burn-in) with a new history.",
+        ),
+    ] = False,
+    kubeconfig: KubeconfigOpt = None,
+    no_wait: operator_cmd.NoWaitOpt = False,
+    timeout: operator_cmd.TimeoutOpt = 10.0,
+    event_namespace: operator_cmd.EventNsOpt = "default",
+) -> None:
+    """Return a node from triage or maintenance: it is verified (active checks) and goes
+    back to production only if they pass. A node in rma needs --hardware-replaced.
+
+    Exits 1 if the controller refused (wrong state, paused, dry-run, budget), 3 if it
+    did not answer in time.
+
+    Example:
+
+        gpufleet node return gpu-node-0003 --reason "GPU 6 reseated, cable replaced"
+    """
+    operator_cmd.node_request(
+        "return",
+        node,
+        reason,
+        kubeconfig,
+        no_wait=no_wait,
+        timeout=timeout,
+        event_namespace=event_namespace,
+        hardware_replaced=hardware_replaced,
+    )
+
+
+node_app.command("triage")(
+    _verb(
+        "triage",
+        "Hold a node for a person. A production node is drained first (cordon, taint, "
+        "drain, within the disruption budget), then held in triage; a node being "
+        "repaired or verified goes to triage at once and no further ladder step starts.",
+        'gpufleet node triage gpu-node-0003 --reason "NCCL hangs only on this node"',
+    )
+)
+node_app.command("rma")(
+    _verb(
+        "rma",
+        "Send a node in triage or maintenance to the vendor (state rma). It comes back "
+        "only with: gpufleet node return NODE --hardware-replaced.",
+        'gpufleet node rma gpu-node-0003 --reason "HBM errors on GPU 2, case 4711"',
+    )
+)
+node_app.command("maintenance")(
+    _verb(
+        "maintenance",
+        "Take a node out for planned work: a production node is drained first, then held "
+        "in maintenance; return it with: gpufleet node return NODE.",
+        'gpufleet node maintenance gpu-node-0003 --reason "firmware 550.90"',
+    )
+)
+node_app.command("dismiss")(
+    _verb(
+        "dismiss",
+        "Drop the fault a safety rail (budget, breaker, pause, dry-run) holds on a node: "
+        "it is never acted on. Use when the fault was a monitoring error.",
+        'gpufleet node dismiss gpu-node-0003 --reason "XID 79 was a test injection"',
+    )
+)

@@ -26,6 +26,9 @@ class FleetStatus:
     by_state: Counter[str] = field(default_factory=Counter)
     out: list[tuple[str, str, str, str]] = field(default_factory=list)
     remediations: list[tuple[str, str, str, str]] = field(default_factory=list)
+    not_ours: list[tuple[str, str, str]] = field(default_factory=list)
+    """NodeRemediations gpufleet did not create, or that their Node does not point to:
+    (name, node, why). Shown apart, never counted as repairs."""
     partitions: list[tuple[str, str, str]] = field(default_factory=list)
     breakers: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -41,13 +44,40 @@ def _ago(stamp: str | None, now: float) -> str:
     return f"{s}s" if s < 120 else f"{s // 60}m"
 
 
+def not_ours(
+    item: dict[str, object], pointers: dict[str, str], *, finished: bool = False
+) -> str | None:
+    """Why a NodeRemediation is not one of the controller's repairs, or None.
+
+    The controller labels what it creates and points the Node at its current
+    incident (``gpufleet.io/remediation``). An object without the label was made
+    by someone else; an unfinished one the Node does not point to is not the
+    node's repair (forged, or a copy). Neither is reported as a repair in
+    progress. A finished incident of ours is history: the Node has moved on.
+    """
+    meta = item.get("metadata")
+    spec = item.get("spec")
+    labels = (meta.get("labels") if isinstance(meta, dict) else None) or {}
+    name = meta.get("name") if isinstance(meta, dict) else None
+    node = spec.get("node") if isinstance(spec, dict) else None
+    if labels.get(well_known.LABEL_MANAGED_BY) != well_known.CONTROLLER:
+        return f"not created by {well_known.CONTROLLER}"
+    if not finished and (not isinstance(node, str) or pointers.get(node) != name):
+        return f"Node {node} does not point to it"
+    return None
+
+
 def gather(info: ClusterInfo) -> FleetStatus:
     st = FleetStatus()
     api = Kube(info)
     now = time.time()
+    pointers: dict[str, str] = {}  # node -> the NodeRemediation its controller points to
     try:
         for n in api.nodes():
             meta = n["metadata"]
+            pointer = (meta.get("annotations") or {}).get(well_known.ANNOTATION_REMEDIATION)
+            if pointer:
+                pointers[meta["name"]] = pointer
             state = (meta.get("labels") or {}).get(well_known.LABEL_STATE, "unmanaged")
             st.by_state[state] += 1
             ann = meta.get("annotations") or {}
@@ -67,7 +97,13 @@ def gather(info: ClusterInfo) -> FleetStatus:
         if r.status_code == 200:
             for item in r.json().get("items") or []:
                 s = item.get("status") or {}
-                if s.get("phase") in ("Succeeded", "Escalated") and s.get("completedAt"):
+                finished = s.get("phase") in ("Succeeded", "Escalated") and s.get("completedAt")
+                why = not_ours(item, pointers, finished=bool(finished))
+                if why is not None:
+                    node = str((item.get("spec") or {}).get("node", "?"))
+                    st.not_ours.append((item["metadata"]["name"], node, why))
+                    continue
+                if finished:
                     continue
                 st.remediations.append(
                     (
@@ -117,6 +153,9 @@ def render(st: FleetStatus, console: Console) -> None:
     parts = Table("PARTITION", "AVAIL", "NODES", box=None)
     for prow in st.partitions:
         parts.add_row(*prow)
+    foreign = Table("NODEREMEDIATION", "NODE", "WHY IGNORED", box=None)
+    for frow in st.not_ours:
+        foreign.add_row(*frow)
     brk = Table("FLEETPOLICY", "BREAKER", "FAULTING NODES", box=None)
     for brow in st.breakers:
         brk.add_row(*brow)
@@ -128,6 +167,11 @@ def render(st: FleetStatus, console: Console) -> None:
                 rem if st.remediations else "none",
                 title="active remediations",
                 title_align="left",
+            ),
+            *(
+                [Panel(foreign, title="NodeRemediations not ours (ignored)", title_align="left")]
+                if st.not_ours
+                else []
             ),
             Panel(parts if st.partitions else "no Slurm", title="Slurm", title_align="left"),
             Panel(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.domain import events as ev
-from gpufleet.domain import well_known
+from gpufleet.domain import operator, well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.faults import FaultEvent
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step, severity
@@ -643,14 +643,25 @@ def _on_maintenance(ctx: _Ctx, event: ev.MaintenanceRequested) -> _Plan:
             reasons=(event.reason,),
             transition=t,
         )
-    return _noop(ctx, f"maintenance request ignored in {r.state}")
+    return _noop(ctx, operator.refusal(r, event) or f"maintenance request ignored in {r.state}")
 
 
 def _verify_again(trigger: Trigger) -> Callable[[_Ctx, Any], _Plan]:
+    """Verification after people are done: maintenance completed, or an operator's return.
+
+    An operator may return a node from triage or from maintenance
+    (:func:`gpufleet.domain.operator.refusal` says which states); a completed
+    maintenance applies to ``maintenance`` only.
+    """
+
     def handler(ctx: _Ctx, event: Any) -> _Plan:
         r = ctx.record
-        if r.state is not (S.MAINTENANCE if trigger is Trigger.MAINTENANCE_COMPLETED else S.TRIAGE):
-            return _noop(ctx, f"{trigger} ignored in {r.state}")
+        if trigger is Trigger.MAINTENANCE_COMPLETED:
+            why = None if r.state is S.MAINTENANCE else f"{trigger} ignored in {r.state}"
+        else:
+            why = operator.refusal(r, event)
+        if why is not None:
+            return _noop(ctx, why)
         inc = r.incident or Incident(
             key="operator", description=event.reason, opened_at=ctx.now, plan=None
         )
@@ -665,10 +676,114 @@ def _verify_again(trigger: Trigger) -> Callable[[_Ctx, Any], _Plan]:
 def _on_replaced(ctx: _Ctx, event: ev.HardwareReplaced) -> _Plan:
     r = ctx.record
     if r.state is not S.RMA:
-        return _noop(ctx, f"hardware replacement ignored in {r.state}")
+        why = operator.refusal(r, event) or f"hardware replacement ignored in {r.state}"
+        return _noop(ctx, why)
     rec, t = _move(ctx, r, S.PROVISIONING, Trigger.HARDWARE_REPLACED, event.reason)
     rec = replace(rec, incident=None, occurrences=(), incidents=(), pending=None)
     return _Plan(applied=rec, held=r, reasons=("new hardware starts a new history",), transition=t)
+
+
+def _on_operator_triage(ctx: _Ctx, event: ev.OperatorTriage) -> _Plan:
+    """Hold a node for a person.
+
+    From production the node is drained first, exactly like a fault's isolation
+    (cordon, taint, drain, then the same drain gate and disruption budget):
+    the incident's plan is ``triage``, so once drained it goes to triage instead
+    of the ladder. A draining node gets the same plan. A node automation is
+    repairing or verifying (or one in maintenance, burn-in, provisioning) goes
+    to triage at once: no step of the ladder will start on it after this.
+    """
+    r = ctx.record
+    why = operator.refusal(r, event)
+    if why is not None:
+        return _noop(ctx, why)
+    if r.state is S.PRODUCTION:
+        p = ctx.policy
+        inc = Incident(
+            key="operator",
+            description=event.reason,
+            opened_at=ctx.now,
+            plan=Step.TRIAGE,
+            drain_mode=p.drain.mode,
+        )
+        rec, t = _move(ctx, replace(r, incident=inc), S.DRAINING, Trigger.OPERATOR, event.reason)
+        actions = (
+            Action(ActionKind.CORDON, detail=event.reason),
+            Action(
+                ActionKind.TAINT, detail=well_known.TAINT_UNHEALTHY, taint=TaintEffect.NO_SCHEDULE
+            ),
+            Action(
+                ActionKind.DRAIN,
+                detail=event.reason,
+                drain_mode=inc.drain_mode,
+                requeue=inc.requeue,
+                timeout_seconds=p.drain.timeout_seconds,
+            ),
+        )
+        return _Plan(
+            applied=rec,
+            held=r,
+            actions=actions,
+            reasons=(f"triage requested {event.reason}", "drain first, then triage"),
+            transition=t,
+            isolates=True,
+        )
+    if r.state is S.DRAINING and r.incident is not None:
+        rec = replace(r, incident=replace(r.incident, plan=Step.TRIAGE))
+        return _Plan(
+            applied=rec,
+            held=r,
+            reasons=(f"triage requested {event.reason}", "the node goes to triage once drained"),
+        )
+    rec, t = _move(ctx, r, S.TRIAGE, Trigger.OPERATOR, event.reason)
+    if rec.incident is not None:
+        rec = replace(rec, incident=replace(rec.incident, current=None, checks_started_at=None))
+    rec = replace(rec, checks_started_at=None)
+    notify = (
+        Action(ActionKind.CORDON, detail=event.reason),
+        Action(ActionKind.NOTIFY, detail=f"held for triage {event.reason}"),
+    )
+    return _Plan(
+        applied=rec,
+        held=r,
+        actions=notify,
+        reasons=(f"triage requested {event.reason}",),
+        transition=t,
+    )
+
+
+def _on_operator_rma(ctx: _Ctx, event: ev.OperatorRMA) -> _Plan:
+    r = ctx.record
+    why = operator.refusal(r, event)
+    if why is not None:
+        return _noop(ctx, why)
+    rec, t = _move(ctx, r, S.RMA, Trigger.OPERATOR, event.reason)
+    actions = (
+        Action(ActionKind.CORDON, detail=event.reason),
+        Action(ActionKind.NOTIFY, detail=f"sent to RMA {event.reason}"),
+    )
+    return _Plan(applied=rec, held=r, actions=actions, reasons=(event.reason,), transition=t)
+
+
+def _on_dismiss(ctx: _Ctx, event: ev.OperatorDismiss) -> _Plan:
+    """Drop the held fault (and the step decided for it); say so.
+
+    Dismissing disturbs nothing on the node, so no rail holds it: it is the way
+    out of a pending incident that pause, dry-run or the budget keeps waiting.
+    """
+    r = ctx.record
+    why = operator.refusal(r, event)
+    if why is not None or r.pending is None:
+        return _noop(ctx, why or "nothing held")
+    step = f" (step {r.pending_step})" if r.pending_step is not None else ""
+    text = f"held fault {r.pending.key}{step} dismissed {event.reason}"
+    rec = replace(r, pending=None, pending_step=None)
+    return _Plan(
+        applied=rec,
+        held=rec,
+        actions=(Action(ActionKind.NOTIFY, detail=text),),
+        reasons=(text,),
+    )
 
 
 _HANDLERS: dict[type, Callable[[_Ctx, Any], _Plan]] = {
@@ -687,12 +802,9 @@ _HANDLERS: dict[type, Callable[[_Ctx, Any], _Plan]] = {
     ev.MaintenanceRequested: _on_maintenance,
     ev.MaintenanceCompleted: _verify_again(Trigger.MAINTENANCE_COMPLETED),
     ev.OperatorReturn: _verify_again(Trigger.OPERATOR),
-    ev.OperatorRMA: _simple(
-        frozenset({S.TRIAGE}),
-        S.RMA,
-        Trigger.OPERATOR,
-        lambda c: (Action(ActionKind.NOTIFY, detail="sent to RMA"),),
-    ),
+    ev.OperatorRMA: _on_operator_rma,
+    ev.OperatorTriage: _on_operator_triage,
+    ev.OperatorDismiss: _on_dismiss,
     ev.HardwareReplaced: _on_replaced,
     ev.Tick: _on_tick,
 }

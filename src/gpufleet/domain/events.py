@@ -2,7 +2,8 @@
 
 Monitors report faults; executors report the outcome of what they were asked
 to do (drain done, step done, checks passed); operators ask for maintenance,
-return a node from triage, or say hardware was replaced; a periodic ``Tick``
+return a node from triage, hold one for triage, drop a held fault, or say
+hardware was replaced (``gpufleet node VERB``, :mod:`gpufleet.domain.operator`); a periodic ``Tick``
 lets timeouts and withheld actions be re-examined.
 """
 
@@ -95,6 +96,22 @@ class OperatorRMA:
 
 
 @dataclass(frozen=True, slots=True)
+class OperatorTriage:
+    """An operator wants the node held for a person: drained first if it is in
+    production, at once if automation is repairing or verifying it."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorDismiss:
+    """An operator drops the fault a safety rail holds on the node (it is never
+    dropped otherwise: a held fault waits until it is acted on)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class HardwareReplaced:
     """The vendor replaced the hardware: the only way out of ``rma``."""
 
@@ -118,6 +135,8 @@ Event = (
     | MaintenanceCompleted
     | OperatorReturn
     | OperatorRMA
+    | OperatorTriage
+    | OperatorDismiss
     | HardwareReplaced
     | Tick
 )

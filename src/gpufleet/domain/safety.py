@@ -80,8 +80,29 @@ def breaker_refresh(
 
 
 def breaker_reset(state: BreakerState) -> BreakerState:
-    """Close the breaker by hand (an operator looked and it was a monitoring bug)."""
+    """Close the breaker by hand (an operator looked and it was a monitoring bug).
+
+    The window is emptied too: kept, the next fault would trip it again at once.
+    """
     return BreakerState(last_fault_at=state.last_fault_at)
+
+
+def breaker_reset_refusal(state: BreakerState, *, requested_at: float) -> str | None:
+    """Why an operator's reset, asked at ``requested_at``, must not be applied (or None).
+
+    A reset answers the trip the operator looked at. One that tripped after the
+    request (a request left behind by a controller restart, say) has not been
+    looked at, so it stays open until someone resets it again.
+    """
+    if not state.is_open:
+        return None
+    assert state.tripped_at is not None
+    if state.tripped_at > requested_at:
+        return (
+            f"the breaker tripped again at {state.tripped_at:.0f}, after this reset was asked "
+            f"({requested_at:.0f}): look again and reset it again"
+        )
+    return None
 
 
 def budget_allows(*, out_of_service: int, pool_size: int, config: Budget) -> bool:

@@ -144,6 +144,17 @@ class KubeClient:
     async def create_custom(self, plural: str, body: Mapping[str, Any]) -> Json:
         return await self._call(f"create {plural}", "POST", version=GV, url=plural, body=body)
 
+    async def patch_custom(self, plural: str, name: str, patch: Mapping[str, Any]) -> Json:
+        """A JSON merge patch of a custom object (its metadata or spec, not its status)."""
+        return await self._call(
+            f"patch {plural}/{name}",
+            "PATCH",
+            version=GV,
+            url=f"{plural}/{name}",
+            body=patch,
+            headers=MERGE,
+        )
+
     async def patch_status(self, plural: str, name: str, status: Mapping[str, Any]) -> Json:
         return await self._call(
             f"patch {plural}/{name} status",

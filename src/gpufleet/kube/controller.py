@@ -37,9 +37,15 @@ from gpufleet.domain import well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.decide import Decision, decide
 from gpufleet.domain.ladder import Step
+from gpufleet.domain.operator import Received, answer
 from gpufleet.domain.policy import DrainMode, Policy, PolicyError, default_policy, load_policy
 from gpufleet.domain.records import Incident, NodeRecord
-from gpufleet.domain.safety import BreakerState, breaker_refresh
+from gpufleet.domain.safety import (
+    BreakerState,
+    breaker_refresh,
+    breaker_reset,
+    breaker_reset_refusal,
+)
 from gpufleet.domain.states import NodeState
 from gpufleet.kube import bmc as kube_bmc
 from gpufleet.kube import crds, draining, machines, nodes, remediations
@@ -111,7 +117,11 @@ class Controller:
         self._nrem_locks: dict[str, asyncio.Lock] = {}
         self._status_saver: asyncio.Task[None] | None = None
         self._policy_generation: tuple[Any, Any] = (None, None)
-
+        self._saved_budget: dict[str, Any] | None = None
+        """The budget part of the last FleetPolicy status saved (saved again when it changes)."""
+        self._breaker_reset_done: tuple[str, float] | None = None
+        """(id, at) of the last breaker reset answered: a watch event that still shows it
+        (before its removal lands) is not answered twice."""
     # ------------------------------------------------------------- plumbing
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any]:
@@ -150,12 +160,19 @@ class Controller:
         """A FleetPolicy changed: validate it, use it if valid, report in its status."""
         if body.get("metadata", {}).get("name") != self.settings.policy_name:
             return
-        spec = body.get("spec") or {}
         generation = body.get("metadata", {}).get("generation")
         uid = body.get("metadata", {}).get("uid")
-        if (uid, generation) == self._policy_generation:
-            return  # a status-only change (our own writes among them): nothing to decide
-        self._policy_generation = (uid, generation)
+        # A status or metadata change (our own writes among them) leaves the generation
+        # alone: only a spec change is validated again. An operator's breaker reset
+        # is an annotation, so it is looked at on every change.
+        if (uid, generation) != self._policy_generation:
+            self._policy_generation = (uid, generation)
+            await self._use_policy(body, generation)
+        await self._breaker_reset_request(body)
+
+    async def _use_policy(self, body: Mapping[str, Any], generation: Any) -> None:
+        """Validate a new generation of the FleetPolicy; use it if valid; say so in its status."""
+        spec = body.get("spec") or {}
         if not self.policy_seen:
             self._restore_breaker(body.get("status") or {})
         try:
@@ -191,6 +208,80 @@ class Controller:
             await self.client.patch_status(
                 crds.FLEET_POLICY_PLURAL, self.settings.policy_name, status
             )
+        self._update_gauges()  # a new budget configuration changes what the status shows
+
+    async def _breaker_reset_request(self, body: Mapping[str, Any]) -> None:
+        """``gpufleet breaker reset``: close the breaker, save, say so, remove the request.
+
+        Nothing happens until a valid policy is in use (the breaker's state is
+        restored with it): the request then waits on the FleetPolicy.
+        """
+        meta = body.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(well_known.ANNOTATION_BREAKER_RESET)
+        if text is None or not self.policy_seen:
+            return
+        name = self.settings.policy_name
+        request = _breaker_request(str(text))
+        if isinstance(request, str):
+            ok, message = False, f"refused: {request}"
+        else:
+            at, by, reason, rid = request
+            if (rid, at) == self._breaker_reset_done:
+                return  # already answered; the annotation's removal is on its way
+            b = self.fleet.breaker
+            why = breaker_reset_refusal(b, requested_at=at)
+            if why is not None:
+                ok, message = False, f"[{rid}] reset by {by}: refused: {why}"
+            else:
+                was = "open" if b.is_open else "closed"
+                self.fleet.breaker = breaker_reset(b)
+                self.fleet.dirty_breaker = True
+                ok = True
+                message = (
+                    f"[{rid}] reset by {by}: accepted: the breaker was {was} "
+                    f"({b.faulting_nodes()} faulting nodes in the window), now closed: {reason}"
+                )
+                await self.save_fleet_status()  # at once: status is what operators read
+                self._update_gauges()
+            self._breaker_reset_done = (rid, at)
+        log.info("policy=%s breaker %s", name, message)
+        self._policy_event(body, "Normal" if ok else "Warning", "BreakerReset", message)
+        try:
+            await self.client.patch_custom(
+                crds.FLEET_POLICY_PLURAL,
+                name,
+                {"metadata": {"annotations": {well_known.ANNOTATION_BREAKER_RESET: None}}},
+            )
+        except ApiError as exc:
+            log.warning("policy=%s breaker reset request not removed: %s", name, exc)
+
+    def _policy_event(self, body: Mapping[str, Any], type_: str, reason: str, msg: str) -> None:
+        meta = body.get("metadata", {})
+        stamp = remediations.iso(self.clock())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": f"{meta.get('name', 'fleetpolicy')}.",
+                "namespace": self.settings.event_namespace,
+            },
+            "involvedObject": {
+                "apiVersion": f"{well_known.GROUP}/{well_known.VERSION}",
+                "kind": "FleetPolicy",
+                "name": meta.get("name"),
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": msg[:1000],
+            "source": {"component": well_known.CONTROLLER},
+            "reportingComponent": well_known.CONTROLLER,
+            "reportingInstance": well_known.CONTROLLER,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self._spawn(self._post_event(event), "event")
 
     def _restore_breaker(self, status: Mapping[str, Any]) -> None:
         b = status.get("breaker") or {}
@@ -229,7 +320,8 @@ class Controller:
                 "recent": [{"at": t, "node": n} for t, n in b.recent],
             },
             "recentActions": list(fleet.recent_actions),
-            "budget": budget,
+            # A merge patch keeps keys it does not name: a pool that is gone is removed.
+            "budget": {**{p: None for p in self._saved_budget or {} if p not in budget}, **budget},
             "conditions": [
                 _condition(
                     "BreakerOpen",
@@ -246,16 +338,33 @@ class Controller:
         except ApiError as exc:
             fleet.dirty_breaker = True
             log.warning("policy=%s status not saved: %s", self.settings.policy_name, exc)
+        else:
+            self._saved_budget = budget
 
     def _update_gauges(self) -> None:
+        """Metrics from the fleet view; and a status save when the budget use changed.
+
+        The FleetPolicy status is what ``kubectl`` and ``gpufleet status`` show, so
+        it follows the budget (nodes out per pool), not only the breaker.
+        """
         m = self.metrics
         m.set_states(self.fleet.states())
         b = self.fleet.breaker
         m.breaker_open.set(1 if b.is_open else 0)
         m.breaker_nodes.set(b.faulting_nodes())
+        budget: dict[str, dict[str, int]] = {}
         for pool, p in self.fleet.view().pools.items():
+            allowed = self.policy.safety.budget.allowed(p.size)
             m.budget_out.labels(pool=pool).set(p.out_of_service)
-            m.budget_allowed.labels(pool=pool).set(self.policy.safety.budget.allowed(p.size))
+            m.budget_allowed.labels(pool=pool).set(allowed)
+            budget[pool] = {"size": p.size, "outOfService": p.out_of_service, "allowed": allowed}
+        if self.policy_seen and budget != self._saved_budget:
+            self.fleet.dirty_breaker = True  # "dirty status": saved by the coalescing saver
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # called outside the event loop: the next pass saves it
+                return
+            self._schedule_status_save()
 
     # ----------------------------------------------------------------- nodes
 
@@ -350,6 +459,8 @@ class Controller:
             patch["metadata"]["annotations"][well_known.ANNOTATION_REMEDIATION] = (
                 remediations.name_for(name, record.incident)
             )
+        if obs.request is not None:  # removed in the write that stores its decision: once only
+            patch["metadata"]["annotations"][well_known.ANNOTATION_OPERATOR_REQUEST] = None
         if not new and nodes.apply_merge_patch(body, patch) == body:
             self._after(body, body, before, record, decisions, now)
             return
@@ -373,7 +484,38 @@ class Controller:
             self.on_node_deleted(name)
             return
         self.bodies[name] = written
+        if obs.request is not None:
+            self._answer_operator(written, obs.request, before, events, decisions)
         self._after(body, written, before, record, decisions, now)
+
+    def _answer_operator(
+        self,
+        body: Json,
+        received: Received,
+        first: NodeRecord,
+        events: Sequence[ev.Event],
+        decisions: Sequence[Decision],
+    ) -> None:
+        """The audit trail of a person's request: one Node Event, accepted or refused and why."""
+        before, decision = first, None
+        for event, d in zip(events, decisions, strict=False):
+            if event is received.event:
+                decision = d
+                break
+            before = d.record
+        accepted, message = answer(
+            received,
+            before,
+            held=str(decision.hold) if decision is not None and decision.hold else None,
+            transition=decision.transition if decision is not None else None,
+            reasons=decision.reasons if decision is not None else (),
+        )
+        log.info("node=%s operator request %s", nodes.name_of(body), message)
+        self.metrics.actions.labels(
+            action="operator-request", result="ok" if accepted else "refused"
+        ).inc()
+        self._event(body, "Normal" if accepted else "Warning", "OperatorRequest", message)
+
 
     # ---------------------------------------------------------------- acting
 
@@ -823,3 +965,21 @@ def _observe_steps(m: Metrics, before: NodeRecord, after: NodeRecord) -> None:
             m.step_seconds.labels(step=a.step.value, outcome=a.outcome.value).observe(
                 max(0.0, a.ended_at - a.started_at)
             )
+
+
+def _breaker_request(text: str) -> tuple[float, str, str, str] | str:
+    """``(at, by, reason, id)`` of a breaker-reset annotation, or why it is unreadable."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return f"{well_known.ANNOTATION_BREAKER_RESET} is not JSON"
+    if not isinstance(data, dict):
+        return f"{well_known.ANNOTATION_BREAKER_RESET} is not a JSON object"
+    at, by, reason = data.get("at"), data.get("by"), data.get("reason")
+    if not isinstance(at, int | float) or isinstance(at, bool):
+        return "a breaker reset needs a time (at)"
+    if not (isinstance(by, str) and by.strip() and isinstance(reason, str) and reason.strip()):
+        return "a breaker reset needs a user (by) and a reason"
+    return float(at), by.strip()[:200], reason.strip()[:500], str(data.get("id") or "-")[:64]

@@ -21,6 +21,7 @@ from typing import Any
 from gpufleet.domain import agent_requests, conditions, events, well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.ladder import Step
+from gpufleet.domain.operator import Received, receive
 from gpufleet.domain.records import NodeRecord, record_from_json, record_to_json
 from gpufleet.domain.states import NodeState
 
@@ -105,6 +106,10 @@ class Observation:
     events: tuple[events.Event, ...]
     seen: dict[str, float]
     """The new faults-seen watermarks (store with the record)."""
+    request: Received | None = None
+    """A person's request found on the Node (its event, if readable, is the last of
+    :attr:`events`). The controller removes the annotation in the write that stores
+    the record and answers with an ``OperatorRequest`` Event."""
 
 
 def request_id(record: NodeRecord) -> str | None:
@@ -172,7 +177,18 @@ def observe(body: Mapping[str, Any], record: NodeRecord) -> Observation:
             out.append(events.StepCompleted(Step.GPU_RESET, result.passed, result.detail))
         else:
             out.append(events.ChecksCompleted(result.passed, result.detail))
-    return Observation(events=tuple(out), seen=new_seen)
+    received = operator_request(body)
+    if received is not None and received.event is not None:
+        out.append(received.event)  # last: decided on the record the other events leave
+    return Observation(events=tuple(out), seen=new_seen, request=received)
+
+
+def operator_request(body: Mapping[str, Any]) -> Received | None:
+    """The operator request on the Node (``gpufleet node VERB``), if there is one."""
+    text = _meta(body, "annotations").get(well_known.ANNOTATION_OPERATOR_REQUEST)
+    if text is None:
+        return None
+    return receive(str(text))
 
 
 # ------------------------------------------------------------------- writing

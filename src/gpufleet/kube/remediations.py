@@ -58,7 +58,12 @@ def manifest(node: str, incident: Incident, policy: Policy) -> Json:
         "kind": KIND,
         "metadata": {
             "name": name_for(node, incident),
-            "labels": {"gpufleet.io/node": node[:63]},
+            # Marks the object as the controller's: anyone may create a NodeRemediation,
+            # and `gpufleet status` must not show a forged one as an active repair.
+            "labels": {
+                "gpufleet.io/node": node[:63],
+                well_known.LABEL_MANAGED_BY: well_known.CONTROLLER,
+            },
         },
         "spec": {
             "node": node,

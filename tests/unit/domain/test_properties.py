@@ -49,6 +49,8 @@ events = st.one_of(
     st.just(ev.MaintenanceCompleted("done")),
     st.just(ev.OperatorReturn("fixed")),
     st.just(ev.OperatorRMA("dead")),
+    st.just(ev.OperatorTriage("by alice: look at it")),
+    st.just(ev.OperatorDismiss("by alice: known flake")),
     st.just(ev.HardwareReplaced("new board")),
     st.just(ev.Tick()),
 )

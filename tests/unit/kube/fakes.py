@@ -69,6 +69,13 @@ class FakeKube:
         self.custom[key] = copy.deepcopy(dict(body))
         return dict(body)
 
+    async def patch_custom(
+        self, plural: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        obj = self.custom.setdefault((plural, name), {"metadata": {"name": name}})
+        self.custom[(plural, name)] = nodes.apply_merge_patch(obj, patch)
+        return self.custom[(plural, name)]
+
     async def patch_status(
         self, plural: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any]:
