@@ -319,6 +319,7 @@ def _isolate(ctx: _Ctx, fault: FaultEvent, rule: Rule, step: Step, why: str, des
         taint=rule.taint,
         drain_mode=rule.drain or policy.drain.mode,
         requeue=rule.requeue,
+        if_slurm_silent=rule.if_slurm_silent,
     )
     breaker = breaker_observe(
         ctx.breaker,
@@ -327,7 +328,13 @@ def _isolate(ctx: _Ctx, fault: FaultEvent, rule: Rule, step: Step, why: str, des
         config=policy.safety.breaker,
         fleet_size=ctx.fleet.size,
     )
-    applied = replace(book, incident=incident, incidents=(*book.incidents, ctx.now), pending=None)
+    applied = replace(
+        book,
+        incident=incident,
+        incidents=(*book.incidents, ctx.now),
+        pending=None,
+        pending_step=None,
+    )
     applied, t = _move(ctx, applied, S.DRAINING, Trigger.FAULT, desc)
     actions = (
         Action(ActionKind.CORDON, detail=desc),
@@ -342,13 +349,25 @@ def _isolate(ctx: _Ctx, fault: FaultEvent, rule: Rule, step: Step, why: str, des
     )
     return _Plan(
         applied=applied,
-        held=replace(book, pending=fault),
+        held=_hold_fault(book, fault, plan),
         actions=actions,
         reasons=tuple(reasons),
         transition=t,
         breaker=breaker,
         isolates=True,
     )
+
+
+def _hold_fault(record: NodeRecord, fault: FaultEvent, step: Step) -> NodeRecord:
+    """Keep a withheld fault as the node's pending incident (the most severe one wins).
+
+    Several faults held on one node become one incident when the rails allow it;
+    the occurrences of all of them stay in the record either way.
+    """
+    current = record.pending_step
+    if record.pending is not None and current is not None and severity(current) > severity(step):
+        return record
+    return replace(record, pending=fault, pending_step=step)
 
 
 def _raise_plan(
@@ -377,8 +396,10 @@ def _raise_plan(
 def _on_cleared(ctx: _Ctx, event: ev.FaultCleared) -> _Plan:
     r = ctx.record
     if r.pending is not None and r.pending.key == event.key:
-        rec = replace(r, pending=None)
-        return _noop(ctx, f"{event.key} cleared before the node was taken out", record=rec)
+        return _noop(
+            ctx,
+            f"{event.key} cleared; the held fault stays pending until it is acted on or dismissed",
+        )
     return _noop(ctx, f"{event.key} cleared (no effect in {r.state})")
 
 
@@ -533,7 +554,7 @@ def _checks_failed(ctx: _Ctx, text: str, *why: str) -> _Plan:
 def _to_production(ctx: _Ctx, trigger: Trigger, reason: str) -> _Plan:
     r = ctx.record
     rec, t = _move(ctx, r, S.PRODUCTION, trigger, reason)
-    rec = replace(rec, incident=None, pending=None, checks_started_at=None)
+    rec = replace(rec, incident=None, pending=None, pending_step=None, checks_started_at=None)
     actions = (Action(ActionKind.UNTAINT), Action(ActionKind.UNCORDON))
     return _Plan(applied=rec, held=r, actions=actions, reasons=(reason,), transition=t)
 
@@ -542,15 +563,7 @@ def _on_tick(ctx: _Ctx, event: ev.Tick) -> _Plan:
     r, now, policy = ctx.record, ctx.now, ctx.policy
     inc = r.incident
     if r.state is S.PRODUCTION and r.pending is not None:
-        fault = r.pending
-        rule = policy.rule_for(fault)
-        response, why = respond(rule, fault, r, now)
-        if response.step is not None:
-            desc = f"{fault.describe()}: {fault.evidence.summary()}".rstrip(": ")
-            return _isolate(ctx, fault, rule, response.step, f"retry: {why}", desc)
-        return _noop(
-            ctx, "pending fault no longer requires action", record=replace(r, pending=None)
-        )
+        return _retry_held(ctx, r.pending)
     if r.state is S.DRAINING and inc is not None and inc.drained:
         return _after_drain(ctx)
     if r.state is S.REMEDIATING and inc is not None:
@@ -573,6 +586,32 @@ def _on_tick(ctx: _Ctx, event: ev.Tick) -> _Plan:
                 ctx, ev.ChecksCompleted(passed=False, detail=f"timed out after {limit:g}s")
             )
     return _noop(ctx)
+
+
+def _retry_held(ctx: _Ctx, fault: FaultEvent) -> _Plan:
+    """Try again to act on a held fault, with the step decided when it was held.
+
+    The occurrences that justified it may have aged out of the repeat window
+    while it waited: what was decided then still stands. Only when neither the
+    stored step nor the policy asks for a step any more (the policy changed)
+    is it let go, and then with a Notice, not silently.
+    """
+    r = ctx.record
+    rule = ctx.policy.rule_for(fault)
+    response, why = respond(rule, fault, r, ctx.now)
+    steps = [s for s in (r.pending_step, response.step) if s is not None]
+    desc = f"{fault.describe()}: {fault.evidence.summary()}".rstrip(": ")
+    if steps:
+        step = max(steps, key=severity)
+        return _isolate(ctx, fault, rule, step, f"retry held fault: {why} -> {step}", desc)
+    text = f"held fault {fault.key} let go: the policy no longer asks for a repair ({why})"
+    rec = replace(r, pending=None, pending_step=None)
+    return _Plan(
+        applied=rec,
+        held=rec,
+        actions=(Action(ActionKind.NOTIFY, detail=text),),
+        reasons=(text,),
+    )
 
 
 def _on_registered(ctx: _Ctx, event: ev.Registered) -> _Plan:
@@ -679,7 +718,9 @@ def _on_replaced(ctx: _Ctx, event: ev.HardwareReplaced) -> _Plan:
         why = operator.refusal(r, event) or f"hardware replacement ignored in {r.state}"
         return _noop(ctx, why)
     rec, t = _move(ctx, r, S.PROVISIONING, Trigger.HARDWARE_REPLACED, event.reason)
-    rec = replace(rec, incident=None, occurrences=(), incidents=(), pending=None)
+    rec = replace(
+        rec, incident=None, occurrences=(), incidents=(), pending=None, pending_step=None
+    )
     return _Plan(applied=rec, held=r, reasons=("new hardware starts a new history",), transition=t)
 
 

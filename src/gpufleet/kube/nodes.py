@@ -150,7 +150,6 @@ def observe(body: Mapping[str, Any], record: NodeRecord) -> Observation:
     seen = faults_seen(body)
     new_seen = dict(seen)
     out: list[events.Event] = []
-    active_keys: set[str] = set()
     result: conditions.AgentResult | None = None
     for cond in node_conditions(body):
         ctype = str(cond.get("type", ""))
@@ -165,12 +164,11 @@ def observe(body: Mapping[str, Any], record: NodeRecord) -> Observation:
         faults = conditions.faults_of(name, ctype, status, str(cond.get("message", "")))
         mark = seen.get(ctype, float("-inf"))
         for fault in faults:
-            active_keys.add(fault.key)
             if fault.at > mark:
                 out.append(events.FaultObserved(fault))
                 new_seen[ctype] = max(new_seen.get(ctype, float("-inf")), fault.at)
-    if record.pending is not None and record.pending.key not in active_keys:
-        out.append(events.FaultCleared(record.pending.key))
+    # A held fault stays pending after its condition clears (it is acted on when the
+    # rails allow, or dismissed by an operator): no FaultCleared is fed for it.
     expected = request_id(record)
     if result is not None and expected is not None and result.id == expected:
         if record.state is NodeState.REMEDIATING:

@@ -10,9 +10,16 @@ from gpufleet.domain import events as ev
 from gpufleet.domain.actions import ActionKind
 from gpufleet.domain.decide import decide
 from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
-from gpufleet.domain.faults import FaultKind
+from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
-from gpufleet.domain.policy import DrainMode, Policy, RequeueMode, TaintEffect, load_policy
+from gpufleet.domain.policy import (
+    DrainMode,
+    Policy,
+    RequeueMode,
+    TaintEffect,
+    default_policy,
+    load_policy,
+)
 from gpufleet.domain.records import NodeRecord, Outcome, record_from_json, record_to_json
 from gpufleet.domain.safety import Hold
 from gpufleet.domain.states import NodeState
@@ -201,14 +208,78 @@ def test_budget_holds_then_tick_retries_when_a_node_returns() -> None:
     assert f.records["n1"].pending is None
 
 
-def test_pending_fault_that_clears_is_dropped() -> None:
+def test_held_fault_that_clears_stays_pending_and_is_acted_on_when_the_budget_frees() -> None:
+    # Budget 1 of 10 nodes: XID 79 on two nodes; the second is held, its condition
+    # clears 3 s later, and it is still repaired once the first node is back.
     f = make_fleet(10)
     f.send("n0", xid("n0", 79, at=0), now=0)
-    d = f.send("n1", fault("n1", FaultKind.IB_PORT_DOWN, at=1, hca="mlx5_0", port=1), now=1)
+    d = f.send("n1", xid("n1", 79, at=1), now=1)
     assert d.hold is Hold.BUDGET_EXHAUSTED
+    f.send("n1", ev.FaultCleared("xid-79"), now=4)
     assert f.records["n1"].pending is not None
-    f.send("n1", ev.FaultCleared("ib-port-down"), now=2)
-    assert f.records["n1"].pending is None
+    assert f.records["n1"].pending_step is Step.REBOOT
+    f.send("n0", ev.DrainCompleted(), now=5)
+    f.send("n0", ev.StepCompleted(Step.REBOOT, succeeded=True), now=6)
+    f.send("n0", ev.ChecksCompleted(passed=True), now=7)
+    d = f.send("n1", ev.Tick(), now=8)
+    assert d.hold is None and f.state("n1") is S.DRAINING
+    assert f.records["n1"].incident is not None
+    assert f.records["n1"].incident.plan is Step.REBOOT
+    assert f.records["n1"].pending is None and f.records["n1"].pending_step is None
+
+
+def test_held_fault_keeps_its_step_after_its_occurrences_age_out() -> None:
+    # ib-port-down escalates only on repeats; once held, the decided step stands
+    # even when the repeats fall out of the window while the budget is used up.
+    policy = default_policy()
+    rule = policy.rule_for(
+        FaultEvent(FaultKind.IB_PORT_DOWN, "n1", at=0, evidence=Evidence(hca="mlx5_0", port=1))
+    )
+    f = make_fleet(10)
+    f.send("n0", xid("n0", 79, at=0), now=0)
+    d = None
+    for i in range(8):
+        d = f.send("n1", fault("n1", FaultKind.IB_PORT_DOWN, at=i, hca="mlx5_0", port=1), now=i)
+        if d.hold is not None:
+            break
+    assert d is not None and d.hold is Hold.BUDGET_EXHAUSTED
+    step = f.records["n1"].pending_step
+    assert step is not None
+    window = rule.repeat.window_seconds if rule.repeat else 0.0
+    later = 10 + window + 1
+    f.send("n0", ev.DrainCompleted(), now=later - 3)
+    f.send("n0", ev.StepCompleted(Step.REBOOT, succeeded=True), now=later - 2)
+    f.send("n0", ev.ChecksCompleted(passed=True), now=later - 1)
+    d = f.send("n1", ev.Tick(), now=later)
+    assert d.hold is None and f.state("n1") is S.DRAINING
+    assert f.records["n1"].incident is not None and f.records["n1"].incident.plan is step
+
+
+def test_a_more_severe_held_fault_is_not_replaced_by_a_milder_one() -> None:
+    f = make_fleet(10)
+    f.send("n0", xid("n0", 79, at=0), now=0)
+    f.send("n1", xid("n1", 79, at=1), now=1)
+    first = f.records["n1"].pending_step
+    f.send("n1", xid("n1", 48, at=2), now=2)
+    assert f.records["n1"].pending_step is first
+    assert f.records["n1"].pending is not None and f.records["n1"].pending.xid == 79
+
+
+def test_held_fault_let_go_only_with_a_notice_when_the_policy_no_longer_asks() -> None:
+    f = make_fleet(10)
+    f.send("n0", xid("n0", 79, at=0), now=0)
+    f.send("n1", xid("n1", 79, at=1), now=1)
+    rec = replace(f.records["n1"], pending_step=None)
+    rules = yaml.safe_load(DEFAULT_POLICY_YAML)["rules"]
+    for rule in rules:
+        if rule["match"] == {"xid": 79}:
+            rule.clear()
+            rule.update({"match": {"xid": 79}, "action": "log"})
+    logs_only = _policy(rules=rules)
+    d = decide(rec, f.view, ev.Tick(), logs_only, 2)
+    assert d.record.pending is None
+    assert [a.kind for a in d.actions] == [ActionKind.NOTIFY]
+    assert "let go" in d.actions[0].detail
 
 
 def test_pause_and_dry_run_change_nothing() -> None:

@@ -32,11 +32,11 @@ def test_a_fault_is_fed_once_and_the_watermark_remembers_it() -> None:
     assert len(again) == 1 and again[0].fault.at == 20.0  # type: ignore[union-attr]
 
 
-def test_a_pending_fault_whose_condition_cleared_is_reported_cleared() -> None:
+def test_a_held_fault_is_not_cleared_when_its_condition_clears() -> None:
     body = node("n1")
     rec = replace(NodeRecord.new("n1", at=0, state=NodeState.PRODUCTION), pending=xid(5.0))
     set_condition(body, conditions.healthy(Subsystem.PCIE))
-    assert nodes.observe(body, rec).events == (events.FaultCleared("xid-79"),)
+    assert nodes.observe(body, rec).events == ()
 
 
 def test_only_the_answer_to_the_current_request_counts() -> None:
