@@ -32,8 +32,8 @@ from typing import Any
 
 import yaml
 
+from gpufleet.domain import emptiness, well_known
 from gpufleet.domain import events as ev
-from gpufleet.domain import well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.decide import Decision, decide
 from gpufleet.domain.ladder import Step
@@ -116,12 +116,20 @@ class Controller:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._nrem_locks: dict[str, asyncio.Lock] = {}
         self._status_saver: asyncio.Task[None] | None = None
+        self._held_said: dict[str, str] = {}
+        """Per node, the last hold announced by an Event (a hold retried every tick is
+        announced once, not 30 times a minute)."""
+        self._slurm_heard: dict[str, tuple[str | None, float]] = {}
+        """Per draining node: the last Slurm report seen and when (monotonic, this process)."""
+        self._drain_said: dict[str, str] = {}
+        """Per draining node: what the last DrainWaiting Event said (without numbers)."""
         self._policy_generation: tuple[Any, Any] = (None, None)
         self._saved_budget: dict[str, Any] | None = None
         """The budget part of the last FleetPolicy status saved (saved again when it changes)."""
         self._breaker_reset_done: tuple[str, float] | None = None
         """(id, at) of the last breaker reset answered: a watch event that still shows it
         (before its removal lands) is not answered twice."""
+
     # ------------------------------------------------------------- plumbing
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any]:
@@ -516,7 +524,6 @@ class Controller:
         ).inc()
         self._event(body, "Normal" if accepted else "Warning", "OperatorRequest", message)
 
-
     # ---------------------------------------------------------------- acting
 
     def _after(
@@ -549,7 +556,12 @@ class Controller:
                 for a in d.withheld:
                     m.actions.labels(action=a.kind.value, result="withheld").inc()
                 withheld = ", ".join(str(a) for a in d.withheld)[:800]
-                self._event(body, "Warning", "ActionWithheld", f"{d.hold}: {withheld}")
+                said = f"{d.hold}: {', '.join(a.kind.value for a in d.withheld)}"
+                if self._held_said.get(name) != said:
+                    self._held_said[name] = said
+                    self._event(body, "Warning", "ActionWithheld", f"{d.hold}: {withheld}")
+            elif d.actions or d.transition is not None:
+                self._held_said.pop(name, None)
             for a in d.actions:
                 self._act(original, record, a, now)
         if record.state is S.DRAINING and before.state is not S.DRAINING:
@@ -856,11 +868,53 @@ class Controller:
             for ns, pod in plan.delete:
                 with contextlib.suppress(NotFound):
                     await self.client.delete_pod(ns, pod)
-            if plan.done:
+            ready = self._ready_to_disrupt(name, inc, policy, plan.remaining)
+            if ready.ready:
                 self._drains.pop(name, None)
-                await self.feed(name, ev.DrainCompleted(detail="no workload left"))
+                self._slurm_heard.pop(name, None)
+                self._drain_said.pop(name, None)
+                log.info("node=%s drained: %s", name, ready.why)
+                await self.feed(name, ev.DrainCompleted(detail=ready.why))
                 return
+            self._say_drain_wait(name, ready.why)
             await asyncio.sleep(self.settings.drain_poll_s)
+
+    def _ready_to_disrupt(
+        self, name: str, inc: Incident, policy: Policy, pods_left: int
+    ) -> emptiness.Readiness:
+        """Kubernetes and Slurm both empty (domain.emptiness), from the Node as last seen."""
+        body = self.bodies.get(name) or {}
+        meta = body.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        text = annotations.get(well_known.ANNOTATION_SLURM_WORK)
+        work = emptiness.SlurmWork.from_annotation(text)
+        now = time.monotonic()
+        heard = self._slurm_heard.get(name)
+        if heard is None or heard[0] != text:
+            heard = self._slurm_heard[name] = (text, now)
+        taints = [str(t.get("key")) for t in (body.get("spec") or {}).get("taints") or []]
+        return emptiness.ready_to_disrupt(
+            pods_left=pods_left,
+            slurm_node=emptiness.is_slurm_node(
+                meta.get("labels") or {}, annotations, taints, policy.drain.slurm
+            ),
+            work=work,
+            incident_opened_at=inc.opened_at,
+            slurm_silent_for=now - heard[1],
+            silent_limit=policy.drain.slurm_silent_seconds,
+            if_silent=inc.if_slurm_silent,
+        )
+
+    def _say_drain_wait(self, name: str, why: str) -> None:
+        """An Event (and a log line) when what the drain waits for changes, not every poll."""
+        gist = "".join(c for c in why if not c.isdigit())
+        if self._drain_said.get(name) == gist:
+            return
+        self._drain_said[name] = gist
+        log.info("node=%s drain: %s", name, why)
+        body = self.bodies.get(name)
+        if body is not None:
+            self._event(body, "Normal", "DrainWaiting", why)
 
     # ----------------------------------------------------------------- ticks
 
