@@ -89,6 +89,9 @@ def test_fault_storm_is_held_by_the_budget_and_the_breaker(demo: Demo) -> None:
     # The rails hold in Slurm too: the syncer follows the controller's decision.
     drained = {e.node for e in r.entries if e.kind == "slurm-drain"}
     assert len(drained) <= 1, kinds(r, "slurm-drain")
+    # The faults the rails held are kept as pending incidents, not dropped.
+    out = set(r.figures["out"])
+    assert r.figures["held"] and not out & set(r.figures["held"])
 
 
 def test_inference_pod_takes_a_node_from_slurm_and_the_job_completes(demo: Demo) -> None:

@@ -79,7 +79,15 @@ def resets(info: ClusterInfo, node: str) -> int:
 
 def submit_sleep(slurm: Slurm, node: str, seconds: float) -> int:
     out = slurm.run(
-        "sbatch", "--parsable", "-w", node, "-N", "1", f"--wrap=sleep {seconds}", "--requeue"
+        "sbatch",
+        "--parsable",
+        "--output=/dev/null",
+        "-w",
+        node,
+        "-N",
+        "1",
+        f"--wrap=sleep {seconds}",
+        "--requeue",
     )
     return int(out.strip().split(";")[0])
 

@@ -23,7 +23,7 @@ from gpufleet.demo import job, kube, policy
 from gpufleet.demo.fleet import Fleet
 from gpufleet.demo.observe import Entry
 from gpufleet.demo.timeline import StepMissed, Timeline
-from gpufleet.domain import enrollment, well_known
+from gpufleet.domain import enrollment, records, well_known
 from gpufleet.local import kube as local_kube
 from gpufleet.local.cluster import ClusterInfo
 from gpufleet.provision import machines
@@ -293,16 +293,37 @@ def fault_storm(ctx: Ctx) -> None:
             "default"
         ]["allowed"]
     )
-    ctx.figures.update(out=out, budget=budget, breaker_open=ctx.tl.observer.breaker_open)
+    held = _held_faults(ctx)
+    ctx.figures.update(
+        out=out, budget=budget, breaker_open=ctx.tl.observer.breaker_open, held=held
+    )
     ctx.tl.note(
         "demo",
         f"{len(storm)} nodes report faults; {len(out)} taken out of service (budget {budget}); "
-        "the rest are held for a person",
+        f"{len(held)} kept as pending incidents ({', '.join(held) or 'none'}): repaired when the"
+        " breaker closes and the budget allows, or dismissed by an operator"
+        " (`gpufleet node dismiss`)",
     )
     if len(out) > budget or not ctx.tl.observer.breaker_open:
         raise StepMissed(
             "the budget holding and the breaker open", 0, "controller", ctx.log("controller")
         )
+
+
+def _held_faults(ctx: Ctx) -> list[str]:
+    """Nodes whose record keeps a held fault (read from the Nodes, not assumed)."""
+    held = []
+    for node in ctx.fleet.api.nodes():
+        text = (node["metadata"].get("annotations") or {}).get(well_known.ANNOTATION_RECORD)
+        if not text:
+            continue
+        try:
+            record = records.record_from_json(text)
+        except ValueError:
+            continue
+        if record.pending is not None:
+            held.append(record.name)
+    return sorted(held)
 
 
 def preemption(ctx: Ctx) -> None:
