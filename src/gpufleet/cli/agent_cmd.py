@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from gpufleet.domain.policy import default_policy, load_policy
+from gpufleet.cli.policy_cmd import load_or_exit
 from gpufleet.health import agent as agent_mod
 from gpufleet.health import backends, skus
 from gpufleet.health.hardware import NoGpuFound
@@ -74,9 +74,7 @@ def run(
         gpufleet agent --job-telemetry /shared/gpufleet-telemetry
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    policy = (
-        load_policy(policy_file.read_text(), str(policy_file)) if policy_file else default_policy()
-    )
+    policy = load_or_exit(policy_file)
     try:
         if sim_publish is not None and backend != "simulated":
             raise typer.BadParameter("--sim-publish needs --backend simulated")

@@ -43,7 +43,9 @@ def read_policy(path: Path) -> Policy:
     return load_policy(text, str(path))
 
 
-def _load(path: Path | None) -> Policy:
+def load_or_exit(path: Path | None) -> Policy:
+    """The policy file (or the default), or a one-line error and exit 2: for every command
+    that takes ``--policy``."""
     if path is None:
         return default_policy()
     try:
@@ -91,7 +93,7 @@ def explain_cmd(
         if kind is FaultKind.XID:
             err.print("[red]use --xid N for XIDs[/red]")
             raise typer.Exit(2)
-    result = explain(_load(policy), xid=xid, fault=kind)
+    result = explain(load_or_exit(policy), xid=xid, fault=kind)
     if as_json:
         out.print_json(json.dumps(dataclasses.asdict(result)))
     else:
@@ -183,7 +185,7 @@ def table_cmd(
 
         gpufleet policy table --policy my-policy.yaml
     """
-    p = _load(policy)
+    p = load_or_exit(policy)
     t = Table("fault", "one occurrence", "repeats", "condition")
     rows = [explain(p, xid=x) for x in sorted(xids.XIDS)]
     rows += [explain(p, fault=k) for k in FaultKind if k is not FaultKind.XID]

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpufleet.domain.policy import Policy, PolicyError, default_policy, load_policy
+from gpufleet.cli.policy_cmd import read_policy
+from gpufleet.domain.policy import Policy, PolicyError, default_policy
 from gpufleet.sim import RunResult, simulate, summarize
 from gpufleet.sim.model import Model, ModelError, default_model, load_model
 from gpufleet.sim.result import BUCKETS, Estimate
@@ -20,7 +21,7 @@ from gpufleet.sim.result import BUCKETS, Estimate
 def _read_policy(path: Path | None) -> Policy:
     if path is None:
         return default_policy()
-    return load_policy(path.read_text(encoding="utf-8"), str(path))
+    return read_policy(path)  # bounded: size, depth, UTF-8 (docs/decisions/0071)
 
 
 def _read_model(path: Path | None) -> Model:

@@ -80,3 +80,15 @@ def test_policy_option_of_other_commands_uses_the_same_bounds(tmp_path: Path) ->
     p.write_bytes(b"paused: \xff\n")
     r = runner.invoke(app, ["policy", "explain", "--xid", "79", "--policy", str(p)])
     assert r.exit_code == 2 and "not UTF-8 text" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    "command", [["sim", "--days", "0.01"], ["agent", "--backend", "simulated"]]
+)
+def test_every_policy_option_reads_within_the_bounds(tmp_path: Path, command: list[str]) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"dryRun: false\nnote: caf\xe9\n")
+    r = runner.invoke(app, [*command, "--policy", str(bad)])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    assert "UTF-8" in r.output
