@@ -604,7 +604,13 @@ def _retry_held(ctx: _Ctx, fault: FaultEvent) -> _Plan:
     if steps:
         step = max(steps, key=severity)
         return _isolate(ctx, fault, rule, step, f"retry held fault: {why} -> {step}", desc)
-    text = f"held fault {fault.key} let go: the policy no longer asks for a repair ({why})"
+    return _let_go(
+        r, f"held fault {fault.key} let go: the policy no longer asks for a repair ({why})"
+    )
+
+
+def _let_go(r: NodeRecord, text: str) -> _Plan:
+    """Forget the held fault, saying so (a Notice Event): never silently."""
     rec = replace(r, pending=None, pending_step=None)
     return _Plan(
         applied=rec,
@@ -817,14 +823,7 @@ def _on_dismiss(ctx: _Ctx, event: ev.OperatorDismiss) -> _Plan:
     if why is not None or r.pending is None:
         return _noop(ctx, why or "nothing held")
     step = f" (step {r.pending_step})" if r.pending_step is not None else ""
-    text = f"held fault {r.pending.key}{step} dismissed {event.reason}"
-    rec = replace(r, pending=None, pending_step=None)
-    return _Plan(
-        applied=rec,
-        held=rec,
-        actions=(Action(ActionKind.NOTIFY, detail=text),),
-        reasons=(text,),
-    )
+    return _let_go(r, f"held fault {r.pending.key}{step} dismissed {event.reason}")
 
 
 _HANDLERS: dict[type, Callable[[_Ctx, Any], _Plan]] = {

@@ -264,32 +264,8 @@ class Controller:
             log.warning("policy=%s breaker reset request not removed: %s", name, exc)
 
     def _policy_event(self, body: Mapping[str, Any], type_: str, reason: str, msg: str) -> None:
-        meta = body.get("metadata", {})
-        stamp = remediations.iso(self.clock())
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "generateName": f"{meta.get('name', 'fleetpolicy')}.",
-                "namespace": self.settings.event_namespace,
-            },
-            "involvedObject": {
-                "apiVersion": f"{well_known.GROUP}/{well_known.VERSION}",
-                "kind": "FleetPolicy",
-                "name": meta.get("name"),
-                "uid": meta.get("uid"),
-            },
-            "type": type_,
-            "reason": reason,
-            "message": msg[:1000],
-            "source": {"component": well_known.CONTROLLER},
-            "reportingComponent": well_known.CONTROLLER,
-            "reportingInstance": well_known.CONTROLLER,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        self._spawn(self._post_event(event), "event")
+        kind = ("FleetPolicy", f"{well_known.GROUP}/{well_known.VERSION}")
+        self._post(body, kind, type_, reason, msg)
 
     def _restore_breaker(self, status: Mapping[str, Any]) -> None:
         b = status.get("breaker") or {}
@@ -620,18 +596,29 @@ class Controller:
         self.metrics.actions.labels(action=kind.value, result=result).inc()
 
     def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        self._post(body, ("Node", "v1"), type_, reason, message)
+
+    def _post(
+        self,
+        body: Mapping[str, Any],
+        kind: tuple[str, str],
+        type_: str,
+        reason: str,
+        message: str,
+    ) -> None:
+        """A core/v1 Event about ``body`` (a Node or a FleetPolicy), posted in the background."""
         meta = body.get("metadata", {})
         stamp = remediations.iso(self.clock())
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "generateName": f"{meta.get('name', 'node')}.",
+                "generateName": f"{meta.get('name', kind[0].lower())}.",
                 "namespace": self.settings.event_namespace,
             },
             "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
+                "apiVersion": kind[1],
+                "kind": kind[0],
                 "name": meta.get("name"),
                 "uid": meta.get("uid"),
             },

@@ -56,7 +56,8 @@ def _state(node: Mapping[str, Any]) -> NodeState | None:
         return None
 
 
-def _requeue(node: Mapping[str, Any]) -> Any:
+def _incident(node: Mapping[str, Any]) -> records.Incident | None:
+    """The lifecycle record's open incident, if the Node carries a readable record."""
     text = annotations_of(node).get(well_known.ANNOTATION_RECORD)
     if not text:
         return None
@@ -64,19 +65,18 @@ def _requeue(node: Mapping[str, Any]) -> Any:
         record = records.record_from_json(text)
     except (ValueError, TypeError):
         return None
-    return record.incident.requeue if record.incident is not None else None
+    return record.incident
+
+
+def _requeue(node: Mapping[str, Any]) -> Any:
+    incident = _incident(node)
+    return incident.requeue if incident is not None else None
 
 
 def incident_opened_at(node: Mapping[str, Any]) -> float | None:
     """When the lifecycle record's open incident opened (binds a Slurm report to it)."""
-    text = annotations_of(node).get(well_known.ANNOTATION_RECORD)
-    if not text:
-        return None
-    try:
-        record = records.record_from_json(text)
-    except (ValueError, TypeError):
-        return None
-    return record.incident.opened_at if record.incident is not None else None
+    incident = _incident(node)
+    return incident.opened_at if incident is not None else None
 
 
 def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:
