@@ -229,6 +229,15 @@ def reset_node(api: Api, name: str) -> None:
         )
 
 
+def prepare_fleet(api: Api, info: Any) -> None:
+    """CRDs and namespace installed, every node reset, each with its own BMC Secret."""
+    install(api)
+    for node in info.node_names:
+        reset_node(api, node)
+        bmc = info.bmcs[node]
+        add_bmc_secret(api, node, bmc.url, bmc.user, bmc.password)
+
+
 def policy_spec(**changes: Any) -> dict[str, Any]:
     """The default policy as a FleetPolicy spec, with short timeouts for tests."""
     spec: dict[str, Any] = default_policy().model_dump(by_alias=True, mode="json")

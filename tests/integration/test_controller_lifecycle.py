@@ -15,12 +15,11 @@ from controller_harness import (
     GV,
     ROOT,
     Api,
-    add_bmc_secret,
     answer_request,
     bmc_counters,
     create_kwok_nodes,
-    install,
     policy_spec,
+    prepare_fleet,
     put_policy,
     report_fault,
     reset_node,
@@ -41,11 +40,7 @@ def env(
     local_cluster: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Any, Api, Path]]:
     api = Api(local_cluster)
-    install(api)
-    for node in local_cluster.node_names:
-        reset_node(api, node)
-        bmc = local_cluster.bmcs[node]
-        add_bmc_secret(api, node, bmc.url, bmc.user, bmc.password)
+    prepare_fleet(api, local_cluster)
     logs = tmp_path_factory.mktemp("controller-logs")
     try:
         yield local_cluster, api, logs

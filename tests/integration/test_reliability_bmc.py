@@ -25,8 +25,8 @@ from controller_harness import (
     answer_request,
     bmc_control,
     bmc_counters,
-    install,
     policy_spec,
+    prepare_fleet,
     put_policy,
     report_fault,
     reset_node,
@@ -46,11 +46,7 @@ def env(
     local_cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ClusterInfo, Api, Path]]:
     api = Api(local_cluster)
-    install(api)
-    for node in local_cluster.node_names:
-        reset_node(api, node)
-        bmc = local_cluster.bmcs[node]
-        add_bmc_secret(api, node, bmc.url, bmc.user, bmc.password)
+    prepare_fleet(api, local_cluster)
     logs = tmp_path_factory.mktemp("reliability-bmc")
     try:
         yield local_cluster, api, logs

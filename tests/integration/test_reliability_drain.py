@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 from controller_harness import (
     Api,
-    add_bmc_secret,
     answer_request,
     bmc_counters,
-    install,
     policy_spec,
+    prepare_fleet,
     put_policy,
     report_fault,
     reset_node,
@@ -43,12 +42,8 @@ def env(
     local_cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ClusterInfo, Api, Slurm, Path]]:
     api = Api(local_cluster)
-    install(api)
+    prepare_fleet(api, local_cluster)
     slurm = Slurm(local_cluster)
-    for node in local_cluster.node_names:
-        reset_node(api, node)
-        bmc = local_cluster.bmcs[node]
-        add_bmc_secret(api, node, bmc.url, bmc.user, bmc.password)
     logs = tmp_path_factory.mktemp("reliability-drain")
     try:
         yield local_cluster, api, slurm, logs

@@ -18,11 +18,10 @@ import pytest
 from controller_harness import (
     GV,
     Api,
-    add_bmc_secret,
     answer_request,
     bmc_counters,
-    install,
     policy_spec,
+    prepare_fleet,
     put_policy,
     report_fault,
     reset_node,
@@ -44,11 +43,7 @@ def env(
     local_cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ClusterInfo, Api, Path]]:
     api = Api(local_cluster)
-    install(api)
-    for node in local_cluster.node_names:
-        reset_node(api, node)
-        bmc = local_cluster.bmcs[node]
-        add_bmc_secret(api, node, bmc.url, bmc.user, bmc.password)
+    prepare_fleet(api, local_cluster)
     api.post("/api/v1/namespaces", {"metadata": {"name": NS}}, ok=(201, 409))
     logs = tmp_path_factory.mktemp("reliability-restarts")
     try:
