@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpufleet.domain import conditions
-from gpufleet.domain.emptiness import SlurmWork, disruptive_work
+from gpufleet.domain.emptiness import SlurmWork, disruptive_work, pod_holds_node
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
@@ -149,23 +149,6 @@ def refusal(request: conditions.AgentRequest, node: str, record: NodeRecord | No
     return None
 
 
-def pod_is_work(pod: Mapping[str, Any]) -> bool:
-    """Whether a pod is work a disruptive request would hit.
-
-    DaemonSet and static (mirror) pods belong to the node (the agent itself is
-    one); finished and terminating pods are leaving. Same rule as the
-    controller's drain (``kube.draining.counts``), plus terminating pods.
-    """
-    meta = pod.get("metadata") or {}
-    if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
-        return False
-    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
-        return False
-    if meta.get("deletionTimestamp"):
-        return False
-    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-
-
 def work_refusal(
     request: conditions.AgentRequest,
     *,
@@ -189,7 +172,7 @@ def work_refusal(
     work = SlurmWork.from_annotation(slurm_work)
     if slurm_work and work is None:
         return f"{unknown}: the Slurm work report on the node is unreadable (failing closed)"
-    names = [_pod_name(p) for p in pods if pod_is_work(p)]
+    names = [_pod_name(p) for p in pods if pod_holds_node(p)]
     why = disruptive_work(len(names), work, gpu_busy=False)
     if why is not None and names:
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")

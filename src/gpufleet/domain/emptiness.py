@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpufleet.domain import well_known
 from gpufleet.domain.policy import SlurmSilence, SlurmWait
@@ -139,6 +140,22 @@ def is_slurm_node(
         or well_known.ANNOTATION_SLURM_WORK in annotations
         or well_known.ANNOTATION_SLURM_STATE in annotations
     )
+
+
+def pod_holds_node(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod is work on its node: it must be gone before the node is disrupted.
+
+    DaemonSet and static (mirror) pods belong to the node (the agent is one);
+    finished pods are gone. A terminating pod still counts: its containers may
+    run until its grace period ends. One rule for the controller's drain and the
+    agent's refusal of a disruptive request.
+    """
+    meta = pod.get("metadata") or {}
+    if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
+        return False
+    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+        return False
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.domain import well_known
+from gpufleet.domain.emptiness import pod_holds_node
 from gpufleet.domain.policy import DrainMode
 
 Json = Mapping[str, Any]
@@ -35,13 +36,8 @@ def pod_id(pod: Json) -> tuple[str, str]:
 
 
 def counts(pod: Json) -> bool:
-    """Whether a pod has to leave before the node is drained."""
-    meta = pod.get("metadata", {})
-    if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
-        return False
-    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
-        return False
-    return pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+    """Whether a pod has to leave before the node is drained (domain.emptiness)."""
+    return pod_holds_node(pod)
 
 
 def interruptible(pod: Json) -> bool:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpufleet.domain import agent_requests as ar
 from gpufleet.domain import conditions as c
-from gpufleet.domain.emptiness import SlurmWork
+from gpufleet.domain.emptiness import SlurmWork, pod_holds_node
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.records import (
     Incident,
@@ -207,15 +207,16 @@ RESET = c.AgentRequest(id="r", kind="gpu-reset")
 
 
 def test_pods_that_count_as_work() -> None:
-    assert ar.pod_is_work(pod("train"))
-    assert ar.pod_is_work(pod("queued", phase="Pending"))
-    assert not ar.pod_is_work(pod("agent", meta={"ownerReferences": [{"kind": "DaemonSet"}]}))
-    assert not ar.pod_is_work(
+    assert pod_holds_node(pod("train"))
+    assert pod_holds_node(pod("queued", phase="Pending"))
+    assert not pod_holds_node(pod("agent", meta={"ownerReferences": [{"kind": "DaemonSet"}]}))
+    assert not pod_holds_node(
         pod("static", meta={"annotations": {"kubernetes.io/config.mirror": "x"}})
     )
-    assert not ar.pod_is_work(pod("done", phase="Succeeded"))
-    assert not ar.pod_is_work(pod("failed", phase="Failed"))
-    assert not ar.pod_is_work(pod("leaving", meta={"deletionTimestamp": "2026-01-01T00:00:00Z"}))
+    assert not pod_holds_node(pod("done", phase="Succeeded"))
+    assert not pod_holds_node(pod("failed", phase="Failed"))
+    # a terminating pod still runs until its grace period ends
+    assert pod_holds_node(pod("leaving", meta={"deletionTimestamp": "2026-01-01T00:00:00Z"}))
 
 
 def test_an_empty_known_node_allows_the_request() -> None:
