@@ -215,3 +215,35 @@ def _taints(api: Api, node: str) -> set[str]:
 def _ping(slurm: Slurm) -> bool:
     out = slurm.run("scontrol", "ping", check=False)
     return "UP" in out
+
+
+def test_slurmrestd_frozen_no_reboot_until_it_answers(env: Any, syncer: Any) -> None:
+    """slurmrestd hangs (SIGSTOP): the syncer's view is unknown, so nothing is reported and the
+    controller waits; once it answers again, drain and requeue come first, then one reboot."""
+    info, api, slurm, logs = env
+    node = info.node_names[2]
+    put_policy(api, "rest-down", policy_spec())
+    wait_for("slurm taint", lambda: well_known.TAINT_SLURM in _taints(api, node), timeout=20)
+    before = resets(info, node)
+    job = submit_sleep(slurm, node, 300)
+    wait_for("job running", lambda: job_state(slurm, job) == "RUNNING", timeout=20)
+    slurm.signal("slurmrestd", signal.SIGSTOP)
+    try:
+        with running(info, logs, policy="rest-down"):
+            report_fault(api, node, 79)
+            wait_for("cordon", lambda: api.node(node)["spec"].get("unschedulable"), timeout=15)
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:
+                assert resets(info, node) == before, "power action while slurmrestd hung"
+                time.sleep(0.5)
+            assert api.state(node) == "draining" and job_state(slurm, job) == "RUNNING"
+            waiting = [e["message"] for e in events_of(api, node, "DrainWaiting")]
+            assert any("failing closed" in m for m in waiting), waiting
+            slurm.signal("slurmrestd", signal.SIGCONT)
+            wait_for("slurm drain", lambda: (slurm.drained(node) or "").startswith("gpufleet:"), 30)
+            wait_for("job requeued", lambda: job_state(slurm, job) != "RUNNING", timeout=30)
+            wait_for("reboot once Slurm is empty", lambda: resets(info, node) > before, 60)
+            finish_verification(api, node)
+        assert resets(info, node) == before + 1
+    finally:
+        slurm.signal("slurmrestd", signal.SIGCONT)
