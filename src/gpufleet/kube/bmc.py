@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,7 +135,7 @@ def _with(base: ExpectedIdentity, machine: str, *, error: str) -> ExpectedIdenti
 
 
 async def mismatch_condition(
-    client: KubeClient, body: Mapping[str, Any], *, mismatch: bool, message: str
+    client: KubeClient, body: Mapping[str, Any], *, mismatch: bool, message: str, now: float
 ) -> None:
     """Set ``GpufleetBmcMismatch`` (True: not verified, False: verified again).
 
@@ -150,17 +149,17 @@ async def mismatch_condition(
         return
     if current is not None and current.get("status") == status and not mismatch:
         return
-    now = remediations.iso(time.time())
+    stamp = remediations.iso(now)
     cond = {
         "type": well_known.CONDITION_BMC_MISMATCH,
         "status": status,
         "reason": "IdentityMismatch" if mismatch else "IdentityVerified",
         "message": message[:1000],
-        "lastHeartbeatTime": now,
+        "lastHeartbeatTime": stamp,
         "lastTransitionTime": (
-            current.get("lastTransitionTime", now)
+            current.get("lastTransitionTime", stamp)
             if current is not None and current.get("status") == status
-            else now
+            else stamp
         ),
     }
     try:

@@ -25,13 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import emptiness, well_known
 from gpufleet.domain import events as ev
 from gpufleet.domain.actions import Action, ActionKind
@@ -98,7 +98,7 @@ class Controller:
         client: KubeClient,
         settings: ControllerSettings | None = None,
         metrics: Metrics | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.client = client
         self.settings = settings or ControllerSettings()
@@ -196,7 +196,7 @@ class Controller:
             )
             self.metrics.policy_valid.set(0)
             condition = _condition(
-                "Valid", "False", "Invalid", f"kept the last valid policy: {problems}"
+                "Valid", "False", "Invalid", f"kept the last valid policy: {problems}", self.clock
             )
         else:
             changed = policy != self.policy or not self.policy_seen
@@ -210,7 +210,7 @@ class Controller:
                     policy.paused,
                     policy.dry_run,
                 )
-            condition = _condition("Valid", "True", "Valid", "the policy is in use")
+            condition = _condition("Valid", "True", "Valid", "the policy is in use", self.clock)
         status: Json = {"conditions": [condition], "observedGeneration": generation}
         with contextlib.suppress(ApiError):
             await self.client.patch_status(
@@ -312,6 +312,7 @@ class Controller:
                     "True" if b.is_open else "False",
                     "Tripped" if b.is_open else "Closed",
                     f"{b.faulting_nodes()} nodes faulted within the window",
+                    self.clock,
                 )
             ],
         }
@@ -355,7 +356,7 @@ class Controller:
     async def prime(self) -> None:
         """Load every Node's record before the first decision (budget needs the whole fleet)."""
         data = await self.client._call("list nodes", "GET", url="nodes")
-        now = self.clock()
+        now = self.clock.now()
         for body in data.get("items") or []:
             record, _ = nodes.record_of(body, now)
             self.fleet.put(record)
@@ -414,7 +415,7 @@ class Controller:
     async def _process(self, body: Json, extra: Sequence[ev.Event]) -> None:
         name = nodes.name_of(body)
         self.bodies[name] = body
-        now = self.clock()
+        now = self.clock.now()
         record, new = nodes.record_of(body, now)
         obs = nodes.observe(body, record)
         events: list[ev.Event] = [*obs.events, *extra]
@@ -608,7 +609,7 @@ class Controller:
     ) -> None:
         """A core/v1 Event about ``body`` (a Node or a FleetPolicy), posted in the background."""
         meta = body.get("metadata", {})
-        stamp = remediations.iso(self.clock())
+        stamp = remediations.iso(self.clock.now())
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -724,7 +725,7 @@ class Controller:
         except ApiError as exc:
             log.warning("node=%s %s waits: the Node could not be read: %s", name, step, exc)
             return None
-        record, _ = nodes.record_of(body, self.clock())
+        record, _ = nodes.record_of(body, self.clock.now())
         if kube_bmc.current_attempt(record) != attempt:
             return None
         text = kube_bmc.mark_text(body)
@@ -742,7 +743,7 @@ class Controller:
 
             async def prepare() -> None:
                 if step is Step.REIMAGE:  # the network boot must get a new join token
-                    await machines.rearm_for_reimage(self.client, body, self.clock())
+                    await machines.rearm_for_reimage(self.client, body, self.clock.now())
 
             async with redfish.RedfishClient(
                 creds, name=name, retry_delays=self.settings.bmc_retry_delays
@@ -755,7 +756,7 @@ class Controller:
                     expected=expected,
                     mark=mark,
                     prepare=prepare,
-                    clock=self.clock,
+                    clock=self.clock.now,
                 )
             ok = True
         except steps.BmcIdentityMismatch as exc:
@@ -768,7 +769,7 @@ class Controller:
             self._event(body, "Warning", "BmcIdentityMismatch", detail)
         if identity_failed or ok:
             await kube_bmc.mismatch_condition(
-                self.client, body, mismatch=identity_failed, message=detail
+                self.client, body, mismatch=identity_failed, message=detail, now=self.clock.now()
             )
         return ev.StepCompleted(step, ok, detail)
 
@@ -788,7 +789,7 @@ class Controller:
             except ApiError as exc:
                 log.warning("node=%s %s result not recorded yet: %s", name, attempt.step, exc)
                 return
-            record, _ = nodes.record_of(body, self.clock())
+            record, _ = nodes.record_of(body, self.clock.now())
             if kube_bmc.current_attempt(record) != attempt:
                 self._bmc.results.pop(key, None)
                 log.info(
@@ -802,7 +803,7 @@ class Controller:
             except ApiError as exc:
                 log.warning("node=%s %s result not recorded yet: %s", name, attempt.step, exc)
                 return
-            stored, _ = nodes.record_of(self.bodies.get(name) or body, self.clock())
+            stored, _ = nodes.record_of(self.bodies.get(name) or body, self.clock.now())
         if kube_bmc.current_attempt(stored) != attempt:
             self._bmc.results.pop(key, None)
             await kube_bmc.NodeJournal(self.client, name).clear(attempt)
@@ -838,7 +839,7 @@ class Controller:
             plan = draining.plan(
                 pods,
                 mode=inc.drain_mode or DrainMode.EVICT,
-                elapsed=self.clock() - record.since,
+                elapsed=self.clock.now() - record.since,
                 timeout=policy.drain.timeout_seconds,
             )
             for ns, pod in plan.evict:
@@ -875,7 +876,7 @@ class Controller:
         annotations = meta.get("annotations") or {}
         text = annotations.get(well_known.ANNOTATION_SLURM_WORK)
         work = emptiness.SlurmWork.from_annotation(text)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         heard = self._slurm_heard.get(name)
         if heard is None or heard[0] != text:
             heard = self._slurm_heard[name] = (text, now)
@@ -907,7 +908,7 @@ class Controller:
 
     async def tick_all(self) -> None:
         """Retry held decisions and examine timeouts, node by node."""
-        now = self.clock()
+        now = self.clock.now()
         policy = self.effective_policy()
         refreshed = breaker_refresh(
             self.fleet.breaker,
@@ -973,13 +974,13 @@ def _older(body: Mapping[str, Any], known: Mapping[str, Any] | None) -> bool:
     return a.isdigit() and b.isdigit() and int(a) < int(b)
 
 
-def _condition(type_: str, status: str, reason: str, message: str) -> Json:
+def _condition(type_: str, status: str, reason: str, message: str, clock: Clock) -> Json:
     return {
         "type": type_,
         "status": status,
         "reason": reason,
         "message": message[:1000],
-        "lastTransitionTime": remediations.iso(time.time()),
+        "lastTransitionTime": remediations.iso(clock.now()),
     }
 
 

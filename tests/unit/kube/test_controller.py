@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.clock import ManualClock
 from gpufleet.domain import conditions, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.policy import default_policy
@@ -17,23 +18,15 @@ from gpufleet.kube.controller import Controller, ControllerSettings
 from .fakes import FakeKube, node, set_condition
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def xid79(name: str, at: float) -> FaultEvent:
     return FaultEvent(FaultKind.XID, name, at=at, xid=79, evidence=Evidence(gpu_index=3))
 
 
-async def make(n: int = 10, **policy: Any) -> tuple[FakeKube, Controller, Clock]:
+async def make(n: int = 10, **policy: Any) -> tuple[FakeKube, Controller, ManualClock]:
     kube = FakeKube()
     for i in range(n):
         kube.add_node(node(f"n{i}"))
-    clock = Clock()
+    clock = ManualClock()
     ctl = Controller(kube, ControllerSettings(), clock=clock)  # type: ignore[arg-type]
     ctl.policy = default_policy().model_copy(update=policy)
     ctl.policy_seen = True
@@ -59,7 +52,7 @@ def test_fault_cordons_taints_and_drains_in_one_write() -> None:
     async def go() -> None:
         kube, ctl, clock = await make()
         before = kube.patches
-        await fault(kube, ctl, "n1", clock.t)
+        await fault(kube, ctl, "n1", clock.now())
         n1 = kube.nodes["n1"]
         assert kube.patches == before + 1
         assert n1["spec"]["unschedulable"] is True
@@ -79,7 +72,7 @@ def test_fault_cordons_taints_and_drains_in_one_write() -> None:
 def test_same_condition_again_is_not_a_new_fault() -> None:
     async def go() -> None:
         kube, ctl, clock = await make()
-        await fault(kube, ctl, "n1", clock.t)
+        await fault(kube, ctl, "n1", clock.now())
         r1 = record(kube, "n1")
         await ctl.on_node(kube.nodes["n1"])
         assert record(kube, "n1").occurrences == r1.occurrences
@@ -134,7 +127,7 @@ def test_concurrent_faults_never_exceed_the_budget() -> None:
         )
         for i in range(6):
             set_condition(
-                kube.nodes[f"n{i}"], conditions.problem(Subsystem.PCIE, [xid79(f"n{i}", clock.t)])
+                kube.nodes[f"n{i}"], conditions.problem(Subsystem.PCIE, [xid79(f"n{i}", clock.now())])
             )
         await asyncio.gather(*(ctl.on_node(kube.nodes[f"n{i}"]) for i in range(6)))
         out = [n for n in kube.nodes.values() if n["spec"].get("unschedulable")]
@@ -150,7 +143,7 @@ def test_breaker_trips_and_holds_further_isolation() -> None:
     async def go() -> None:
         kube, ctl, clock = await make(20)  # breaker: max(2, 10% of 20) = 2 tolerated
         for i in range(4):
-            await fault(kube, ctl, f"n{i}", clock.t)
+            await fault(kube, ctl, f"n{i}", clock.now())
         assert ctl.fleet.breaker.is_open
         assert ctl.metrics.breaker_open._value.get() == 1  # type: ignore[attr-defined]
         out = [n for n in kube.nodes.values() if n["spec"].get("unschedulable")]
@@ -164,7 +157,7 @@ def test_breaker_trips_and_holds_further_isolation() -> None:
 def test_pause_and_dry_run_change_nothing(flag: str) -> None:
     async def go() -> None:
         kube, ctl, clock = await make(10, **{flag: True})
-        await fault(kube, ctl, "n1", clock.t)
+        await fault(kube, ctl, "n1", clock.now())
         assert not kube.nodes["n1"]["spec"].get("unschedulable")
         assert record(kube, "n1").state.value == "production"
         await asyncio.sleep(0.01)  # Events are posted in the background
@@ -187,7 +180,7 @@ def test_gpu_reset_and_verification_return_the_node_and_clear_only_our_marks() -
         kube, ctl, clock = await make(10)
         kube.nodes["n1"]["spec"]["taints"] = [{"key": "admin/hold", "effect": "NoSchedule"}]
         fault48 = FaultEvent(
-            FaultKind.XID, "n1", at=clock.t, xid=48, evidence=Evidence(gpu_index=2)
+            FaultKind.XID, "n1", at=clock.now(), xid=48, evidence=Evidence(gpu_index=2)
         )
         set_condition(kube.nodes["n1"], conditions.problem(Subsystem.GPU, [fault48]))
         await ctl.on_node(kube.nodes["n1"])
@@ -220,7 +213,7 @@ def test_gpu_reset_and_verification_return_the_node_and_clear_only_our_marks() -
 def test_failed_bmc_steps_escalate_to_triage() -> None:
     async def go() -> None:
         kube, ctl, clock = await make(10)
-        await fault(kube, ctl, "n1", clock.t)  # XID 79: reboot; no BMC Secret -> every step fails
+        await fault(kube, ctl, "n1", clock.now())  # XID 79: reboot; no BMC Secret -> every step fails
         await asyncio.sleep(0.2)
         r = record(kube, "n1")
         assert r.state.value == "triage"
