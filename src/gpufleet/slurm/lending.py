@@ -101,7 +101,7 @@ class Lender:
         if s.slurm is None:
             log.info("pod=%s wants a node but the Slurm view is unknown; waiting", key)
             return
-        seen = s.clock()
+        seen = s.clock.monotonic()
         candidates = [
             slurm_sync.Candidate(
                 name=name,
@@ -128,12 +128,12 @@ class Lender:
         ] = key
         self.stats.lent += 1
         s.metrics.lends.inc()
-        self.stats.timings[key] = LendTiming(key, name, seen=seen, locked=s.clock())
+        self.stats.timings[key] = LendTiming(key, name, seen=seen, locked=s.clock.monotonic())
         log.info("pod=%s node=%s lent to kubernetes (locked)", key, name)
         # Drain and requeue now rather than at the next poll.
         await s.reconcile(name)
         timing = self.stats.timings[key]
-        timing.drained = s.clock()
+        timing.drained = s.clock.monotonic()
 
     async def tick(self) -> None:
         """Bind pods whose node is empty; return nodes whose pod is gone."""
@@ -157,7 +157,7 @@ class Lender:
         s = self.syncer
         timing = self.stats.timings.get(key)
         if timing is not None and not timing.empty:
-            timing.empty = s.clock()
+            timing.empty = s.clock.monotonic()
         meta = pod["metadata"]
         try:
             await s.kube.bind_pod(meta["namespace"], meta["name"], meta["uid"], name)
@@ -165,7 +165,7 @@ class Lender:
             log.warning("pod=%s node=%s bind failed: %s", key, name, e)
             return
         if timing is not None:
-            timing.bound = s.clock()
+            timing.bound = s.clock.monotonic()
         self.pods[key] = {**pod, "spec": {**pod.get("spec", {}), "nodeName": name}}
         log.info("pod=%s bound to node=%s", key, name)
 

@@ -41,14 +41,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import kr8s
 
+from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import emptiness, slurm_sync, well_known
 from gpufleet.domain.policy import RequeueMode
 from gpufleet.domain.states import NodeState
@@ -124,8 +124,8 @@ class _Write:
     done: asyncio.Future[tuple[slurm_sync.SyncDecision, slurm_sync.SlurmView | None]]
 
 
-def _now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Syncer:
@@ -136,7 +136,7 @@ class Syncer:
         rest: SlurmRest,
         scontrol: Scontrol,
         settings: SyncSettings | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         metrics: SyncerMetrics | None = None,
     ) -> None:
         self.kube = kube
@@ -176,7 +176,7 @@ class Syncer:
     async def poll_slurm(self) -> bool:
         """Refresh the Slurm snapshot; on failure forget it (fail closed)."""
         m = self.metrics
-        started = self.clock()
+        started = self.clock.monotonic()
         try:
             if self.rest.version is None:
                 await self.rest.connect()
@@ -188,7 +188,7 @@ class Syncer:
             self.stats.slurm_errors += 1
             self.stats.slurm_up = False
             self.slurm, self.jobs = None, None
-            m.poll_seconds.labels(result="failed").observe(self.clock() - started)
+            m.poll_seconds.labels(result="failed").observe(self.clock.monotonic() - started)
             m.slurm_errors.labels(op="poll").inc()
             m.slurm_up.set(0)
             return False
@@ -196,7 +196,7 @@ class Syncer:
             log.info("slurm view available (%d nodes, API %s)", len(views), self.rest.version)
         self.stats.slurm_up = True
         self.slurm, self.jobs = views, jobs
-        m.poll_seconds.labels(result="ok").observe(self.clock() - started)
+        m.poll_seconds.labels(result="ok").observe(self.clock.monotonic() - started)
         m.slurm_up.set(1)
         return True
 
@@ -336,7 +336,7 @@ class Syncer:
             for name in names:
                 _fail(batch[name], e)
             return
-        acted = self.clock()
+        acted = self.clock.monotonic()
         m = self.metrics
         for name in names:
             view = fresh[name]
@@ -370,8 +370,8 @@ class Syncer:
         if hold is None or hold.state.split("+")[0] == "down" or "DRAIN" in hold.state:
             self._unresponsive_since.pop(name, None)
             return hold
-        since = self._unresponsive_since.setdefault(name, self.clock())
-        if self.clock() - since >= self.settings.not_responding_grace_s:
+        since = self._unresponsive_since.setdefault(name, self.clock.monotonic())
+        if self.clock.monotonic() - since >= self.settings.not_responding_grace_s:
             return hold
         node = self.nodes.get(name)
         current = kn.reported(node) if node is not None else None
@@ -383,7 +383,7 @@ class Syncer:
             return
         if self.settings.dry_run:
             return
-        meta, status = kn.report_patches(hold, _now_iso())
+        meta, status = kn.report_patches(hold, _iso(self.clock.now()))
         await self.kube.patch_node(name, status, status=True)
         await self.kube.patch_node(name, meta)
         node.setdefault("metadata", {}).setdefault("annotations", {})[
@@ -418,7 +418,7 @@ class Syncer:
             view.label,
             (j.job_id for j in self.jobs_on(name)),
             kn.incident_opened_at(node),
-            time.time(),
+            self.clock.now(),
         )
         old = emptiness.SlurmWork.from_annotation(old_text)
         fresh = old is not None and new.at - old.at < self.settings.work_heartbeat_s
@@ -455,7 +455,7 @@ class Syncer:
             return
         if slurm_sync.requeue_mode(kube) is not RequeueMode.NOW:
             return
-        now = self.clock()
+        now = self.clock.monotonic()
         plan = slurm_sync.plan_requeue([name], self.jobs_on(name))
         fresh = [
             j
@@ -532,7 +532,7 @@ class Syncer:
                 items, rv = await self.kube.list_nodes()
                 self.nodes = {kn.name_of(n): n for n in items if self._matches(n)}
                 async for kind, obj in self.kube.watch("nodes", rv):
-                    seen = self.clock()
+                    seen = self.clock.monotonic()
                     name = kn.name_of(obj)
                     if kind == "DELETED" or not self._matches(obj):
                         self.nodes.pop(name, None)
@@ -548,7 +548,7 @@ class Syncer:
 
     async def slurm_loop(self) -> None:
         while True:
-            started = self.clock()
+            started = self.clock.monotonic()
             if await self.poll_slurm() and self.nodes:
                 names = [n for n in self.nodes if self.managed(n)]
                 await asyncio.gather(*(self.reconcile(n) for n in names))
@@ -556,7 +556,7 @@ class Syncer:
                     await self.lender.tick()
                 self.synced.set()
             self.observe_views()
-            elapsed = self.clock() - started
+            elapsed = self.clock.monotonic() - started
             await asyncio.sleep(max(0.05, self.settings.poll_interval_s - elapsed))
 
     def observe_views(self) -> None:

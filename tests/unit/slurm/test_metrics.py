@@ -12,6 +12,7 @@ import kr8s
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
+from gpufleet.clock import ManualClock
 from gpufleet.domain import slurm_sync, well_known
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
 from gpufleet.slurm.metrics import SLURM_STATES, SyncerMetrics
@@ -104,19 +105,11 @@ class FakeKube:
         return self.pods.get(f"{namespace}/{name}")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def make(
     slurm: FakeSlurm,
     nodes: dict[str, dict[str, Any]],
     *,
-    clock: Clock | None = None,
+    clock: ManualClock | None = None,
     kube: FakeKube | None = None,
     **settings: Any,
 ) -> tuple[Syncer, SyncerMetrics]:
@@ -126,7 +119,7 @@ def make(
         rest=slurm,  # type: ignore[arg-type]
         scontrol=slurm,  # type: ignore[arg-type]
         settings=SyncSettings(hold_taint=False, **settings),
-        clock=clock or Clock(),
+        clock=clock or ManualClock(),
         metrics=metrics,
     )
     s.nodes = nodes
@@ -164,19 +157,19 @@ def test_poll_sets_slurm_up_and_counts_failed_polls() -> None:
 def test_a_node_event_drain_is_counted_with_its_latency_and_resume_too() -> None:
     all_ = names(3)
     slurm = FakeSlurm(all_)
-    clock = Clock()
+    clock = ManualClock()
     faulted = {n: node(n, "Xid79") for n in all_[:2]}
     s, m = make(slurm, {**{n: node(n) for n in all_}, **faulted}, clock=clock)
 
     async def go() -> None:
         await s.poll_slurm()
-        seen = clock.now
-        clock.now += 0.03  # the watch saw the change 30 ms before the write
+        seen = clock.monotonic()
+        clock.advance(0.03)  # the watch saw the change 30 ms before the write
         await asyncio.gather(*(s.reconcile(n, seen=seen) for n in faulted))
         for n in faulted:
             s.nodes[n] = node(n)
-        clock.now += 0.5
-        await s.reconcile(all_[0], seen=clock.now - 0.2)
+        clock.advance(0.5)
+        await s.reconcile(all_[0], seen=clock.monotonic() - 0.2)
 
     asyncio.run(go())
     assert value(m, "gpufleet_syncer_drains_total") == 2 == s.stats.drains
