@@ -195,8 +195,18 @@ class FleetView:
             recent_actions=recent_actions,
         )
 
-    def with_change(self, before: NodeRecord, after: NodeRecord) -> FleetView:
-        """This view after one node's record changed (pool counts only)."""
+    def with_change(self, before: NodeRecord | None, after: NodeRecord) -> FleetView:
+        """This view after one node's record changed (pool counts only).
+
+        ``before`` is None for a node the view has not counted yet: its pool
+        grows by one, as if the view were rebuilt with :meth:`of`.
+        """
+        if before is None:
+            pools = dict(self.pools)
+            p = pools.get(after.pool, PoolView(size=0))
+            out = p.out_of_service + int(after.state in OUT_OF_SERVICE)
+            pools[after.pool] = PoolView(size=p.size + 1, out_of_service=out)
+            return replace(self, pools=MappingProxyType(pools))
         was = before.state in OUT_OF_SERVICE
         now = after.state in OUT_OF_SERVICE
         if was == now and before.pool == after.pool:
