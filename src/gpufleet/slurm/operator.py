@@ -32,6 +32,7 @@ from typing import Any
 import kr8s
 from pydantic import ValidationError
 
+from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import slurm_sync, well_known
 from gpufleet.slurm import crd, render
 from gpufleet.slurm.errors import SlurmError
@@ -85,9 +86,11 @@ class ClusterOperator:
         scontrol: Scontrol | None,
         rest: SlurmRest | None,
         settings: OperatorSettings | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.kube, self.scontrol, self.rest = kube, scontrol, rest
         self.settings = settings or OperatorSettings()
+        self.clock = clock
 
     def _url(self, ns: str, name: str = "") -> str:
         tail = f"/{name}" if name else ""
@@ -103,7 +106,9 @@ class ClusterOperator:
         try:
             spec = crd.SlurmClusterSpec.model_validate(obj.get("spec") or {})
         except ValidationError as e:
-            status["conditions"] = [_cond("Ready", "False", "InvalidSpec", str(e)[:1000])]
+            status["conditions"] = [
+                _cond("Ready", "False", "InvalidSpec", str(e)[:1000], self.clock.now())
+            ]
             return await self._write_status(namespace, name, old_status, status)
 
         items, _ = await self.kube.list_nodes()
@@ -114,7 +119,9 @@ class ClusterOperator:
         try:
             data = render.render_all(spec, [n for m in pools.values() for n in m])
         except render.UnsafeValue as e:  # nothing is written: slurmctld keeps its last config
-            status["conditions"] = [_cond("Ready", "False", "UnsafeValue", str(e)[:1000])]
+            status["conditions"] = [
+                _cond("Ready", "False", "UnsafeValue", str(e)[:1000], self.clock.now())
+            ]
             return await self._write_status(namespace, name, old_status, status)
         digest = render.config_hash(data)
         await self._apply_configmap(obj, data, digest)
@@ -125,7 +132,7 @@ class ClusterOperator:
         if digest != old_status.get("configHash"):
             try:
                 await self._push_config(data)
-                status["lastReconfigure"] = _now()
+                status["lastReconfigure"] = _iso(self.clock.now())
             except (SlurmError, OSError) as e:
                 reason, message = "ReconfigureFailed", str(e)[:1000]
                 status["configHash"] = old_status.get("configHash", "")
@@ -138,7 +145,9 @@ class ClusterOperator:
                 reason, message = "SlurmUnavailable", str(e)[:1000]
                 status["nodesByState"] = old_status.get("nodesByState", {})
         ready = "True" if reason == "Reconciled" else "False"
-        status["conditions"] = [_cond("Ready", ready, reason, message, old_status)]
+        status["conditions"] = [
+            _cond("Ready", ready, reason, message, self.clock.now(), old_status)
+        ]
         return await self._write_status(namespace, name, old_status, status)
 
     async def _label_members(
@@ -215,15 +224,20 @@ class ClusterOperator:
             await asyncio.sleep(self.settings.interval_s)
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _cond(
-    ctype: str, status: str, reason: str, message: str, old: Mapping[str, Any] | None = None
+    ctype: str,
+    status: str,
+    reason: str,
+    message: str,
+    now: float,
+    old: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """A condition whose lastTransitionTime moves only when the status flips."""
-    since = _now()
+    since = _iso(now)
     for c in (old or {}).get("conditions") or []:
         if c.get("type") == ctype and c.get("status") == status:
             since = c.get("lastTransitionTime", since)
