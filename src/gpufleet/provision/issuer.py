@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +27,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
+from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import enrollment, well_known
 from gpufleet.provision import machines, render
 from gpufleet.provision.index import MachineIndex
@@ -189,7 +189,7 @@ class Provisioner:
         settings: ServiceSettings | None = None,
         *,
         metrics: ProvisionMetrics | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         bmc_serial: Callable[[Json, machines.MachineSpec], Any] | None = None,
         index: MachineIndex | None = None,
     ) -> None:
@@ -200,8 +200,8 @@ class Provisioner:
         self.settings = settings or ServiceSettings()
         self.metrics = metrics or ProvisionMetrics()
         self.clock = clock
-        self._per_client = Buckets(self.settings.per_client, time.monotonic)
-        self._per_mac = Buckets(self.settings.per_mac, time.monotonic)
+        self._per_client = Buckets(self.settings.per_client, clock.monotonic)
+        self._per_mac = Buckets(self.settings.per_mac, clock.monotonic)
         self._tasks: set[asyncio.Task[None]] = set()
         self._bmc_serial = bmc_serial or self._read_bmc_serial
 
@@ -248,7 +248,7 @@ class Provisioner:
 
     def audit(self, machine: str | None, reason: str, message: str, *, warning: bool) -> None:
         """Post an audit Event about a Machine (or about an unknown one) in the background."""
-        now = self.clock()
+        now = self.clock.now()
         stamp = _iso(now)
         name = machine or "unknown"
         event = {
@@ -404,7 +404,7 @@ class Provisioner:
                 raise _Stale
             self._refuse(name, client, "authentication", who.reason)
             raise Refused(403, who.reason, "forbidden")
-        now = self.clock()
+        now = self.clock.now()
         may = enrollment.may_issue(token_state(body), now)
         if not may.allowed:
             if tentative:
@@ -446,7 +446,9 @@ class Provisioner:
                 await self.api.patch_machine_status(
                     name,
                     enrollment.rearm_status(
-                        by=well_known.PROVISIONER, at=self.clock(), reason=f"token failed: {exc}"
+                        by=well_known.PROVISIONER,
+                        at=self.clock.now(),
+                        reason=f"token failed: {exc}",
                     ),
                 )
             except ApiError as exc2:
@@ -477,7 +479,7 @@ class Provisioner:
 
     async def rearm(self, name: str, *, by: str, reason: str) -> None:
         """Arm a machine for its next boot and delete the previous boot's token."""
-        await rearm(self.api, name, by=by, reason=reason, now=self.clock())
+        await rearm(self.api, name, by=by, reason=reason, now=self.clock.now())
         self.audit(name, "Rearmed", f"re-armed by {by}: {reason}", warning=False)
 
 
