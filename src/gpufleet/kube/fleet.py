@@ -17,10 +17,11 @@ import asyncio
 from collections import Counter
 from dataclasses import replace
 
+from gpufleet.domain.apply import apply_decision
 from gpufleet.domain.decide import Decision
 from gpufleet.domain.policy import Policy
 from gpufleet.domain.records import FleetView, NodeRecord
-from gpufleet.domain.safety import BreakerState, prune_actions
+from gpufleet.domain.safety import BreakerState
 from gpufleet.domain.states import NodeState
 
 
@@ -57,15 +58,21 @@ class Fleet:
             self._view = None
 
     def apply(self, decision: Decision, now: float, policy: Policy) -> None:
-        """Account for a decision: its record, breaker, disruptive actions."""
-        self.put(decision.record)
-        if decision.breaker is not None and decision.breaker != self.breaker:
-            self.breaker = decision.breaker
+        """Account for a decision (the domain's rule): its record, breaker, disruptive actions.
+
+        A changed breaker or a newly counted disruptive action marks the
+        FleetPolicy status dirty, so it is saved and survives a restart.
+        """
+        record = decision.record
+        after = apply_decision(
+            self.view(), self.records.get(record.name), decision, now=now, policy=policy
+        )
+        self.records[record.name] = record
+        self._view = after
+        if after.breaker != self.breaker or after.recent_actions != self.recent_actions:
             self.dirty_breaker = True
-        if any(a.disruptive for a in decision.actions):
-            recent = prune_actions(self.recent_actions, now=now, config=policy.safety.rate_limit)
-            self.recent_actions = (*recent, now)
-            self.dirty_breaker = True
+        self.breaker = after.breaker
+        self.recent_actions = after.recent_actions
 
     def states(self) -> Counter[NodeState]:
         return Counter(r.state for r in self.records.values())

@@ -28,12 +28,12 @@ import numpy as np
 
 from gpufleet.domain import events as ev
 from gpufleet.domain.actions import Action, ActionKind
+from gpufleet.domain.apply import apply_decision
 from gpufleet.domain.decide import decide
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step, severity
 from gpufleet.domain.policy import Policy
 from gpufleet.domain.records import FleetView, NodeRecord
-from gpufleet.domain.safety import prune_actions
 from gpufleet.domain.states import NodeState
 from gpufleet.sim import analytic
 from gpufleet.sim.model import CURES, Category, Effect, Model, Scope
@@ -288,15 +288,7 @@ class Simulator:
         if len(after.history) > 1:  # reports keep counts, not per-node logs: flat memory
             after = replace(after, history=after.history[-1:])
         self.records[i] = after
-        fleet = self.fleet.with_change(before, after)
-        if d.breaker is not None:
-            fleet = replace(fleet, breaker=d.breaker)
-        if any(a.disruptive for a in d.actions):
-            recent = prune_actions(
-                fleet.recent_actions, now=self.now, config=self.policy.safety.rate_limit
-            )
-            fleet = replace(fleet, recent_actions=(*recent, self.now))
-        self.fleet = fleet
+        self.fleet = apply_decision(self.fleet, before, d, now=self.now, policy=self.policy)
         if d.hold is not None:
             self.held += 1
             self._retry(i)

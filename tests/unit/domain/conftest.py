@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pytest
 
 from gpufleet.domain import events as ev
+from gpufleet.domain.apply import apply_decision
 from gpufleet.domain.decide import Decision, decide
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
 from gpufleet.domain.policy import Policy, default_policy
 from gpufleet.domain.records import FleetView, NodeRecord
-from gpufleet.domain.safety import prune_actions
 from gpufleet.domain.states import NodeState
 
 
@@ -31,15 +31,7 @@ class Fleet:
         before = self.records[node]
         d = decide(before, self.view, event, self.policy, now)
         self.records[node] = d.record
-        view = self.view.with_change(before, d.record)
-        if d.breaker is not None:
-            view = replace(view, breaker=d.breaker)
-        if any(a.disruptive for a in d.actions):
-            recent = prune_actions(
-                view.recent_actions, now=now, config=self.policy.safety.rate_limit
-            )
-            view = replace(view, recent_actions=(*recent, now))
-        self.view = view
+        self.view = apply_decision(self.view, before, d, now=now, policy=self.policy)
         self.log.append((node, d))
         return d
 
