@@ -27,13 +27,24 @@ async def make(n: int = 10, **policy: Any) -> tuple[FakeKube, Controller, Manual
     for i in range(n):
         kube.add_node(node(f"n{i}"))
     clock = ManualClock()
-    ctl = Controller(kube, ControllerSettings(), clock=clock)  # type: ignore[arg-type]
+    # No coalescing delay for the status save: settle() would wait it out.
+    settings = ControllerSettings(status_save_delay_s=0.0)
+    ctl = Controller(kube, settings, clock=clock)  # type: ignore[arg-type]
     ctl.policy = default_policy().model_copy(update=policy)
     ctl.policy_seen = True
     await ctl.prime()
     for body in list(kube.nodes.values()):
         await ctl.on_node(body)
     return kube, ctl, clock
+
+
+async def settle(ctl: Controller) -> None:
+    """Wait until the work the controller started in the background (drains, BMC steps,
+    Events, NodeRemediation writes, the status save) has finished, tasks that work
+    started included: what is asserted next has happened, however slow the machine."""
+    async with asyncio.timeout(30):  # a task that never ends fails the test, not hangs it
+        while ctl._tasks:
+            await asyncio.wait(set(ctl._tasks))
 
 
 async def fault(kube: FakeKube, ctl: Controller, name: str, at: float) -> None:
@@ -63,7 +74,8 @@ def test_fault_cordons_taints_and_drains_in_one_write() -> None:
             "spec"
         ]["taints"]
         assert n1["metadata"]["labels"][well_known.LABEL_STATE] == "draining"
-        await asyncio.sleep(0.05)  # drain task: no pods -> DrainCompleted -> reboot
+        await settle(ctl)  # drain task: no pods -> DrainCompleted -> reboot (fails: no BMC)
+        assert record(kube, "n1").state.value == "triage"
         await ctl.close()
 
     asyncio.run(go())
@@ -127,7 +139,8 @@ def test_concurrent_faults_never_exceed_the_budget() -> None:
         )
         for i in range(6):
             set_condition(
-                kube.nodes[f"n{i}"], conditions.problem(Subsystem.PCIE, [xid79(f"n{i}", clock.now())])
+                kube.nodes[f"n{i}"],
+                conditions.problem(Subsystem.PCIE, [xid79(f"n{i}", clock.now())]),
             )
         await asyncio.gather(*(ctl.on_node(kube.nodes[f"n{i}"]) for i in range(6)))
         out = [n for n in kube.nodes.values() if n["spec"].get("unschedulable")]
@@ -160,7 +173,7 @@ def test_pause_and_dry_run_change_nothing(flag: str) -> None:
         await fault(kube, ctl, "n1", clock.now())
         assert not kube.nodes["n1"]["spec"].get("unschedulable")
         assert record(kube, "n1").state.value == "production"
-        await asyncio.sleep(0.01)  # Events are posted in the background
+        await settle(ctl)  # Events are posted in the background
         assert any(e["reason"] == "ActionWithheld" for e in kube.events)
         await ctl.close()
 
@@ -184,7 +197,7 @@ def test_gpu_reset_and_verification_return_the_node_and_clear_only_our_marks() -
         )
         set_condition(kube.nodes["n1"], conditions.problem(Subsystem.GPU, [fault48]))
         await ctl.on_node(kube.nodes["n1"])
-        await asyncio.sleep(0.05)  # no pods: drained -> gpu-reset asked of the agent
+        await settle(ctl)  # no pods: drained -> gpu-reset asked of the agent
         req = conditions.decode_request(
             kube.nodes["n1"]["metadata"]["annotations"][well_known.ANNOTATION_AGENT_REQUEST]
         )
@@ -201,7 +214,7 @@ def test_gpu_reset_and_verification_return_the_node_and_clear_only_our_marks() -
         assert record(kube, "n1").state.value == "production"
         assert n1["spec"]["taints"] == [{"key": "admin/hold", "effect": "NoSchedule"}]
         assert not n1["spec"].get("unschedulable")
-        await asyncio.sleep(0.05)
+        await settle(ctl)  # the NodeRemediation status is written in the background
         (nrem,) = [v for (plural, _), v in kube.custom.items() if plural == "noderemediations"]
         assert nrem["status"]["outcome"] == "repaired"
         assert [s["step"] for s in nrem["status"]["steps"]] == ["gpu-reset"]
@@ -213,8 +226,9 @@ def test_gpu_reset_and_verification_return_the_node_and_clear_only_our_marks() -
 def test_failed_bmc_steps_escalate_to_triage() -> None:
     async def go() -> None:
         kube, ctl, clock = await make(10)
-        await fault(kube, ctl, "n1", clock.now())  # XID 79: reboot; no BMC Secret -> every step fails
-        await asyncio.sleep(0.2)
+        # XID 79: reboot; no BMC Secret -> every step fails
+        await fault(kube, ctl, "n1", clock.now())
+        await settle(ctl)  # drain, then one BMC step after the other, each failing
         r = record(kube, "n1")
         assert r.state.value == "triage"
         assert [(a.step.value, a.outcome.value) for a in r.incident.tried] == [
