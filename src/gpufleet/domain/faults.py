@@ -13,17 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-
-class Subsystem(StrEnum):
-    """The part of a node a fault belongs to. One Node condition per subsystem."""
-
-    GPU = "gpu"
-    NVLINK = "nvlink"
-    INFINIBAND = "infiniband"
-    PCIE = "pcie"
-    KERNEL = "kernel"
-    THERMAL = "thermal"
-    PERFORMANCE = "performance"
+from gpufleet.domain.subsystems import Subsystem as Subsystem  # re-exported: callers name it here
+from gpufleet.domain.xids import XIDS
 
 
 class FaultKind(StrEnum):
@@ -221,9 +212,7 @@ class FaultEvent:
     def subsystem(self) -> Subsystem:
         """The subsystem (and so the Node condition) this fault belongs to."""
         if self.xid is not None:
-            from gpufleet.domain import xids
-
-            info = xids.XIDS.get(self.xid)
+            info = XIDS.get(self.xid)
             return info.subsystem if info else Subsystem.GPU
         return FAULTS[self.kind].subsystem
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from gpufleet.domain.faults import Subsystem
 from gpufleet.domain.ladder import Step
+from gpufleet.domain.subsystems import Subsystem
 
 
 class NvidiaAction(StrEnum):

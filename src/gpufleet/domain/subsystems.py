@@ -1,0 +1,22 @@
+"""The parts of a node a fault can belong to: one Node condition per subsystem.
+
+A vocabulary of its own because both the fault catalogue (:mod:`faults`) and
+the XID catalogue (:mod:`xids`) name subsystems, and :mod:`faults` looks XIDs
+up: kept here, the imports run one way (faults -> xids -> subsystems).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Subsystem(StrEnum):
+    """The part of a node a fault belongs to. One Node condition per subsystem."""
+
+    GPU = "gpu"
+    NVLINK = "nvlink"
+    INFINIBAND = "infiniband"
+    PCIE = "pcie"
+    KERNEL = "kernel"
+    THERMAL = "thermal"
+    PERFORMANCE = "performance"
