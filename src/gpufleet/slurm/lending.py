@@ -22,19 +22,66 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import kr8s
 
+from gpufleet.clock import Clock
 from gpufleet.domain import slurm_sync, well_known
 from gpufleet.slurm import nodes as kn
-
-if TYPE_CHECKING:
-    from gpufleet.slurm.syncer import Syncer
+from gpufleet.slurm.kubeapi import KubeApi
+from gpufleet.slurm.metrics import SyncerMetrics
 
 log = logging.getLogger("gpufleet.slurm.lending")
+
+
+class LendingSettings(Protocol):
+    """The syncer settings the lender reads."""
+
+    @property
+    def preempt_priority(self) -> int | None: ...
+    @property
+    def dry_run(self) -> bool: ...
+    @property
+    def hold_taint(self) -> bool: ...
+
+
+class SyncerPort(Protocol):
+    """What the lender uses of the syncer, and nothing more.
+
+    The syncer owns the lender and implements this; the lender never imports the
+    syncer (the imports run one way: syncer -> lending). The lender reads the
+    syncer's picture of both sides, asks it to reconcile a node it has just
+    locked or returned (drain/undrain happen there, in one place), and hands it
+    the pod checks it starts from the watch so they live and die with the syncer.
+    """
+
+    @property
+    def settings(self) -> LendingSettings: ...
+    @property
+    def kube(self) -> KubeApi: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def metrics(self) -> SyncerMetrics: ...
+    @property
+    def nodes(self) -> Mapping[str, dict[str, Any]]:
+        """Managed Kubernetes Nodes by name (the lender updates a node's annotations)."""
+        ...
+
+    @property
+    def slurm(self) -> Mapping[str, slurm_sync.SlurmView] | None:
+        """The last Slurm node views; None while slurmrestd does not answer."""
+        ...
+
+    def managed(self, name: str) -> bool: ...
+    def jobs_on(self, name: str) -> list[slurm_sync.JobView]: ...
+    async def reconcile(self, name: str) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as one of the syncer's background tasks."""
+        ...
 
 
 @dataclass
@@ -58,7 +105,7 @@ class LendStats:
 
 
 class Lender:
-    def __init__(self, syncer: Syncer) -> None:
+    def __init__(self, syncer: SyncerPort) -> None:
         self.syncer = syncer
         assert syncer.settings.preempt_priority is not None
         self.threshold = syncer.settings.preempt_priority
@@ -199,7 +246,7 @@ class Lender:
                         continue
                     self.pods[key] = obj
                     if self.wants_node(obj):
-                        s._spawn(self.consider(obj))
+                        s.spawn(self.consider(obj))
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # any watch failure: relist

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -55,6 +55,7 @@ from gpufleet.domain.states import NodeState
 from gpufleet.slurm import nodes as kn
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
 from gpufleet.slurm.kubeapi import KubeApi
+from gpufleet.slurm.lending import Lender
 from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.restapi import SlurmRest
 from gpufleet.slurm.scontrol import Scontrol
@@ -158,8 +159,6 @@ class Syncer:
         self._writer: asyncio.Future[None] | None = None
         self.synced = asyncio.Event()
         """Set after the first complete pass over both views."""
-        from gpufleet.slurm.lending import Lender  # (import cycle: the lender uses the syncer)
-
         self.lender = Lender(self) if self.settings.preempt_priority is not None else None
 
     # -- views -----------------------------------------------------------------------
@@ -509,7 +508,8 @@ class Syncer:
 
     # -- loops -------------------------------------------------------------------------
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a background task of this syncer (kept referenced until done)."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -539,7 +539,7 @@ class Syncer:
                         continue
                     if kind in ("ADDED", "MODIFIED"):
                         self.nodes[name] = obj
-                        self._spawn(self.reconcile(name, seen=seen))
+                        self.spawn(self.reconcile(name, seen=seen))
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # any watch failure: relist
