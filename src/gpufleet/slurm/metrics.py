@@ -48,6 +48,12 @@ class SyncerMetrics:
             buckets=_POLL_BUCKETS,
             registry=r,
         )
+        self.passes = Counter(
+            "gpufleet_syncer_passes_total",
+            "Passes of the Slurm loop finished (a poll, then every managed node reconciled;"
+            " a failed poll counts, and reconciles nothing): the syncer is alive.",
+            registry=r,
+        )
         self.drains = Counter(
             "gpufleet_syncer_drains_total",
             "Nodes drained in Slurm by the syncer (one per node; reason updates included).",

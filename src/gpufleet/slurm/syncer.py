@@ -108,6 +108,9 @@ class Timing:
 
 @dataclass
 class SyncStats:
+    passes: int = 0
+    """Passes of the Slurm loop finished (what a test waits for before it asserts that
+    nothing changed: a pass that began after the change has looked at it)."""
     drains: int = 0
     resumes: int = 0
     requeues: int = 0
@@ -556,6 +559,8 @@ class Syncer:
                     await self.lender.tick()
                 self.synced.set()
             self.observe_views()
+            self.stats.passes += 1
+            self.metrics.passes.inc()
             elapsed = self.clock.monotonic() - started
             await asyncio.sleep(max(0.05, self.settings.poll_interval_s - elapsed))
 
