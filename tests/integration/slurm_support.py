@@ -254,6 +254,27 @@ class RunningSyncer:
             raise self.error
         return self
 
+    def passed(self, kube: Kube, node: str, timeout: float = 30) -> None:
+        """Wait until the syncer has looked at ``node`` as it is now in Kubernetes.
+
+        First its watch delivers the Node at the apiserver's current resourceVersion (or
+        later), then two more passes of the Slurm loop finish: the second began after the
+        change was seen, so it polled Slurm and reconciled every node with both views
+        fresh. What a test asserts next ("nothing changed") is what the syncer decided,
+        not what it had no time to do.
+        """
+        assert self.syncer is not None
+        syncer = self.syncer
+        rv = int(kube.node(node)["metadata"]["resourceVersion"])
+
+        def seen() -> bool:
+            known = syncer.nodes.get(node) or {}
+            return int((known.get("metadata") or {}).get("resourceVersion") or 0) >= rv
+
+        wait_for(f"the syncer's watch to deliver {node} at {rv}", seen, timeout, step=0.02)
+        start = syncer.stats.passes
+        wait_for("two syncer passes", lambda: syncer.stats.passes >= start + 2, timeout, step=0.02)
+
     def stop(self) -> None:
         if self._task is not None:
             self.loop.call_soon_threadsafe(self._task.cancel)

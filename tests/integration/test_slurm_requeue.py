@@ -23,7 +23,7 @@ STEPS, EVERY = 30, 5
 
 
 @pytest.fixture(scope="module")
-def env(local_cluster: ClusterInfo) -> Iterator[tuple[Kube, Slurm]]:
+def env(local_cluster: ClusterInfo) -> Iterator[tuple[Kube, Slurm, RunningSyncer]]:
     kube, slurm = Kube(local_cluster), Slurm(local_cluster)
     for n in local_cluster.node_names:
         kube.reset_node(n)  # start clean, whatever earlier tests left
@@ -31,7 +31,7 @@ def env(local_cluster: ClusterInfo) -> Iterator[tuple[Kube, Slurm]]:
     syncer = RunningSyncer(local_cluster, SyncSettings(poll_interval_s=0.5, hold_taint=False))
     syncer.start()
     try:
-        yield kube, slurm
+        yield kube, slurm, syncer
     finally:
         syncer.stop()
         slurm.cancel_all()
@@ -75,7 +75,7 @@ def submit_training(slurm: Slurm, ckpt: Path, steps: int, *extra: str) -> int:
 
 
 def test_fault_requeues_the_job_which_finishes_from_its_checkpoint(env, tmp_path) -> None:
-    kube, slurm = env
+    kube, slurm, _ = env
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     job_id = submit_training(slurm, ckpt, STEPS)
@@ -124,7 +124,7 @@ def test_fault_requeues_the_job_which_finishes_from_its_checkpoint(env, tmp_path
 
 
 def test_a_job_that_cannot_be_requeued_is_reported_not_killed(env, local_cluster) -> None:
-    kube, slurm = env
+    kube, slurm, syncer = env
     node = local_cluster.node_names[3]
     out = slurm.run(
         "sbatch",
@@ -142,7 +142,7 @@ def test_a_job_that_cannot_be_requeued_is_reported_not_killed(env, local_cluster
         lambda: kube.annotation(node, well_known.ANNOTATION_SLURM_STUCK_JOBS) == str(job_id),
         10,
     )
-    time.sleep(1)
+    syncer.passed(kube, node)  # passes over the drained node since: still not requeued
     assert job(slurm, job_id).get("job_state") == "RUNNING"
     slurm.run("scancel", str(job_id))
     kube.set_condition(node, "GpuProblem", "False", "Healthy")

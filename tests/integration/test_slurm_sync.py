@@ -100,7 +100,7 @@ def test_lifecycle_state_and_cordon_drain_and_return(env, node) -> None:
 
 
 def test_admin_drain_is_reported_and_never_removed(env, node) -> None:
-    kube, slurm, _ = env
+    kube, slurm, syncer = env
     slurm.drain(node, "bob: reseat dimm")
     cond = wait_for(
         "SlurmUnavailable condition",
@@ -122,10 +122,10 @@ def test_admin_drain_is_reported_and_never_removed(env, node) -> None:
     )
     # Kubernetes takes the node out and brings it back: the admin's drain stays.
     kube.set_state(node, "draining")
-    time.sleep(1.5)
+    syncer.passed(kube, node)
     assert slurm.drained(node) == "bob: reseat dimm"
     kube.set_state(node, "production")
-    time.sleep(1.5)
+    syncer.passed(kube, node)
     assert slurm.drained(node) == "bob: reseat dimm"
     # The admin resumes: the report goes away, and we never drained meanwhile.
     slurm.resume(node)
@@ -198,7 +198,7 @@ def test_slurmrestd_unreachable_fails_closed_then_recovers(env, node, metrics_ur
             5,
         )
         kube.set_state(node, "production")
-        time.sleep(3)
+        syncer.passed(kube, node)  # passes whose poll failed: no Slurm view, no resume
         assert slurm.drained(node) == "gpufleet: state draining", "resumed without a Slurm view"
     finally:
         slurm.signal("slurmrestd", signal.SIGCONT)
@@ -206,7 +206,7 @@ def test_slurmrestd_unreachable_fails_closed_then_recovers(env, node, metrics_ur
 
 
 def test_slurmctld_restart_causes_no_wrong_drain_or_resume(env, local_cluster) -> None:
-    kube, slurm, _ = env
+    kube, slurm, syncer = env
     admin, ours, healthy, later = local_cluster.node_names[:4]
     slurm.drain(admin, "alice: firmware")
     kube.set_state(ours, "maintenance")
@@ -215,25 +215,34 @@ def test_slurmctld_restart_causes_no_wrong_drain_or_resume(env, local_cluster) -
     wait_for("slurmctld gone", lambda: slurm.pid_of("slurmctld") is None, 20)
     # While slurmctld is away, Kubernetes changes its mind about one node.
     kube.set_state(later, "draining")
-    time.sleep(1)
+    syncer.passed(kube, later)  # seen while slurmctld is away: nothing could be written
     slurm.start_slurmctld()
     wait_for("slurmctld back", lambda: slurm.nodes(), 30, step=0.5)
+    assert syncer.syncer is not None
+    stats = syncer.syncer.stats
+    # Watch Slurm until the syncer has applied the late drain (a pass with slurmctld back
+    # reconciled every node) and finished two passes more: a wrong resume or drain would
+    # have happened by then.
     seen_wrong: list[str] = []
-    deadline = time.monotonic() + 8
-    while time.monotonic() < deadline:
+    applied_at: int | None = None
+    deadline = time.monotonic() + 30
+    while applied_at is None or stats.passes < applied_at + 2:
+        assert time.monotonic() < deadline, "the late drain was never applied"
         nodes = slurm.nodes()
         if not nodes:
+            time.sleep(0.1)
             continue
+        if applied_at is None and slurm.drained(later) == "gpufleet: state draining":
+            applied_at = stats.passes
         if "DRAIN" not in (nodes[admin].get("state_flags") or []):
             seen_wrong.append(f"{admin} lost its admin drain")
         if "DRAIN" in (nodes[healthy].get("state_flags") or []):
             seen_wrong.append(f"{healthy} drained")
         if "DRAIN" not in (nodes[ours].get("state_flags") or []):
             seen_wrong.append(f"{ours} resumed")
-        time.sleep(0.3)
+        time.sleep(0.1)
     assert not seen_wrong, seen_wrong
     assert slurm.drained(admin) == "alice: firmware"
-    wait_for("late drain applied", lambda: slurm.drained(later) == "gpufleet: state draining", 10)
     # Clean up: back to production, the admin resumes their own node.
     for n in (ours, later):
         kube.set_state(n, "production")
