@@ -584,6 +584,7 @@ class Controller:
             if ours or not body.get("spec", {}).get("unschedulable"):
                 self._event(body, "Normal", "Uncordoned", "cleared gpufleet's cordon")
             else:
+                result = "kept"  # someone else's cordon: not cleared
                 self._event(body, "Normal", "CordonKept", "the cordon was not set by gpufleet")
         elif kind is ActionKind.RUN_STEP:
             assert a.step is not None

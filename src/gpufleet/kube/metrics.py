@@ -27,7 +27,7 @@ class Metrics:
         )
         self.actions = Counter(
             "gpufleet_actions_total",
-            "Actions carried out, by kind and result (ok, failed, withheld).",
+            "Actions carried out, by kind and result (ok, failed, withheld, kept).",
             ["action", "result"],
             registry=r,
         )
