@@ -9,9 +9,9 @@ import pytest
 import yaml
 from slurm_support import Kube
 
+from gpufleet.api import slurmcluster as crd
 from gpufleet.domain import well_known
 from gpufleet.local.cluster import ClusterInfo
-from gpufleet.slurm import crd
 from gpufleet.slurm.kubeapi import KubeApi
 from gpufleet.slurm.operator import ClusterOperator
 from gpufleet.slurm.restapi import RestConfig, SlurmRest

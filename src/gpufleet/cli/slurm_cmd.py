@@ -12,7 +12,8 @@ from pathlib import Path
 import typer
 import yaml
 
-from gpufleet.slurm import crd, jwt, render
+from gpufleet.api import crds, slurmcluster
+from gpufleet.slurm import jwt, render
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
 
@@ -175,7 +176,7 @@ def render_cmd(
     from gpufleet.slurm.operator import node_info
 
     doc = yaml.safe_load(cluster.read_text())
-    spec = crd.SlurmClusterSpec.model_validate(doc.get("spec", doc))
+    spec = slurmcluster.SlurmClusterSpec.model_validate(doc.get("spec", doc))
     raw = yaml.safe_load(nodes.read_text())
     items = raw.get("items", []) if isinstance(raw, dict) else raw
     infos = [node_info(n) for n in items]
@@ -200,13 +201,15 @@ def crd_cmd(
 
     Example:
 
-        gpufleet slurm crd > deploy/helm/gpufleet/crds/slurmclusters.yaml
+        gpufleet slurm crd | kubectl apply -f -
+
+    Every CRD, this one included, is written to deploy/ by python -m gpufleet.api.crds.
     """
-    manifest = crd.crd_manifest()
+    manifest = slurmcluster.crd_manifest()
     if output == "json":
         typer.echo(json.dumps(manifest, indent=2))
     else:
-        typer.echo(yaml.safe_dump(manifest, sort_keys=False), nl=False)
+        typer.echo(crds.render(manifest), nl=False)
 
 
 @app.command("token")

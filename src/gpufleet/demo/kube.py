@@ -81,7 +81,7 @@ def wait(what: str, check: Any, timeout: float = 30.0) -> Any:
 
 
 def install(api: Kube) -> None:
-    """CRDs (FleetPolicy, NodeRemediation, Machine), the namespace, the PriorityClass
+    """CRDs (every file in deploy/crds), the namespace, the PriorityClass
     inference Pods use. Idempotent."""
     for path in sorted(CRD_DIR.glob("*.yaml")):
         crd = yaml.safe_load(path.read_text())

@@ -14,9 +14,8 @@ A Node without the label joined some other way (an admin's kubeadm token, an
 adopted fleet): it is registered as before, unchecked, and the Event says so.
 
 :func:`rearm_for_reimage` is the reimage step's part: the machine's next
-(network) boot may get a new token. Machines are read as plain JSON: the
-``Machine`` model belongs to :mod:`gpufleet.provision`, which this package
-does not import.
+(network) boot may get a new token. Machines are still read as plain JSON
+here; their model is :mod:`gpufleet.api.machine`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gpufleet.provision.machines import MachineSpec, check_name
+from gpufleet.api.machine import MachineSpec, check_name
 
 CSV_COLUMNS = (
     "name",

@@ -1,293 +1,39 @@
-"""The ``Machine`` custom resource: one physical server's inventory and boot status.
+"""The ``Machine`` resource as provisioning reads it: :mod:`gpufleet.api.machine`.
 
-``spec`` is what the data centre says is in the rack (validated here and by the
-CRD's schema); ``status`` is what provisioning did with it (armed, which token
-was issued when, which Node it became). Machines are cluster-scoped, like the
-Nodes they become, and carry one ``mac.gpufleet.io/<hex>`` label per MAC so a
-booting MAC is found with one label-selector query.
+The model, names and CRD moved to the api package (the lifecycle controller
+reads Machines too); this module keeps provisioning's ``machines.X`` spelling.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any
+from gpufleet.api.machine import (
+    KIND,
+    PLURAL,
+    Bmc,
+    ExpectedHardware,
+    MachineSpec,
+    Topology,
+    check_name,
+    mac_label,
+    manifest,
+    normalize_mac,
+    spec_of,
+)
+from gpufleet.api.names import API_VERSION
+from gpufleet.api.schema import Json
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from gpufleet.domain import well_known
-from gpufleet.domain.inventory import Hardware
-
-Json = dict[str, Any]
-API_VERSION = f"{well_known.GROUP}/{well_known.VERSION}"
-KIND = "Machine"
-PLURAL = well_known.MACHINE_PLURAL
-
-_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
-_SECRET_REF = re.compile(r"^[a-z0-9][-a-z0-9]*/[a-z0-9][-a-z0-9.]*$")
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-
-def normalize_mac(mac: str) -> str:
-    """``aa:bb:cc:dd:ee:ff`` from any of ``AA-BB-…``, ``aabb.ccdd…``, ``aabbccddeeff``.
-
-    Raises ValueError for anything that is not 6 bytes of hex.
-    """
-    digits = re.sub(r"[-:.]", "", mac.strip().lower())
-    if not re.fullmatch(r"[0-9a-f]{12}", digits):
-        raise ValueError(f"not a MAC address: {mac!r}")
-    return ":".join(digits[i : i + 2] for i in range(0, 12, 2))
-
-
-def mac_label(mac: str) -> str:
-    """The Machine label key that marks this MAC."""
-    return well_known.LABEL_MAC_PREFIX + normalize_mac(mac).replace(":", "")
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
-
-
-class Bmc(_Model):
-    endpoint: str = Field(description="Redfish service root URL, e.g. https://10.0.0.5")
-    credentials_secret: str = Field(
-        alias="credentialsSecret",
-        description="namespace/name of a Secret with keys endpoint, username, password "
-        "(the lifecycle controller's gpufleet.io/bmc-secret format)",
-    )
-
-    @field_validator("endpoint")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^\s/]+", v):
-            raise ValueError(f"BMC endpoint must be an http(s) URL, got {v!r}")
-        return v.rstrip("/")
-
-    @field_validator("credentials_secret")
-    @classmethod
-    def _ref(cls, v: str) -> str:
-        if not _SECRET_REF.match(v):
-            raise ValueError(f"credentialsSecret must be namespace/name, got {v!r}")
-        return v
-
-
-class ExpectedHardware(_Model):
-    gpu_model: str = Field(alias="gpuModel", min_length=1, description="e.g. NVIDIA-H100-80GB-HBM3")
-    gpu_count: int = Field(alias="gpuCount", ge=0, le=64)
-    hca_count: int = Field(alias="hcaCount", ge=0, le=64)
-
-    @field_validator("gpu_model")
-    @classmethod
-    def _label_safe(cls, v: str) -> str:
-        v = re.sub(r"\s+", "-", v.strip())
-        if not _LABEL_VALUE.match(v):
-            raise ValueError(f"gpuModel must be usable as a label value, got {v!r}")
-        return v
-
-    def hardware(self) -> Hardware:
-        return Hardware(self.gpu_model, self.gpu_count, self.hca_count)
-
-
-class Topology(_Model):
-    leaf: str = Field(default="", description="InfiniBand leaf switch")
-    block: str = Field(default="", description="InfiniBand block (group of leaves)")
-
-    @field_validator("leaf", "block")
-    @classmethod
-    def _label_safe(cls, v: str) -> str:
-        if not _LABEL_VALUE.match(v):
-            raise ValueError(f"must be usable as a label value, got {v!r}")
-        return v
-
-
-class MachineSpec(_Model):
-    macs: list[str] = Field(min_length=1, description="MAC addresses of the boot NICs")
-    serial: str = Field(min_length=1, description="chassis serial number, as the BMC reports it")
-    bmc: Bmc
-    pool: str = Field(default="default", description="node pool (disruption budget scope)")
-    hardware: ExpectedHardware
-    topology: Topology = Topology()
-    enrollment_digest: str | None = Field(
-        default=None,
-        alias="enrollmentDigest",
-        description="sha256:<hex> of the machine's enrollment secret (the secret is never stored)",
-    )
-
-    @field_validator("macs")
-    @classmethod
-    def _macs(cls, v: list[str]) -> list[str]:
-        out = [normalize_mac(m) for m in v]
-        if len(set(out)) != len(out):
-            raise ValueError("a MAC is listed twice")
-        return out
-
-    @field_validator("pool")
-    @classmethod
-    def _pool(cls, v: str) -> str:
-        if not v or not _LABEL_VALUE.match(v):
-            raise ValueError(f"pool must be usable as a label value, got {v!r}")
-        return v
-
-    @field_validator("enrollment_digest")
-    @classmethod
-    def _digest(cls, v: str | None) -> str | None:
-        if v and not _DIGEST.match(v):
-            raise ValueError("enrollmentDigest must be sha256:<64 hex digits>")
-        return v or None
-
-
-def check_name(name: str) -> str:
-    if not _NAME.match(name):
-        raise ValueError(
-            f"machine name {name!r} must be a DNS label (lower-case letters, digits, '-'): "
-            "it becomes the Node's name"
-        )
-    return name
-
-
-def manifest(name: str, spec: MachineSpec) -> Json:
-    """A Machine object to create or apply (status is written by provisioning)."""
-    labels = {mac_label(m): "true" for m in spec.macs}
-    labels[well_known.LABEL_POOL] = spec.pool
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": check_name(name), "labels": labels},
-        "spec": spec.model_dump(by_alias=True, exclude_none=True),
-    }
-
-
-def spec_of(body: Json) -> MachineSpec:
-    """The validated spec of a Machine object (raises pydantic's ValidationError)."""
-    return MachineSpec.model_validate(body.get("spec") or {})
-
-
-# ----------------------------------------------------------------------- CRD
-
-_STR: Json = {"type": "string"}
-_SPEC_SCHEMA: Json = {
-    "type": "object",
-    "required": ["macs", "serial", "bmc", "hardware"],
-    "properties": {
-        "macs": {
-            "type": "array",
-            "minItems": 1,
-            "items": {"type": "string", "pattern": _MAC.pattern},
-            "description": "MAC addresses of the boot NICs (lower case)",
-        },
-        "serial": {"type": "string", "minLength": 1},
-        "bmc": {
-            "type": "object",
-            "required": ["endpoint", "credentialsSecret"],
-            "properties": {
-                "endpoint": {"type": "string", "pattern": r"^https?://"},
-                "credentialsSecret": {"type": "string", "pattern": _SECRET_REF.pattern},
-            },
-        },
-        "pool": {"type": "string", "minLength": 1, "maxLength": 63},
-        "hardware": {
-            "type": "object",
-            "required": ["gpuModel", "gpuCount", "hcaCount"],
-            "properties": {
-                "gpuModel": {"type": "string", "minLength": 1, "maxLength": 63},
-                "gpuCount": {"type": "integer", "minimum": 0, "maximum": 64},
-                "hcaCount": {"type": "integer", "minimum": 0, "maximum": 64},
-            },
-        },
-        "topology": {
-            "type": "object",
-            "properties": {"leaf": _STR, "block": _STR},
-        },
-        "enrollmentDigest": {"type": "string", "pattern": _DIGEST.pattern},
-    },
-}
-_STATUS_SCHEMA: Json = {
-    "type": "object",
-    "properties": {
-        "armed": {"type": "boolean", "description": "the next boot may get a join token"},
-        "armedBy": _STR,
-        "armedAt": {"type": "string", "format": "date-time"},
-        "tokenId": _STR,
-        "tokenIssuedAt": {"type": "string", "format": "date-time"},
-        "tokenExpiresAt": {"type": "string", "format": "date-time"},
-        "tokensIssued": {"type": "integer"},
-        "lastBootAt": {"type": "string", "format": "date-time"},
-        "node": _STR,
-        "phase": {
-            "type": "string",
-            "enum": ["Registered", "Armed", "Booting", "Joined", "Mismatch"],
-        },
-        "observed": _STR,
-        "message": _STR,
-    },
-}
-
-
-def crd() -> Json:
-    """The CustomResourceDefinition of ``Machine``."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{well_known.GROUP}"},
-        "spec": {
-            "group": well_known.GROUP,
-            "scope": "Cluster",
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": "machine",
-                "shortNames": ["gfm"],
-            },
-            "versions": [
-                {
-                    "name": well_known.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Pool", "type": "string", "jsonPath": ".spec.pool"},
-                        {"name": "GPU", "type": "string", "jsonPath": ".spec.hardware.gpuModel"},
-                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                        {"name": "Armed", "type": "boolean", "jsonPath": ".status.armed"},
-                        {"name": "Node", "type": "string", "jsonPath": ".status.node"},
-                        {
-                            "name": "Age",
-                            "type": "date",
-                            "jsonPath": ".metadata.creationTimestamp",
-                        },
-                    ],
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "A physical server: inventory and boot status "
-                            "(docs/provisioning.md).",
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": _STR,
-                                "kind": _STR,
-                                "metadata": {"type": "object"},
-                                "spec": _SPEC_SCHEMA,
-                                "status": _STATUS_SCHEMA,
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
-
-
-def render_crd() -> str:
-    import yaml
-
-    return yaml.safe_dump(crd(), sort_keys=False)
-
-
-if __name__ == "__main__":  # python -m gpufleet.provision.machines deploy/crds
-    import sys
-    from pathlib import Path
-
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "deploy/crds")
-    (out / f"{PLURAL}.yaml").write_text(render_crd())
+__all__ = [
+    "API_VERSION",
+    "KIND",
+    "PLURAL",
+    "Bmc",
+    "ExpectedHardware",
+    "Json",
+    "MachineSpec",
+    "Topology",
+    "check_name",
+    "mac_label",
+    "manifest",
+    "normalize_mac",
+    "spec_of",
+]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from gpufleet.api.machine import MachineSpec
 from gpufleet.domain import well_known
-from gpufleet.provision.machines import MachineSpec
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 """libyaml's emitter when PyYAML has it: the same documents (line folding may differ),

@@ -32,9 +32,10 @@ from typing import Any
 import kr8s
 from pydantic import ValidationError
 
+from gpufleet.api import slurmcluster as crd
 from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import slurm_sync, well_known
-from gpufleet.slurm import crd, render
+from gpufleet.slurm import render
 from gpufleet.slurm.errors import SlurmError
 from gpufleet.slurm.kubeapi import KubeApi
 from gpufleet.slurm.restapi import SlurmRest

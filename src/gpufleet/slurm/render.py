@@ -25,8 +25,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpufleet.api.slurmcluster import HOST, LINE, VALUE, WORD, NodePool, SlurmClusterSpec
 from gpufleet.slurm import hostlist
-from gpufleet.slurm.crd import HOST, LINE, VALUE, WORD, NodePool, SlurmClusterSpec
 
 _ALLOWED = {
     WORD: "letters, digits, '_', '.', '-'",

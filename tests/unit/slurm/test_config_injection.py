@@ -9,18 +9,14 @@ value comes from a Node.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from pydantic import ValidationError
 
-from gpufleet.kube import crds as kube_crds
-from gpufleet.slurm import crd, render
-
-ROOT = Path(__file__).resolve().parents[3]
-CHART_CRDS = ROOT / "deploy" / "helm" / "gpufleet" / "crds"
+from gpufleet.api import slurmcluster as crd
+from gpufleet.slurm import render
 
 INJECTIONS = [
     "h100\nPrologSlurmctld=/tmp/evil",
@@ -190,17 +186,3 @@ def test_every_rendered_line_is_one_directive() -> None:
             for word in line.split(" "):
                 key, sep, _ = word.partition("=")
                 assert sep and key.isalpha(), (line, word)
-
-
-def test_chart_crds_are_the_generated_ones() -> None:
-    """The chart ships the same CRDs as deploy/crds and the SlurmCluster CRD the model makes."""
-    shipped = yaml.safe_load((CHART_CRDS / "slurmclusters.yaml").read_text())
-    assert shipped == crd.crd_manifest(), (
-        "regenerate: gpufleet slurm crd > deploy/helm/gpufleet/crds/slurmclusters.yaml"
-    )
-    for name in kube_crds.manifests():
-        assert (CHART_CRDS / name).read_text() == (ROOT / "deploy" / "crds" / name).read_text(), (
-            f"copy deploy/crds/{name} into deploy/helm/gpufleet/crds/"
-        )
-    machines = ROOT / "deploy" / "crds" / "machines.yaml"
-    assert (CHART_CRDS / "machines.yaml").read_text() == machines.read_text()

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpufleet.api import slurmcluster as crd
 from gpufleet.domain import well_known
 from gpufleet.domain.states import NodeState
-from gpufleet.slurm import crd, hostlist, nodes, render, restapi
+from gpufleet.slurm import hostlist, nodes, render, restapi
 
 SAMPLES = Path("/work/shared/reference/slurm-samples")
 

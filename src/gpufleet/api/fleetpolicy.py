@@ -1,0 +1,76 @@
+"""``FleetPolicy``: the cluster's policy, whose spec *is* :class:`gpufleet.domain.policy.Policy`.
+
+The spec schema is generated from the policy model, so the apiserver rejects
+wrong types, negative windows and unknown enum values with a message naming
+the field. Cross-field rules (ladder cycles, rule coverage, unknown XIDs) need
+the whole policy; the controller checks those and reports them in the status.
+"""
+
+from __future__ import annotations
+
+from gpufleet.api.names import FLEET_POLICY
+from gpufleet.api.schema import AGE, CONDITIONS, Json, column, crd, structural
+from gpufleet.domain.policy import Policy
+
+NAMES = FLEET_POLICY
+PLURAL = NAMES.plural
+
+
+def spec_schema() -> Json:
+    """The OpenAPI schema of ``FleetPolicy.spec``."""
+    return structural(Policy.model_json_schema(by_alias=True))
+
+
+STATUS_SCHEMA: Json = {
+    "type": "object",
+    "properties": {
+        "observedGeneration": {"type": "integer"},
+        "conditions": CONDITIONS,
+        "breaker": {
+            "type": "object",
+            "description": "The circuit breaker (kept here across restarts).",
+            "properties": {
+                "open": {"type": "boolean"},
+                "trippedAt": {"type": "number", "nullable": True},
+                "lastFaultAt": {"type": "number", "nullable": True},
+                "faultingNodes": {"type": "integer"},
+                "recent": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"node": {"type": "string"}, "at": {"type": "number"}},
+                    },
+                },
+            },
+        },
+        "recentActions": {
+            "type": "array",
+            "description": "Times (epoch seconds) of recent disruptive actions (rate limit).",
+            "items": {"type": "number"},
+        },
+        "budget": {
+            "type": "object",
+            "description": "Per pool: size, out of service, allowed.",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
+    },
+}
+"""Written by the controller only (no model: the breaker's state is kept as it writes it)."""
+
+
+def crd_manifest() -> Json:
+    spec = spec_schema()
+    spec["description"] = "The policy (docs/policy.md); the same fields as a policy file."
+    return crd(
+        NAMES,
+        spec=spec,
+        status=STATUS_SCHEMA,
+        description="How gpufleet responds to faults, and the safety rails of automation.",
+        columns=[
+            column("Paused", "boolean", ".spec.paused"),
+            column("DryRun", "boolean", ".spec.dryRun"),
+            column("Breaker-Open", "boolean", ".status.breaker.open"),
+            column("Valid", "string", '.status.conditions[?(@.type=="Valid")].status'),
+            AGE,
+        ],
+    )

@@ -1,0 +1,176 @@
+"""``SlurmCluster``: a Slurm cluster on Kubernetes, its spec model and CRD.
+
+The pydantic model is the single schema: the CRD's OpenAPI schema is
+generated from it (:mod:`gpufleet.api.crds`), and the operator validates
+objects with the same model. The CRD keeps the model's defaults, so the
+apiserver fills them in and ``kubectl get -o yaml`` shows the effective spec.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from gpufleet.api.names import SLURM_CLUSTER
+from gpufleet.api.schema import AGE, Json, column, crd, structural
+
+NAMES = SLURM_CLUSTER
+KIND = NAMES.kind
+PLURAL = NAMES.plural
+
+# Every string the operator writes into slurm.conf or gres.conf is held to one
+# of these patterns, in the CRD (the apiserver refuses the object) and again by
+# the renderer (gpufleet.slurm.render): no control character (a newline would
+# start a new directive), no space (a new key=value), no '#' (a comment) and
+# no '=' in a value. The patterns are plain RE2 and Python syntax alike.
+WORD = r"^[A-Za-z0-9_.-]+$"
+"""Names, gres types, features: one Slurm token."""
+HOST = r"^[A-Za-z0-9_.:-]+$"
+"""Host names and IP addresses (':' for IPv6)."""
+VALUE = r"^[A-Za-z0-9_./,:\[\]-]+$"
+"""Paths with ranges (``/dev/nvidia[0-7]``), times (``1-00:00:00``), option lists."""
+LINE = r"^[^\x00-\x1f\x7f]*$"
+"""One line of ``extraConfig``: anything but a control character."""
+LABEL_KEY = r"^([A-Za-z0-9][A-Za-z0-9.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$"
+"""A Kubernetes label key (prefix/name)."""
+
+Word = Annotated[str, Field(pattern=WORD, max_length=63)]
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY, max_length=316)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class NodePool(_Model):
+    """Kubernetes Nodes that become Slurm nodes with one shape."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=40)
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels that select the pool's Nodes."
+    )
+    cpus: int = Field(default=64, ge=1)
+    real_memory_mib: int = Field(default=512 * 1024, ge=1)
+    gpus: int = Field(default=8, ge=0, description="GPUs per node, announced as gres gpu.")
+    gpu_type: str | None = Field(
+        default=None,
+        pattern=WORD,
+        max_length=63,
+        description="gres type, e.g. h100 -> gpu:h100:8.",
+    )
+    gpu_files: str = Field(
+        default="/dev/nvidia[0-7]",
+        pattern=VALUE,
+        max_length=255,
+        description="gres.conf File= for the GPUs.",
+    )
+    features: list[Word] = Field(default_factory=list, description="Static node features.")
+    feature_labels: list[LabelKey] = Field(
+        default_factory=lambda: ["nvidia.com/gpu.product"],
+        description="Node label keys whose values become node features.",
+    )
+
+
+class Partition(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    pools: list[str] = Field(min_length=1)
+    default: bool = False
+    priority_tier: int = Field(default=1, ge=0, le=65533)
+    preempt_mode: Literal["OFF", "REQUEUE", "CANCEL", "SUSPEND"] = "REQUEUE"
+    max_time: str = Field(default="INFINITE", pattern=VALUE, max_length=32)
+
+
+class Preemption(_Model):
+    type: Literal["preempt/partition_prio", "preempt/qos", "preempt/none"] = (
+        "preempt/partition_prio"
+    )
+    mode: Literal["OFF", "REQUEUE", "CANCEL", "SUSPEND,GANG"] = "REQUEUE"
+    kubernetes_priority_threshold: int | None = Field(
+        default=1_000_000,
+        description="Pods at or above this priority may take nodes from Slurm; null disables.",
+    )
+
+
+class Accounting(_Model):
+    enabled: bool = False
+    host: str = Field(default="slurmdbd", pattern=HOST, max_length=253)
+    port: int = 6819
+
+
+class Topology(_Model):
+    enabled: bool = True
+    leaf_label: LabelKey = "network.topology.kubernetes.io/block"
+    spine_label: LabelKey = "network.topology.kubernetes.io/spine"
+
+
+class SlurmClusterSpec(_Model):
+    cluster_name: str = Field(default="gpufleet", pattern=r"^[a-z0-9_-]+$", max_length=40)
+    controller_host: str = Field(
+        default="slurm-controller-0",
+        pattern=HOST,
+        max_length=253,
+        description="slurmctld host name (the StatefulSet pod).",
+    )
+    controller_port: int = 6817
+    slurmd_port: int = 6818
+    node_pools: list[NodePool] = Field(min_length=1)
+    partitions: list[Partition] = Field(min_length=1)
+    preemption: Preemption = Field(default_factory=Preemption)
+    accounting: Accounting = Field(default_factory=Accounting)
+    topology: Topology = Field(default_factory=Topology)
+    extra_config: list[Annotated[str, Field(pattern=LINE, max_length=1024)]] = Field(
+        default_factory=list,
+        description="Lines appended to slurm.conf as they are (one directive each, no newline).",
+    )
+
+
+_COUNT: Json = {"type": "integer"}
+STATUS_SCHEMA: Json = {
+    "type": "object",
+    "properties": {
+        "observedGeneration": _COUNT,
+        "configHash": {"type": "string"},
+        "nodes": {"type": "integer"},
+        "nodesByState": {"type": "object", "additionalProperties": _COUNT},
+        "lastReconfigure": {"type": "string"},
+        "conditions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "status"],
+                "properties": {
+                    k: {"type": "string"}
+                    for k in ("type", "status", "reason", "message", "lastTransitionTime")
+                },
+            },
+        },
+    },
+}
+"""Written by the operator (gpufleet.slurm.operator)."""
+
+
+def spec_schema() -> Json:
+    return structural(SlurmClusterSpec.model_json_schema(by_alias=True), defaults=True)
+
+
+def crd_manifest() -> Json:
+    """The CustomResourceDefinition (apiextensions.k8s.io/v1)."""
+    return crd(
+        NAMES,
+        spec=spec_schema(),
+        status=STATUS_SCHEMA,
+        description="A Slurm cluster on Kubernetes: node pools, partitions, preemption "
+        "(docs/slurm.md).",
+        spec_required=True,
+        columns=[
+            column("Nodes", "integer", ".status.nodes"),
+            column("Idle", "integer", ".status.nodesByState.idle"),
+            column("Drained", "integer", ".status.nodesByState.drained"),
+            column("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
+            AGE,
+        ],
+    )
