@@ -4,7 +4,6 @@ Redfish BMCs. The tests play the node agent (problem conditions, request results
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -287,7 +286,14 @@ def test_two_replicas_with_peering_only_one_acts(env: Any) -> None:
             info, logs, policy="ha", peering="gpufleet", priority=100, wait_policy=False
         ) as low,
     ):
-        time.sleep(3)  # the low-priority replica sees the other and pauses
+        # Both replicas are in the peering object before the fault: each has announced
+        # itself there, so the low-priority one has seen the other (and paused) and its
+        # silence below is a pause, not slowness.
+        def peers() -> set[int]:
+            status = api.get("/apis/kopf.dev/v1/clusterkopfpeerings/gpufleet").get("status")
+            return {p.get("priority") for p in (status or {}).values() if isinstance(p, dict)}
+
+        wait_for("both replicas in the peering", lambda: {100, 200} <= peers(), timeout=30)
         report_fault(api, node, 79)
         wait_for("cordon", lambda: api.node(node)["spec"].get("unschedulable"), timeout=15)
         wait_for("verifying", lambda: api.state(node) == "verifying")
