@@ -341,6 +341,16 @@ class ControllerProcess:
                 return float(line.rsplit(" ", 1)[1])
         return None
 
+    def wait_ticks(self, count: int = 3, timeout: float = 30.0) -> None:
+        """Wait until the controller has completed ``count`` more passes over every node:
+        an assertion that nothing changed is then about passes that provably ran."""
+        start = self.metric("gpufleet_controller_ticks_total") or 0.0
+        wait_for(
+            f"{count} controller passes",
+            lambda: (self.metric("gpufleet_controller_ticks_total") or 0.0) >= start + count,
+            timeout=timeout,
+        )
+
     def kill(self) -> None:
         """SIGKILL: no cleanup at all, as a crashed pod."""
         if self.proc is not None and self.proc.poll() is None:

@@ -182,7 +182,7 @@ def test_held_fault_survives_its_condition_clearing_and_is_repaired_later(env: A
     spec["safety"]["budget"] = {"maxNodes": 1, "maxPercent": 100, "minNodes": 1}
     put_policy(api, "budget-one", spec)
     before = resets(info, second)
-    with running(info, logs, policy="budget-one"):
+    with running(info, logs, policy="budget-one") as ctl:
         report_fault(api, first, 79)
         wait_for("first taken out", lambda: api.state(first) not in (None, "production"), 15)
         report_fault(api, second, 79)
@@ -194,7 +194,7 @@ def test_held_fault_survives_its_condition_clearing_and_is_repaired_later(env: A
         # Its condition clears three seconds later (the GPU came back): still pending.
         time.sleep(3)
         api.set_condition(second, conditions.healthy(Subsystem.PCIE))
-        time.sleep(4)
+        ctl.wait_ticks(5)  # five retries of the held fault after its condition cleared
         rec = api.record(second)
         assert rec is not None and rec.pending is not None and api.state(second) == "production"
         assert len(events_of(api, second, "ActionWithheld")) == 1  # not one per tick

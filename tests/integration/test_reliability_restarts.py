@@ -83,15 +83,15 @@ def test_killed_at_every_step_of_a_gpu_reset_ladder_each_step_happens_once(env: 
         asked = wait_for("request", lambda: request_id(api, node), timeout=10)
         ctl.kill()
     with running(info, logs, policy="restart-ladder") as ctl:
-        time.sleep(2)  # several ticks: a restarted controller must not ask again
+        ctl.wait_ticks(3)  # several passes: a restarted controller must not ask again
         assert request_id(api, node) == asked
         assert api.state(node) == "remediating"
         assert answer_request(api, node, passed=True) == "gpu-reset"
         wait_for("verifying", lambda: api.state(node) == "verifying", timeout=20)
         checks = request_id(api, node)
         ctl.kill()
-    with running(info, logs, policy="restart-ladder"):
-        time.sleep(2)
+    with running(info, logs, policy="restart-ladder") as ctl:
+        ctl.wait_ticks(3)
         assert request_id(api, node) == checks
         answer_request(api, node, passed=True)
         wait_for("production", lambda: api.state(node) == "production", timeout=20)
@@ -138,7 +138,7 @@ def test_killed_while_draining_the_drain_resumes_and_reboots_once(env: Any) -> N
     with running(info, logs, policy="restart-drain") as ctl:
         report_fault(api, node, 79)
         wait_for("draining", lambda: api.state(node) == "draining", timeout=20)
-        time.sleep(3)  # the PDB refuses the eviction: the drain goes on
+        ctl.wait_ticks(5)  # the PDB refuses the eviction: the drain goes on
         assert api.state(node) == "draining" and resets(info, node) == before
         ctl.kill()
     api.delete(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/guarded")

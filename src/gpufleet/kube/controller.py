@@ -933,6 +933,7 @@ class Controller:
         if self.fleet.dirty_breaker:
             self._schedule_status_save()
         self._update_gauges()
+        self.metrics.ticks.inc()
 
     # ----------------------------------------------------------- remediation
 

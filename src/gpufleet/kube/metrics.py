@@ -31,6 +31,11 @@ class Metrics:
             ["action", "result"],
             registry=r,
         )
+        self.ticks = Counter(
+            "gpufleet_controller_ticks_total",
+            "Completed passes over every node (held decisions retried, timeouts examined).",
+            registry=r,
+        )
         self.holds = Counter(
             "gpufleet_decisions_held_total",
             "Decisions a safety rail held, by reason.",
