@@ -38,8 +38,7 @@ from gpufleet.domain import slurm_sync, well_known
 from gpufleet.slurm import render
 from gpufleet.slurm.errors import SlurmError
 from gpufleet.slurm.kubeapi import KubeApi
-from gpufleet.slurm.restapi import SlurmRest
-from gpufleet.slurm.scontrol import Scontrol
+from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
 
 log = logging.getLogger("gpufleet.slurm.operator")
 BASE = f"/apis/{well_known.GROUP}"
@@ -84,8 +83,8 @@ class ClusterOperator:
         self,
         *,
         kube: KubeApi,
-        scontrol: Scontrol | None,
-        rest: SlurmRest | None,
+        scontrol: ScontrolPort | None,
+        rest: SlurmRestPort | None,
         settings: OperatorSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:

@@ -57,8 +57,7 @@ from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailab
 from gpufleet.slurm.kubeapi import KubeApi
 from gpufleet.slurm.lending import Lender
 from gpufleet.slurm.metrics import SyncerMetrics
-from gpufleet.slurm.restapi import SlurmRest
-from gpufleet.slurm.scontrol import Scontrol
+from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
 
 log = logging.getLogger("gpufleet.slurm.syncer")
 
@@ -137,8 +136,8 @@ class Syncer:
         self,
         *,
         kube: KubeApi,
-        rest: SlurmRest,
-        scontrol: Scontrol,
+        rest: SlurmRestPort,
+        scontrol: ScontrolPort,
         settings: SyncSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
         metrics: SyncerMetrics | None = None,

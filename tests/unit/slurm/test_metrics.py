@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 from gpufleet.cli.main import app
 from gpufleet.clock import ManualClock
 from gpufleet.domain import slurm_sync, well_known
-from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
 from gpufleet.slurm.metrics import SLURM_STATES, SyncerMetrics
 from gpufleet.slurm.syncer import Syncer, SyncSettings
+
+from ..fakes import FakeSlurm
 
 IDLE = slurm_sync.SlurmView("idle", frozenset(), None)
 OURS = slurm_sync.SlurmView("idle", frozenset({"DRAIN"}), "gpufleet: GpuProblem Xid79")
@@ -37,57 +38,6 @@ def node(name: str, problem: str | None = None, **annotations: str) -> dict[str,
 
 def job(job_id: int, on: str, requeueable: bool = True) -> slurm_sync.JobView:
     return slurm_sync.JobView(job_id, 1, requeueable, frozenset({on}))
-
-
-class FakeSlurm:
-    """slurmrestd and scontrol over one dict of views."""
-
-    def __init__(self, names: list[str]) -> None:
-        self.views = dict.fromkeys(names, IDLE)
-        self.jobs: list[slurm_sync.JobView] = []
-        self.version: str | None = "v0.0.38"
-        self.down = False
-        self.refuse: set[str] = set()
-        self.refuse_requeue: set[int] = set()
-        self.requeued: list[int] = []
-
-    async def connect(self) -> str:
-        if self.down:
-            raise SlurmUnavailable("stopped")
-        self.version = "v0.0.38"
-        return self.version
-
-    async def node(self, name: str) -> slurm_sync.SlurmView | None:
-        if self.down:
-            raise SlurmUnavailable("stopped")
-        return self.views.get(name)
-
-    async def nodes(self) -> dict[str, slurm_sync.SlurmView]:
-        if self.down:
-            raise SlurmUnavailable("stopped")
-        return dict(self.views)
-
-    async def running_jobs(self) -> list[slurm_sync.JobView]:
-        if self.down:
-            raise SlurmUnavailable("stopped")
-        return list(self.jobs)
-
-    async def drain(self, target: str | list[str], reason: str) -> None:
-        names = [target] if isinstance(target, str) else list(target)
-        if self.refuse & set(names):
-            raise SlurmCommandFailed(["scontrol"], 1, "Invalid node name specified")
-        for n in names:
-            self.views[n] = slurm_sync.SlurmView(self.views[n].state, frozenset({"DRAIN"}), reason)
-
-    async def undrain(self, target: str | list[str]) -> None:
-        for n in [target] if isinstance(target, str) else target:
-            self.views[n] = slurm_sync.SlurmView(self.views[n].state, frozenset(), None)
-
-    async def requeue(self, job_ids: list[int]) -> None:
-        if set(job_ids) & self.refuse_requeue:
-            raise SlurmCommandFailed(["scontrol", "requeue"], 1, "Job is pending execution")
-        self.requeued.extend(job_ids)
-        self.jobs = [j for j in self.jobs if j.job_id not in job_ids]
 
 
 class FakeKube:
@@ -116,8 +66,8 @@ def make(
     metrics = SyncerMetrics()
     s = Syncer(
         kube=kube or FakeKube(),  # type: ignore[arg-type]
-        rest=slurm,  # type: ignore[arg-type]
-        scontrol=slurm,  # type: ignore[arg-type]
+        rest=slurm,
+        scontrol=slurm,
         settings=SyncSettings(hold_taint=False, **settings),
         clock=clock or ManualClock(),
         metrics=metrics,

@@ -14,7 +14,8 @@ from gpufleet.domain.records import Incident, NodeRecord, record_to_json
 from gpufleet.domain.states import NodeState
 from gpufleet.slurm.syncer import Syncer, SyncSettings
 
-from .test_write_batches import FakeSlurm, node
+from ..fakes import FakeSlurm
+from .test_write_batches import node
 
 
 class RecordingKube:
@@ -46,8 +47,8 @@ def make(slurm: FakeSlurm, nodes: dict[str, Any], jobs: list[Any]) -> tuple[Sync
     kube = RecordingKube()
     s = Syncer(
         kube=kube,  # type: ignore[arg-type]
-        rest=slurm,  # type: ignore[arg-type]
-        scontrol=slurm,  # type: ignore[arg-type]
+        rest=slurm,
+        scontrol=slurm,
         settings=SyncSettings(hold_taint=False),
     )
     s.nodes, s.slurm, s.jobs = nodes, dict(slurm.views), jobs

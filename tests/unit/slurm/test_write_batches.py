@@ -10,9 +10,9 @@ import asyncio
 from typing import Any
 
 from gpufleet.domain import slurm_sync, well_known
-from gpufleet.slurm import hostlist
-from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
 from gpufleet.slurm.syncer import Syncer, SyncSettings
+
+from ..fakes import FakeSlurm
 
 
 def node(name: str, problem: str | None = None, state: str = "production") -> dict[str, Any]:
@@ -24,47 +24,6 @@ def node(name: str, problem: str | None = None, state: str = "production") -> di
     }
 
 
-IDLE = slurm_sync.SlurmView("idle", frozenset(), None)
-
-
-class FakeSlurm:
-    """slurmrestd and scontrol over one dict of views; counts the calls."""
-
-    def __init__(self, names: list[str]) -> None:
-        self.views = dict.fromkeys(names, IDLE)
-        self.version = "v0.0.38"
-        self.reads: list[str] = []
-        self.calls: list[tuple[str, ...]] = []
-        self.down = False
-        self.refuse: set[str] = set()
-
-    async def node(self, name: str) -> slurm_sync.SlurmView | None:
-        self.reads.append(name)
-        if self.down:
-            raise SlurmUnavailable("stopped")
-        return self.views.get(name)
-
-    async def nodes(self) -> dict[str, slurm_sync.SlurmView]:
-        self.reads.append("*")
-        if self.down:
-            raise SlurmUnavailable("stopped")
-        return dict(self.views)
-
-    async def drain(self, target: str | list[str], reason: str) -> None:
-        names = [target] if isinstance(target, str) else list(target)
-        self.calls.append(("drain", hostlist.compress(names), reason))
-        if self.refuse & set(names):
-            raise SlurmCommandFailed(["scontrol"], 1, "Invalid node name specified")
-        for n in names:
-            self.views[n] = slurm_sync.SlurmView("idle", frozenset({"DRAIN"}), reason)
-
-    async def undrain(self, target: str | list[str]) -> None:
-        names = [target] if isinstance(target, str) else list(target)
-        self.calls.append(("undrain", hostlist.compress(names)))
-        for n in names:
-            self.views[n] = IDLE
-
-
 class FakeKube:
     async def patch_node(self, *_: Any, **__: Any) -> None:
         return None
@@ -73,8 +32,8 @@ class FakeKube:
 def syncer(slurm: FakeSlurm, nodes: dict[str, dict[str, Any]]) -> Syncer:
     s = Syncer(
         kube=FakeKube(),  # type: ignore[arg-type]
-        rest=slurm,  # type: ignore[arg-type]
-        scontrol=slurm,  # type: ignore[arg-type]
+        rest=slurm,
+        scontrol=slurm,
         settings=SyncSettings(hold_taint=False),
     )
     s.nodes = nodes

@@ -1,0 +1,65 @@
+"""What the syncer and the SlurmCluster operator use of Slurm, as two Protocols.
+
+:class:`SlurmRestPort` is the read side (slurmrestd, :class:`gpufleet.slurm.restapi.SlurmRest`),
+:class:`ScontrolPort` the write side (``scontrol``, :class:`gpufleet.slurm.scontrol.Scontrol`):
+Slurm 22.05's REST API has no node update or requeue, so the two are separate clients.
+Code that drives Slurm takes these, not the concrete clients, so the unit tests' fake
+(``tests/unit/fakes.py``) is checked by mypy against the same interface the real clients
+are: a method the syncer starts calling shows up as a type error in the fake, not as an
+``AttributeError`` in one test.
+
+Errors are part of the contract: every method raises
+:class:`~gpufleet.slurm.errors.SlurmUnavailable` when Slurm does not answer (the view is
+then unknown: fail closed), and a write raises
+:class:`~gpufleet.slurm.errors.SlurmCommandFailed` when Slurm refuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from gpufleet.domain import slurm_sync
+
+
+class SlurmRestPort(Protocol):
+    """The Slurm view: nodes and running jobs, read from slurmrestd."""
+
+    @property
+    def version(self) -> str | None:
+        """The negotiated API version; None until :meth:`connect` succeeded."""
+        ...
+
+    async def connect(self) -> str:
+        """Negotiate the API version; returns it."""
+        ...
+
+    async def nodes(self) -> dict[str, slurm_sync.SlurmView]:
+        """Every node's view, by name."""
+        ...
+
+    async def node(self, name: str) -> slurm_sync.SlurmView | None:
+        """One node, read fresh (before a write); None when Slurm does not know it."""
+        ...
+
+    async def running_jobs(self) -> list[slurm_sync.JobView]:
+        """The jobs that hold nodes now."""
+        ...
+
+
+class ScontrolPort(Protocol):
+    """Writes to Slurm: drain, undrain, requeue, reconfigure."""
+
+    async def drain(self, node: str | Sequence[str], reason: str) -> None:
+        """Drain one node, or several with the same reason in one call."""
+        ...
+
+    async def undrain(self, node: str | Sequence[str]) -> None:
+        """Clear the DRAIN flag only (a DOWN base state stays)."""
+        ...
+
+    async def requeue(self, job_ids: Sequence[int]) -> None: ...
+
+    async def reconfigure(self) -> None:
+        """Make slurmctld and every slurmd reread the configuration."""
+        ...
