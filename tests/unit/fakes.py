@@ -5,7 +5,9 @@ Each fake declares the Protocol it stands in for, and mypy checks this module
 here rather than a test that passes against a method the real client lacks.
 
 * :class:`FakeSlurm`: slurmrestd and scontrol (:mod:`gpufleet.slurm.ports`) over one
-  dict of node views.
+  dict of node views;
+* :class:`FakeBmc`: a node's BMC as the ladder's BMC steps use it
+  (:class:`gpufleet.remediate.steps.Bmc`).
 
 Node hardware has no fake here: the simulated backend
 (:class:`gpufleet.health.backend_sim.SimulatedHardware`) is the one implementation of
@@ -18,6 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpufleet.domain import slurm_sync
+from gpufleet.remediate.evidence import ResetEvidence
+from gpufleet.remediate.identity import BmcIdentity
+from gpufleet.remediate.redfish import BmcOutcomeUnknown, BmcRejected, BmcUnreachable
+from gpufleet.remediate.steps import Bmc
 from gpufleet.slurm import hostlist
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
 from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
@@ -105,3 +111,59 @@ class FakeSlurm(SlurmRestPort, ScontrolPort):
     async def reconfigure(self) -> None:
         self._up()
         self.calls.append(("reconfigure",))
+
+
+class FakeBmc(Bmc):
+    """One BMC in memory: a power state and a LastResetTime that each reset advances.
+
+    ``calls`` records what was asked, in order; ``lose_answer`` makes resets raise
+    :class:`BmcOutcomeUnknown` (the answer was lost) after or instead of carrying them
+    out; ``allowed`` lists the reset types the BMC offers (empty: all).
+    """
+
+    def __init__(self, *, serial: str = "SN-1", name: str = "bmc-1") -> None:
+        self._name = name
+        self.seen = BmcIdentity(serial=serial)
+        self.power = "On"
+        self.resets = 0
+        self.allowed: tuple[str, ...] = ()
+        self.lose_answer: bool | None = None
+        """None: answer every reset; True: lose the answer of a performed reset;
+        False: lose the answer and do not perform it."""
+        self.calls: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def identity(self) -> BmcIdentity:
+        self.calls.append("identity")
+        return self.seen
+
+    async def evidence(self) -> ResetEvidence:
+        self.calls.append("evidence")
+        return ResetEvidence(last_reset_time=f"t{self.resets}", power_state=self.power)
+
+    async def power_state(self) -> str:
+        return self.power
+
+    async def reset(self, reset_type: str) -> None:
+        self.calls.append(f"reset {reset_type}")
+        if not self.allows(reset_type):
+            raise BmcRejected(self._name, f"ResetType {reset_type} is not allowed")
+        if self.lose_answer is not False:
+            self.resets += 1
+            self.power = "Off" if reset_type == "ForceOff" else "On"
+        if self.lose_answer is not None:
+            raise BmcOutcomeUnknown(self._name, "read timed out")
+
+    def allows(self, reset_type: str) -> bool:
+        return not self.allowed or reset_type in self.allowed
+
+    async def wait_power(self, state: str) -> None:
+        self.calls.append(f"wait {state}")
+        if self.power != state:
+            raise BmcUnreachable(self._name, f"PowerState still {self.power}")
+
+    async def set_one_time_boot(self, target: str = "Pxe") -> None:
+        self.calls.append(f"boot {target}")

@@ -33,11 +33,10 @@ from typing import Protocol
 
 from gpufleet.domain.ladder import Step
 from gpufleet.remediate import identity
-from gpufleet.remediate.evidence import ActionMark, reset_since
+from gpufleet.remediate.evidence import ActionMark, ResetEvidence, reset_since
 from gpufleet.remediate.redfish import (
     BmcOutcomeUnknown,
     BmcRejected,
-    RedfishClient,
     RedfishError,
 )
 
@@ -58,6 +57,49 @@ class Attempt:
     step: Step
     attempt: int
     started_at: float
+
+
+class Bmc(Protocol):
+    """What a BMC step uses of the node's BMC.
+
+    :class:`gpufleet.remediate.redfish.RedfishClient` implements it; the unit tests'
+    fake (``tests/unit/fakes.py``) too, checked by mypy against this. The errors are
+    part of the contract: :class:`~gpufleet.remediate.redfish.BmcRejected` when the
+    BMC refused (nothing was done), :class:`~gpufleet.remediate.redfish.BmcOutcomeUnknown`
+    when a reset's answer was lost, another
+    :class:`~gpufleet.remediate.redfish.RedfishError` when the BMC could not be used.
+    """
+
+    @property
+    def name(self) -> str:
+        """The BMC in words, for errors and Events."""
+        ...
+
+    async def identity(self) -> identity.BmcIdentity:
+        """What the ComputerSystem says about itself, read now."""
+        ...
+
+    async def evidence(self) -> ResetEvidence:
+        """What a reset would change, read now."""
+        ...
+
+    async def power_state(self) -> str: ...
+
+    async def reset(self, reset_type: str) -> None:
+        """POST one ComputerSystem.Reset, never repeated."""
+        ...
+
+    def allows(self, reset_type: str) -> bool:
+        """Whether the BMC lists ``reset_type`` (or lists none)."""
+        ...
+
+    async def wait_power(self, state: str) -> None:
+        """Return once PowerState reads ``state``; raise when it does not in time."""
+        ...
+
+    async def set_one_time_boot(self, target: str = "Pxe") -> None:
+        """Boot once from ``target`` (idempotent)."""
+        ...
 
 
 class Journal(Protocol):
@@ -87,7 +129,7 @@ class ResetNotPerformed(RedfishError):
 
 async def run_bmc_step(
     step: Step,
-    bmc: RedfishClient,
+    bmc: Bmc,
     *,
     attempt: Attempt,
     journal: Journal,
@@ -129,7 +171,7 @@ async def run_bmc_step(
 @dataclass
 class _Run:
     step: Step
-    bmc: RedfishClient
+    bmc: Bmc
     attempt: Attempt
     journal: Journal
     clock: Callable[[], float]

@@ -1,0 +1,80 @@
+"""The order of a BMC step against an in-memory BMC (the Redfish emulator's tests are in
+test_redfish.py): the identity comes first, the write-ahead mark is durable before the one
+POST, and a reset whose answer was lost is read back, never posted twice."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpufleet.domain.ladder import Step
+from gpufleet.remediate import steps
+from gpufleet.remediate.evidence import ActionMark
+from gpufleet.remediate.identity import ExpectedIdentity
+
+from ..fakes import FakeBmc
+
+EXPECTED = ExpectedIdentity(node="n1", machine="m1", serial="SN-1")
+
+
+class Journal:
+    """Writes the mark into the BMC's call list, so the test sees one order of events."""
+
+    def __init__(self, bmc: FakeBmc) -> None:
+        self.bmc = bmc
+        self.marks: list[ActionMark] = []
+
+    async def write(self, mark: ActionMark) -> None:
+        self.marks.append(mark)
+        self.bmc.calls.append(f"mark {mark.reset_type}")
+
+
+def run(step: Step, bmc: FakeBmc, journal: Journal, expected: ExpectedIdentity = EXPECTED) -> str:
+    return asyncio.run(
+        steps.run_bmc_step(
+            step,
+            bmc,
+            attempt=steps.Attempt(step, 1, 1000.0),
+            journal=journal,
+            expected=expected,
+            clock=lambda: 2000.0,
+            settle_s=0.0,
+            poll_s=0.0,
+        )
+    )
+
+
+def test_the_mark_is_written_after_the_identity_and_before_the_one_post() -> None:
+    bmc = FakeBmc()
+    journal = Journal(bmc)
+    assert run(Step.REBOOT, bmc, journal).endswith("GracefulRestart")
+    assert bmc.calls == [
+        "identity", "evidence", "mark GracefulRestart", "reset GracefulRestart", "wait On"
+    ]
+    assert bmc.resets == 1 and journal.marks[0].baseline.last_reset_time == "t0"
+
+
+def test_a_bmc_that_is_not_the_nodes_gets_neither_a_mark_nor_a_post() -> None:
+    bmc = FakeBmc(serial="SN-OTHER")
+    journal = Journal(bmc)
+    with pytest.raises(steps.BmcIdentityMismatch):
+        run(Step.POWER_CYCLE, bmc, journal)
+    assert bmc.calls == ["identity"] and journal.marks == [] and bmc.resets == 0
+
+
+def test_a_lost_answer_of_a_reset_that_did_not_happen_is_not_posted_again() -> None:
+    bmc = FakeBmc()
+    bmc.lose_answer = False
+    journal = Journal(bmc)
+    with pytest.raises(steps.ResetNotPerformed):
+        run(Step.POWER_CYCLE, bmc, journal)
+    assert [c for c in bmc.calls if c.startswith("reset")] == ["reset PowerCycle"]
+    assert bmc.resets == 0
+
+
+def test_a_lost_answer_of_a_reset_that_happened_counts_as_done() -> None:
+    bmc = FakeBmc()
+    bmc.lose_answer = True
+    assert "the BMC shows the reset happened" in run(Step.POWER_CYCLE, bmc, Journal(bmc))
+    assert bmc.resets == 1
