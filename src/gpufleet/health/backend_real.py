@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.health import compute, kmsg
-from gpufleet.health.hardware import HardwareError, NoGpuFound
+from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
 
 KMSG = "/dev/kmsg"
 
@@ -71,8 +71,9 @@ class KmsgReader:
             self._fd = None
 
 
-class RealHardware:
-    """This machine's GPUs, HCAs and kernel log."""
+class RealHardware(Hardware):
+    """This machine's GPUs, HCAs and kernel log (implements :class:`Hardware`:
+    declared, so mypy checks the methods against it)."""
 
     name = "real"
 

@@ -36,7 +36,7 @@ import numpy as np
 from gpufleet.domain import xids
 from gpufleet.domain.faults import FaultKind
 from gpufleet.health import compute, kmsg, sysfs
-from gpufleet.health.hardware import HardwareError
+from gpufleet.health.hardware import Hardware, HardwareError
 
 GPU_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 HCA_BUSES = ("0c", "1f", "47", "4e", "8c", "9f", "c6", "cd")
@@ -212,8 +212,12 @@ def _factor(spec: FaultSpec) -> float:
     return value
 
 
-class SimulatedHardware:
-    """An HGX H100 node in memory: 8 GPUs, 8 HCAs, a kernel log."""
+class SimulatedHardware(Hardware):
+    """An HGX H100 node in memory: 8 GPUs, 8 HCAs, a kernel log.
+
+    Implements :class:`Hardware` (declared, so mypy checks it against the interface):
+    it is the backend the unit and integration tests and the demo use where there is no GPU.
+    """
 
     name = "simulated"
 
