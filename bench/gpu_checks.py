@@ -29,7 +29,8 @@ def main() -> int:
     ap.add_argument("--checks", default=",".join(checks.ALL))
     args = ap.parse_args()
     hw = RealHardware()
-    out: dict[str, object] = {"host": socket.gethostname(), "started": time.time()}
+    host = socket.gethostname()
+    out: dict[str, object] = {"host": host, "started": time.time()}
     try:
         try:
             raw = hw.gpus()
@@ -42,7 +43,7 @@ def main() -> int:
                               gpu_names=[r.name or "" for r in readings])
         out["profile"] = profile.name
         t0 = time.perf_counter()
-        results = checks.run_checks(hw, profile, args.checks.split(","), node=out["host"],  # type: ignore[arg-type]
+        results = checks.run_checks(hw, profile, args.checks.split(","), node=host,
                                     iters=args.iters, dcgm_level=args.dcgm_level)
         out["total_seconds"] = round(time.perf_counter() - t0, 3)
         out["checks"] = [r.as_json() for r in results]
