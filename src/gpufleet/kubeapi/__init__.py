@@ -1,0 +1,52 @@
+"""The one Kubernetes adapter: typed errors, the async port and its kr8s client.
+
+Every product reaches the apiserver through :class:`KubePort` (``KubeApi`` in
+production, a typed fake in unit tests); only this package imports kr8s.
+"""
+
+from gpufleet.kubeapi.client import KubeApi
+from gpufleet.kubeapi.errors import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    Gone,
+    Invalid,
+    NotFound,
+    TooManyRequests,
+    Unauthorized,
+)
+from gpufleet.kubeapi.port import KubePort, ObjectList, WatchEvent, get_or_none
+from gpufleet.kubeapi.resources import (
+    EVENTS,
+    NODES,
+    PODS,
+    SECRETS,
+    Json,
+    Patch,
+    Resource,
+    custom,
+)
+
+__all__ = [
+    "EVENTS",
+    "NODES",
+    "PODS",
+    "SECRETS",
+    "ApiError",
+    "Conflict",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "Json",
+    "KubeApi",
+    "KubePort",
+    "NotFound",
+    "ObjectList",
+    "Patch",
+    "Resource",
+    "TooManyRequests",
+    "Unauthorized",
+    "WatchEvent",
+    "custom",
+    "get_or_none",
+]

@@ -1,0 +1,288 @@
+"""The production :class:`~gpufleet.kubeapi.port.KubePort`, on kr8s (async).
+
+One place builds URLs, sends JSON, and turns every kr8s/httpx failure into a
+:mod:`gpufleet.kubeapi.errors` class naming the request. ``max_in_flight``
+bounds requests at once (the provisioning service's boot storms queue here
+instead of opening a connection per request); Events then get at most
+``MAX_BACKGROUND`` of those slots, so a caller never waits behind audit Events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+import kr8s
+import kr8s.asyncio
+
+from gpufleet.kubeapi.errors import ApiError, error_for
+from gpufleet.kubeapi.port import ObjectList, WatchEvent
+from gpufleet.kubeapi.resources import EVENTS, PODS, Json, Patch, Resource
+
+MAX_BACKGROUND = 2
+"""Of ``max_in_flight``, how many requests may be background work (Events)."""
+
+
+class KubeApi:
+    """Async access to the apiserver through a kr8s API object."""
+
+    def __init__(self, api: Any, *, max_in_flight: int | None = None) -> None:
+        self._api = api
+        self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self._background = (
+            asyncio.Semaphore(min(MAX_BACKGROUND, max_in_flight)) if max_in_flight else None
+        )
+
+    @classmethod
+    async def connect(
+        cls, kubeconfig: str | None = None, *, max_in_flight: int | None = None
+    ) -> KubeApi:
+        return cls(await kr8s.asyncio.api(kubeconfig=kubeconfig), max_in_flight=max_in_flight)
+
+    # ------------------------------------------------------------------ core
+
+    async def _request(
+        self,
+        what: str,
+        method: str,
+        resource: Resource,
+        *,
+        name: str = "",
+        sub: str = "",
+        namespace: str | None = None,
+        body: Mapping[str, Any] | None = None,
+        content_type: str = "application/json",
+        params: Mapping[str, str] | None = None,
+    ) -> Json:
+        kwargs: dict[str, Any] = {}
+        if body is not None:
+            kwargs["content"] = json.dumps(body)
+            kwargs["headers"] = {"Content-Type": content_type}
+        if params:
+            kwargs["params"] = dict(params)
+        url = "/".join(p for p in (resource.plural, name, sub) if p)
+        async with self._slot():
+            try:
+                async with self._api.call_api(
+                    method, version=resource.version, namespace=namespace, url=url, **kwargs
+                ) as resp:
+                    data: Json = resp.json() if resp.content else {}
+                    return data
+            except (httpx.HTTPStatusError, kr8s.ServerError) as exc:
+                raise _translate(what, exc) from None
+            except (httpx.HTTPError, kr8s.APITimeoutError, OSError) as exc:
+                raise ApiError(what, None, f"{type(exc).__name__}: {exc}") from exc
+
+    def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self._slots if self._slots is not None else contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ verbs
+
+    async def get(self, resource: Resource, name: str, *, namespace: str | None = None) -> Json:
+        return await self._request(
+            f"get {resource} {_ref(namespace, name)}",
+            "GET",
+            resource,
+            name=name,
+            namespace=namespace,
+        )
+
+    async def list(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> ObjectList:
+        params = _selectors(label_selector, field_selector)
+        data = await self._request(
+            f"list {resource}", "GET", resource, namespace=namespace, params=params
+        )
+        rv = str((data.get("metadata") or {}).get("resourceVersion") or "")
+        return ObjectList(list(data.get("items") or []), rv)
+
+    async def watch(
+        self,
+        resource: Resource,
+        resource_version: str,
+        *,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+        bookmarks: bool = False,
+        timeout_s: int = 300,
+    ) -> AsyncIterator[WatchEvent]:
+        what = f"watch {resource}"
+        params = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true" if bookmarks else "false",
+            "timeoutSeconds": str(timeout_s),
+            **_selectors(label_selector, field_selector),
+        }
+        try:
+            async with self._api.call_api(
+                "GET",
+                version=resource.version,
+                namespace=namespace,
+                url=resource.plural,
+                params=params,
+                stream=True,
+                timeout=httpx.Timeout(timeout_s + 30, connect=5),
+            ) as resp:
+                async for line in resp.aiter_lines():
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    kind, obj = str(event.get("type")), event.get("object") or {}
+                    if kind == "ERROR":
+                        code = obj.get("code")
+                        raise error_for(code)(what, code, str(obj.get("message", ""))[:300])
+                    if kind == "BOOKMARK" and not bookmarks:
+                        continue
+                    yield WatchEvent(kind, obj)
+        except (httpx.HTTPStatusError, kr8s.ServerError) as exc:
+            raise _translate(what, exc) from None
+        except (httpx.HTTPError, kr8s.APITimeoutError, OSError) as exc:
+            raise ApiError(what, None, f"{type(exc).__name__}: {exc}") from exc
+
+    async def create(
+        self, resource: Resource, body: Mapping[str, Any], *, namespace: str | None = None
+    ) -> Json:
+        name = str((body.get("metadata") or {}).get("name") or "")
+        return await self._request(
+            f"create {resource} {_ref(namespace, name)}",
+            "POST",
+            resource,
+            namespace=namespace,
+            body=body,
+        )
+
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        status: bool = False,
+        kind: Patch = Patch.MERGE,
+    ) -> Json:
+        return await self._request(
+            f"patch {resource} {_ref(namespace, name)}{' status' if status else ''}",
+            "PATCH",
+            resource,
+            name=name,
+            sub="status" if status else "",
+            namespace=namespace,
+            body=patch,
+            content_type=kind.value,
+        )
+
+    async def apply(
+        self,
+        resource: Resource,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        field_manager: str = "gpufleet",
+    ) -> Json:
+        return await self._request(
+            f"apply {resource} {_ref(namespace, name)}",
+            "PATCH",
+            resource,
+            name=name,
+            namespace=namespace,
+            body=body,
+            content_type="application/apply-patch+yaml",
+            params={"fieldManager": field_manager, "force": "true"},
+        )
+
+    async def delete(self, resource: Resource, name: str, *, namespace: str | None = None) -> None:
+        await self._request(
+            f"delete {resource} {_ref(namespace, name)}",
+            "DELETE",
+            resource,
+            name=name,
+            namespace=namespace,
+        )
+
+    async def delete_all(self, resource: Resource, *, namespace: str, label_selector: str) -> None:
+        await self._request(
+            f"delete {resource} in {namespace} ({label_selector})",
+            "DELETE",
+            resource,
+            namespace=namespace,
+            params={"labelSelector": label_selector},
+        )
+
+    async def evict(self, namespace: str, name: str) -> None:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        await self._request(
+            f"evict pod {namespace}/{name}",
+            "POST",
+            PODS,
+            name=name,
+            sub="eviction",
+            namespace=namespace,
+            body=body,
+        )
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await self._request(
+            f"bind pod {namespace}/{name} to {node}",
+            "POST",
+            PODS,
+            name=name,
+            sub="binding",
+            namespace=namespace,
+            body=body,
+        )
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        if self._background is None:
+            await self.create(EVENTS, event, namespace=namespace)
+            return
+        async with self._background:
+            await self.create(EVENTS, event, namespace=namespace)
+
+
+def _ref(namespace: str | None, name: str) -> str:
+    return f"{namespace}/{name}" if namespace else name
+
+
+def _selectors(label_selector: str, field_selector: str) -> dict[str, str]:
+    params = {}
+    if label_selector:
+        params["labelSelector"] = label_selector
+    if field_selector:
+        params["fieldSelector"] = field_selector
+    return params
+
+
+def _translate(what: str, exc: httpx.HTTPStatusError | kr8s.ServerError) -> ApiError:
+    """kr8s wraps 4xx/5xx answers in its ServerError (with the response)."""
+    response = exc.response
+    if response is None:
+        return ApiError(what, None, str(exc)[:500])
+    status = response.status_code
+    message = response.text[:500]
+    with contextlib.suppress(ValueError, AttributeError):
+        message = str(response.json().get("message", ""))[:500]
+    return error_for(status)(what, status, message)
