@@ -7,13 +7,15 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import typer
 import yaml
 
 from gpufleet.api import crds, slurmcluster
-from gpufleet.slurm import jwt, render
+from gpufleet.domain import slurm_jwt
+from gpufleet.slurm import render
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
 
@@ -39,7 +41,8 @@ def _token(token_file: Path | None, jwt_key_file: Path | None, user: str) -> str
     if token_file is not None:
         return token_file.read_text().strip().removeprefix("SLURM_JWT=")
     if jwt_key_file is not None:
-        return jwt.mint(jwt_key_file.read_bytes(), user=user, lifespan_s=30 * 24 * 3600)
+        key = jwt_key_file.read_bytes()
+        return slurm_jwt.mint(key, issued_at=time.time(), user=user, lifespan_s=30 * 24 * 3600)
     env = os.environ.get("SLURM_JWT")
     if env:
         return env
@@ -224,4 +227,5 @@ def token_cmd(
 
         export SLURM_JWT=$(gpufleet slurm token --jwt-key-file /etc/slurm/jwt/jwt_hs256.key)
     """
-    typer.echo(jwt.mint(jwt_key_file.read_bytes(), user=user, lifespan_s=lifespan))
+    key = jwt_key_file.read_bytes()
+    typer.echo(slurm_jwt.mint(key, issued_at=time.time(), user=user, lifespan_s=lifespan))

@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from gpufleet.domain import slurm_jwt
 from gpufleet.local import kube, processes, slurm
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.processes import ComponentError, ManagedProcess, ProcessRecord
@@ -310,7 +311,7 @@ class LocalCluster:
             slurm.prepare(sl)
             self.info.slurm_conf = sl.conf
             self.info.slurmrestd_url = sl.restd_url
-            self.info.slurm_jwt = slurm.mint_jwt(sl.jwt_key.read_bytes())
+            self.info.slurm_jwt = slurm_jwt.mint(sl.jwt_key.read_bytes(), issued_at=time.time())
         self._save()
         self._progress(f"run directory {run_dir}")
 

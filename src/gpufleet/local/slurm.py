@@ -14,10 +14,6 @@ run-directory sweep in :mod:`gpufleet.local.processes`.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 import os
 import secrets
 import socket
@@ -185,20 +181,6 @@ def render_gres_conf(layout: SlurmLayout) -> str:
     return "AutoDetect=off\n" + "".join(
         f"NodeName={node} Name=gpu File={files}\n" for node in layout.nodes
     )
-
-
-def mint_jwt(key: bytes, user: str = "root", lifespan_s: int = 24 * 3600) -> str:
-    """An HS256 token slurmctld's auth/jwt accepts (same claims as ``scontrol token``)."""
-
-    def b64(data: bytes) -> str:
-        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-    now = int(time.time())
-    header = b64(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
-    claims = {"iat": now, "exp": now + lifespan_s, "sun": user}
-    payload = b64(json.dumps(claims, separators=(",", ":")).encode())
-    signature = hmac.new(key, f"{header}.{payload}".encode(), hashlib.sha256).digest()
-    return f"{header}.{payload}.{b64(signature)}"
 
 
 def short_hostname() -> str:
