@@ -17,7 +17,7 @@ from typer.core import TyperGroup
 from gpufleet.cli import operator_cmd
 from gpufleet.domain import conditions, well_known
 from gpufleet.kube import crds, nodes
-from gpufleet.kube.client import KubeClient, NotFound
+from gpufleet.kubeapi import NODES, KubeApi, NotFound, custom
 
 KubeconfigOpt = Annotated[
     Path | None, typer.Option(help="kubeconfig file; default: in-cluster or $KUBECONFIG.")
@@ -42,9 +42,8 @@ def _when(t: float | None) -> str:
 
 
 async def _list(kubeconfig: Path | None) -> list[dict[str, Any]]:
-    client = await KubeClient.connect(str(kubeconfig) if kubeconfig else None)
-    data = await client._call("list nodes", "GET", url="nodes")
-    return list(data.get("items") or [])
+    client = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+    return (await client.list(NODES)).items
 
 
 def nodes_table(
@@ -78,16 +77,12 @@ def nodes_table(
 
 
 async def _detail(kubeconfig: Path | None, name: str) -> tuple[dict[str, Any], list[Any]]:
-    client = await KubeClient.connect(str(kubeconfig) if kubeconfig else None)
-    body = await client.get_node(name)
-    data = await client._call(
-        "list noderemediations",
-        "GET",
-        version=f"{well_known.GROUP}/{well_known.VERSION}",
-        url=crds.NODE_REMEDIATION_PLURAL,
-        params={"labelSelector": f"gpufleet.io/node={name}"},
+    client = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+    body = await client.get(NODES, name)
+    listing = await client.list(
+        custom(crds.NODE_REMEDIATION_PLURAL), label_selector=f"gpufleet.io/node={name}"
     )
-    return body, list(data.get("items") or [])
+    return body, listing.items
 
 
 def node_detail(

@@ -28,7 +28,17 @@ from rich.markup import escape
 from gpufleet.domain import well_known
 from gpufleet.domain.operator import MAX_REASON, OperatorRequest
 from gpufleet.kube import crds
-from gpufleet.kube.client import ApiError, Conflict, KubeClient, NotFound
+from gpufleet.kubeapi import (
+    EVENTS,
+    NODES,
+    ApiError,
+    Conflict,
+    KubeApi,
+    KubePort,
+    NotFound,
+    Resource,
+    custom,
+)
 
 KubeconfigOpt = Annotated[
     Path | None, typer.Option(help="kubeconfig file; default: in-cluster or $KUBECONFIG.")
@@ -63,7 +73,7 @@ class NoAnswer(Exception):
 # ------------------------------------------------------------------ identity
 
 
-async def whoami(client: KubeClient, kubeconfig: Path | None) -> str:
+async def whoami(client: KubePort, kubeconfig: Path | None) -> str:
     """The user the apiserver says we are; else the kubeconfig's user name.
 
     SelfSubjectReview (``authentication.k8s.io/v1``) needs no permission and
@@ -72,13 +82,7 @@ async def whoami(client: KubeClient, kubeconfig: Path | None) -> str:
     """
     body = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
     try:
-        data = await client._call(
-            "self subject review",
-            "POST",
-            version="authentication.k8s.io/v1",
-            url="selfsubjectreviews",
-            body=body,
-        )
+        data = await client.create(Resource("selfsubjectreviews", "authentication.k8s.io/v1"), body)
         name = (data.get("status") or {}).get("userInfo", {}).get("username")
         if name:
             return str(name)
@@ -129,20 +133,14 @@ async def _poll(check: Callable[[], Awaitable[Any]], timeout: float) -> Any:
 
 
 async def _answer_event(
-    client: KubeClient, namespace: str, kind: str, name: str, reason: str, rid: str, timeout: float
+    client: KubePort, namespace: str, kind: str, name: str, reason: str, rid: str, timeout: float
 ) -> dict[str, Any]:
     """The controller's Event answering request ``rid`` (its message starts with ``[rid]``)."""
     selector = f"involvedObject.kind={kind},involvedObject.name={name},reason={reason}"
 
     async def find() -> dict[str, Any] | None:
-        data = await client._call(
-            "list events",
-            "GET",
-            namespace=namespace,
-            url="events",
-            params={"fieldSelector": selector},
-        )
-        for item in data.get("items") or []:
+        listing = await client.list(EVENTS, namespace=namespace, field_selector=selector)
+        for item in listing.items:
             if str(item.get("message", "")).startswith(f"[{rid}] "):
                 return dict(item)
         return None
@@ -174,8 +172,8 @@ async def _send_node_request(
     event_namespace: str,
     console: Console,
 ) -> dict[str, Any] | None:
-    client = await KubeClient.connect(str(kubeconfig) if kubeconfig else None)
-    body = await client.get_node(node)
+    client = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+    body = await client.get(NODES, node)
     meta = body.get("metadata") or {}
     waiting = (meta.get("annotations") or {}).get(well_known.ANNOTATION_OPERATOR_REQUEST)
     if waiting:
@@ -200,7 +198,7 @@ async def _send_node_request(
         }
     }
     try:
-        await client.patch_node(node, patch)
+        await client.patch(NODES, node, patch)
     except Conflict:
         console.print(f"[red]{node} changed while the request was written: run it again[/]")
         raise typer.Exit(2) from None
@@ -209,7 +207,7 @@ async def _send_node_request(
         return None
 
     async def handled() -> bool:
-        ann = (await client.get_node(node))["metadata"].get("annotations") or {}
+        ann = (await client.get(NODES, node))["metadata"].get("annotations") or {}
         value = ann.get(well_known.ANNOTATION_OPERATOR_REQUEST)
         return value is None or f'"id":"{request.id}"' not in value
 
@@ -277,8 +275,8 @@ async def _send_breaker_reset(
     event_namespace: str,
     console: Console,
 ) -> dict[str, Any] | None:
-    client = await KubeClient.connect(str(kubeconfig) if kubeconfig else None)
-    obj = await client.get_custom(crds.FLEET_POLICY_PLURAL, policy)
+    client = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+    obj = await client.get(custom(crds.FLEET_POLICY_PLURAL), policy)
     breaker = (obj.get("status") or {}).get("breaker") or {}
     console.print(
         f"FleetPolicy {policy}: breaker {'open' if breaker.get('open') else 'closed'}, "
@@ -292,8 +290,8 @@ async def _send_breaker_reset(
         "id": rid,
     }
     value = json.dumps(request, separators=(",", ":"))
-    await client.patch_custom(
-        crds.FLEET_POLICY_PLURAL,
+    await client.patch(
+        custom(crds.FLEET_POLICY_PLURAL),
         policy,
         {"metadata": {"annotations": {well_known.ANNOTATION_BREAKER_RESET: value}}},
     )

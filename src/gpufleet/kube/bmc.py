@@ -27,7 +27,8 @@ from gpufleet.domain import well_known
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
 from gpufleet.kube import remediations
-from gpufleet.kube.client import ApiError, KubeClient, NotFound
+from gpufleet.kubeapi import NODES, ApiError, KubePort, NotFound, Patch
+from gpufleet.kubeapi.machines import MACHINES
 from gpufleet.remediate import steps
 from gpufleet.remediate.evidence import ActionMark
 from gpufleet.remediate.identity import ExpectedIdentity
@@ -35,7 +36,6 @@ from gpufleet.remediate.identity import ExpectedIdentity
 log = logging.getLogger("gpufleet.controller")
 
 Json = dict[str, Any]
-STRATEGIC = {"Content-Type": "application/strategic-merge-patch+json"}
 
 
 def current_attempt(record: NodeRecord) -> steps.Attempt | None:
@@ -60,12 +60,12 @@ def mark_text(body: Mapping[str, Any]) -> str | None:
 class NodeJournal:
     """Stores the write-ahead mark on the Node; raises if the apiserver did not take it."""
 
-    client: KubeClient
+    client: KubePort
     node: str
 
     async def write(self, mark: ActionMark) -> None:
         patch = {"metadata": {"annotations": {well_known.ANNOTATION_BMC_ACTION: mark.to_json()}}}
-        await self.client.patch_node(self.node, patch)
+        await self.client.patch(NODES, self.node, patch)
         log.info(
             "node=%s bmc-action %s attempt %d: %s posting",
             self.node,
@@ -77,7 +77,7 @@ class NodeJournal:
     async def clear(self, attempt: steps.Attempt) -> None:
         """Remove the mark once the attempt's result is recorded (best effort)."""
         try:
-            body = await self.client.get_node(self.node)
+            body = await self.client.get(NODES, self.node)
         except ApiError:
             return
         mark = ActionMark.from_json(mark_text(body))
@@ -90,13 +90,13 @@ class NodeJournal:
             }
         }
         try:
-            await self.client.patch_node(self.node, patch)
+            await self.client.patch(NODES, self.node, patch)
         except ApiError as exc:
             log.debug("node=%s bmc-action mark kept: %s", self.node, exc)
 
 
 async def expected_identity(
-    client: KubeClient, body: Mapping[str, Any], endpoint: str
+    client: KubePort, body: Mapping[str, Any], endpoint: str
 ) -> ExpectedIdentity:
     """What the node's BMC must say about itself. A Machine that cannot be read
     makes the identity unverifiable (``machine_error``): no power action."""
@@ -108,7 +108,7 @@ async def expected_identity(
     if not machine:
         return base
     try:
-        obj = await client.get_custom(well_known.MACHINE_PLURAL, str(machine))
+        obj = await client.get(MACHINES, str(machine))
     except NotFound:
         return _with(base, machine, error=f"the Node names Machine {machine}, which does not exist")
     except ApiError as exc:
@@ -135,7 +135,7 @@ def _with(base: ExpectedIdentity, machine: str, *, error: str) -> ExpectedIdenti
 
 
 async def mismatch_condition(
-    client: KubeClient, body: Mapping[str, Any], *, mismatch: bool, message: str, now: float
+    client: KubePort, body: Mapping[str, Any], *, mismatch: bool, message: str, now: float
 ) -> None:
     """Set ``GpufleetBmcMismatch`` (True: not verified, False: verified again).
 
@@ -163,12 +163,8 @@ async def mismatch_condition(
         ),
     }
     try:
-        await client._call(
-            f"patch node {node} status",
-            "PATCH",
-            url=f"nodes/{node}/status",
-            body={"status": {"conditions": [cond]}},
-            headers=STRATEGIC,
+        await client.patch(
+            NODES, node, {"status": {"conditions": [cond]}}, status=True, kind=Patch.STRATEGIC
         )
     except ApiError as exc:
         log.warning("node=%s %s not written: %s", node, well_known.CONDITION_BMC_MISMATCH, exc)

@@ -49,8 +49,19 @@ from gpufleet.domain.safety import (
 from gpufleet.domain.states import NodeState
 from gpufleet.kube import bmc as kube_bmc
 from gpufleet.kube import crds, draining, machines, nodes, remediations
-from gpufleet.kube.client import ApiError, Conflict, KubeClient, NotFound, TooManyRequests
 from gpufleet.kube.metrics import Metrics
+from gpufleet.kubeapi import (
+    NODES,
+    PODS,
+    SECRETS,
+    ApiError,
+    Conflict,
+    KubePort,
+    NotFound,
+    TooManyRequests,
+    custom,
+)
+from gpufleet.kubeapi.secrets import decode_data
 from gpufleet.remediate import redfish, steps
 from gpufleet.remediate.evidence import ActionMark
 
@@ -58,6 +69,8 @@ log = logging.getLogger("gpufleet.controller")
 
 Json = dict[str, Any]
 S = NodeState
+_POLICIES = custom(crds.FLEET_POLICY_PLURAL)
+_REMEDIATIONS = custom(crds.NODE_REMEDIATION_PLURAL)
 
 IDLE = frozenset({S.PRODUCTION, S.TRIAGE, S.RMA, S.MAINTENANCE, S.PROVISIONING})
 """States in which a tick has nothing to do (unless a fault is pending)."""
@@ -95,7 +108,7 @@ class Controller:
 
     def __init__(
         self,
-        client: KubeClient,
+        client: KubePort,
         settings: ControllerSettings | None = None,
         metrics: Metrics | None = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -213,8 +226,8 @@ class Controller:
             condition = _condition("Valid", "True", "Valid", "the policy is in use", self.clock)
         status: Json = {"conditions": [condition], "observedGeneration": generation}
         with contextlib.suppress(ApiError):
-            await self.client.patch_status(
-                crds.FLEET_POLICY_PLURAL, self.settings.policy_name, status
+            await self.client.patch(
+                _POLICIES, self.settings.policy_name, {"status": status}, status=True
             )
         self._update_gauges()  # a new budget configuration changes what the status shows
 
@@ -255,8 +268,8 @@ class Controller:
         log.info("policy=%s breaker %s", name, message)
         self._policy_event(body, "Normal" if ok else "Warning", "BreakerReset", message)
         try:
-            await self.client.patch_custom(
-                crds.FLEET_POLICY_PLURAL,
+            await self.client.patch(
+                _POLICIES,
                 name,
                 {"metadata": {"annotations": {well_known.ANNOTATION_BREAKER_RESET: None}}},
             )
@@ -317,8 +330,8 @@ class Controller:
             ],
         }
         try:
-            await self.client.patch_status(
-                crds.FLEET_POLICY_PLURAL, self.settings.policy_name, status
+            await self.client.patch(
+                _POLICIES, self.settings.policy_name, {"status": status}, status=True
             )
         except ApiError as exc:
             fleet.dirty_breaker = True
@@ -355,9 +368,9 @@ class Controller:
 
     async def prime(self) -> None:
         """Load every Node's record before the first decision (budget needs the whole fleet)."""
-        data = await self.client._call("list nodes", "GET", url="nodes")
+        listing = await self.client.list(NODES)
         now = self.clock.now()
-        for body in data.get("items") or []:
+        for body in listing.items:
             record, _ = nodes.record_of(body, now)
             self.fleet.put(record)
             self.bodies[nodes.name_of(body)] = body
@@ -387,7 +400,7 @@ class Controller:
                 # A result must be decided on the Node as it is now: decided on a stale
                 # copy it could be judged "not the step in progress" and lost.
                 try:
-                    body = await self.client.get_node(name)
+                    body = await self.client.get(NODES, name)
                 except NotFound:
                     return
                 except ApiError as exc:
@@ -404,7 +417,7 @@ class Controller:
                 return
             except Conflict:
                 try:
-                    body = await self.client.get_node(name)
+                    body = await self.client.get(NODES, name)
                 except NotFound:
                     self.on_node_deleted(name)
                     return
@@ -459,7 +472,7 @@ class Controller:
             [type(e).__name__ for e in events],
         )
         try:
-            written = await self.client.patch_node(name, patch)
+            written = await self.client.patch(NODES, name, patch)
         except Conflict:
             async with self.fleet.lock:  # undo the reservation; decide again on fresh data
                 if previous is not None:
@@ -651,14 +664,9 @@ class Controller:
                 nodes.name_of(body),
                 f"the Node has no {well_known.ANNOTATION_BMC_SECRET} annotation (namespace/name)",
             )
-        secret = await self.client.get_secret(*ref)
-        import base64
-
-        data = secret.get("data") or {}
+        data = decode_data(await self.client.get(SECRETS, ref[1], namespace=ref[0]))
         try:
-            values = {
-                k: base64.b64decode(data[k]).decode() for k in ("endpoint", "username", "password")
-            }
+            values = {k: data[k] for k in ("endpoint", "username", "password")}
         except KeyError as exc:
             raise redfish.BmcRejected(
                 nodes.name_of(body), f"Secret {ref[0]}/{ref[1]} lacks the key {exc}"
@@ -720,7 +728,7 @@ class Controller:
         """Carry out one attempt against the Node as stored now; None: nothing to do yet."""
         step = attempt.step
         try:
-            body = await self.client.get_node(name)  # the mark and the record as they are
+            body = await self.client.get(NODES, name)  # the mark and the record as they are
         except NotFound:
             return None
         except ApiError as exc:
@@ -783,7 +791,7 @@ class Controller:
             return
         async with self._lock(name):
             try:
-                body = await self.client.get_node(name)
+                body = await self.client.get(NODES, name)
             except NotFound:
                 self._bmc.results.pop(key, None)
                 return
@@ -832,7 +840,7 @@ class Controller:
                 await asyncio.sleep(self.settings.drain_poll_s)
                 continue
             try:
-                pods = await self.client.pods_on(name)
+                pods = (await self.client.list(PODS, field_selector=f"spec.nodeName={name}")).items
             except ApiError as exc:
                 log.warning("node=%s drain: %s", name, exc)
                 await asyncio.sleep(self.settings.drain_poll_s)
@@ -856,7 +864,7 @@ class Controller:
                     log.warning("node=%s drain: %s", name, exc)
             for ns, pod in plan.delete:
                 with contextlib.suppress(NotFound):
-                    await self.client.delete_pod(ns, pod)
+                    await self.client.delete(PODS, pod, namespace=ns)
             ready = self._ready_to_disrupt(name, inc, policy, plan.remaining)
             if ready.ready:
                 self._drains.pop(name, None)
@@ -943,8 +951,8 @@ class Controller:
         async with lock:
             current = record.incident if record.incident is not None else incident
             try:
-                await self.client.create_custom(
-                    crds.NODE_REMEDIATION_PLURAL,
+                await self.client.create(
+                    _REMEDIATIONS,
                     remediations.manifest(record.name, current, self.policy),
                 )
             except Conflict:
@@ -954,7 +962,7 @@ class Controller:
                 return
             status = remediations.status(record, current, now)
             try:
-                await self.client.patch_status(crds.NODE_REMEDIATION_PLURAL, name, status)
+                await self.client.patch(_REMEDIATIONS, name, {"status": status}, status=True)
             except ApiError as exc:
                 log.warning(
                     "node=%s NodeRemediation %s status not written: %s", record.name, name, exc

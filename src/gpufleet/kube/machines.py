@@ -14,8 +14,8 @@ A Node without the label joined some other way (an admin's kubeadm token, an
 adopted fleet): it is registered as before, unchecked, and the Event says so.
 
 :func:`rearm_for_reimage` is the reimage step's part: the machine's next
-(network) boot may get a new token. Machines are still read as plain JSON
-here; their model is :mod:`gpufleet.api.machine`.
+(network) boot may get a new token (:func:`gpufleet.kubeapi.machines.rearm`,
+the same re-arm the provisioning service does).
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.domain import enrollment, inventory, well_known
 from gpufleet.domain import events as ev
-from gpufleet.kube.client import ApiError, KubeClient, NotFound
+from gpufleet.domain import inventory, well_known
+from gpufleet.kubeapi import ApiError, KubePort, NotFound
+from gpufleet.kubeapi import machines as kube_machines
+from gpufleet.kubeapi.machines import MACHINES
 
 log = logging.getLogger("gpufleet.controller")
-TOKEN_NAMESPACE = "kube-system"
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def expected_of(machine: Mapping[str, Any]) -> inventory.Hardware | None:
         return None
 
 
-async def registration(client: KubeClient, body: Mapping[str, Any]) -> Registration | None:
+async def registration(client: KubePort, body: Mapping[str, Any]) -> Registration | None:
     """The registration event for a Ready ``provisioning`` Node, or None to wait."""
     node = str(body["metadata"]["name"])
     name = machine_of(body)
@@ -67,7 +68,7 @@ async def registration(client: KubeClient, body: Mapping[str, Any]) -> Registrat
             )
         )
     try:
-        machine = await client.get_custom(well_known.MACHINE_PLURAL, name)
+        machine = await client.get(MACHINES, name)
     except NotFound:
         return Registration(
             ev.InventoryMismatch(detail=f"no Machine {name} (named by the Node's label)")
@@ -100,7 +101,7 @@ async def registration(client: KubeClient, body: Mapping[str, Any]) -> Registrat
 
 
 async def _record(
-    client: KubeClient,
+    client: KubePort,
     node: str,
     name: str,
     status: Mapping[str, Any],
@@ -115,7 +116,7 @@ async def _record(
         "message": inventory.describe(diffs),
     }
     try:
-        await client.patch_status(well_known.MACHINE_PLURAL, name, patch)
+        await client.patch(MACHINES, name, {"status": patch}, status=True)
     except ApiError as exc:
         log.warning("node=%s Machine %s status not written: %s", node, name, exc)
     token = status.get("tokenId")
@@ -123,26 +124,18 @@ async def _record(
         await _delete_token(client, node, str(token))
 
 
-async def _delete_token(client: KubeClient, node: str, token_id: str) -> None:
-    secret = enrollment.secret_name(token_id)
+async def _delete_token(client: KubePort, node: str, token_id: str) -> None:
     try:
-        await client._call(
-            f"delete secret {TOKEN_NAMESPACE}/{secret}",
-            "DELETE",
-            namespace=TOKEN_NAMESPACE,
-            url=f"secrets/{secret}",
-        )
-        log.info("node=%s join token %s revoked (used)", node, token_id)
-    except NotFound:
-        pass
+        if await kube_machines.revoke_token(client, token_id):
+            log.info("node=%s join token %s revoked (used)", node, token_id)
     except ApiError as exc:
         log.warning("node=%s join token %s not revoked: %s", node, token_id, exc)
 
 
-async def rearm_for_reimage(client: KubeClient, body: Mapping[str, Any], now: float) -> None:
+async def rearm_for_reimage(client: KubePort, body: Mapping[str, Any], now: float) -> None:
     """Arm the Node's Machine so the reimage boot gets a new token (no-op without one).
 
-    Raises :class:`~gpufleet.kube.client.ApiError` if the Machine could not be
+    Raises :class:`~gpufleet.kubeapi.ApiError` if the Machine could not be
     re-armed: the reimage would boot a machine that cannot join, so the step
     fails instead (the ladder retries or escalates).
     """
@@ -150,13 +143,7 @@ async def rearm_for_reimage(client: KubeClient, body: Mapping[str, Any], now: fl
     if name is None:
         return
     node = str(body["metadata"]["name"])
-    machine = await client.get_custom(well_known.MACHINE_PLURAL, name)
-    await client.patch_status(
-        well_known.MACHINE_PLURAL,
-        name,
-        enrollment.rearm_status(by=well_known.CONTROLLER, at=now, reason=f"reimage of {node}"),
+    await kube_machines.rearm(
+        client, name, by=well_known.CONTROLLER, reason=f"reimage of {node}", now=now
     )
-    old = (machine.get("status") or {}).get("tokenId")
-    if old:
-        await _delete_token(client, node, str(old))
     log.info("node=%s Machine %s re-armed for the reimage boot", node, name)

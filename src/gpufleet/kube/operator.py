@@ -26,9 +26,9 @@ from prometheus_client import start_http_server
 
 from gpufleet.domain import well_known
 from gpufleet.kube import crds
-from gpufleet.kube.client import KubeClient
 from gpufleet.kube.controller import Controller, ControllerSettings
 from gpufleet.kube.metrics import Metrics
+from gpufleet.kubeapi import KubeApi
 
 log = logging.getLogger("gpufleet.controller")
 
@@ -133,7 +133,7 @@ async def run(
     metrics = Metrics()
     if options.metrics_port:
         start_http_server(options.metrics_port, addr="0.0.0.0", registry=metrics.registry)
-    client = await KubeClient.connect(options.kubeconfig)
+    client = await KubeApi.connect(options.kubeconfig)
     ctl = Controller(client, settings, metrics)
     registry = build_registry(ctl, options)
     priority = options.priority if options.priority is not None else random.randint(1, 32767)

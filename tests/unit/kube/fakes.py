@@ -1,13 +1,33 @@
-"""An in-memory stand-in for KubeClient: Nodes with resourceVersions, merge patches, Events."""
+"""An in-memory :class:`~gpufleet.kubeapi.KubePort`: Nodes, Pods, Secrets, custom objects, Events.
+
+It answers what the apiserver would for the calls it models (NotFound for a
+missing object, Conflict for a stale ``resourceVersion`` or an existing name,
+label selectors on lists) and raises NotImplementedError for the rest, so a
+unit test never passes because a call silently did nothing.
+"""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from gpufleet.api import fleetpolicy
 from gpufleet.kube import nodes
-from gpufleet.kube.client import Conflict, NotFound
+from gpufleet.kubeapi import (
+    EVENTS,
+    NODES,
+    PODS,
+    SECRETS,
+    Conflict,
+    Json,
+    KubePort,
+    NotFound,
+    ObjectList,
+    Patch,
+    Resource,
+    WatchEvent,
+)
 
 
 class FakeKube:
@@ -19,69 +39,213 @@ class FakeKube:
         self.pods: list[dict[str, Any]] = []
         self.patches = 0
         self._rv = 0
+        # The cluster as installed: the FleetPolicy the controller saves its status in.
+        self.custom[(fleetpolicy.PLURAL, "default")] = {
+            "metadata": {"name": "default"},
+            "spec": {},
+        }
 
     def add_node(self, body: dict[str, Any]) -> None:
         self._rv += 1
         body.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
         self.nodes[body["metadata"]["name"]] = body
 
-    async def _call(self, what: str, method: str, **kw: Any) -> dict[str, Any]:
-        if kw.get("url") == "nodes":
-            return {"items": [copy.deepcopy(n) for n in self.nodes.values()]}
-        return {"items": []}
+    # ------------------------------------------------------------------ helpers
 
-    async def get_node(self, name: str) -> dict[str, Any]:
-        if name not in self.nodes:
-            raise NotFound(f"get node {name}", 404, "not found")
-        return copy.deepcopy(self.nodes[name])
+    def _missing(self, resource: Resource, name: str) -> NotFound:
+        return NotFound(f"get {resource} {name}", 404, "not found")
 
-    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+    def _pod(self, namespace: str, name: str) -> dict[str, Any]:
+        for p in self.pods:
+            meta = p["metadata"]
+            if meta["name"] == name and meta.get("namespace", namespace) == namespace:
+                return p
+        raise self._missing(PODS, f"{namespace}/{name}")
+
+    # --------------------------------------------------------------------- port
+
+    async def get(self, resource: Resource, name: str, *, namespace: str | None = None) -> Json:
+        if resource == NODES:
+            if name not in self.nodes:
+                raise self._missing(resource, name)
+            return copy.deepcopy(self.nodes[name])
+        if resource == SECRETS:
+            if (str(namespace), name) not in self.secrets:
+                raise self._missing(resource, f"{namespace}/{name}")
+            return copy.deepcopy(self.secrets[(str(namespace), name)])
+        if resource == PODS:
+            return copy.deepcopy(self._pod(str(namespace), name))
+        key = (resource.plural, name)
+        if resource.version != "v1" and key in self.custom:
+            return copy.deepcopy(self.custom[key])
+        if resource.version != "v1":
+            raise self._missing(resource, name)
+        raise NotImplementedError(f"get {resource}")
+
+    async def list(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> ObjectList:
+        if resource == NODES and not field_selector:
+            items = list(self.nodes.values())
+        elif resource == PODS and field_selector.startswith("spec.nodeName="):
+            node = field_selector.partition("=")[2]
+            items = [p for p in self.pods if p["spec"].get("nodeName") == node]
+        elif resource.version != "v1" and not field_selector:
+            items = [v for (plural, _), v in self.custom.items() if plural == resource.plural]
+        else:
+            raise NotImplementedError(f"list {resource} ({field_selector})")
+        items = [copy.deepcopy(o) for o in items if _labels_match(o, label_selector)]
+        return ObjectList(items, str(self._rv))
+
+    async def watch(
+        self,
+        resource: Resource,
+        resource_version: str,
+        *,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+        bookmarks: bool = False,
+        timeout_s: int = 300,
+    ) -> AsyncIterator[WatchEvent]:
+        raise NotImplementedError(f"watch {resource}")
+        yield WatchEvent("", {})  # pragma: no cover  (makes this an async generator)
+
+    async def create(
+        self, resource: Resource, body: Mapping[str, Any], *, namespace: str | None = None
+    ) -> Json:
+        name = str(body["metadata"]["name"])
+        if resource == SECRETS:
+            key = (str(namespace), name)
+            if key in self.secrets:
+                raise Conflict(f"create {resource} {name}", 409, "already exists")
+            self.secrets[key] = copy.deepcopy(dict(body))
+            return dict(body)
+        if resource == EVENTS:
+            self.events.append(dict(body))
+            return dict(body)
+        if resource.version == "v1":
+            raise NotImplementedError(f"create {resource}")
+        ckey = (resource.plural, name)
+        if ckey in self.custom:
+            raise Conflict(f"create {resource} {name}", 409, "already exists")
+        self.custom[ckey] = copy.deepcopy(dict(body))
+        return dict(body)
+
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        status: bool = False,
+        kind: Patch = Patch.MERGE,
+    ) -> Json:
+        if resource == NODES:
+            if name not in self.nodes:
+                raise self._missing(resource, name)
+            if kind is Patch.STRATEGIC:
+                return self._strategic_node(name, patch)
+            node = self.nodes[name]
+            rv = patch.get("metadata", {}).get("resourceVersion")
+            if rv is not None and rv != node["metadata"]["resourceVersion"]:
+                raise Conflict(f"patch node {name}", 409, "changed")
+            self.patches += 1
+            merged = nodes.apply_merge_patch(node, patch)
+            self._rv += 1
+            merged["metadata"]["resourceVersion"] = str(self._rv)
+            self.nodes[name] = merged
+            return copy.deepcopy(merged)
+        if resource.version == "v1" or kind is not Patch.MERGE:
+            raise NotImplementedError(f"patch {resource}")
+        key = (resource.plural, name)
+        if key not in self.custom:
+            raise self._missing(resource, name)
+        obj = self.custom[key]
+        if status:
+            # The status subresource ignores everything but status.
+            obj["status"] = nodes.apply_merge_patch(obj.get("status") or {}, patch["status"])
+        else:
+            keep = obj.get("status")
+            obj = nodes.apply_merge_patch(obj, {k: v for k, v in patch.items() if k != "status"})
+            if keep is not None:
+                obj["status"] = keep
+            self.custom[key] = obj
+        return copy.deepcopy(obj)
+
+    def _strategic_node(self, name: str, patch: Mapping[str, Any]) -> Json:
+        """Node conditions merge by ``type`` (the only strategic patch gpufleet sends)."""
+        if set(patch) != {"status"} or set(patch["status"]) != {"conditions"}:
+            raise NotImplementedError("strategic patch other than status.conditions")
         node = self.nodes[name]
-        rv = patch.get("metadata", {}).get("resourceVersion")
-        if rv is not None and rv != node["metadata"]["resourceVersion"]:
-            raise Conflict(f"patch node {name}", 409, "changed")
-        self.patches += 1
-        merged = nodes.apply_merge_patch(node, patch)
+        conds = {c["type"]: c for c in node.setdefault("status", {}).get("conditions") or []}
+        for c in patch["status"]["conditions"]:
+            if c.get("$patch") == "delete":
+                conds.pop(c["type"], None)
+            else:
+                conds[c["type"]] = {**conds.get(c["type"], {}), **c}
+        node["status"]["conditions"] = list(conds.values())
         self._rv += 1
-        merged["metadata"]["resourceVersion"] = str(self._rv)
-        self.nodes[name] = merged
-        return copy.deepcopy(merged)
+        node["metadata"]["resourceVersion"] = str(self._rv)
+        self.patches += 1
+        return copy.deepcopy(node)
 
-    async def pods_on(self, node: str) -> list[dict[str, Any]]:
-        return [p for p in self.pods if p["spec"]["nodeName"] == node]
+    async def apply(
+        self,
+        resource: Resource,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        field_manager: str = "gpufleet",
+    ) -> Json:
+        raise NotImplementedError(f"apply {resource}")
+
+    async def delete(self, resource: Resource, name: str, *, namespace: str | None = None) -> None:
+        if resource == SECRETS:
+            if self.secrets.pop((str(namespace), name), None) is None:
+                raise self._missing(resource, f"{namespace}/{name}")
+        elif resource == PODS:
+            self.pods.remove(self._pod(str(namespace), name))
+        elif resource.version != "v1":
+            if self.custom.pop((resource.plural, name), None) is None:
+                raise self._missing(resource, name)
+        else:
+            raise NotImplementedError(f"delete {resource}")
+
+    async def delete_all(self, resource: Resource, *, namespace: str, label_selector: str) -> None:
+        raise NotImplementedError(f"delete {resource} by selector")
 
     async def evict(self, namespace: str, name: str) -> None:
-        self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
+        self.pods.remove(self._pod(namespace, name))
 
-    async def delete_pod(self, namespace: str, name: str) -> None:
-        await self.evict(namespace, name)
-
-    async def get_secret(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.secrets[(namespace, name)]
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        pod = self._pod(namespace, name)
+        if pod["metadata"].get("uid", uid) != uid or pod["spec"].get("nodeName"):
+            raise Conflict(f"bind pod {namespace}/{name}", 409, "not the pod, or bound")
+        pod["spec"]["nodeName"] = node
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         self.events.append(dict(event))
 
-    async def create_custom(self, plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        key = (plural, body["metadata"]["name"])
-        if key in self.custom:
-            raise Conflict("create", 409, "exists")
-        self.custom[key] = copy.deepcopy(dict(body))
-        return dict(body)
 
-    async def patch_custom(
-        self, plural: str, name: str, patch: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        obj = self.custom.setdefault((plural, name), {"metadata": {"name": name}})
-        self.custom[(plural, name)] = nodes.apply_merge_patch(obj, patch)
-        return self.custom[(plural, name)]
+def _labels_match(obj: Mapping[str, Any], selector: str) -> bool:
+    """Equality-based selectors (``k=v,k2=v2``), the only kind gpufleet sends."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key.strip()) != value.strip():
+            return False
+    return True
 
-    async def patch_status(
-        self, plural: str, name: str, status: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        obj = self.custom.setdefault((plural, name), {"metadata": {"name": name}})
-        obj["status"] = nodes.apply_merge_patch(obj.get("status") or {}, status)
-        return obj
+
+_port: type[KubePort] = FakeKube  # mypy checks the fake against the port here
 
 
 def node(name: str, *, pool: str = "default", unschedulable: bool = False) -> dict[str, Any]:

@@ -27,7 +27,7 @@ async def _repair_once(admin_cordon: bool) -> Controller:
     for i in range(4):
         kube.add_node(node(f"n{i}", unschedulable=admin_cordon and i == 1))
     clock = ManualClock()
-    ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=clock)  # type: ignore[arg-type]
+    ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=clock)
     ctl.policy = default_policy()
     ctl.policy_seen = True
     await ctl.prime()

@@ -11,8 +11,9 @@ from gpufleet.domain.ladder import Step
 from gpufleet.domain.records import Incident, NodeRecord, Outcome, StepAttempt
 from gpufleet.domain.states import NodeState
 from gpufleet.kube import bmc
-from gpufleet.kube.client import NotFound
 from gpufleet.remediate import steps
+
+from .fakes import FakeKube
 
 
 def _record(state: NodeState, current: Step | None, *tried: StepAttempt) -> NodeRecord:
@@ -43,15 +44,11 @@ def test_an_attempt_is_claimed_once() -> None:
     assert runs.claim("n1", a)
 
 
-class _Machines:
-    def __init__(self, machines: dict[str, Any]) -> None:
-        self.machines = machines
-
-    async def get_custom(self, plural: str, name: str) -> Any:
-        assert plural == well_known.MACHINE_PLURAL
-        if name not in self.machines:
-            raise NotFound(f"get {plural}/{name}", 404, "not found")
-        return self.machines[name]
+def _machines(machines: dict[str, Any]) -> FakeKube:
+    kube = FakeKube()
+    for name, body in machines.items():
+        kube.custom[(well_known.MACHINE_PLURAL, name)] = body
+    return kube
 
 
 def _node(machine: str | None = None, uuid: str = "") -> dict[str, Any]:
@@ -64,7 +61,7 @@ def _node(machine: str | None = None, uuid: str = "") -> dict[str, Any]:
 
 def test_expected_identity_comes_from_the_machine_and_the_kubelet() -> None:
     machine = {"spec": {"serial": "SN-9", "bmc": {"endpoint": "https://bmc-9"}}}
-    client: Any = _Machines({"m9": machine})
+    client = _machines({"m9": machine})
     got = asyncio.run(bmc.expected_identity(client, _node("m9", "u-1"), "https://bmc-9"))
     assert (got.machine, got.serial, got.machine_endpoint, got.system_uuid) == (
         "m9",

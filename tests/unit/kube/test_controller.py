@@ -29,7 +29,7 @@ async def make(n: int = 10, **policy: Any) -> tuple[FakeKube, Controller, Manual
     clock = ManualClock()
     # No coalescing delay for the status save: settle() would wait it out.
     settings = ControllerSettings(status_save_delay_s=0.0)
-    ctl = Controller(kube, settings, clock=clock)  # type: ignore[arg-type]
+    ctl = Controller(kube, settings, clock=clock)
     ctl.policy = default_policy().model_copy(update=policy)
     ctl.policy_seen = True
     await ctl.prime()

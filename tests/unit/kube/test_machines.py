@@ -1,35 +1,33 @@
-"""The controller's registration check (kube.machines) over an in-memory API."""
+"""The controller's registration check (kube.machines) over the in-memory KubePort."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import copy
 from typing import Any
 
 from gpufleet.domain import events as ev
 from gpufleet.domain import inventory, well_known
 from gpufleet.kube import machines
-from gpufleet.kube.client import NotFound
+
+from .fakes import FakeKube
+
+TOKEN = ("kube-system", "bootstrap-token-abcdef")
 
 
-class Api:
+class Api(FakeKube):
+    """The fake apiserver with Machine ``m1`` (when given) and its boot's join token."""
+
     def __init__(self, machine: dict[str, Any] | None) -> None:
-        self.machine = machine
-        self.status: dict[str, Any] = {}
-        self.deleted: list[str] = []
+        super().__init__()
+        if machine is not None:
+            self.custom[(well_known.MACHINE_PLURAL, "m1")] = copy.deepcopy(machine)
+        self.secrets[TOKEN] = {"metadata": {"name": TOKEN[1], "namespace": TOKEN[0]}}
 
-    async def get_custom(self, plural: str, name: str) -> dict[str, Any]:
-        if self.machine is None:
-            raise NotFound(f"get {plural}/{name}", 404, "not found")
-        return self.machine
-
-    async def patch_status(self, plural: str, name: str, status: Mapping[str, Any]) -> Any:
-        self.status.update(status)
-        return {}
-
-    async def _call(self, what: str, method: str, **kw: Any) -> dict[str, Any]:
-        self.deleted.append(kw["url"])
-        return {}
+    @property
+    def status(self) -> dict[str, Any]:
+        machine = self.custom.get((well_known.MACHINE_PLURAL, "m1")) or {}
+        return dict(machine.get("status") or {})
 
 
 MACHINE = {
@@ -52,7 +50,7 @@ def node(labelled: bool = True, hw: inventory.Hardware | None = None) -> dict[st
 
 
 def run(api: Api, body: dict[str, Any]) -> machines.Registration | None:
-    return asyncio.run(machines.registration(api, body))  # type: ignore[arg-type]
+    return asyncio.run(machines.registration(api, body))
 
 
 def test_a_node_without_a_machine_label_registers_unchecked() -> None:
@@ -70,7 +68,7 @@ def test_a_match_registers_records_the_node_revokes_the_token_and_links_the_bmc(
     got = run(api, node(hw=inventory.Hardware("NVIDIA H100 80GB HBM3", 8, 8)))
     assert got is not None and isinstance(got.event, ev.Registered)
     assert api.status["node"] == "n1" and api.status["phase"] == "Joined"
-    assert api.deleted == ["secrets/bootstrap-token-abcdef"]
+    assert TOKEN not in api.secrets  # the used join token is revoked
     assert got.annotations == {well_known.ANNOTATION_BMC_SECRET: "gpufleet-system/bmc-m1"}
 
 
