@@ -10,6 +10,7 @@ reported as a Node condition, a Node Event and Prometheus metrics.
 Hardware sits behind :class:`hardware.Hardware` with two backends: ``real``
 (NVML, ``/dev/kmsg``, sysfs, ``dcgmi``) and ``simulated`` (in-memory devices
 with fault injection) that produces the same raw formats the real parsers
-read. Vendor libraries (pynvml, torch, kr8s) are imported lazily, only in
-the adapter modules ``_nvml``, ``_torch`` and ``kube_report``.
+read. Vendor libraries (pynvml, torch) are imported lazily, only in the
+adapter modules ``_nvml`` and ``_torch``; ``kube_report`` (imported lazily
+too) reaches Kubernetes through :mod:`gpufleet.kubeapi`.
 """

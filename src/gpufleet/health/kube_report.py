@@ -1,6 +1,6 @@
-"""Reporting to Kubernetes with kr8s: Node conditions and Node Events.
+"""Reporting to Kubernetes through :mod:`gpufleet.kubeapi`: Node conditions and Node Events.
 
-The only module that imports kr8s. Conditions are written with a
+The agent's only Kubernetes access. Conditions are written with a
 strategic-merge patch on the Node's ``status`` subresource, which merges by
 condition ``type``: the agent touches only its own condition types and
 leaves the kubelet's (or KWOK's) alone. ``lastTransitionTime`` changes only
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from gpufleet.domain import well_known
 from gpufleet.domain.conditions import ConditionReport, decode_result
 from gpufleet.domain.faults import FaultEvent
+from gpufleet.kubeapi import NODES, PODS, KubeApi, KubePort, Patch
 
 log = logging.getLogger(__name__)
 COMPONENT = well_known.AGENT
@@ -31,23 +31,22 @@ def _ts(t: float) -> str:
 class KubeReporter:
     """Writes one node's conditions and Events."""
 
-    def __init__(self, node: str, *, kubeconfig: str | None = None) -> None:
+    def __init__(
+        self, node: str, *, kubeconfig: str | None = None, api: KubePort | None = None
+    ) -> None:
         self.node = node
         self.kubeconfig = kubeconfig
-        self._api: Any = None
+        self._api: KubePort | None = api
         self._uid: str | None = None
 
-    async def _connect(self) -> Any:
+    async def _connect(self) -> KubePort:
         if self._api is None:
-            import kr8s.asyncio
-
-            self._api = await kr8s.asyncio.api(kubeconfig=self.kubeconfig)
+            self._api = await KubeApi.connect(self.kubeconfig)
         return self._api
 
     async def _node(self) -> dict[str, Any]:
         api = await self._connect()
-        async with api.call_api("GET", version="v1", url=f"nodes/{self.node}") as resp:
-            body: dict[str, Any] = resp.json()
+        body = await api.get(NODES, self.node)
         self._uid = body["metadata"].get("uid")
         return body
 
@@ -74,14 +73,13 @@ class KubeReporter:
                 }
             )
         api = await self._connect()
-        async with api.call_api(
-            "PATCH",
-            version="v1",
-            url=f"nodes/{self.node}/status",
-            content=json.dumps({"status": {"conditions": conditions}}),
-            headers={"Content-Type": "application/strategic-merge-patch+json"},
-        ):
-            pass
+        await api.patch(
+            NODES,
+            self.node,
+            {"status": {"conditions": conditions}},
+            status=True,
+            kind=Patch.STRATEGIC,
+        )
 
     async def event(
         self, fault: FaultEvent, *, reason: str, message: str, now: float, warning: bool = True
@@ -100,14 +98,7 @@ class KubeReporter:
         """Every pod bound to this node (RBAC: list pods; a field selector cannot
         be expressed in RBAC, so the permission is cluster-wide read)."""
         api = await self._connect()
-        async with api.call_api(
-            "GET",
-            version="v1",
-            url="pods",
-            params={"fieldSelector": f"spec.nodeName={self.node}"},
-        ) as resp:
-            body: dict[str, Any] = resp.json()
-        return list(body.get("items") or [])
+        return (await api.list(PODS, field_selector=f"spec.nodeName={self.node}")).items
 
     async def node_event(
         self,
@@ -143,15 +134,7 @@ class KubeReporter:
             "reportingComponent": COMPONENT,
             "reportingInstance": self.node,
         }
-        async with api.call_api(
-            "POST",
-            version="v1",
-            url="events",
-            namespace="default",
-            content=json.dumps(body),
-            headers={"Content-Type": "application/json"},
-        ):
-            pass
+        await api.create_event("default", body)
 
     async def watch_requests(
         self, offer: Callable[[str | None, str | None], None], *, backoff: float = 2.0
@@ -164,8 +147,13 @@ class KubeReporter:
         while True:
             try:
                 api = await self._connect()
-                async for _kind, obj in api.watch("nodes", field_selector=selector):
-                    offer(*_request_view(obj.raw))
+                listing = await api.list(NODES, field_selector=selector)
+                for obj in listing.items:
+                    offer(*_request_view(obj))
+                async for event in api.watch(
+                    NODES, listing.resource_version, field_selector=selector
+                ):
+                    offer(*_request_view(event.object))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
