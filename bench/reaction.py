@@ -32,6 +32,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "integration"))  # controller_harness imports waiting
 
 from gpufleet.domain import conditions, well_known  # noqa: E402
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem  # noqa: E402

@@ -16,12 +16,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
+from waiting import wait_for
 
 from gpufleet.domain import conditions, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
@@ -125,16 +126,6 @@ def answer_request(api: Api, node: str, passed: bool, detail: str = "") -> str:
         node, conditions.AgentResult(request.id, passed, detail or request.kind).condition()
     )
     return request.kind
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def install(api: Api) -> None:

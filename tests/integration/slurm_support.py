@@ -9,11 +9,11 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+from waiting import wait_for
 
 from gpufleet.domain import well_known
 from gpufleet.local.cluster import ClusterInfo
@@ -22,16 +22,6 @@ from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
 from gpufleet.slurm.syncer import Syncer, SyncSettings
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0, step: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 class Kube:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 from typing import Any
 
 import pytest
+from waiting import wait_for_async
 
 from gpufleet.domain.policy import Detection, default_policy
 from gpufleet.health.agent import Agent, AgentSettings
@@ -35,15 +35,6 @@ def condition(info: Any, node: str, ctype: str) -> dict[str, Any] | None:
     return None
 
 
-async def wait_for(check: Any, timeout: float) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if await asyncio.to_thread(check):
-            return time.monotonic() - start
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {timeout}s")
-
-
 def test_injected_xid_becomes_gpu_problem_within_2s_and_clears(local_cluster: Any) -> None:
     info = local_cluster
     node = info.node_names[-1]
@@ -59,17 +50,20 @@ def test_injected_xid_becomes_gpu_problem_within_2s_and_clears(local_cluster: An
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
         try:
-            await wait_for(lambda: (condition(info, node, "GpuProblem") or {}).get("status")
-                           == "False", 10)
+            await wait_for_async(
+                "GpuProblem=False at the start",
+                lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "False", 10)
             hw.inject("xid=79,gpu=3")
-            raised = await wait_for(
+            raised = await wait_for_async(
+                "GpuProblem=True",
                 lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "True", 2.0)
             c = condition(info, node, "GpuProblem")
             assert c is not None and c["reason"] == "Xid79"
             assert "GPU 3" in c["message"] and '"xid":79' in c["message"]
             assert condition(info, node, "Ready") is not None  # kubelet/KWOK conditions kept
             hw.recover()
-            cleared = await wait_for(
+            cleared = await wait_for_async(
+                "GpuProblem=False again",
                 lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "False", 5.0)
             return raised, cleared
         finally:

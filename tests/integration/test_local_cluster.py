@@ -8,12 +8,12 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from waiting import wait_for
 
 from gpufleet.local import processes
 from gpufleet.local.cluster import STATE_FILE, TEMP_PREFIX, ClusterInfo, load_info, reap_orphans
@@ -42,16 +42,6 @@ def slurm(info: ClusterInfo, *args: str) -> str:
     result = subprocess.run(args, env=info.slurm_env(), capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, f"{' '.join(args)}: {result.stderr}"
     return result.stdout
-
-
-def wait_for(what: str, check: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def test_apiserver_reports_its_real_version(local_cluster: ClusterInfo) -> None:
@@ -100,7 +90,7 @@ def test_gpu_pod_is_scheduled_onto_a_kwok_node_and_runs(local_cluster: ClusterIn
             p = kubectl_json(local_cluster, "get", "pod", "gpu-pod")
             return p if p["status"].get("phase") == "Running" else None
 
-        p = wait_for("the GPU pod to run", running)
+        p = wait_for("the GPU pod to run", running, timeout=60)
         assert p["spec"]["nodeName"] in local_cluster.node_names
     finally:
         kubectl(local_cluster, "delete", "pod", "gpu-pod", "--wait=false")
@@ -126,12 +116,14 @@ def test_controller_manager_runs_jobs_and_collects_garbage(local_cluster: Cluste
         lambda: (
             kubectl_json(local_cluster, "get", "job", "gc-check")["status"].get("succeeded") == 1
         ),
+        timeout=60,
     )
     assert kubectl_json(local_cluster, "get", "pods", "-l", "job-name=gc-check")["items"]
     kubectl(local_cluster, "delete", "job", "gc-check", "--cascade=background")
     wait_for(
         "the garbage collector to delete the Job's pods",
         lambda: not kubectl_json(local_cluster, "get", "pods", "-l", "job-name=gc-check")["items"],
+        timeout=60,
     )
 
 
@@ -172,11 +164,12 @@ def test_drain_evicts_a_deployment_pod_which_comes_back_elsewhere(
     kubectl(local_cluster, "apply", "-f", "-", stdin=json.dumps(deployment))
     drained: str | None = None
     try:
-        drained = wait_for("the Deployment's pod to run", running_pod_nodes)[0]
+        drained = wait_for("the Deployment's pod to run", running_pod_nodes, timeout=60)[0]
         kubectl(local_cluster, "drain", drained, "--ignore-daemonsets", "--timeout=60s")
         moved = wait_for(
             "the evicted pod to be replaced on another node",
             lambda: [n for n in running_pod_nodes() if n != drained],
+            timeout=60,
         )
         assert moved and drained not in running_pod_nodes()
     finally:
@@ -210,9 +203,13 @@ def test_two_node_gpu_job_sees_cuda_visible_devices(local_cluster: ClusterInfo) 
             state = slurm(local_cluster, "squeue", "-h", "-j", job_id, "-o", "%T").strip()
             return "done" if state in ("", "COMPLETED") else None
 
-        wait_for(f"job {job_id} to finish", finished)
+        wait_for(f"job {job_id} to finish", finished, timeout=60)
         lines = sorted(
-            wait_for("the job output", lambda: out.exists() and out.read_text().split("\n"))
+            wait_for(
+                "the job output",
+                lambda: out.exists() and out.read_text().split("\n"),
+                timeout=60,
+            )
         )
         lines = [line for line in lines if line]
     assert len(lines) == 2, lines
