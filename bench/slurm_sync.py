@@ -17,22 +17,59 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
-import sys
+import subprocess
 import time
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-
-from slurm_support import Kube, RunningSyncer, Slurm, wait_for
-
-from gpufleet.local.cluster import ClusterSpec, running
+from gpufleet.domain import well_known
+from gpufleet.kubeapi.resources import Patch
+from gpufleet.kubeapi.sync import SyncKube
+from gpufleet.local.cluster import ClusterInfo, ClusterSpec, running
+from gpufleet.slurm.background import SlurmEndpoints, SyncerThread
 from gpufleet.slurm.syncer import Syncer, SyncSettings
 
 
 def pct(values: list[float], p: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float, step: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(step)
+
+
+def set_state(api: SyncKube, node: str, state: str) -> None:
+    body = {"metadata": {"labels": {well_known.LABEL_STATE: state}}}
+    api.patch(f"/api/v1/nodes/{node}", body, Patch.STRATEGIC)
+
+
+def set_condition(api: SyncKube, node: str, status: str, reason: str) -> None:
+    """A GpuProblem condition as the node agent writes it (merged by type)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cond = {
+        "type": "GpuProblem",
+        "status": status,
+        "reason": reason,
+        "message": "bench",
+        "lastTransitionTime": now,
+        "lastHeartbeatTime": now,
+    }
+    api.patch(f"/api/v1/nodes/{node}/status", {"status": {"conditions": [cond]}}, Patch.STRATEGIC)
+
+
+def sinfo_nodes(info: ClusterInfo) -> dict[str, dict[str, Any]]:
+    """``sinfo --json`` node records by name: what slurmctld itself says."""
+    out = subprocess.run(
+        ["sinfo", "--json"], env=info.slurm_env(), capture_output=True, text=True, timeout=30
+    )
+    return {n["name"]: n for n in json.loads(out.stdout)["nodes"]} if out.returncode == 0 else {}
 
 
 def wait_verb(s: Syncer, node: str, verb: str, before: int, timeout: float = 10) -> float:
@@ -56,13 +93,17 @@ def main() -> None:
     spec = ClusterSpec(nodes=a.nodes, redfish=False, ready_timeout_s=900)
     with running(spec, progress=lambda m: print(f"  [{time.monotonic() - t0:6.1f}s] {m}")) as info:
         print(f"cluster up in {time.monotonic() - t0:.1f} s ({a.nodes} nodes)")
-        kube, slurm = Kube(info), Slurm(info)
+        assert info.slurmrestd_url and info.slurm_jwt and info.slurm_conf
+        kube = SyncKube(info.apiserver_url, info.token, info.ca_file)
         for n in info.node_names:
-            kube.set_state(n, "production")
-        rs = RunningSyncer(info, SyncSettings(poll_interval_s=a.poll, hold_taint=False))
+            set_state(kube, n, "production")
+        endpoints = SlurmEndpoints(
+            info.kubeconfig, info.slurmrestd_url, info.slurm_jwt, info.slurm_conf
+        )
+        rs = SyncerThread(endpoints, SyncSettings(poll_interval_s=a.poll, hold_taint=False))
         rs.start(timeout=300)
-        s = rs.syncer
-        assert s is not None
+        s, rest, scontrol = rs.syncer, rs.rest, rs.scontrol
+        assert s is not None and rest is not None and scontrol is not None
 
         # 1. full pass timing
         async def one_pass() -> float:
@@ -71,7 +112,7 @@ def main() -> None:
             await asyncio.gather(*(s.reconcile(n) for n in list(s.nodes) if s.managed(n)))
             return time.monotonic() - start
 
-        passes = [asyncio.run_coroutine_threadsafe(one_pass(), rs.loop).result() for _ in range(5)]
+        passes = [rs.call(one_pass()) for _ in range(5)]
         print(
             f"full sync pass at {a.nodes} nodes: median {statistics.median(passes) * 1000:.0f} ms,"
             f" max {max(passes) * 1000:.0f} ms (poll interval {a.poll * 1000:.0f} ms)"
@@ -83,19 +124,19 @@ def main() -> None:
             one, every, sc = [], [], []
             for n in info.node_names[:20]:
                 t = time.monotonic()
-                await s.rest.node(n)
+                await rest.node(n)
                 one.append(time.monotonic() - t)
             for _ in range(5):
                 t = time.monotonic()
-                await s.rest.nodes()
+                await rest.nodes()
                 every.append(time.monotonic() - t)
             for n in info.node_names[:10]:
                 t = time.monotonic()
-                await s.scontrol.run("show", "node", n)
+                await scontrol.run("show", "node", n)
                 sc.append(time.monotonic() - t)
             return one, every, sc
 
-        one, every, sc = asyncio.run_coroutine_threadsafe(floors(), rs.loop).result()
+        one, every, sc = rs.call(floors())
         for label, xs in (
             ("GET /node/{name}", one),
             ("GET /nodes", every),
@@ -113,11 +154,11 @@ def main() -> None:
             node = names[i % len(names)]
             before = len(s.stats.timings)
             started = time.monotonic()
-            kube.set_condition(node, "GpuProblem", "True", "Xid79")
+            set_condition(kube, node, "True", "Xid79")
             acted = wait_verb(s, node, "drain", before)
             lat.append(acted - started)
             before = len(s.stats.timings)
-            kube.set_condition(node, "GpuProblem", "False", "Healthy")
+            set_condition(kube, node, "False", "Healthy")
             wait_verb(s, node, "resume", before)
         ms = [x * 1000 for x in lat]
         print(
@@ -132,16 +173,16 @@ def main() -> None:
         patched_at: dict[str, float] = {}
         for n in burst:
             patched_at[n] = time.monotonic()
-            kube.set_condition(n, "GpuProblem", "True", "Xid79")
+            set_condition(kube, n, "True", "Xid79")
         patched = time.monotonic() - start
-        wait_for(
+        wait_until(
             "burst drained",
             lambda: all((v := (s.slurm or {}).get(n)) is not None and v.ours for n in burst),
             120,
             step=0.05,
         )
         took = time.monotonic() - start
-        confirmed = slurm.nodes()
+        confirmed = sinfo_nodes(info)
         ok = sum(1 for n in burst if "DRAIN" in (confirmed[n].get("state_flags") or []))
         print(
             f"burst: {len(burst)} nodes faulted (patches took {patched:.2f} s) -> all drained "
@@ -159,8 +200,8 @@ def main() -> None:
                 f"max {max(per_node):.0f} ms"
             )
         for n in burst:
-            kube.set_condition(n, "GpuProblem", "False", "Healthy")
-        wait_for(
+            set_condition(kube, n, "False", "Healthy")
+        wait_until(
             "burst resumed",
             lambda: not any((v := (s.slurm or {}).get(n)) is not None and v.drained for n in burst),
             120,
@@ -171,6 +212,7 @@ def main() -> None:
             f"slurm errors {s.stats.slurm_errors}"
         )
         rs.stop()
+        kube.close()
 
 
 if __name__ == "__main__":

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,11 +15,9 @@ from waiting import wait_for
 
 from gpufleet.domain import well_known
 from gpufleet.local.cluster import ClusterInfo
-from gpufleet.slurm.kubeapi import KubeApi
+from gpufleet.slurm.background import SlurmEndpoints, SyncerThread
 from gpufleet.slurm.metrics import SyncerMetrics
-from gpufleet.slurm.restapi import RestConfig, SlurmRest
-from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
-from gpufleet.slurm.syncer import Syncer, SyncSettings
+from gpufleet.slurm.syncer import SyncSettings
 
 
 class Kube:
@@ -191,58 +187,19 @@ class Slurm:
         )
 
 
-class RunningSyncer:
-    """The real syncer on its own event loop in a thread (the tests stay synchronous)."""
+class RunningSyncer(SyncerThread):
+    """The real syncer on its own event loop in a thread, on the local cluster (the tests
+    stay synchronous); :class:`gpufleet.slurm.background.SyncerThread` does the work."""
 
     def __init__(
         self, info: ClusterInfo, settings: SyncSettings, metrics: SyncerMetrics | None = None
     ) -> None:
-        self.info, self.settings, self.metrics = info, settings, metrics
-        self.loop = asyncio.new_event_loop()
-        self.syncer: Syncer | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._thread = threading.Thread(target=self._main, daemon=True, name="syncer")
-        self._ready = threading.Event()
-        self.error: BaseException | None = None
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self._run())
-        except asyncio.CancelledError:
-            pass
-        except BaseException as e:  # surfaced by stop()
-            self.error = e
-            self._ready.set()
-
-    async def _run(self) -> None:
-        assert self.info.slurmrestd_url and self.info.slurm_jwt and self.info.slurm_conf
-        kube = await KubeApi.connect(str(self.info.kubeconfig))
-        rest = SlurmRest(RestConfig(self.info.slurmrestd_url, "root", self.info.slurm_jwt))
-        scontrol = Scontrol(ScontrolConfig(env={"SLURM_CONF": str(self.info.slurm_conf)}))
-        self.syncer = Syncer(
-            kube=kube, rest=rest, scontrol=scontrol, settings=self.settings, metrics=self.metrics
+        assert info.slurmrestd_url and info.slurm_jwt and info.slurm_conf
+        endpoints = SlurmEndpoints(
+            info.kubeconfig, info.slurmrestd_url, info.slurm_jwt, info.slurm_conf
         )
-        self._task = asyncio.ensure_future(self.syncer.run())
-
-        async def mark_ready() -> None:
-            assert self.syncer is not None
-            await self.syncer.synced.wait()
-            self._ready.set()
-
-        ready = asyncio.ensure_future(mark_ready())
-        try:
-            await self._task
-        finally:
-            ready.cancel()
-            await rest.aclose()
-
-    def start(self, timeout: float = 30) -> RunningSyncer:
-        self._thread.start()
-        assert self._ready.wait(timeout), "syncer did not complete a first pass"
-        if self.error:
-            raise self.error
-        return self
+        super().__init__(endpoints, settings, metrics)
+        self.info = info
 
     def passed(self, kube: Kube, node: str, timeout: float = 30) -> None:
         """Wait until the syncer has looked at ``node`` as it is now in Kubernetes.
@@ -264,10 +221,3 @@ class RunningSyncer:
         wait_for(f"the syncer's watch to deliver {node} at {rv}", seen, timeout, step=0.02)
         start = syncer.stats.passes
         wait_for("two syncer passes", lambda: syncer.stats.passes >= start + 2, timeout, step=0.02)
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self.loop.call_soon_threadsafe(self._task.cancel)
-        self._thread.join(10)
-        if self.error:
-            raise self.error
