@@ -1,7 +1,7 @@
 """gpufleet: a control plane for GPU training clusters on Kubernetes.
 
 Packages (see docs/architecture.md): ``domain`` holds every decision as pure
-functions; ``health``, ``kube``, ``slurm``, ``provision``, ``remediate``,
+functions; ``health``, ``lifecycle``, ``slurm``, ``provision``, ``remediate``,
 ``sim`` and ``local`` are the products that act on those decisions; ``cli``
 is the ``gpufleet`` command.
 """

@@ -12,7 +12,7 @@ here rather than a test that passes against a method the real client lacks.
 Node hardware has no fake here: the simulated backend
 (:class:`gpufleet.health.backend_sim.SimulatedHardware`) is the one implementation of
 :class:`gpufleet.health.hardware.Hardware` the tests use, and it declares the interface too.
-The Kubernetes fake is ``tests/unit/kube/fakes.py``.
+The Kubernetes fake is ``tests/unit/lifecycle/fakes.py``.
 """
 
 from __future__ import annotations

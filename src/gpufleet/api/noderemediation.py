@@ -62,7 +62,7 @@ STATUS_SCHEMA: Json = {
         "conditions": CONDITIONS,
     },
 }
-"""Written by the controller (``gpufleet.kube.remediations.status``); null = not yet."""
+"""Written by the controller (``gpufleet.lifecycle.remediations.status``); null = not yet."""
 
 
 def spec_schema() -> Json:

@@ -49,8 +49,8 @@ def controller(
     logging.getLogger("httpx").setLevel(logging.WARNING)
     # Imported here: kopf and the controller take a second to import, which
     # every other gpufleet command would pay at start-up.
-    from gpufleet.kube.controller import ControllerSettings
-    from gpufleet.kube.operator import RunOptions, run
+    from gpufleet.lifecycle.controller import ControllerSettings
+    from gpufleet.lifecycle.operator import RunOptions, run
 
     settings = ControllerSettings(
         policy_name=policy_name, dry_run=dry_run, tick_s=tick, event_namespace=namespace

@@ -16,8 +16,8 @@ from typer.core import TyperGroup
 
 from gpufleet.cli import operator_cmd
 from gpufleet.domain import conditions, well_known
-from gpufleet.kube import crds, nodes
 from gpufleet.kubeapi import NODES, KubeApi, NotFound, custom
+from gpufleet.lifecycle import crds, nodes
 
 KubeconfigOpt = Annotated[
     Path | None, typer.Option(help="kubeconfig file; default: in-cluster or $KUBECONFIG.")

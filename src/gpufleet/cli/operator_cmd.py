@@ -27,7 +27,6 @@ from rich.markup import escape
 
 from gpufleet.domain import well_known
 from gpufleet.domain.operator import MAX_REASON, OperatorRequest
-from gpufleet.kube import crds
 from gpufleet.kubeapi import (
     EVENTS,
     NODES,
@@ -39,6 +38,7 @@ from gpufleet.kubeapi import (
     Resource,
     custom,
 )
+from gpufleet.lifecycle import crds
 
 KubeconfigOpt = Annotated[
     Path | None, typer.Option(help="kubeconfig file; default: in-cluster or $KUBECONFIG.")

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "deploy" / "grafana" / "gpufleet-dashboard.json"
 SOURCES = [
-    ROOT / "src" / "gpufleet" / "kube" / "metrics.py",
+    ROOT / "src" / "gpufleet" / "lifecycle" / "metrics.py",
     ROOT / "src" / "gpufleet" / "health" / "metrics.py",
     ROOT / "src" / "gpufleet" / "slurm" / "metrics.py",
 ]

@@ -8,7 +8,7 @@ from gpufleet.demo.status import not_ours
 from gpufleet.domain import well_known
 from gpufleet.domain.policy import default_policy
 from gpufleet.domain.records import Incident
-from gpufleet.kube import remediations
+from gpufleet.lifecycle import remediations
 
 
 def nrem(name: str, node: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

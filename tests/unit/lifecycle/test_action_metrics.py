@@ -8,7 +8,7 @@ from gpufleet.clock import ManualClock
 from gpufleet.domain import conditions, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.policy import default_policy
-from gpufleet.kube.controller import Controller, ControllerSettings
+from gpufleet.lifecycle.controller import Controller, ControllerSettings
 
 from .fakes import FakeKube, node, set_condition
 

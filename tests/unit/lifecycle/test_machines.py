@@ -1,4 +1,4 @@
-"""The controller's registration check (kube.machines) over the in-memory KubePort."""
+"""The controller's registration check (lifecycle.machines) over the in-memory KubePort."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from gpufleet.domain import events as ev
 from gpufleet.domain import inventory, well_known
-from gpufleet.kube import machines
+from gpufleet.lifecycle import machines
 
 from .fakes import FakeKube
 

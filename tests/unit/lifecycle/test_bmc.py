@@ -10,7 +10,7 @@ from gpufleet.domain import well_known
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.records import Incident, NodeRecord, Outcome, StepAttempt
 from gpufleet.domain.states import NodeState
-from gpufleet.kube import bmc
+from gpufleet.lifecycle import bmc
 from gpufleet.remediate import steps
 
 from .fakes import FakeKube

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from gpufleet.api import fleetpolicy
-from gpufleet.kube import nodes
 from gpufleet.kubeapi import (
     EVENTS,
     NODES,
@@ -28,6 +27,7 @@ from gpufleet.kubeapi import (
     Resource,
     WatchEvent,
 )
+from gpufleet.lifecycle import nodes
 
 
 class FakeKube:

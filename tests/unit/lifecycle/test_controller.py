@@ -12,8 +12,8 @@ from gpufleet.domain import conditions, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.policy import default_policy
 from gpufleet.domain.records import record_from_json
-from gpufleet.kube import nodes
-from gpufleet.kube.controller import Controller, ControllerSettings
+from gpufleet.lifecycle import nodes
+from gpufleet.lifecycle.controller import Controller, ControllerSettings
 
 from .fakes import FakeKube, node, set_condition
 

@@ -9,7 +9,7 @@ from gpufleet.domain import conditions, events, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.records import Incident, NodeRecord, StepAttempt
 from gpufleet.domain.states import NodeState
-from gpufleet.kube import nodes
+from gpufleet.lifecycle import nodes
 
 from .fakes import node, set_condition
 

@@ -47,9 +47,6 @@ from gpufleet.domain.safety import (
     breaker_reset_refusal,
 )
 from gpufleet.domain.states import NodeState
-from gpufleet.kube import bmc as kube_bmc
-from gpufleet.kube import crds, draining, machines, nodes, remediations
-from gpufleet.kube.metrics import Metrics
 from gpufleet.kubeapi import (
     NODES,
     PODS,
@@ -62,6 +59,9 @@ from gpufleet.kubeapi import (
     custom,
 )
 from gpufleet.kubeapi.secrets import decode_data
+from gpufleet.lifecycle import bmc as kube_bmc
+from gpufleet.lifecycle import crds, draining, machines, nodes, remediations
+from gpufleet.lifecycle.metrics import Metrics
 from gpufleet.remediate import redfish, steps
 from gpufleet.remediate.evidence import ActionMark
 
@@ -117,7 +117,7 @@ class Controller:
         self.settings = settings or ControllerSettings()
         self.metrics = metrics or Metrics()
         self.clock = clock
-        from gpufleet.kube.fleet import Fleet
+        from gpufleet.lifecycle.fleet import Fleet
 
         self.fleet = Fleet()
         self.policy: Policy = _paused_default()

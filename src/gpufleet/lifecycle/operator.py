@@ -4,7 +4,7 @@ kopf provides the watches (Nodes, FleetPolicies), peering between replicas
 (only the replica with the highest priority acts; the others pause and take
 over when its peering record expires), finite error backoffs, and the daemon
 that ticks the fleet. The handlers are thin: all decisions are in
-:class:`gpufleet.kube.controller.Controller` (and below it, ``domain``).
+:class:`gpufleet.lifecycle.controller.Controller` (and below it, ``domain``).
 
 Node handlers are ``on.event`` handlers on purpose: they keep no progress in
 the Node (kopf writes nothing there), and they run on every change with no
@@ -25,10 +25,10 @@ import kopf
 from prometheus_client import start_http_server
 
 from gpufleet.domain import well_known
-from gpufleet.kube import crds
-from gpufleet.kube.controller import Controller, ControllerSettings
-from gpufleet.kube.metrics import Metrics
 from gpufleet.kubeapi import KubeApi
+from gpufleet.lifecycle import crds
+from gpufleet.lifecycle.controller import Controller, ControllerSettings
+from gpufleet.lifecycle.metrics import Metrics
 
 log = logging.getLogger("gpufleet.controller")
 

@@ -26,9 +26,9 @@ from gpufleet.domain import events as ev
 from gpufleet.domain import well_known
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
-from gpufleet.kube import remediations
 from gpufleet.kubeapi import NODES, ApiError, KubePort, NotFound, Patch
 from gpufleet.kubeapi.machines import MACHINES
+from gpufleet.lifecycle import remediations
 from gpufleet.remediate import steps
 from gpufleet.remediate.evidence import ActionMark
 from gpufleet.remediate.identity import ExpectedIdentity

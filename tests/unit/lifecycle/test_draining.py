@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.domain.policy import DrainMode
-from gpufleet.kube import draining
+from gpufleet.lifecycle import draining
 
 
 def pod(name: str, *, ds: bool = False, interruptible: bool = False, phase: str = "Running") -> Any:

@@ -1,1 +1,0 @@
-"""gpufleet.kube (see docs/architecture.md)."""

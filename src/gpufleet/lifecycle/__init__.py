@@ -1,0 +1,1 @@
+"""gpufleet.lifecycle (see docs/architecture.md)."""
