@@ -11,8 +11,8 @@ from slurm_support import Kube
 
 from gpufleet.api import slurmcluster as crd
 from gpufleet.domain import well_known
+from gpufleet.kubeapi import KubeApi
 from gpufleet.local.cluster import ClusterInfo
-from gpufleet.slurm.kubeapi import KubeApi
 from gpufleet.slurm.operator import ClusterOperator
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig

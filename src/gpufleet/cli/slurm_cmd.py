@@ -89,7 +89,7 @@ def run_syncer(
             --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --slurm-conf /etc/slurm/slurm.conf \\
             --preempt-priority 1000000 --metrics-port 9809
     """
-    from gpufleet.slurm.kubeapi import KubeApi
+    from gpufleet.kubeapi import KubeApi
     from gpufleet.slurm.metrics import SyncerMetrics
     from gpufleet.slurm.syncer import Syncer, SyncSettings
 
@@ -139,7 +139,7 @@ def run_operator(
         gpufleet slurm operator --slurmrestd-url http://slurm-rest:6820 \\
             --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --conf-dir /etc/slurm/rendered
     """
-    from gpufleet.slurm.kubeapi import KubeApi
+    from gpufleet.kubeapi import KubeApi
     from gpufleet.slurm.operator import ClusterOperator, OperatorSettings
 
     _logging(verbose)

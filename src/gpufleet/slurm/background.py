@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from gpufleet.slurm.kubeapi import KubeApi
+from gpufleet.kubeapi import KubeApi
 from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig

@@ -26,12 +26,10 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import kr8s
-
 from gpufleet.clock import Clock
 from gpufleet.domain import slurm_sync, well_known
+from gpufleet.kubeapi import PODS, ApiError, KubePort, get_or_none
 from gpufleet.slurm import nodes as kn
-from gpufleet.slurm.kubeapi import KubeApi
 from gpufleet.slurm.metrics import SyncerMetrics
 
 log = logging.getLogger("gpufleet.slurm.lending")
@@ -61,7 +59,7 @@ class SyncerPort(Protocol):
     @property
     def settings(self) -> LendingSettings: ...
     @property
-    def kube(self) -> KubeApi: ...
+    def kube(self) -> KubePort: ...
     @property
     def clock(self) -> Clock: ...
     @property
@@ -79,6 +77,9 @@ class SyncerPort(Protocol):
     def managed(self, name: str) -> bool: ...
     def jobs_on(self, name: str) -> list[slurm_sync.JobView]: ...
     async def reconcile(self, name: str) -> None: ...
+    async def patch_node(
+        self, name: str, patch: Mapping[str, Any], *, status: bool = False
+    ) -> None: ...
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` as one of the syncer's background tasks."""
         ...
@@ -169,7 +170,7 @@ class Lender:
         if s.settings.dry_run:
             log.info("pod=%s would get node=%s [dry run]", key, name)
             return
-        await s.kube.patch_node(name, kn.lend_patch(node, key))
+        await s.patch_node(name, kn.lend_patch(node, key))
         node.setdefault("metadata", {}).setdefault("annotations", {})[
             well_known.ANNOTATION_LENT_TO
         ] = key
@@ -189,7 +190,7 @@ class Lender:
             ns, _, pod_name = key.partition("/")
             pod = self.pods.get(key)
             if pod is None:
-                pod = await s.kube.get_pod(ns, pod_name)
+                pod = await get_or_none(s.kube, PODS, pod_name, namespace=ns)
             bound_to = (pod or {}).get("spec", {}).get("nodeName")
             phase = (pod or {}).get("status", {}).get("phase")
             if pod is None or phase in ("Succeeded", "Failed") or (bound_to and bound_to != name):
@@ -207,8 +208,8 @@ class Lender:
             timing.empty = s.clock.monotonic()
         meta = pod["metadata"]
         try:
-            await s.kube.bind_pod(meta["namespace"], meta["name"], meta["uid"], name)
-        except kr8s.ServerError as e:
+            await s.kube.bind(meta["namespace"], meta["name"], meta["uid"], name)
+        except ApiError as e:
             log.warning("pod=%s node=%s bind failed: %s", key, name, e)
             return
         if timing is not None:
@@ -221,7 +222,7 @@ class Lender:
         node = s.nodes.get(name)
         if node is None:
             return
-        await s.kube.patch_node(name, kn.return_patch(node, s.settings.hold_taint))
+        await s.patch_node(name, kn.return_patch(node, s.settings.hold_taint))
         node.get("metadata", {}).get("annotations", {}).pop(well_known.ANNOTATION_LENT_TO, None)
         self.pods.pop(key, None)
         self.stats.returned += 1
@@ -235,11 +236,12 @@ class Lender:
         s = self.syncer
         while True:
             try:
-                items, rv = await s.kube.list_pods()
-                self.pods = {kn.pod_key(p): p for p in items}
-                for p in items:
+                listing = await s.kube.list(PODS)
+                self.pods = {kn.pod_key(p): p for p in listing.items}
+                for p in listing.items:
                     await self.consider(p)
-                async for kind, obj in s.kube.watch("pods", rv):
+                async for event in s.kube.watch(PODS, listing.resource_version):
+                    kind, obj = event.type, event.object
                     key = kn.pod_key(obj)
                     if kind == "DELETED":
                         self.pods.pop(key, None)

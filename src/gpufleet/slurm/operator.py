@@ -29,19 +29,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import kr8s
 from pydantic import ValidationError
 
 from gpufleet.api import slurmcluster as crd
 from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import slurm_sync, well_known
+from gpufleet.kubeapi import NODES, ApiError, KubePort, Patch, Resource, custom, get_or_none
 from gpufleet.slurm import render
 from gpufleet.slurm.errors import SlurmError
-from gpufleet.slurm.kubeapi import KubeApi
 from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
 
 log = logging.getLogger("gpufleet.slurm.operator")
-BASE = f"/apis/{well_known.GROUP}"
+SLURM_CLUSTERS = custom(crd.PLURAL)
+CONFIGMAPS = Resource("configmaps")
 
 
 def state_bucket(view: slurm_sync.SlurmView) -> str:
@@ -82,7 +82,7 @@ class ClusterOperator:
     def __init__(
         self,
         *,
-        kube: KubeApi,
+        kube: KubePort,
         scontrol: ScontrolPort | None,
         rest: SlurmRestPort | None,
         settings: OperatorSettings | None = None,
@@ -92,13 +92,9 @@ class ClusterOperator:
         self.settings = settings or OperatorSettings()
         self.clock = clock
 
-    def _url(self, ns: str, name: str = "") -> str:
-        tail = f"/{name}" if name else ""
-        return f"namespaces/{ns}/{crd.PLURAL}{tail}"
-
     async def reconcile(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Reconcile one SlurmCluster; returns the status written (None if it is gone)."""
-        obj = await self.kube.get(self._url(namespace, name), version=well_known.VERSION, base=BASE)
+        obj = await get_or_none(self.kube, SLURM_CLUSTERS, name, namespace=namespace)
         if obj is None:
             return None
         old_status = obj.get("status") or {}
@@ -111,7 +107,7 @@ class ClusterOperator:
             ]
             return await self._write_status(namespace, name, old_status, status)
 
-        items, _ = await self.kube.list_nodes()
+        items = (await self.kube.list(NODES)).items
         infos = [node_info(n) for n in items]
         pools = render.assign(spec, infos)
         members = sorted(n.name for m in pools.values() for n in m)
@@ -160,7 +156,7 @@ class ClusterOperator:
             want = value if node_name in members else (None if has == value else has)
             if has != want:
                 patch = {"metadata": {"labels": {well_known.LABEL_SLURM_CLUSTER: want}}}
-                await self.kube.patch_node(node_name, patch)
+                await self.kube.patch(NODES, node_name, patch, kind=Patch.STRATEGIC)
 
     async def _apply_configmap(self, obj: Mapping[str, Any], data: dict[str, str], h: str) -> None:
         meta = obj["metadata"]
@@ -185,7 +181,7 @@ class ClusterOperator:
             "data": data,
         }
         await self.kube.apply(
-            f"namespaces/{meta['namespace']}/configmaps/{meta['name']}-slurm-config", body
+            CONFIGMAPS, f"{meta['name']}-slurm-config", body, namespace=meta["namespace"]
         )
 
     async def _push_config(self, data: Mapping[str, str]) -> None:
@@ -204,22 +200,19 @@ class ClusterOperator:
         self, namespace: str, name: str, old: Mapping[str, Any], new: dict[str, Any]
     ) -> dict[str, Any]:
         if _comparable(old) != _comparable(new):
-            await self.kube.merge_patch(
-                f"{self._url(namespace, name)}/status",
-                {"status": new},
-                version=well_known.VERSION,
-                base=BASE,
+            await self.kube.patch(
+                SLURM_CLUSTERS, name, {"status": new}, namespace=namespace, status=True
             )
         return new
 
     async def run(self) -> None:
         while True:
             try:
-                listing = await self.kube.get(crd.PLURAL, version=well_known.VERSION, base=BASE)
-                for item in (listing or {}).get("items", []):
+                listing = await self.kube.list(SLURM_CLUSTERS)
+                for item in listing.items:
                     meta = item["metadata"]
                     await self.reconcile(meta["namespace"], meta["name"])
-            except (kr8s.ServerError, SlurmError) as e:
+            except (ApiError, SlurmError) as e:
                 log.warning("reconcile pass failed: %s", e)
             await asyncio.sleep(self.settings.interval_s)
 

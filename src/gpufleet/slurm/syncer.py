@@ -46,15 +46,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import kr8s
-
 from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import emptiness, slurm_sync, well_known
 from gpufleet.domain.policy import RequeueMode
 from gpufleet.domain.states import NodeState
+from gpufleet.kubeapi import NODES, ApiError, KubePort, Patch
 from gpufleet.slurm import nodes as kn
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
-from gpufleet.slurm.kubeapi import KubeApi
 from gpufleet.slurm.lending import Lender
 from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
@@ -135,7 +133,7 @@ class Syncer:
     def __init__(
         self,
         *,
-        kube: KubeApi,
+        kube: KubePort,
         rest: SlurmRestPort,
         scontrol: ScontrolPort,
         settings: SyncSettings | None = None,
@@ -203,6 +201,12 @@ class Syncer:
 
     # -- one node ----------------------------------------------------------------------
 
+    async def patch_node(
+        self, name: str, patch: Mapping[str, Any], *, status: bool = False
+    ) -> None:
+        """A strategic-merge patch of a Node (its taints and conditions merge by key)."""
+        await self.kube.patch(NODES, name, patch, status=status, kind=Patch.STRATEGIC)
+
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
@@ -216,7 +220,7 @@ class Syncer:
                 log.warning("node=%s slurm unavailable, nothing done: %s", name, e)
             except SlurmError as e:
                 log.error("node=%s slurm refused: %s", name, e)
-            except kr8s.ServerError as e:
+            except ApiError as e:
                 self.metrics.kube_errors.inc()
                 log.error("node=%s kubernetes refused: %s", name, e)
 
@@ -385,8 +389,8 @@ class Syncer:
         if self.settings.dry_run:
             return
         meta, status = kn.report_patches(hold, _iso(self.clock.now()))
-        await self.kube.patch_node(name, status, status=True)
-        await self.kube.patch_node(name, meta)
+        await self.patch_node(name, status, status=True)
+        await self.patch_node(name, meta)
         node.setdefault("metadata", {}).setdefault("annotations", {})[
             well_known.ANNOTATION_SLURM_STATE
         ] = kn.report_text(hold)
@@ -410,7 +414,7 @@ class Syncer:
         wanted_out = kube.state is not NodeState.PRODUCTION or bool(slurm_sync.out_reason(kube))
         if not wanted_out:
             if old_text is not None:
-                await self.kube.patch_node(
+                await self.patch_node(
                     name, {"metadata": {"annotations": {well_known.ANNOTATION_SLURM_WORK: None}}}
                 )
                 annotations.pop(well_known.ANNOTATION_SLURM_WORK, None)
@@ -426,7 +430,7 @@ class Syncer:
         if new.same_report(old) and fresh:
             return
         text = new.to_annotation()
-        await self.kube.patch_node(
+        await self.patch_node(
             name, {"metadata": {"annotations": {well_known.ANNOTATION_SLURM_WORK: text}}}
         )
         annotations[well_known.ANNOTATION_SLURM_WORK] = text
@@ -443,7 +447,7 @@ class Syncer:
             want = kn.HELD if self.settings.hold_taint else None
         patch = kn.taint_patch(node, want)
         if patch is not None:
-            await self.kube.patch_node(name, patch)
+            await self.patch_node(name, patch)
             node.setdefault("spec", {})["taints"] = patch["spec"]["taints"]
 
     async def _requeue(
@@ -486,7 +490,7 @@ class Syncer:
                     list(plan.unrequeueable),
                 )
             if not self.settings.dry_run:
-                await self.kube.patch_node(name, kn.stuck_jobs_patch(plan.unrequeueable))
+                await self.patch_node(name, kn.stuck_jobs_patch(plan.unrequeueable))
 
     async def _clear_stuck(self, name: str) -> None:
         """Once our drain is gone, so is the report of jobs it could not requeue
@@ -499,7 +503,7 @@ class Syncer:
         self._stuck_reported.pop(name, None)
         self._observe_stuck()
         if reported and not self.settings.dry_run:
-            await self.kube.patch_node(name, kn.stuck_jobs_patch(()))
+            await self.patch_node(name, kn.stuck_jobs_patch(()))
             annotations.pop(well_known.ANNOTATION_SLURM_STUCK_JOBS, None)
             log.info("node=%s back from our drain: unrequeueable-jobs report cleared", name)
 
@@ -516,27 +520,22 @@ class Syncer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _matches(self, node: Mapping[str, Any]) -> bool:
-        sel = self.settings.node_selector
-        if not sel:
-            return True
-        labels = kn.labels_of(node)
-        for term in sel.split(","):
-            key, _, value = term.partition("=")
-            if labels.get(key.strip()) != value.strip():
-                return False
-        return True
-
     async def node_loop(self) -> None:
         """List, then watch Nodes; on any error, list again (level-triggered)."""
         while True:
             try:
-                items, rv = await self.kube.list_nodes()
-                self.nodes = {kn.name_of(n): n for n in items if self._matches(n)}
-                async for kind, obj in self.kube.watch("nodes", rv):
+                # The apiserver filters by the selector; a Node that stops matching
+                # arrives as DELETED, so it is dropped like a deleted one.
+                sel = self.settings.node_selector
+                listing = await self.kube.list(NODES, label_selector=sel)
+                self.nodes = {kn.name_of(n): n for n in listing.items}
+                async for event in self.kube.watch(
+                    NODES, listing.resource_version, label_selector=sel
+                ):
+                    kind, obj = event.type, event.object
                     seen = self.clock.monotonic()
                     name = kn.name_of(obj)
-                    if kind == "DELETED" or not self._matches(obj):
+                    if kind == "DELETED":
                         self.nodes.pop(name, None)
                         continue
                     if kind in ("ADDED", "MODIFIED"):

@@ -8,7 +8,6 @@ import asyncio
 import urllib.request
 from typing import Any
 
-import kr8s
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
@@ -18,6 +17,7 @@ from gpufleet.slurm.metrics import SLURM_STATES, SyncerMetrics
 from gpufleet.slurm.syncer import Syncer, SyncSettings
 
 from ..fakes import FakeSlurm
+from .fakes import RecordingKube
 
 IDLE = slurm_sync.SlurmView("idle", frozenset(), None)
 OURS = slurm_sync.SlurmView("idle", frozenset({"DRAIN"}), "gpufleet: GpuProblem Xid79")
@@ -40,32 +40,17 @@ def job(job_id: int, on: str, requeueable: bool = True) -> slurm_sync.JobView:
     return slurm_sync.JobView(job_id, 1, requeueable, frozenset({on}))
 
 
-class FakeKube:
-    def __init__(self) -> None:
-        self.refuse = False
-        self.pods: dict[str, dict[str, Any]] = {}
-        self.patches: list[tuple[str, dict[str, Any]]] = []
-
-    async def patch_node(self, name: str, patch: dict[str, Any], **__: Any) -> None:
-        if self.refuse:
-            raise kr8s.ServerError("forbidden")
-        self.patches.append((name, patch))
-
-    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.pods.get(f"{namespace}/{name}")
-
-
 def make(
     slurm: FakeSlurm,
     nodes: dict[str, dict[str, Any]],
     *,
     clock: ManualClock | None = None,
-    kube: FakeKube | None = None,
+    kube: RecordingKube | None = None,
     **settings: Any,
 ) -> tuple[Syncer, SyncerMetrics]:
     metrics = SyncerMetrics()
     s = Syncer(
-        kube=kube or FakeKube(),  # type: ignore[arg-type]
+        kube=kube or RecordingKube(),
         rest=slurm,
         scontrol=slurm,
         settings=SyncSettings(hold_taint=False, **settings),
@@ -208,7 +193,7 @@ def test_the_unrequeueable_report_is_cleared_when_our_drain_ends() -> None:
     (a,) = names(1)
     slurm = FakeSlurm([a])
     slurm.jobs = [job(2, a, requeueable=False)]
-    kube = FakeKube()
+    kube = RecordingKube()
     stale = {well_known.ANNOTATION_SLURM_STUCK_JOBS: "2"}
     s, m = make(slurm, {a: node(a, "Xid79", **stale)}, kube=kube)
 
@@ -228,7 +213,7 @@ def test_the_unrequeueable_report_is_cleared_when_our_drain_ends() -> None:
 
 
 def test_kubernetes_refusals_are_counted() -> None:
-    kube = FakeKube()
+    kube = RecordingKube()
     slurm = FakeSlurm(names(1))
     slurm.views[names(1)[0]] = slurm_sync.SlurmView("idle", frozenset({"DRAIN"}), "admin: x")
     s, m = make(slurm, {n: node(n) for n in names(1)}, kube=kube)
@@ -325,7 +310,7 @@ def test_lending_and_returning_are_counted() -> None:
     a, b = names(2)
     slurm = FakeSlurm([a, b])
     slurm.views[b] = OURS  # b is out: only a can be lent
-    kube = FakeKube()
+    kube = RecordingKube()
     s, m = make(slurm, {a: node(a), b: node(b, "Xid79")}, kube=kube, preempt_priority=1000)
     assert s.lender is not None
     pod = {
@@ -360,7 +345,7 @@ def test_lending_and_returning_are_counted() -> None:
 
 def test_a_syncer_without_metrics_keeps_a_private_registry() -> None:
     slurm = FakeSlurm(names(1))
-    s = Syncer(kube=FakeKube(), rest=slurm, scontrol=slurm)  # type: ignore[arg-type]
+    s = Syncer(kube=RecordingKube(), rest=slurm, scontrol=slurm)
     assert asyncio.run(s.poll_slurm())
     assert s.metrics.registry.get_sample_value("gpufleet_syncer_slurm_up") == 1
     assert SyncerMetrics().registry.get_sample_value("gpufleet_syncer_slurm_up") == 0

@@ -15,15 +15,8 @@ from gpufleet.domain.states import NodeState
 from gpufleet.slurm.syncer import Syncer, SyncSettings
 
 from ..fakes import FakeSlurm
+from .fakes import RecordingKube
 from .test_write_batches import node
-
-
-class RecordingKube:
-    def __init__(self) -> None:
-        self.patches: list[tuple[str, Any]] = []
-
-    async def patch_node(self, name: str, patch: Any, status: bool = False) -> None:
-        self.patches.append((name, patch))
 
 
 def draining(name: str, opened_at: float) -> dict[str, Any]:
@@ -46,7 +39,7 @@ def work_patches(kube: RecordingKube) -> list[Any]:
 def make(slurm: FakeSlurm, nodes: dict[str, Any], jobs: list[Any]) -> tuple[Syncer, RecordingKube]:
     kube = RecordingKube()
     s = Syncer(
-        kube=kube,  # type: ignore[arg-type]
+        kube=kube,
         rest=slurm,
         scontrol=slurm,
         settings=SyncSettings(hold_taint=False),

@@ -13,6 +13,7 @@ from gpufleet.domain import slurm_sync, well_known
 from gpufleet.slurm.syncer import Syncer, SyncSettings
 
 from ..fakes import FakeSlurm
+from .fakes import RecordingKube
 
 
 def node(name: str, problem: str | None = None, state: str = "production") -> dict[str, Any]:
@@ -24,14 +25,9 @@ def node(name: str, problem: str | None = None, state: str = "production") -> di
     }
 
 
-class FakeKube:
-    async def patch_node(self, *_: Any, **__: Any) -> None:
-        return None
-
-
 def syncer(slurm: FakeSlurm, nodes: dict[str, dict[str, Any]]) -> Syncer:
     s = Syncer(
-        kube=FakeKube(),  # type: ignore[arg-type]
+        kube=RecordingKube(),
         rest=slurm,
         scontrol=slurm,
         settings=SyncSettings(hold_taint=False),
