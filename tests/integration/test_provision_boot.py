@@ -27,9 +27,9 @@ from controller_harness import (
 )
 
 from gpufleet.domain import enrollment, well_known
+from gpufleet.kubeapi import KubeApi
 from gpufleet.provision import machines, render
 from gpufleet.provision.issuer import Provisioner, Refused, ServiceSettings
-from gpufleet.provision.kubeapi import KubeApi
 from gpufleet.provision.server import ServeOptions, boot_config, in_thread
 
 pytestmark = pytest.mark.integration
@@ -82,9 +82,7 @@ def audit_reasons(api: Api, machine: str) -> list[str]:
         f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3D{machine}"
     )["items"]
     return [
-        e["reason"]
-        for e in items
-        if e.get("source", {}).get("component") == well_known.PROVISIONER
+        e["reason"] for e in items if e.get("source", {}).get("component") == well_known.PROVISIONER
     ]
 
 

@@ -14,10 +14,10 @@ import pytest
 from controller_harness import GV, SYSTEM_NS, Api, install
 
 from gpufleet.domain import enrollment
+from gpufleet.kubeapi import KubeApi
 from gpufleet.provision import machines
 from gpufleet.provision.index import MachineIndex
-from gpufleet.provision.issuer import Provisioner, Refused, ServiceSettings, rearm
-from gpufleet.provision.kubeapi import KubeApi
+from gpufleet.provision.issuer import MACHINES, Provisioner, Refused, ServiceSettings, rearm
 from gpufleet.provision.server import ServeOptions, boot_config
 
 pytestmark = pytest.mark.integration
@@ -130,8 +130,8 @@ def test_a_stale_index_never_yields_a_token(env: tuple[Any, Api]) -> None:
 
     async def scenario() -> tuple[int, int, int]:
         kube = await KubeApi.connect(str(info.kubeconfig))
-        armed = copy.deepcopy(await kube.get_machine("idx-stale"))
-        armed_gone = copy.deepcopy(await kube.get_machine("idx-stale-gone"))
+        armed = copy.deepcopy(await kube.get(MACHINES, "idx-stale"))
+        armed_gone = copy.deepcopy(await kube.get(MACHINES, "idx-stale-gone"))
         frozen = MachineIndex(kube)
         frozen.replace([armed, armed_gone], "1")  # never follows a watch
         settings = ServiceSettings()

@@ -12,9 +12,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpufleet.kubeapi import ApiError, Conflict, KubeApi, NotFound
 from gpufleet.provision import inventory, machines, render
-from gpufleet.provision.issuer import ServiceSettings, rearm, token_state
-from gpufleet.provision.kubeapi import ApiError, Conflict, KubeApi, NotFound
+from gpufleet.provision.issuer import (
+    MACHINES,
+    ServiceSettings,
+    machine_by_mac,
+    rearm,
+    token_state,
+)
 
 app = typer.Typer(help="Day 0: network boot, cloud-init and join tokens for known machines.")
 machines_app = typer.Typer(
@@ -99,7 +105,7 @@ def render_cmd(
 
     async def find() -> dict[str, Any] | None:
         api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
-        return await api.machine_by_mac(mac)
+        return await machine_by_mac(api, mac)
 
     try:
         mac_n = machines.normalize_mac(mac)
@@ -134,7 +140,7 @@ def machines_table(ctx: typer.Context, kubeconfig: KubeconfigOpt = None) -> None
 
     async def fetch() -> list[dict[str, Any]]:
         api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
-        return await api.list_machines()
+        return (await api.list(MACHINES)).items
 
     try:
         items = asyncio.run(fetch())
@@ -187,12 +193,12 @@ def import_cmd(
         for e in entries:
             body = machines.manifest(e.name, e.spec)
             try:
-                await api.create_machine(body)
+                await api.create(MACHINES, body)
                 out.append(f"created {e.name}")
             except Conflict:
                 labels = body["metadata"]["labels"]
-                await api.patch_machine(
-                    e.name, {"metadata": {"labels": labels}, "spec": body["spec"]}
+                await api.patch(
+                    MACHINES, e.name, {"metadata": {"labels": labels}, "spec": body["spec"]}
                 )
                 out.append(f"updated {e.name}")
         return out

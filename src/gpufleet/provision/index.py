@@ -27,11 +27,12 @@ import contextlib
 import logging
 from typing import Any
 
+from gpufleet.kubeapi import ApiError, Gone, KubePort, custom
 from gpufleet.provision import machines
-from gpufleet.provision.kubeapi import ApiError, Gone, KubeApi
 
 log = logging.getLogger("gpufleet.provision.index")
 Json = dict[str, Any]
+MACHINES = custom(machines.PLURAL)
 
 
 def _macs_of(body: Json) -> list[str]:
@@ -45,7 +46,7 @@ def _macs_of(body: Json) -> list[str]:
 class MachineIndex:
     """Machines by name and by MAC, kept current by a list + watch loop (:meth:`run`)."""
 
-    def __init__(self, api: KubeApi, *, retry_s: float = 1.0) -> None:
+    def __init__(self, api: KubePort, *, retry_s: float = 1.0) -> None:
         self.api = api
         self.retry_s = retry_s
         self._by_name: dict[str, Json] = {}
@@ -118,12 +119,18 @@ class MachineIndex:
         """List, then watch, forever; any failure unsyncs the index and lists again."""
         while True:
             try:
-                items, rv = await self.api.list_machines_at()
-                self.replace(items, rv)
-                log.info("machine index synced: %d machines at %s", len(items), rv)
+                listing = await self.api.list(MACHINES)
+                self.replace(listing.items, listing.resource_version)
+                log.info(
+                    "machine index synced: %d machines at %s",
+                    len(listing.items),
+                    listing.resource_version,
+                )
                 while True:  # a watch ends every few minutes; resume where it stopped
-                    async for kind, body in self.api.watch_machines(self.resource_version):
-                        self.apply(kind, body)
+                    async for event in self.api.watch(
+                        MACHINES, self.resource_version, bookmarks=True
+                    ):
+                        self.apply(event.type, event.object)
             except asyncio.CancelledError:
                 self._synced = False
                 raise

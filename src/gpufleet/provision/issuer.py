@@ -29,15 +29,18 @@ from pydantic import ValidationError
 
 from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import enrollment, well_known
+from gpufleet.kubeapi import SECRETS, ApiError, Conflict, KubePort, NotFound
+from gpufleet.kubeapi import machines as kube_machines
+from gpufleet.kubeapi import secrets as kube_secrets
 from gpufleet.provision import machines, render
 from gpufleet.provision.index import MachineIndex
-from gpufleet.provision.kubeapi import ApiError, Conflict, KubeApi, NotFound
 from gpufleet.provision.ratelimit import Buckets, Limit
 from gpufleet.remediate import redfish
 
 log = logging.getLogger("gpufleet.provision")
 Json = dict[str, Any]
-TOKEN_NAMESPACE = "kube-system"
+TOKEN_NAMESPACE = kube_machines.TOKEN_NAMESPACE
+MACHINES = kube_machines.MACHINES
 
 
 @dataclass(frozen=True)
@@ -180,11 +183,11 @@ def new_token() -> tuple[str, str]:
 
 
 class Provisioner:
-    """The provisioning service's logic, over a :class:`KubeApi`."""
+    """The provisioning service's logic, over a :class:`~gpufleet.kubeapi.KubePort`."""
 
     def __init__(
         self,
-        api: KubeApi,
+        api: KubePort,
         config: render.BootConfig,
         settings: ServiceSettings | None = None,
         *,
@@ -234,7 +237,7 @@ class Provisioner:
         body = None if fresh or self.index is None else self.index.lookup(mac)
         cached = body is not None
         if body is None:
-            body = await self.api.machine_by_mac(mac)
+            body = await machine_by_mac(self.api, mac)
         if body is None or mac not in ((body.get("spec") or {}).get("macs") or []):
             self.metrics.unknown.inc()
             self.audit(
@@ -308,15 +311,12 @@ class Provisioner:
     # ------------------------------------------------------------ cloud-init
 
     async def _read_bmc_serial(self, body: Json, spec: machines.MachineSpec) -> str | None:
-        import base64
-
         ns, _, secret_name = spec.bmc.credentials_secret.partition("/")
-        secret = await self.api.get_secret(ns, secret_name)
-        data = secret.get("data") or {}
+        data = kube_secrets.decode_data(await self.api.get(SECRETS, secret_name, namespace=ns))
         creds = redfish.BmcCredentials(
             endpoint=spec.bmc.endpoint,
-            username=base64.b64decode(data.get("username", "")).decode(),
-            password=base64.b64decode(data.get("password", "")).decode(),
+            username=data.get("username", ""),
+            password=data.get("password", ""),
         )
         async with redfish.RedfishClient(
             creds,
@@ -425,9 +425,12 @@ class Provisioner:
             "message": f"token {token_id} issued to {client} ({who.method})",
         }
         try:
-            await self.api.patch_machine_status(
-                name, claim, body["metadata"].get("resourceVersion")
-            )
+            # The resourceVersion guards the claim: a second boot that read the same
+            # armed Machine gets Conflict.
+            guarded: Json = {"status": claim}
+            if rv := body["metadata"].get("resourceVersion"):
+                guarded["metadata"] = {"resourceVersion": rv}
+            await self.api.patch(MACHINES, name, guarded, status=True)
         except (Conflict, NotFound) as exc:
             if tentative:
                 raise _Stale from None
@@ -437,19 +440,25 @@ class Provisioner:
             self._refuse(name, client, "not-armed", reason)
             raise Refused(409, reason, "no token for this boot") from None
         try:
-            await self.api.create_secret(
-                TOKEN_NAMESPACE, token_secret(name, token_id, token_secret_, expires)
+            await self.api.create(
+                SECRETS,
+                token_secret(name, token_id, token_secret_, expires),
+                namespace=TOKEN_NAMESPACE,
             )
         except ApiError as exc:
             log.error("machine=%s token Secret not created, re-arming: %s", name, exc)
             try:
-                await self.api.patch_machine_status(
+                await self.api.patch(
+                    MACHINES,
                     name,
-                    enrollment.rearm_status(
-                        by=well_known.PROVISIONER,
-                        at=self.clock.now(),
-                        reason=f"token failed: {exc}",
-                    ),
+                    {
+                        "status": enrollment.rearm_status(
+                            by=well_known.PROVISIONER,
+                            at=self.clock.now(),
+                            reason=f"token failed: {exc}",
+                        )
+                    },
+                    status=True,
                 )
             except ApiError as exc2:
                 log.error("machine=%s left disarmed (fail closed): %s", name, exc2)
@@ -483,9 +492,13 @@ class Provisioner:
         self.audit(name, "Rearmed", f"re-armed by {by}: {reason}", warning=False)
 
 
-async def rearm(api: KubeApi, name: str, *, by: str, reason: str, now: float) -> None:
-    body = await api.get_machine(name)
-    old = (body.get("status") or {}).get("tokenId")
-    await api.patch_machine_status(name, enrollment.rearm_status(by=by, at=now, reason=reason))
-    if old:
-        await api.delete_secret(TOKEN_NAMESPACE, enrollment.secret_name(str(old)))
+async def rearm(api: KubePort, name: str, *, by: str, reason: str, now: float) -> None:
+    """Arm the Machine for its next boot and revoke the previous boot's token
+    (:func:`gpufleet.kubeapi.machines.rearm`, shared with the lifecycle controller)."""
+    await kube_machines.rearm(api, name, by=by, reason=reason, now=now)
+
+
+async def machine_by_mac(api: KubePort, mac: str) -> Json | None:
+    """The one Machine carrying ``mac`` (its MAC label), or None (none, or ambiguous)."""
+    items = (await api.list(MACHINES, label_selector=machines.mac_label(mac))).items
+    return items[0] if len(items) == 1 else None

@@ -13,12 +13,18 @@ from pathlib import Path
 
 import uvicorn
 
+from gpufleet.kubeapi import KubeApi, KubePort
 from gpufleet.provision import cluster, render, service
 from gpufleet.provision.index import MachineIndex
 from gpufleet.provision.issuer import Provisioner, ServiceSettings
-from gpufleet.provision.kubeapi import KubeApi
 
 log = logging.getLogger("gpufleet.provision")
+
+MAX_IN_FLIGHT = 16
+"""Apiserver requests in flight at once. A boot storm queues here instead of
+opening a TLS connection per request (each handshake costs more CPU than the
+request it carries); the kept-alive connections are reused. Audit Events use at
+most two of these slots, so a boot never waits behind the Events of others."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,9 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve until ``stop`` is set (or the process is signalled)."""
-    api = await KubeApi.connect(str(options.kubeconfig) if options.kubeconfig else None)
+    api = await KubeApi.connect(
+        str(options.kubeconfig) if options.kubeconfig else None, max_in_flight=MAX_IN_FLIGHT
+    )
     index = MachineIndex(api)
     index_task = asyncio.create_task(index.run(), name="machine-index")
     try:
@@ -73,7 +81,7 @@ async def serve(
 async def _serve(
     options: ServeOptions,
     settings: ServiceSettings,
-    api: KubeApi,
+    api: KubePort,
     index: MachineIndex,
     *,
     started: threading.Event | None,

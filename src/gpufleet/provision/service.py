@@ -23,8 +23,8 @@ from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gpufleet.kubeapi import ApiError
 from gpufleet.provision.issuer import Provisioner, Refused
-from gpufleet.provision.kubeapi import ApiError
 
 TEXT = "text/plain; charset=utf-8"
 
