@@ -24,36 +24,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import emptiness, well_known
 from gpufleet.domain import events as ev
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.decide import Decision, decide
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.operator import Received, answer
-from gpufleet.domain.policy import DrainMode, Policy, PolicyError, default_policy, load_policy
+from gpufleet.domain.policy import DrainMode, Policy
 from gpufleet.domain.records import Incident, NodeRecord
-from gpufleet.domain.safety import (
-    BreakerState,
-    breaker_refresh,
-    breaker_reset,
-    breaker_reset_refusal,
-)
-from gpufleet.domain.states import NodeState
+from gpufleet.domain.safety import breaker_refresh
 from gpufleet.kubeapi import (
     NODES,
     PODS,
     SECRETS,
     ApiError,
     Conflict,
-    KubePort,
     NotFound,
     TooManyRequests,
     custom,
@@ -61,310 +49,26 @@ from gpufleet.kubeapi import (
 from gpufleet.kubeapi.secrets import decode_data
 from gpufleet.lifecycle import bmc as kube_bmc
 from gpufleet.lifecycle import crds, draining, machines, nodes, remediations
+from gpufleet.lifecycle.core import ControllerCore, ControllerSettings, Json, S, log
+from gpufleet.lifecycle.events import Events
 from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.lifecycle.policy import PolicyKeeping
 from gpufleet.remediate import redfish, steps
 from gpufleet.remediate.evidence import ActionMark
 
-log = logging.getLogger("gpufleet.controller")
-
-Json = dict[str, Any]
-S = NodeState
-_POLICIES = custom(crds.FLEET_POLICY_PLURAL)
-_REMEDIATIONS = custom(crds.NODE_REMEDIATION_PLURAL)
+__all__ = ["Controller", "ControllerSettings"]
 
 IDLE = frozenset({S.PRODUCTION, S.TRIAGE, S.RMA, S.MAINTENANCE, S.PROVISIONING})
 """States in which a tick has nothing to do (unless a fault is pending)."""
+_REMEDIATIONS = custom(crds.NODE_REMEDIATION_PLURAL)
 
 
-@dataclass(frozen=True)
-class ControllerSettings:
-    """How the controller runs. Every field has a default suited to production."""
+class Controller(Events, PolicyKeeping, ControllerCore):
+    """The lifecycle controller of one process: the concepts combined, state in ControllerCore.
 
-    policy_name: str = "default"
-    """The FleetPolicy object to obey. Until it exists and is valid, nothing
-    disruptive happens (fail closed)."""
-    dry_run: bool = False
-    """Force dry-run whatever the policy says (decide and report only)."""
-    tick_s: float = 2.0
-    """How often held decisions are retried and step/check timeouts examined."""
-    drain_poll_s: float = 1.0
-    """How often a draining node's pods are looked at."""
-    event_namespace: str = "default"
-    """Where Events about Nodes (cluster-scoped) are written."""
-    conflict_retries: int = 8
-    """Re-reads of a Node after a 409 before giving up until the next event."""
-    bmc_retry_delays: tuple[float, ...] = redfish.RETRY_DELAYS
-    """Pauses between attempts of one BMC request."""
-    status_save_delay_s: float = 0.5
-    """The FleetPolicy status (breaker, budget) is saved at most this often."""
-
-
-def _paused_default() -> Policy:
-    return default_policy().model_copy(update={"paused": True})
-
-
-class Controller:
-    """State of one controller process (all of it a cache of Kubernetes objects)."""
-
-    def __init__(
-        self,
-        client: KubePort,
-        settings: ControllerSettings | None = None,
-        metrics: Metrics | None = None,
-        clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
-        self.client = client
-        self.settings = settings or ControllerSettings()
-        self.metrics = metrics or Metrics()
-        self.clock = clock
-        from gpufleet.lifecycle.fleet import Fleet
-
-        self.fleet = Fleet()
-        self.policy: Policy = _paused_default()
-        self.policy_seen = False
-        self.bodies: dict[str, Json] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._drains: dict[str, asyncio.Task[None]] = {}
-        self._bmc = kube_bmc.Runs()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._nrem_locks: dict[str, asyncio.Lock] = {}
-        self._status_saver: asyncio.Task[None] | None = None
-        self._held_said: dict[str, str] = {}
-        """Per node, the last hold announced by an Event (a hold retried every tick is
-        announced once, not 30 times a minute)."""
-        self._slurm_heard: dict[str, tuple[str | None, float]] = {}
-        """Per draining node: the last Slurm report seen and when (monotonic, this process)."""
-        self._drain_said: dict[str, str] = {}
-        """Per draining node: what the last DrainWaiting Event said (without numbers)."""
-        self._policy_generation: tuple[Any, Any] = (None, None)
-        self._saved_budget: dict[str, Any] | None = None
-        """The budget part of the last FleetPolicy status saved (saved again when it changes)."""
-        self._breaker_reset_done: tuple[str, float] | None = None
-        """(id, at) of the last breaker reset answered: a watch event that still shows it
-        (before its removal lands) is not answered twice."""
-
-    # ------------------------------------------------------------- plumbing
-
-    def _spawn(self, coro: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro, name=what)
-        self._tasks.add(task)
-
-        def done(t: asyncio.Task[Any]) -> None:
-            self._tasks.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.error("%s failed: %s", what, t.exception())
-
-        task.add_done_callback(done)
-        return task
-
-    def _lock(self, name: str) -> asyncio.Lock:
-        lock = self._locks.get(name)
-        if lock is None:
-            lock = self._locks[name] = asyncio.Lock()
-        return lock
-
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
-
-    # ---------------------------------------------------------------- policy
-
-    def effective_policy(self) -> Policy:
-        if self.settings.dry_run and not self.policy.dry_run:
-            return self.policy.model_copy(update={"dry_run": True})
-        return self.policy
-
-    async def on_policy(self, body: Mapping[str, Any]) -> None:
-        """A FleetPolicy changed: validate it, use it if valid, report in its status."""
-        if body.get("metadata", {}).get("name") != self.settings.policy_name:
-            return
-        generation = body.get("metadata", {}).get("generation")
-        uid = body.get("metadata", {}).get("uid")
-        # A status or metadata change (our own writes among them) leaves the generation
-        # alone: only a spec change is validated again. An operator's breaker reset
-        # is an annotation, so it is looked at on every change.
-        if (uid, generation) != self._policy_generation:
-            self._policy_generation = (uid, generation)
-            await self._use_policy(body, generation)
-        await self._breaker_reset_request(body)
-
-    async def _use_policy(self, body: Mapping[str, Any], generation: Any) -> None:
-        """Validate a new generation of the FleetPolicy; use it if valid; say so in its status."""
-        spec = body.get("spec") or {}
-        if not self.policy_seen:
-            self._restore_breaker(body.get("status") or {})
-        try:
-            policy = load_policy(
-                yaml.safe_dump(dict(spec)), f"FleetPolicy {self.settings.policy_name}"
-            )
-        except PolicyError as exc:
-            problems = "; ".join(str(i) for i in exc.issues)
-            log.error(
-                "policy=%s invalid, keeping the last valid one: %s",
-                self.settings.policy_name,
-                problems,
-            )
-            self.metrics.policy_valid.set(0)
-            condition = _condition(
-                "Valid", "False", "Invalid", f"kept the last valid policy: {problems}", self.clock
-            )
-        else:
-            changed = policy != self.policy or not self.policy_seen
-            self.policy = policy
-            self.policy_seen = True
-            self.metrics.policy_valid.set(1)
-            if changed:
-                log.info(
-                    "policy=%s in use (paused=%s dryRun=%s)",
-                    self.settings.policy_name,
-                    policy.paused,
-                    policy.dry_run,
-                )
-            condition = _condition("Valid", "True", "Valid", "the policy is in use", self.clock)
-        status: Json = {"conditions": [condition], "observedGeneration": generation}
-        with contextlib.suppress(ApiError):
-            await self.client.patch(
-                _POLICIES, self.settings.policy_name, {"status": status}, status=True
-            )
-        self._update_gauges()  # a new budget configuration changes what the status shows
-
-    async def _breaker_reset_request(self, body: Mapping[str, Any]) -> None:
-        """``gpufleet breaker reset``: close the breaker, save, say so, remove the request.
-
-        Nothing happens until a valid policy is in use (the breaker's state is
-        restored with it): the request then waits on the FleetPolicy.
-        """
-        meta = body.get("metadata") or {}
-        text = (meta.get("annotations") or {}).get(well_known.ANNOTATION_BREAKER_RESET)
-        if text is None or not self.policy_seen:
-            return
-        name = self.settings.policy_name
-        request = _breaker_request(str(text))
-        if isinstance(request, str):
-            ok, message = False, f"refused: {request}"
-        else:
-            at, by, reason, rid = request
-            if (rid, at) == self._breaker_reset_done:
-                return  # already answered; the annotation's removal is on its way
-            b = self.fleet.breaker
-            why = breaker_reset_refusal(b, requested_at=at)
-            if why is not None:
-                ok, message = False, f"[{rid}] reset by {by}: refused: {why}"
-            else:
-                was = "open" if b.is_open else "closed"
-                self.fleet.breaker = breaker_reset(b)
-                self.fleet.dirty_breaker = True
-                ok = True
-                message = (
-                    f"[{rid}] reset by {by}: accepted: the breaker was {was} "
-                    f"({b.faulting_nodes()} faulting nodes in the window), now closed: {reason}"
-                )
-                await self.save_fleet_status()  # at once: status is what operators read
-                self._update_gauges()
-            self._breaker_reset_done = (rid, at)
-        log.info("policy=%s breaker %s", name, message)
-        self._policy_event(body, "Normal" if ok else "Warning", "BreakerReset", message)
-        try:
-            await self.client.patch(
-                _POLICIES,
-                name,
-                {"metadata": {"annotations": {well_known.ANNOTATION_BREAKER_RESET: None}}},
-            )
-        except ApiError as exc:
-            log.warning("policy=%s breaker reset request not removed: %s", name, exc)
-
-    def _policy_event(self, body: Mapping[str, Any], type_: str, reason: str, msg: str) -> None:
-        kind = ("FleetPolicy", f"{well_known.GROUP}/{well_known.VERSION}")
-        self._post(body, kind, type_, reason, msg)
-
-    def _restore_breaker(self, status: Mapping[str, Any]) -> None:
-        b = status.get("breaker") or {}
-        recent = tuple(
-            (float(x["at"]), str(x["node"]))
-            for x in b.get("recent") or []
-            if "at" in x and "node" in x
-        )
-        self.fleet.breaker = BreakerState(
-            recent=recent, tripped_at=b.get("trippedAt"), last_fault_at=b.get("lastFaultAt")
-        )
-        self.fleet.recent_actions = tuple(float(t) for t in status.get("recentActions") or [])
-
-    async def save_fleet_status(self) -> None:
-        """Persist the breaker, recent actions and budget use in the FleetPolicy status."""
-        if not self.policy_seen:
-            return
-        fleet = self.fleet
-        fleet.dirty_breaker = False
-        b = fleet.breaker
-        view = fleet.view()
-        budget = {
-            pool: {
-                "size": p.size,
-                "outOfService": p.out_of_service,
-                "allowed": self.policy.safety.budget.allowed(p.size),
-            }
-            for pool, p in view.pools.items()
-        }
-        status: Json = {
-            "breaker": {
-                "open": b.is_open,
-                "trippedAt": b.tripped_at,
-                "lastFaultAt": b.last_fault_at,
-                "faultingNodes": b.faulting_nodes(),
-                "recent": [{"at": t, "node": n} for t, n in b.recent],
-            },
-            "recentActions": list(fleet.recent_actions),
-            # A merge patch keeps keys it does not name: a pool that is gone is removed.
-            "budget": {**{p: None for p in self._saved_budget or {} if p not in budget}, **budget},
-            "conditions": [
-                _condition(
-                    "BreakerOpen",
-                    "True" if b.is_open else "False",
-                    "Tripped" if b.is_open else "Closed",
-                    f"{b.faulting_nodes()} nodes faulted within the window",
-                    self.clock,
-                )
-            ],
-        }
-        try:
-            await self.client.patch(
-                _POLICIES, self.settings.policy_name, {"status": status}, status=True
-            )
-        except ApiError as exc:
-            fleet.dirty_breaker = True
-            log.warning("policy=%s status not saved: %s", self.settings.policy_name, exc)
-        else:
-            self._saved_budget = budget
-
-    def _update_gauges(self) -> None:
-        """Metrics from the fleet view; and a status save when the budget use changed.
-
-        The FleetPolicy status is what ``kubectl`` and ``gpufleet status`` show, so
-        it follows the budget (nodes out per pool), not only the breaker.
-        """
-        m = self.metrics
-        m.set_states(self.fleet.states())
-        b = self.fleet.breaker
-        m.breaker_open.set(1 if b.is_open else 0)
-        m.breaker_nodes.set(b.faulting_nodes())
-        budget: dict[str, dict[str, int]] = {}
-        for pool, p in self.fleet.view().pools.items():
-            allowed = self.policy.safety.budget.allowed(p.size)
-            m.budget_out.labels(pool=pool).set(p.out_of_service)
-            m.budget_allowed.labels(pool=pool).set(allowed)
-            budget[pool] = {"size": p.size, "outOfService": p.out_of_service, "allowed": allowed}
-        if self.policy_seen and budget != self._saved_budget:
-            self.fleet.dirty_breaker = True  # "dirty status": saved by the coalescing saver
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:  # called outside the event loop: the next pass saves it
-                return
-            self._schedule_status_save()
-
-    # ----------------------------------------------------------------- nodes
+    Each base is one concept (its own module); they call each other only through the
+    methods :class:`~gpufleet.lifecycle.core.ControllerCore` declares.
+    """
 
     async def prime(self) -> None:
         """Load every Node's record before the first decision (budget needs the whole fleet)."""
@@ -514,8 +218,6 @@ class Controller:
         ).inc()
         self._event(body, "Normal" if accepted else "Warning", "OperatorRequest", message)
 
-    # ---------------------------------------------------------------- acting
-
     def _after(
         self,
         original: Json,
@@ -573,18 +275,6 @@ class Controller:
             self._schedule_status_save()
         self._update_gauges()
 
-    def _schedule_status_save(self) -> None:
-        """Save the fleet status soon, coalescing bursts: one write in flight at most."""
-        if self._status_saver is None or self._status_saver.done():
-            self._status_saver = self._spawn(self._save_soon(), "fleet status")
-
-    async def _save_soon(self) -> None:
-        await asyncio.sleep(self.settings.status_save_delay_s)
-        while self.fleet.dirty_breaker:
-            await self.save_fleet_status()
-            if self.fleet.dirty_breaker:
-                await asyncio.sleep(self.settings.status_save_delay_s)
-
     def _act(self, body: Json, record: NodeRecord, a: Action, now: float) -> None:
         name = record.name
         kind = a.kind
@@ -610,52 +300,127 @@ class Controller:
             self._event(body, "Warning", "Notice", a.detail)
         self.metrics.actions.labels(action=kind.value, result=result).inc()
 
-    def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        self._post(body, ("Node", "v1"), type_, reason, message)
+    async def tick_all(self) -> None:
+        """Retry held decisions and examine timeouts, node by node."""
+        now = self.clock.now()
+        policy = self.effective_policy()
+        refreshed = breaker_refresh(
+            self.fleet.breaker,
+            now=now,
+            config=policy.safety.breaker,
+            fleet_size=self.fleet.view().size,
+        )
+        if refreshed != self.fleet.breaker:
+            self.fleet.breaker = refreshed
+            self.fleet.dirty_breaker = True
+        for name, record in list(self.fleet.records.items()):
+            if record.state in IDLE and record.pending is None:
+                if record.state is S.PROVISIONING and record.name in self.bodies:
+                    body = self.bodies[name]
+                    if nodes.is_ready(body):
+                        await self.feed(name, ev.Tick())  # _process checks the inventory
+                continue
+            self._ensure_drain(record)
+            await self.feed(name, ev.Tick())
+        self._resume_bmc_steps()  # after the Ticks: a step they timed out is not resumed
+        if self.fleet.dirty_breaker:
+            self._schedule_status_save()
+        self._update_gauges()
+        self.metrics.ticks.inc()
 
-    def _post(
-        self,
-        body: Mapping[str, Any],
-        kind: tuple[str, str],
-        type_: str,
-        reason: str,
-        message: str,
-    ) -> None:
-        """A core/v1 Event about ``body`` (a Node or a FleetPolicy), posted in the background."""
-        meta = body.get("metadata", {})
-        stamp = remediations.iso(self.clock.now())
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "generateName": f"{meta.get('name', kind[0].lower())}.",
-                "namespace": self.settings.event_namespace,
-            },
-            "involvedObject": {
-                "apiVersion": kind[1],
-                "kind": kind[0],
-                "name": meta.get("name"),
-                "uid": meta.get("uid"),
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1000],
-            "source": {"component": well_known.CONTROLLER},
-            "reportingComponent": well_known.CONTROLLER,
-            "reportingInstance": well_known.CONTROLLER,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        self._spawn(self._post_event(event), "event")
+    def _ensure_drain(self, record: NodeRecord) -> None:
+        name = record.name
+        inc = record.incident
+        wanted = record.state is S.DRAINING and inc is not None and not inc.drained
+        task = self._drains.get(name)
+        if wanted and (task is None or task.done()):
+            self._drains[name] = self._spawn(self._drain(name), f"drain {name}")
 
-    async def _post_event(self, event: Json) -> None:
-        try:
-            await self.client.create_event(self.settings.event_namespace, event)
-        except ApiError as exc:
-            log.warning("event not posted: %s", exc)
+    async def _drain(self, name: str) -> None:
+        while True:
+            record = self.fleet.records.get(name)
+            if record is None or record.state is not S.DRAINING or record.incident is None:
+                return
+            inc = record.incident
+            if inc.drained:
+                return
+            policy = self.effective_policy()
+            if policy.paused or policy.dry_run:
+                await asyncio.sleep(self.settings.drain_poll_s)
+                continue
+            try:
+                pods = (await self.client.list(PODS, field_selector=f"spec.nodeName={name}")).items
+            except ApiError as exc:
+                log.warning("node=%s drain: %s", name, exc)
+                await asyncio.sleep(self.settings.drain_poll_s)
+                continue
+            plan = draining.plan(
+                pods,
+                mode=inc.drain_mode or DrainMode.EVICT,
+                elapsed=self.clock.now() - record.since,
+                timeout=policy.drain.timeout_seconds,
+            )
+            for ns, pod in plan.evict:
+                try:
+                    await self.client.evict(ns, pod)
+                except TooManyRequests:
+                    log.info(
+                        "node=%s drain: eviction of %s/%s refused by a PDB; retrying", name, ns, pod
+                    )
+                except NotFound:
+                    pass
+                except ApiError as exc:
+                    log.warning("node=%s drain: %s", name, exc)
+            for ns, pod in plan.delete:
+                with contextlib.suppress(NotFound):
+                    await self.client.delete(PODS, pod, namespace=ns)
+            ready = self._ready_to_disrupt(name, inc, policy, plan.remaining)
+            if ready.ready:
+                self._drains.pop(name, None)
+                self._slurm_heard.pop(name, None)
+                self._drain_said.pop(name, None)
+                log.info("node=%s drained: %s", name, ready.why)
+                await self.feed(name, ev.DrainCompleted(detail=ready.why))
+                return
+            self._say_drain_wait(name, ready.why)
+            await asyncio.sleep(self.settings.drain_poll_s)
 
-    # ----------------------------------------------------------------- steps
+    def _ready_to_disrupt(
+        self, name: str, inc: Incident, policy: Policy, pods_left: int
+    ) -> emptiness.Readiness:
+        """Kubernetes and Slurm both empty (domain.emptiness), from the Node as last seen."""
+        body = self.bodies.get(name) or {}
+        meta = body.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        text = annotations.get(well_known.ANNOTATION_SLURM_WORK)
+        work = emptiness.SlurmWork.from_annotation(text)
+        now = self.clock.monotonic()
+        heard = self._slurm_heard.get(name)
+        if heard is None or heard[0] != text:
+            heard = self._slurm_heard[name] = (text, now)
+        taints = [str(t.get("key")) for t in (body.get("spec") or {}).get("taints") or []]
+        return emptiness.ready_to_disrupt(
+            pods_left=pods_left,
+            slurm_node=emptiness.is_slurm_node(
+                meta.get("labels") or {}, annotations, taints, policy.drain.slurm
+            ),
+            work=work,
+            incident_opened_at=inc.opened_at,
+            slurm_silent_for=now - heard[1],
+            silent_limit=policy.drain.slurm_silent_seconds,
+            if_silent=inc.if_slurm_silent,
+        )
+
+    def _say_drain_wait(self, name: str, why: str) -> None:
+        """An Event (and a log line) when what the drain waits for changes, not every poll."""
+        gist = "".join(c for c in why if not c.isdigit())
+        if self._drain_said.get(name) == gist:
+            return
+        self._drain_said[name] = gist
+        log.info("node=%s drain: %s", name, why)
+        body = self.bodies.get(name)
+        if body is not None:
+            self._event(body, "Normal", "DrainWaiting", why)
 
     async def _bmc_credentials(self, body: Mapping[str, Any]) -> redfish.BmcCredentials:
         ref = nodes.bmc_secret_ref(body)
@@ -817,134 +582,6 @@ class Controller:
             self._bmc.results.pop(key, None)
             await kube_bmc.NodeJournal(self.client, name).clear(attempt)
 
-    # ---------------------------------------------------------------- drains
-
-    def _ensure_drain(self, record: NodeRecord) -> None:
-        name = record.name
-        inc = record.incident
-        wanted = record.state is S.DRAINING and inc is not None and not inc.drained
-        task = self._drains.get(name)
-        if wanted and (task is None or task.done()):
-            self._drains[name] = self._spawn(self._drain(name), f"drain {name}")
-
-    async def _drain(self, name: str) -> None:
-        while True:
-            record = self.fleet.records.get(name)
-            if record is None or record.state is not S.DRAINING or record.incident is None:
-                return
-            inc = record.incident
-            if inc.drained:
-                return
-            policy = self.effective_policy()
-            if policy.paused or policy.dry_run:
-                await asyncio.sleep(self.settings.drain_poll_s)
-                continue
-            try:
-                pods = (await self.client.list(PODS, field_selector=f"spec.nodeName={name}")).items
-            except ApiError as exc:
-                log.warning("node=%s drain: %s", name, exc)
-                await asyncio.sleep(self.settings.drain_poll_s)
-                continue
-            plan = draining.plan(
-                pods,
-                mode=inc.drain_mode or DrainMode.EVICT,
-                elapsed=self.clock.now() - record.since,
-                timeout=policy.drain.timeout_seconds,
-            )
-            for ns, pod in plan.evict:
-                try:
-                    await self.client.evict(ns, pod)
-                except TooManyRequests:
-                    log.info(
-                        "node=%s drain: eviction of %s/%s refused by a PDB; retrying", name, ns, pod
-                    )
-                except NotFound:
-                    pass
-                except ApiError as exc:
-                    log.warning("node=%s drain: %s", name, exc)
-            for ns, pod in plan.delete:
-                with contextlib.suppress(NotFound):
-                    await self.client.delete(PODS, pod, namespace=ns)
-            ready = self._ready_to_disrupt(name, inc, policy, plan.remaining)
-            if ready.ready:
-                self._drains.pop(name, None)
-                self._slurm_heard.pop(name, None)
-                self._drain_said.pop(name, None)
-                log.info("node=%s drained: %s", name, ready.why)
-                await self.feed(name, ev.DrainCompleted(detail=ready.why))
-                return
-            self._say_drain_wait(name, ready.why)
-            await asyncio.sleep(self.settings.drain_poll_s)
-
-    def _ready_to_disrupt(
-        self, name: str, inc: Incident, policy: Policy, pods_left: int
-    ) -> emptiness.Readiness:
-        """Kubernetes and Slurm both empty (domain.emptiness), from the Node as last seen."""
-        body = self.bodies.get(name) or {}
-        meta = body.get("metadata") or {}
-        annotations = meta.get("annotations") or {}
-        text = annotations.get(well_known.ANNOTATION_SLURM_WORK)
-        work = emptiness.SlurmWork.from_annotation(text)
-        now = self.clock.monotonic()
-        heard = self._slurm_heard.get(name)
-        if heard is None or heard[0] != text:
-            heard = self._slurm_heard[name] = (text, now)
-        taints = [str(t.get("key")) for t in (body.get("spec") or {}).get("taints") or []]
-        return emptiness.ready_to_disrupt(
-            pods_left=pods_left,
-            slurm_node=emptiness.is_slurm_node(
-                meta.get("labels") or {}, annotations, taints, policy.drain.slurm
-            ),
-            work=work,
-            incident_opened_at=inc.opened_at,
-            slurm_silent_for=now - heard[1],
-            silent_limit=policy.drain.slurm_silent_seconds,
-            if_silent=inc.if_slurm_silent,
-        )
-
-    def _say_drain_wait(self, name: str, why: str) -> None:
-        """An Event (and a log line) when what the drain waits for changes, not every poll."""
-        gist = "".join(c for c in why if not c.isdigit())
-        if self._drain_said.get(name) == gist:
-            return
-        self._drain_said[name] = gist
-        log.info("node=%s drain: %s", name, why)
-        body = self.bodies.get(name)
-        if body is not None:
-            self._event(body, "Normal", "DrainWaiting", why)
-
-    # ----------------------------------------------------------------- ticks
-
-    async def tick_all(self) -> None:
-        """Retry held decisions and examine timeouts, node by node."""
-        now = self.clock.now()
-        policy = self.effective_policy()
-        refreshed = breaker_refresh(
-            self.fleet.breaker,
-            now=now,
-            config=policy.safety.breaker,
-            fleet_size=self.fleet.view().size,
-        )
-        if refreshed != self.fleet.breaker:
-            self.fleet.breaker = refreshed
-            self.fleet.dirty_breaker = True
-        for name, record in list(self.fleet.records.items()):
-            if record.state in IDLE and record.pending is None:
-                if record.state is S.PROVISIONING and record.name in self.bodies:
-                    body = self.bodies[name]
-                    if nodes.is_ready(body):
-                        await self.feed(name, ev.Tick())  # _process checks the inventory
-                continue
-            self._ensure_drain(record)
-            await self.feed(name, ev.Tick())
-        self._resume_bmc_steps()  # after the Ticks: a step they timed out is not resumed
-        if self.fleet.dirty_breaker:
-            self._schedule_status_save()
-        self._update_gauges()
-        self.metrics.ticks.inc()
-
-    # ----------------------------------------------------------- remediation
-
     async def _sync_remediation(self, record: NodeRecord, incident: Incident, now: float) -> None:
         name = remediations.name_for(record.name, incident)
         lock = self._nrem_locks.setdefault(name, asyncio.Lock())
@@ -984,16 +621,6 @@ def _older(body: Mapping[str, Any], known: Mapping[str, Any] | None) -> bool:
     return a.isdigit() and b.isdigit() and int(a) < int(b)
 
 
-def _condition(type_: str, status: str, reason: str, message: str, clock: Clock) -> Json:
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message[:1000],
-        "lastTransitionTime": remediations.iso(clock.now()),
-    }
-
-
 def _fault_time(record: NodeRecord) -> float | None:
     inc = record.incident
     if inc is None:
@@ -1017,21 +644,3 @@ def _observe_steps(m: Metrics, before: NodeRecord, after: NodeRecord) -> None:
             m.step_seconds.labels(step=a.step.value, outcome=a.outcome.value).observe(
                 max(0.0, a.ended_at - a.started_at)
             )
-
-
-def _breaker_request(text: str) -> tuple[float, str, str, str] | str:
-    """``(at, by, reason, id)`` of a breaker-reset annotation, or why it is unreadable."""
-    import json
-
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return f"{well_known.ANNOTATION_BREAKER_RESET} is not JSON"
-    if not isinstance(data, dict):
-        return f"{well_known.ANNOTATION_BREAKER_RESET} is not a JSON object"
-    at, by, reason = data.get("at"), data.get("by"), data.get("reason")
-    if not isinstance(at, int | float) or isinstance(at, bool):
-        return "a breaker reset needs a time (at)"
-    if not (isinstance(by, str) and by.strip() and isinstance(reason, str) and reason.strip()):
-        return "a breaker reset needs a user (by) and a reason"
-    return float(at), by.strip()[:200], reason.strip()[:500], str(data.get("id") or "-")[:64]

@@ -1,0 +1,191 @@
+"""The controller's state and plumbing, shared by the concept modules of :class:`Controller`.
+
+:class:`ControllerCore` holds everything one controller process keeps (all of it
+a cache of Kubernetes objects, rebuilt by ``prime`` after a restart), the task
+and lock plumbing, and declares the few methods by which one concept calls
+another (an Event, a drain, a BMC step, a status save). Each concept module
+(``policy``, ``reconcile``, ``acting``, ``events``, ``drain_loop``, ``bmc_tasks``,
+``ticks``, ``remediation_sync``) subclasses it; :mod:`gpufleet.lifecycle.controller`
+combines them (docs/decisions/0085).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.clock import SYSTEM_CLOCK, Clock
+from gpufleet.domain import events as ev
+from gpufleet.domain.decide import Decision
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.policy import Policy, default_policy
+from gpufleet.domain.records import Incident, NodeRecord
+from gpufleet.domain.states import NodeState
+from gpufleet.kubeapi import KubePort
+from gpufleet.lifecycle import bmc as kube_bmc
+from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.remediate import redfish
+
+log = logging.getLogger("gpufleet.controller")
+
+Json = dict[str, Any]
+S = NodeState
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How the controller runs. Every field has a default suited to production."""
+
+    policy_name: str = "default"
+    """The FleetPolicy object to obey. Until it exists and is valid, nothing
+    disruptive happens (fail closed)."""
+    dry_run: bool = False
+    """Force dry-run whatever the policy says (decide and report only)."""
+    tick_s: float = 2.0
+    """How often held decisions are retried and step/check timeouts examined."""
+    drain_poll_s: float = 1.0
+    """How often a draining node's pods are looked at."""
+    event_namespace: str = "default"
+    """Where Events about Nodes (cluster-scoped) are written."""
+    conflict_retries: int = 8
+    """Re-reads of a Node after a 409 before giving up until the next event."""
+    bmc_retry_delays: tuple[float, ...] = redfish.RETRY_DELAYS
+    """Pauses between attempts of one BMC request."""
+    status_save_delay_s: float = 0.5
+    """The FleetPolicy status (breaker, budget) is saved at most this often."""
+
+
+def _paused_default() -> Policy:
+    return default_policy().model_copy(update={"paused": True})
+
+
+class ControllerCore:
+    """State of one controller process (all of it a cache of Kubernetes objects)."""
+
+    def __init__(
+        self,
+        client: KubePort,
+        settings: ControllerSettings | None = None,
+        metrics: Metrics | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.client = client
+        self.settings = settings or ControllerSettings()
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        from gpufleet.lifecycle.fleet import Fleet
+
+        self.fleet = Fleet()
+        self.policy: Policy = _paused_default()
+        self.policy_seen = False
+        self.bodies: dict[str, Json] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._drains: dict[str, asyncio.Task[None]] = {}
+        self._bmc = kube_bmc.Runs()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._nrem_locks: dict[str, asyncio.Lock] = {}
+        self._status_saver: asyncio.Task[None] | None = None
+        self._held_said: dict[str, str] = {}
+        """Per node, the last hold announced by an Event (a hold retried every tick is
+        announced once, not 30 times a minute)."""
+        self._slurm_heard: dict[str, tuple[str | None, float]] = {}
+        """Per draining node: the last Slurm report seen and when (monotonic, this process)."""
+        self._drain_said: dict[str, str] = {}
+        """Per draining node: what the last DrainWaiting Event said (without numbers)."""
+        self._policy_generation: tuple[Any, Any] = (None, None)
+        self._saved_budget: dict[str, Any] | None = None
+        """The budget part of the last FleetPolicy status saved (saved again when it changes)."""
+        self._breaker_reset_done: tuple[str, float] | None = None
+        """(id, at) of the last breaker reset answered: a watch event that still shows it
+        (before its removal lands) is not answered twice."""
+
+    # ------------------------------------------------------------- plumbing
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=what)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("%s failed: %s", what, t.exception())
+
+        task.add_done_callback(done)
+        return task
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+
+    def effective_policy(self) -> Policy:
+        if self.settings.dry_run and not self.policy.dry_run:
+            return self.policy.model_copy(update={"dry_run": True})
+        return self.policy
+
+    # ------------------------------------------------------------------ seams
+    # What one concept asks of another; each is implemented in the module named.
+
+    def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """An Event about a Node (events)."""
+        raise NotImplementedError
+
+    def _policy_event(self, body: Mapping[str, Any], type_: str, reason: str, msg: str) -> None:
+        """An Event about the FleetPolicy (events)."""
+        raise NotImplementedError
+
+    def _update_gauges(self) -> None:
+        """Fleet gauges, and a status save when the budget use changed (policy)."""
+        raise NotImplementedError
+
+    def _schedule_status_save(self) -> None:
+        """Save the FleetPolicy status soon, coalescing bursts (policy)."""
+        raise NotImplementedError
+
+    async def feed(self, name: str, event: ev.Event) -> None:
+        """Decide an event that did not come from the Node (reconcile)."""
+        raise NotImplementedError
+
+    async def _reconcile(self, body: Json, *, extra: Sequence[ev.Event]) -> None:
+        """One node pass, retried on conflicts (reconcile)."""
+        raise NotImplementedError
+
+    def _after(
+        self,
+        original: Json,
+        body: Json,
+        before: NodeRecord,
+        record: NodeRecord,
+        decisions: Sequence[Decision],
+        now: float,
+    ) -> None:
+        """Act on what was just recorded (acting)."""
+        raise NotImplementedError
+
+    def _ensure_drain(self, record: NodeRecord) -> None:
+        """Start the node's drain task if it should run and does not (drain_loop)."""
+        raise NotImplementedError
+
+    def _run_bmc_step(self, body: Mapping[str, Any], step: Step) -> Coroutine[Any, Any, None]:
+        """The task for a BMC step just recorded as started (bmc_tasks)."""
+        raise NotImplementedError
+
+    def _resume_bmc_steps(self) -> None:
+        """Take up BMC attempts in progress that no task here runs (bmc_tasks)."""
+        raise NotImplementedError
+
+    async def _sync_remediation(self, record: NodeRecord, incident: Incident, now: float) -> None:
+        """Create or update the incident's NodeRemediation (remediation_sync)."""
+        raise NotImplementedError

@@ -1,0 +1,253 @@
+"""The FleetPolicy: validated before use, its status saved, the operator's breaker reset.
+
+Until a valid FleetPolicy is seen the controller obeys a paused default (fail
+closed). The status (breaker, recent actions, budget use per pool) is what
+``kubectl`` and ``gpufleet status`` show and what a restarted controller restores
+the breaker from; saves are coalesced so a burst of decisions writes it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from gpufleet.clock import Clock
+from gpufleet.domain import well_known
+from gpufleet.domain.policy import PolicyError, load_policy
+from gpufleet.domain.safety import BreakerState, breaker_reset, breaker_reset_refusal
+from gpufleet.kubeapi import ApiError, custom
+from gpufleet.lifecycle import crds, remediations
+from gpufleet.lifecycle.core import ControllerCore, Json, log
+
+_POLICIES = custom(crds.FLEET_POLICY_PLURAL)
+
+
+class PolicyKeeping(ControllerCore):
+    """Uses the FleetPolicy and keeps its status (and the fleet gauges) current."""
+
+    async def on_policy(self, body: Mapping[str, Any]) -> None:
+        """A FleetPolicy changed: validate it, use it if valid, report in its status."""
+        if body.get("metadata", {}).get("name") != self.settings.policy_name:
+            return
+        generation = body.get("metadata", {}).get("generation")
+        uid = body.get("metadata", {}).get("uid")
+        # A status or metadata change (our own writes among them) leaves the generation
+        # alone: only a spec change is validated again. An operator's breaker reset
+        # is an annotation, so it is looked at on every change.
+        if (uid, generation) != self._policy_generation:
+            self._policy_generation = (uid, generation)
+            await self._use_policy(body, generation)
+        await self._breaker_reset_request(body)
+
+    async def _use_policy(self, body: Mapping[str, Any], generation: Any) -> None:
+        """Validate a new generation of the FleetPolicy; use it if valid; say so in its status."""
+        spec = body.get("spec") or {}
+        if not self.policy_seen:
+            self._restore_breaker(body.get("status") or {})
+        try:
+            policy = load_policy(
+                yaml.safe_dump(dict(spec)), f"FleetPolicy {self.settings.policy_name}"
+            )
+        except PolicyError as exc:
+            problems = "; ".join(str(i) for i in exc.issues)
+            log.error(
+                "policy=%s invalid, keeping the last valid one: %s",
+                self.settings.policy_name,
+                problems,
+            )
+            self.metrics.policy_valid.set(0)
+            condition = _condition(
+                "Valid", "False", "Invalid", f"kept the last valid policy: {problems}", self.clock
+            )
+        else:
+            changed = policy != self.policy or not self.policy_seen
+            self.policy = policy
+            self.policy_seen = True
+            self.metrics.policy_valid.set(1)
+            if changed:
+                log.info(
+                    "policy=%s in use (paused=%s dryRun=%s)",
+                    self.settings.policy_name,
+                    policy.paused,
+                    policy.dry_run,
+                )
+            condition = _condition("Valid", "True", "Valid", "the policy is in use", self.clock)
+        status: Json = {"conditions": [condition], "observedGeneration": generation}
+        with contextlib.suppress(ApiError):
+            await self.client.patch(
+                _POLICIES, self.settings.policy_name, {"status": status}, status=True
+            )
+        self._update_gauges()  # a new budget configuration changes what the status shows
+
+    async def _breaker_reset_request(self, body: Mapping[str, Any]) -> None:
+        """``gpufleet breaker reset``: close the breaker, save, say so, remove the request.
+
+        Nothing happens until a valid policy is in use (the breaker's state is
+        restored with it): the request then waits on the FleetPolicy.
+        """
+        meta = body.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(well_known.ANNOTATION_BREAKER_RESET)
+        if text is None or not self.policy_seen:
+            return
+        name = self.settings.policy_name
+        request = _breaker_request(str(text))
+        if isinstance(request, str):
+            ok, message = False, f"refused: {request}"
+        else:
+            at, by, reason, rid = request
+            if (rid, at) == self._breaker_reset_done:
+                return  # already answered; the annotation's removal is on its way
+            b = self.fleet.breaker
+            why = breaker_reset_refusal(b, requested_at=at)
+            if why is not None:
+                ok, message = False, f"[{rid}] reset by {by}: refused: {why}"
+            else:
+                was = "open" if b.is_open else "closed"
+                self.fleet.breaker = breaker_reset(b)
+                self.fleet.dirty_breaker = True
+                ok = True
+                message = (
+                    f"[{rid}] reset by {by}: accepted: the breaker was {was} "
+                    f"({b.faulting_nodes()} faulting nodes in the window), now closed: {reason}"
+                )
+                await self.save_fleet_status()  # at once: status is what operators read
+                self._update_gauges()
+            self._breaker_reset_done = (rid, at)
+        log.info("policy=%s breaker %s", name, message)
+        self._policy_event(body, "Normal" if ok else "Warning", "BreakerReset", message)
+        try:
+            await self.client.patch(
+                _POLICIES,
+                name,
+                {"metadata": {"annotations": {well_known.ANNOTATION_BREAKER_RESET: None}}},
+            )
+        except ApiError as exc:
+            log.warning("policy=%s breaker reset request not removed: %s", name, exc)
+
+    def _restore_breaker(self, status: Mapping[str, Any]) -> None:
+        b = status.get("breaker") or {}
+        recent = tuple(
+            (float(x["at"]), str(x["node"]))
+            for x in b.get("recent") or []
+            if "at" in x and "node" in x
+        )
+        self.fleet.breaker = BreakerState(
+            recent=recent, tripped_at=b.get("trippedAt"), last_fault_at=b.get("lastFaultAt")
+        )
+        self.fleet.recent_actions = tuple(float(t) for t in status.get("recentActions") or [])
+
+    async def save_fleet_status(self) -> None:
+        """Persist the breaker, recent actions and budget use in the FleetPolicy status."""
+        if not self.policy_seen:
+            return
+        fleet = self.fleet
+        fleet.dirty_breaker = False
+        b = fleet.breaker
+        view = fleet.view()
+        budget = {
+            pool: {
+                "size": p.size,
+                "outOfService": p.out_of_service,
+                "allowed": self.policy.safety.budget.allowed(p.size),
+            }
+            for pool, p in view.pools.items()
+        }
+        status: Json = {
+            "breaker": {
+                "open": b.is_open,
+                "trippedAt": b.tripped_at,
+                "lastFaultAt": b.last_fault_at,
+                "faultingNodes": b.faulting_nodes(),
+                "recent": [{"at": t, "node": n} for t, n in b.recent],
+            },
+            "recentActions": list(fleet.recent_actions),
+            # A merge patch keeps keys it does not name: a pool that is gone is removed.
+            "budget": {**{p: None for p in self._saved_budget or {} if p not in budget}, **budget},
+            "conditions": [
+                _condition(
+                    "BreakerOpen",
+                    "True" if b.is_open else "False",
+                    "Tripped" if b.is_open else "Closed",
+                    f"{b.faulting_nodes()} nodes faulted within the window",
+                    self.clock,
+                )
+            ],
+        }
+        try:
+            await self.client.patch(
+                _POLICIES, self.settings.policy_name, {"status": status}, status=True
+            )
+        except ApiError as exc:
+            fleet.dirty_breaker = True
+            log.warning("policy=%s status not saved: %s", self.settings.policy_name, exc)
+        else:
+            self._saved_budget = budget
+
+    def _update_gauges(self) -> None:
+        """Metrics from the fleet view; and a status save when the budget use changed.
+
+        The FleetPolicy status is what ``kubectl`` and ``gpufleet status`` show, so
+        it follows the budget (nodes out per pool), not only the breaker.
+        """
+        m = self.metrics
+        m.set_states(self.fleet.states())
+        b = self.fleet.breaker
+        m.breaker_open.set(1 if b.is_open else 0)
+        m.breaker_nodes.set(b.faulting_nodes())
+        budget: dict[str, dict[str, int]] = {}
+        for pool, p in self.fleet.view().pools.items():
+            allowed = self.policy.safety.budget.allowed(p.size)
+            m.budget_out.labels(pool=pool).set(p.out_of_service)
+            m.budget_allowed.labels(pool=pool).set(allowed)
+            budget[pool] = {"size": p.size, "outOfService": p.out_of_service, "allowed": allowed}
+        if self.policy_seen and budget != self._saved_budget:
+            self.fleet.dirty_breaker = True  # "dirty status": saved by the coalescing saver
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # called outside the event loop: the next pass saves it
+                return
+            self._schedule_status_save()
+
+    def _schedule_status_save(self) -> None:
+        """Save the fleet status soon, coalescing bursts: one write in flight at most."""
+        if self._status_saver is None or self._status_saver.done():
+            self._status_saver = self._spawn(self._save_soon(), "fleet status")
+
+    async def _save_soon(self) -> None:
+        await asyncio.sleep(self.settings.status_save_delay_s)
+        while self.fleet.dirty_breaker:
+            await self.save_fleet_status()
+            if self.fleet.dirty_breaker:
+                await asyncio.sleep(self.settings.status_save_delay_s)
+
+
+def _condition(type_: str, status: str, reason: str, message: str, clock: Clock) -> Json:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:1000],
+        "lastTransitionTime": remediations.iso(clock.now()),
+    }
+
+
+def _breaker_request(text: str) -> tuple[float, str, str, str] | str:
+    """``(at, by, reason, id)`` of a breaker-reset annotation, or why it is unreadable."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return f"{well_known.ANNOTATION_BREAKER_RESET} is not JSON"
+    if not isinstance(data, dict):
+        return f"{well_known.ANNOTATION_BREAKER_RESET} is not a JSON object"
+    at, by, reason = data.get("at"), data.get("by"), data.get("reason")
+    if not isinstance(at, int | float) or isinstance(at, bool):
+        return "a breaker reset needs a time (at)"
+    if not (isinstance(by, str) and by.strip() and isinstance(reason, str) and reason.strip()):
+        return "a breaker reset needs a user (by) and a reason"
+    return float(at), by.strip()[:200], reason.strip()[:500], str(data.get("id") or "-")[:64]
