@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from gpufleet.domain import emptiness, well_known
 from gpufleet.domain import events as ev
-from gpufleet.domain.actions import Action, ActionKind
-from gpufleet.domain.decide import Decision, decide
 from gpufleet.domain.ladder import Step
-from gpufleet.domain.operator import Received, answer
 from gpufleet.domain.policy import DrainMode, Policy
 from gpufleet.domain.records import Incident, NodeRecord
-from gpufleet.domain.safety import breaker_refresh
 from gpufleet.kubeapi import (
     NODES,
     PODS,
@@ -49,284 +45,26 @@ from gpufleet.kubeapi import (
 from gpufleet.kubeapi.secrets import decode_data
 from gpufleet.lifecycle import bmc as kube_bmc
 from gpufleet.lifecycle import crds, draining, machines, nodes, remediations
-from gpufleet.lifecycle.core import ControllerCore, ControllerSettings, Json, S, log
+from gpufleet.lifecycle.acting import Acting
+from gpufleet.lifecycle.core import ControllerCore, ControllerSettings, S, log
 from gpufleet.lifecycle.events import Events
-from gpufleet.lifecycle.metrics import Metrics
 from gpufleet.lifecycle.policy import PolicyKeeping
+from gpufleet.lifecycle.reconcile import NodePass
+from gpufleet.lifecycle.ticks import Ticks
 from gpufleet.remediate import redfish, steps
 from gpufleet.remediate.evidence import ActionMark
 
 __all__ = ["Controller", "ControllerSettings"]
 
-IDLE = frozenset({S.PRODUCTION, S.TRIAGE, S.RMA, S.MAINTENANCE, S.PROVISIONING})
-"""States in which a tick has nothing to do (unless a fault is pending)."""
 _REMEDIATIONS = custom(crds.NODE_REMEDIATION_PLURAL)
 
 
-class Controller(Events, PolicyKeeping, ControllerCore):
+class Controller(Events, PolicyKeeping, NodePass, Acting, Ticks, ControllerCore):
     """The lifecycle controller of one process: the concepts combined, state in ControllerCore.
 
     Each base is one concept (its own module); they call each other only through the
     methods :class:`~gpufleet.lifecycle.core.ControllerCore` declares.
     """
-
-    async def prime(self) -> None:
-        """Load every Node's record before the first decision (budget needs the whole fleet)."""
-        listing = await self.client.list(NODES)
-        now = self.clock.now()
-        for body in listing.items:
-            record, _ = nodes.record_of(body, now)
-            self.fleet.put(record)
-            self.bodies[nodes.name_of(body)] = body
-        self._update_gauges()
-        log.info("fleet loaded: %d nodes", len(self.fleet.records))
-
-    async def on_node(self, body: Mapping[str, Any]) -> None:
-        """A Node changed (watch event): feed what is new to ``decide``."""
-        name = nodes.name_of(body)
-        async with self._lock(name):
-            if _older(body, self.bodies.get(name)):
-                return  # a watch event from before our own last write
-            await self._reconcile(dict(body), extra=())
-
-    def on_node_deleted(self, name: str) -> None:
-        self.fleet.forget(name)
-        self.bodies.pop(name, None)
-        task = self._drains.pop(name, None)
-        if task is not None:
-            task.cancel()
-
-    async def feed(self, name: str, event: ev.Event) -> None:
-        """Decide an event that did not come from the Node (drain done, step done, tick)."""
-        async with self._lock(name):
-            body = self.bodies.get(name)
-            if body is None or not isinstance(event, ev.Tick):
-                # A result must be decided on the Node as it is now: decided on a stale
-                # copy it could be judged "not the step in progress" and lost.
-                try:
-                    body = await self.client.get(NODES, name)
-                except NotFound:
-                    return
-                except ApiError as exc:
-                    log.warning("node=%s %s not decided yet: %s", name, type(event).__name__, exc)
-                    if body is None:
-                        return
-            await self._reconcile(body, extra=(event,))
-
-    async def _reconcile(self, body: Json, *, extra: Sequence[ev.Event]) -> None:
-        name = nodes.name_of(body)
-        for _ in range(self.settings.conflict_retries):
-            try:
-                await self._process(body, extra)
-                return
-            except Conflict:
-                try:
-                    body = await self.client.get(NODES, name)
-                except NotFound:
-                    self.on_node_deleted(name)
-                    return
-        log.warning(
-            "node=%s gave up after %d conflicting writes", name, self.settings.conflict_retries
-        )
-
-    async def _process(self, body: Json, extra: Sequence[ev.Event]) -> None:
-        name = nodes.name_of(body)
-        self.bodies[name] = body
-        now = self.clock.now()
-        record, new = nodes.record_of(body, now)
-        obs = nodes.observe(body, record)
-        events: list[ev.Event] = [*obs.events, *extra]
-        joined: machines.Registration | None = None
-        if record.state is S.PROVISIONING and nodes.is_ready(body):
-            joined = await machines.registration(self.client, body)  # waits for the agent
-            if joined is not None:
-                events.append(joined.event)
-        before = record
-        decisions: list[Decision] = []
-        policy = self.effective_policy()
-        async with self.fleet.lock:
-            previous = self.fleet.records.get(name)
-            for event in events:
-                d = decide(record, self.fleet.view(), event, policy, now)
-                self.fleet.apply(d, now, policy)
-                decisions.append(d)
-                record = d.record
-            if not decisions:
-                self.fleet.put(record)
-        actions = tuple(a for d in decisions for a in d.actions)
-        patch = nodes.node_patch(body, record, actions, seen=obs.seen)
-        if joined is not None:
-            patch["metadata"]["annotations"].update(joined.annotations)
-        if record.incident is not None:
-            patch["metadata"]["annotations"][well_known.ANNOTATION_REMEDIATION] = (
-                remediations.name_for(name, record.incident)
-            )
-        if obs.request is not None:  # removed in the write that stores its decision: once only
-            patch["metadata"]["annotations"][well_known.ANNOTATION_OPERATOR_REQUEST] = None
-        if not new and nodes.apply_merge_patch(body, patch) == body:
-            self._after(body, body, before, record, decisions, now)
-            return
-        log.debug(
-            "node=%s write rv=%s state=%s pending=%s new=%s events=%s",
-            name,
-            patch["metadata"].get("resourceVersion"),
-            record.state,
-            record.pending is not None,
-            new,
-            [type(e).__name__ for e in events],
-        )
-        try:
-            written = await self.client.patch(NODES, name, patch)
-        except Conflict:
-            async with self.fleet.lock:  # undo the reservation; decide again on fresh data
-                if previous is not None:
-                    self.fleet.put(previous)
-            raise
-        except NotFound:
-            self.on_node_deleted(name)
-            return
-        self.bodies[name] = written
-        if obs.request is not None:
-            self._answer_operator(written, obs.request, before, events, decisions)
-        self._after(body, written, before, record, decisions, now)
-
-    def _answer_operator(
-        self,
-        body: Json,
-        received: Received,
-        first: NodeRecord,
-        events: Sequence[ev.Event],
-        decisions: Sequence[Decision],
-    ) -> None:
-        """The audit trail of a person's request: one Node Event, accepted or refused and why."""
-        before, decision = first, None
-        for event, d in zip(events, decisions, strict=False):
-            if event is received.event:
-                decision = d
-                break
-            before = d.record
-        accepted, message = answer(
-            received,
-            before,
-            held=str(decision.hold) if decision is not None and decision.hold else None,
-            transition=decision.transition if decision is not None else None,
-            reasons=decision.reasons if decision is not None else (),
-        )
-        log.info("node=%s operator request %s", nodes.name_of(body), message)
-        self.metrics.actions.labels(
-            action="operator-request", result="ok" if accepted else "refused"
-        ).inc()
-        self._event(body, "Normal" if accepted else "Warning", "OperatorRequest", message)
-
-    def _after(
-        self,
-        original: Json,
-        body: Json,
-        before: NodeRecord,
-        record: NodeRecord,
-        decisions: Sequence[Decision],
-        now: float,
-    ) -> None:
-        """Everything after the record is stored: Events, metrics, drains, steps, CR."""
-        name = record.name
-        m = self.metrics
-        for d in decisions:
-            for event_reason in d.reasons:
-                log.info("node=%s %s", name, event_reason)
-            if d.transition is not None:
-                t = d.transition
-                m.transitions.labels(source=t.source.value, target=t.target.value).inc()
-                done = ", ".join(str(a.kind) for a in d.actions)
-                self._event(
-                    body,
-                    "Normal",
-                    "StateChanged",
-                    f"{t.source} -> {t.target}: {t.reason}" + (f" [{done}]" if done else ""),
-                )
-            if d.hold is not None:
-                m.holds.labels(reason=d.hold.value).inc()
-                for a in d.withheld:
-                    m.actions.labels(action=a.kind.value, result="withheld").inc()
-                withheld = ", ".join(str(a) for a in d.withheld)[:800]
-                said = f"{d.hold}: {', '.join(a.kind.value for a in d.withheld)}"
-                if self._held_said.get(name) != said:
-                    self._held_said[name] = said
-                    self._event(body, "Warning", "ActionWithheld", f"{d.hold}: {withheld}")
-            elif d.actions or d.transition is not None:
-                self._held_said.pop(name, None)
-            for a in d.actions:
-                self._act(original, record, a, now)
-        if record.state is S.DRAINING and before.state is not S.DRAINING:
-            fault = record.incident
-            if fault is not None:
-                opened = _fault_time(record)
-                if opened is not None:
-                    m.time_to_cordon.observe(max(0.0, now - opened))
-        for occ in record.occurrences:
-            if occ not in before.occurrences:
-                m.faults.labels(fault=occ.key).inc()
-        self._ensure_drain(record)
-        incident = record.incident or before.incident
-        if incident is not None and any(d.record != before for d in decisions):
-            self._spawn(self._sync_remediation(record, incident, now), f"nrem {name}")
-        for d in decisions:
-            _observe_steps(m, before, d.record)
-        if self.fleet.dirty_breaker:
-            self._schedule_status_save()
-        self._update_gauges()
-
-    def _act(self, body: Json, record: NodeRecord, a: Action, now: float) -> None:
-        name = record.name
-        kind = a.kind
-        result = "ok"
-        if kind is ActionKind.CORDON:
-            self._event(body, "Warning", "Cordoned", a.detail or record.reason)
-        elif kind is ActionKind.UNCORDON:
-            annotations = body.get("metadata", {}).get("annotations") or {}
-            ours = annotations.get(well_known.ANNOTATION_CORDONED) == well_known.CONTROLLER
-            if ours or not body.get("spec", {}).get("unschedulable"):
-                self._event(body, "Normal", "Uncordoned", "cleared gpufleet's cordon")
-            else:
-                result = "kept"  # someone else's cordon: not cleared
-                self._event(body, "Normal", "CordonKept", "the cordon was not set by gpufleet")
-        elif kind is ActionKind.RUN_STEP:
-            assert a.step is not None
-            self._event(body, "Warning", "StepStarted", f"{a.step}: {a.detail}")
-            if a.step in steps.BMC_STEPS:
-                self._spawn(self._run_bmc_step(body, a.step), f"{a.step} {name}")
-        elif kind is ActionKind.RESTART_JOB:
-            self._event(body, "Warning", "RestartJob", a.detail)
-        elif kind is ActionKind.NOTIFY:
-            self._event(body, "Warning", "Notice", a.detail)
-        self.metrics.actions.labels(action=kind.value, result=result).inc()
-
-    async def tick_all(self) -> None:
-        """Retry held decisions and examine timeouts, node by node."""
-        now = self.clock.now()
-        policy = self.effective_policy()
-        refreshed = breaker_refresh(
-            self.fleet.breaker,
-            now=now,
-            config=policy.safety.breaker,
-            fleet_size=self.fleet.view().size,
-        )
-        if refreshed != self.fleet.breaker:
-            self.fleet.breaker = refreshed
-            self.fleet.dirty_breaker = True
-        for name, record in list(self.fleet.records.items()):
-            if record.state in IDLE and record.pending is None:
-                if record.state is S.PROVISIONING and record.name in self.bodies:
-                    body = self.bodies[name]
-                    if nodes.is_ready(body):
-                        await self.feed(name, ev.Tick())  # _process checks the inventory
-                continue
-            self._ensure_drain(record)
-            await self.feed(name, ev.Tick())
-        self._resume_bmc_steps()  # after the Ticks: a step they timed out is not resumed
-        if self.fleet.dirty_breaker:
-            self._schedule_status_save()
-        self._update_gauges()
-        self.metrics.ticks.inc()
 
     def _ensure_drain(self, record: NodeRecord) -> None:
         name = record.name
@@ -606,41 +344,3 @@ class Controller(Events, PolicyKeeping, ControllerCore):
                 )
             if record.state in (S.PRODUCTION, S.TRIAGE, S.RMA):
                 self._nrem_locks.pop(name, None)
-
-
-def _older(body: Mapping[str, Any], known: Mapping[str, Any] | None) -> bool:
-    """Whether ``body`` is an older version of the Node than ``known``.
-
-    resourceVersions are opaque by contract, but every apiserver backed by etcd
-    uses the etcd revision; if either is not a number, nothing is skipped.
-    """
-    if known is None:
-        return False
-    a = str(body.get("metadata", {}).get("resourceVersion", ""))
-    b = str(known.get("metadata", {}).get("resourceVersion", ""))
-    return a.isdigit() and b.isdigit() and int(a) < int(b)
-
-
-def _fault_time(record: NodeRecord) -> float | None:
-    inc = record.incident
-    if inc is None:
-        return None
-    times = [o.at for o in record.occurrences if o.key == inc.key]
-    return max(times) if times else None
-
-
-def _observe_steps(m: Metrics, before: NodeRecord, after: NodeRecord) -> None:
-    old = {
-        (a.step, a.attempt, a.started_at): a
-        for a in (before.incident.tried if before.incident else ())
-    }
-    for a in after.incident.tried if after.incident else ():
-        prev = old.get((a.step, a.attempt, a.started_at))
-        if (
-            a.ended_at is not None
-            and a.outcome is not None
-            and (prev is None or prev.ended_at is None)
-        ):
-            m.step_seconds.labels(step=a.step.value, outcome=a.outcome.value).observe(
-                max(0.0, a.ended_at - a.started_at)
-            )

@@ -1,0 +1,130 @@
+"""Acting on what was recorded: Events, metrics, drains, BMC steps, the NodeRemediation.
+
+Step 4 of the controller's contract: this runs only after the Node write that
+stores the decision succeeded, so a crash between the two leaves a record that
+the next pass (or a restarted controller's tick) acts on, never an action
+without a record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpufleet.domain import well_known
+from gpufleet.domain.actions import Action, ActionKind
+from gpufleet.domain.decide import Decision
+from gpufleet.domain.records import NodeRecord
+from gpufleet.lifecycle.core import ControllerCore, Json, S, log
+from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.remediate import steps
+
+
+class Acting(ControllerCore):
+    """Everything after the record is stored: Events, metrics, and the tasks that act."""
+
+    def _after(
+        self,
+        original: Json,
+        body: Json,
+        before: NodeRecord,
+        record: NodeRecord,
+        decisions: Sequence[Decision],
+        now: float,
+    ) -> None:
+        """Everything after the record is stored: Events, metrics, drains, steps, CR."""
+        name = record.name
+        m = self.metrics
+        for d in decisions:
+            for event_reason in d.reasons:
+                log.info("node=%s %s", name, event_reason)
+            if d.transition is not None:
+                t = d.transition
+                m.transitions.labels(source=t.source.value, target=t.target.value).inc()
+                done = ", ".join(str(a.kind) for a in d.actions)
+                self._event(
+                    body,
+                    "Normal",
+                    "StateChanged",
+                    f"{t.source} -> {t.target}: {t.reason}" + (f" [{done}]" if done else ""),
+                )
+            if d.hold is not None:
+                m.holds.labels(reason=d.hold.value).inc()
+                for a in d.withheld:
+                    m.actions.labels(action=a.kind.value, result="withheld").inc()
+                withheld = ", ".join(str(a) for a in d.withheld)[:800]
+                said = f"{d.hold}: {', '.join(a.kind.value for a in d.withheld)}"
+                if self._held_said.get(name) != said:
+                    self._held_said[name] = said
+                    self._event(body, "Warning", "ActionWithheld", f"{d.hold}: {withheld}")
+            elif d.actions or d.transition is not None:
+                self._held_said.pop(name, None)
+            for a in d.actions:
+                self._act(original, record, a, now)
+        if record.state is S.DRAINING and before.state is not S.DRAINING:
+            fault = record.incident
+            if fault is not None:
+                opened = _fault_time(record)
+                if opened is not None:
+                    m.time_to_cordon.observe(max(0.0, now - opened))
+        for occ in record.occurrences:
+            if occ not in before.occurrences:
+                m.faults.labels(fault=occ.key).inc()
+        self._ensure_drain(record)
+        incident = record.incident or before.incident
+        if incident is not None and any(d.record != before for d in decisions):
+            self._spawn(self._sync_remediation(record, incident, now), f"nrem {name}")
+        for d in decisions:
+            _observe_steps(m, before, d.record)
+        if self.fleet.dirty_breaker:
+            self._schedule_status_save()
+        self._update_gauges()
+
+    def _act(self, body: Json, record: NodeRecord, a: Action, now: float) -> None:
+        name = record.name
+        kind = a.kind
+        result = "ok"
+        if kind is ActionKind.CORDON:
+            self._event(body, "Warning", "Cordoned", a.detail or record.reason)
+        elif kind is ActionKind.UNCORDON:
+            annotations = body.get("metadata", {}).get("annotations") or {}
+            ours = annotations.get(well_known.ANNOTATION_CORDONED) == well_known.CONTROLLER
+            if ours or not body.get("spec", {}).get("unschedulable"):
+                self._event(body, "Normal", "Uncordoned", "cleared gpufleet's cordon")
+            else:
+                result = "kept"  # someone else's cordon: not cleared
+                self._event(body, "Normal", "CordonKept", "the cordon was not set by gpufleet")
+        elif kind is ActionKind.RUN_STEP:
+            assert a.step is not None
+            self._event(body, "Warning", "StepStarted", f"{a.step}: {a.detail}")
+            if a.step in steps.BMC_STEPS:
+                self._spawn(self._run_bmc_step(body, a.step), f"{a.step} {name}")
+        elif kind is ActionKind.RESTART_JOB:
+            self._event(body, "Warning", "RestartJob", a.detail)
+        elif kind is ActionKind.NOTIFY:
+            self._event(body, "Warning", "Notice", a.detail)
+        self.metrics.actions.labels(action=kind.value, result=result).inc()
+
+
+def _fault_time(record: NodeRecord) -> float | None:
+    inc = record.incident
+    if inc is None:
+        return None
+    times = [o.at for o in record.occurrences if o.key == inc.key]
+    return max(times) if times else None
+
+
+def _observe_steps(m: Metrics, before: NodeRecord, after: NodeRecord) -> None:
+    old = {
+        (a.step, a.attempt, a.started_at): a
+        for a in (before.incident.tried if before.incident else ())
+    }
+    for a in after.incident.tried if after.incident else ():
+        prev = old.get((a.step, a.attempt, a.started_at))
+        if (
+            a.ended_at is not None
+            and a.outcome is not None
+            and (prev is None or prev.ended_at is None)
+        ):
+            m.step_seconds.labels(step=a.step.value, outcome=a.outcome.value).observe(
+                max(0.0, a.ended_at - a.started_at)
+            )

@@ -1,0 +1,187 @@
+"""The node pass: read the Node, ``decide`` each new event, write it all in one guarded patch.
+
+Steps 1 to 3 of the controller's contract (see :mod:`gpufleet.lifecycle.controller`):
+the record, state label, cordon, taints and next agent request go to the Node in
+*one* merge patch guarded by ``resourceVersion``; a 409 undoes the fleet
+reservation, re-reads the Node and decides again. Only after that write does
+:meth:`~gpufleet.lifecycle.acting.Acting._after` act.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpufleet.domain import events as ev
+from gpufleet.domain import well_known
+from gpufleet.domain.decide import Decision, decide
+from gpufleet.domain.operator import Received, answer
+from gpufleet.domain.records import NodeRecord
+from gpufleet.kubeapi import NODES, ApiError, Conflict, NotFound
+from gpufleet.lifecycle import machines, nodes, remediations
+from gpufleet.lifecycle.core import ControllerCore, Json, S, log
+
+
+class NodePass(ControllerCore):
+    """Node events in, decisions recorded on the Node (read, decide, one guarded patch)."""
+
+    async def prime(self) -> None:
+        """Load every Node's record before the first decision (budget needs the whole fleet)."""
+        listing = await self.client.list(NODES)
+        now = self.clock.now()
+        for body in listing.items:
+            record, _ = nodes.record_of(body, now)
+            self.fleet.put(record)
+            self.bodies[nodes.name_of(body)] = body
+        self._update_gauges()
+        log.info("fleet loaded: %d nodes", len(self.fleet.records))
+
+    async def on_node(self, body: Mapping[str, Any]) -> None:
+        """A Node changed (watch event): feed what is new to ``decide``."""
+        name = nodes.name_of(body)
+        async with self._lock(name):
+            if _older(body, self.bodies.get(name)):
+                return  # a watch event from before our own last write
+            await self._reconcile(dict(body), extra=())
+
+    def on_node_deleted(self, name: str) -> None:
+        self.fleet.forget(name)
+        self.bodies.pop(name, None)
+        task = self._drains.pop(name, None)
+        if task is not None:
+            task.cancel()
+
+    async def feed(self, name: str, event: ev.Event) -> None:
+        """Decide an event that did not come from the Node (drain done, step done, tick)."""
+        async with self._lock(name):
+            body = self.bodies.get(name)
+            if body is None or not isinstance(event, ev.Tick):
+                # A result must be decided on the Node as it is now: decided on a stale
+                # copy it could be judged "not the step in progress" and lost.
+                try:
+                    body = await self.client.get(NODES, name)
+                except NotFound:
+                    return
+                except ApiError as exc:
+                    log.warning("node=%s %s not decided yet: %s", name, type(event).__name__, exc)
+                    if body is None:
+                        return
+            await self._reconcile(body, extra=(event,))
+
+    async def _reconcile(self, body: Json, *, extra: Sequence[ev.Event]) -> None:
+        name = nodes.name_of(body)
+        for _ in range(self.settings.conflict_retries):
+            try:
+                await self._process(body, extra)
+                return
+            except Conflict:
+                try:
+                    body = await self.client.get(NODES, name)
+                except NotFound:
+                    self.on_node_deleted(name)
+                    return
+        log.warning(
+            "node=%s gave up after %d conflicting writes", name, self.settings.conflict_retries
+        )
+
+    async def _process(self, body: Json, extra: Sequence[ev.Event]) -> None:
+        name = nodes.name_of(body)
+        self.bodies[name] = body
+        now = self.clock.now()
+        record, new = nodes.record_of(body, now)
+        obs = nodes.observe(body, record)
+        events: list[ev.Event] = [*obs.events, *extra]
+        joined: machines.Registration | None = None
+        if record.state is S.PROVISIONING and nodes.is_ready(body):
+            joined = await machines.registration(self.client, body)  # waits for the agent
+            if joined is not None:
+                events.append(joined.event)
+        before = record
+        decisions: list[Decision] = []
+        policy = self.effective_policy()
+        async with self.fleet.lock:
+            previous = self.fleet.records.get(name)
+            for event in events:
+                d = decide(record, self.fleet.view(), event, policy, now)
+                self.fleet.apply(d, now, policy)
+                decisions.append(d)
+                record = d.record
+            if not decisions:
+                self.fleet.put(record)
+        actions = tuple(a for d in decisions for a in d.actions)
+        patch = nodes.node_patch(body, record, actions, seen=obs.seen)
+        if joined is not None:
+            patch["metadata"]["annotations"].update(joined.annotations)
+        if record.incident is not None:
+            patch["metadata"]["annotations"][well_known.ANNOTATION_REMEDIATION] = (
+                remediations.name_for(name, record.incident)
+            )
+        if obs.request is not None:  # removed in the write that stores its decision: once only
+            patch["metadata"]["annotations"][well_known.ANNOTATION_OPERATOR_REQUEST] = None
+        if not new and nodes.apply_merge_patch(body, patch) == body:
+            self._after(body, body, before, record, decisions, now)
+            return
+        log.debug(
+            "node=%s write rv=%s state=%s pending=%s new=%s events=%s",
+            name,
+            patch["metadata"].get("resourceVersion"),
+            record.state,
+            record.pending is not None,
+            new,
+            [type(e).__name__ for e in events],
+        )
+        try:
+            written = await self.client.patch(NODES, name, patch)
+        except Conflict:
+            async with self.fleet.lock:  # undo the reservation; decide again on fresh data
+                if previous is not None:
+                    self.fleet.put(previous)
+            raise
+        except NotFound:
+            self.on_node_deleted(name)
+            return
+        self.bodies[name] = written
+        if obs.request is not None:
+            self._answer_operator(written, obs.request, before, events, decisions)
+        self._after(body, written, before, record, decisions, now)
+
+    def _answer_operator(
+        self,
+        body: Json,
+        received: Received,
+        first: NodeRecord,
+        events: Sequence[ev.Event],
+        decisions: Sequence[Decision],
+    ) -> None:
+        """The audit trail of a person's request: one Node Event, accepted or refused and why."""
+        before, decision = first, None
+        for event, d in zip(events, decisions, strict=False):
+            if event is received.event:
+                decision = d
+                break
+            before = d.record
+        accepted, message = answer(
+            received,
+            before,
+            held=str(decision.hold) if decision is not None and decision.hold else None,
+            transition=decision.transition if decision is not None else None,
+            reasons=decision.reasons if decision is not None else (),
+        )
+        log.info("node=%s operator request %s", nodes.name_of(body), message)
+        self.metrics.actions.labels(
+            action="operator-request", result="ok" if accepted else "refused"
+        ).inc()
+        self._event(body, "Normal" if accepted else "Warning", "OperatorRequest", message)
+
+
+def _older(body: Mapping[str, Any], known: Mapping[str, Any] | None) -> bool:
+    """Whether ``body`` is an older version of the Node than ``known``.
+
+    resourceVersions are opaque by contract, but every apiserver backed by etcd
+    uses the etcd revision; if either is not a number, nothing is skipped.
+    """
+    if known is None:
+        return False
+    a = str(body.get("metadata", {}).get("resourceVersion", ""))
+    b = str(known.get("metadata", {}).get("resourceVersion", ""))
+    return a.isdigit() and b.isdigit() and int(a) < int(b)
