@@ -344,7 +344,7 @@ class LocalCluster:
         timeout = self.spec.ready_timeout_s
         etcd.wait_ready(lambda: kube.etcd_ok(kl), timeout=timeout)
         self._ready("etcd")
-        api = kube.ApiClient(kl)
+        api = kube.client(kl)
         try:
             apiserver.wait_ready(lambda: kube.apiserver_ok(kl, api), timeout=timeout)
             self._ready("kube-apiserver")

@@ -7,13 +7,17 @@ evictions, the default ServiceAccount), plus the KWOK controller, which plays
 kubelet for fake nodes: it keeps their leases fresh and moves bound Pods to
 Running. Everything binds to 127.0.0.1 on ports chosen at start.
 
-This module talks to the apiserver with plain HTTP (httpx) because all it does
-is create Nodes and poll readiness; controllers use a real client library.
+Start-up reaches the apiserver through :class:`gpufleet.kubeapi.sync.SyncKube`
+(bearer token and the cluster's own CA; no kubeconfig needed before the
+apiserver has written its certificate): its ``/readyz``, the Namespaces and the
+default ServiceAccount the other components need, creating the KWOK Nodes and
+waiting for them to be Ready. Only the probes of processes that are not the
+apiserver (etcd's plain-HTTP ``/health``, the scheduler's and the
+controller-manager's self-signed ``/healthz``) use httpx directly.
 """
 
 from __future__ import annotations
 
-import ssl
 import subprocess
 import time
 from collections.abc import Sequence
@@ -24,6 +28,7 @@ from typing import Any
 import httpx
 import yaml
 
+from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.processes import ComponentError, ManagedProcess
 
@@ -303,34 +308,9 @@ def kwok(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
     )
 
 
-class ApiClient:
-    """Minimal authenticated HTTP access to the apiserver (readiness and setup only)."""
-
-    def __init__(self, layout: KubeLayout) -> None:
-        self._layout = layout
-        self._client: httpx.Client | None = None
-
-    def _http(self) -> httpx.Client:
-        if self._client is None:
-            # The CA file appears once the apiserver has generated its certificate.
-            self._client = httpx.Client(
-                base_url=self._layout.apiserver_url,
-                verify=ssl.create_default_context(cafile=str(self._layout.ca_file)),
-                headers={"Authorization": f"Bearer {self._layout.token}"},
-                timeout=10,
-            )
-        return self._client
-
-    def get(self, path: str) -> httpx.Response:
-        return self._http().get(path)
-
-    def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        return self._http().post(path, json=body)
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+def client(layout: KubeLayout) -> SyncKube:
+    """The start-up client of this control plane (the admin token, the apiserver's CA)."""
+    return SyncKube(layout.apiserver_url, layout.token, layout.ca_file)
 
 
 def etcd_ok(layout: KubeLayout) -> bool:
@@ -338,15 +318,13 @@ def etcd_ok(layout: KubeLayout) -> bool:
     return resp.status_code == 200 and resp.json().get("health") == "true"
 
 
-def apiserver_ok(layout: KubeLayout, api: ApiClient) -> bool:
+def apiserver_ok(layout: KubeLayout, api: SyncKube) -> bool:
     """``/readyz`` passes and the namespaces a cluster always has exist."""
     if not layout.ca_file.exists():
         return False
-    if api.get("/readyz").status_code != 200:
+    if api.status("/readyz") != 200:
         return False
-    return all(
-        api.get(f"/api/v1/namespaces/{ns}").status_code == 200 for ns in ("default", "kube-system")
-    )
+    return all(api.exists(f"/api/v1/namespaces/{ns}") for ns in ("default", "kube-system"))
 
 
 def healthz_ok(port: int) -> bool:
@@ -355,31 +333,29 @@ def healthz_ok(port: int) -> bool:
     return resp.status_code == 200
 
 
-def default_service_account_ok(api: ApiClient) -> bool:
+def default_service_account_ok(api: SyncKube) -> bool:
     """The controller-manager has created ``default/default``; Pods need it to be admitted."""
-    return api.get("/api/v1/namespaces/default/serviceaccounts/default").status_code == 200
+    return api.exists("/api/v1/namespaces/default/serviceaccounts/default")
 
 
-def server_version(api: ApiClient) -> str:
+def server_version(api: SyncKube) -> str:
     """The apiserver's gitVersion, e.g. ``v1.36.3``."""
-    version: str = api.get("/version").json()["gitVersion"]
-    return version
+    return str(api.get("/version")["gitVersion"])
 
 
-def create_nodes(api: ApiClient, names: Sequence[str], shape: NodeShape) -> None:
+def create_nodes(api: SyncKube, names: Sequence[str], shape: NodeShape) -> None:
+    """Create the KWOK Nodes; one that exists already (a restarted start-up) is kept."""
     for i, name in enumerate(names):
-        resp = api.post("/api/v1/nodes", node_manifest(name, i, shape))
-        if resp.status_code not in (201, 409):
-            raise RuntimeError(
-                f"creating Node {name} failed: HTTP {resp.status_code} {resp.text[:300]}"
-            )
+        api.create("/api/v1/nodes", node_manifest(name, i, shape))
 
 
-def ready_nodes(api: ApiClient, names: Sequence[str]) -> set[str]:
-    resp = api.get(f"/api/v1/nodes?labelSelector=type%3Dkwok&limit={max(len(names), 1) * 2}")
-    resp.raise_for_status()
+def ready_nodes(api: SyncKube, names: Sequence[str]) -> set[str]:
+    listed = api.get(
+        "/api/v1/nodes",
+        params={"labelSelector": "type=kwok", "limit": str(max(len(names), 1) * 2)},
+    )
     ready: set[str] = set()
-    for item in resp.json().get("items", []):
+    for item in listed.get("items", []):
         for cond in item.get("status", {}).get("conditions") or []:
             if cond.get("type") == "Ready" and cond.get("status") == "True":
                 ready.add(item["metadata"]["name"])
@@ -387,7 +363,7 @@ def ready_nodes(api: ApiClient, names: Sequence[str]) -> set[str]:
 
 
 def wait_nodes_ready(
-    api: ApiClient, proc: ManagedProcess, names: Sequence[str], timeout: float
+    api: SyncKube, proc: ManagedProcess, names: Sequence[str], timeout: float
 ) -> None:
     """Wait until KWOK reports every node Ready; name the missing ones."""
     deadline = time.monotonic() + timeout
