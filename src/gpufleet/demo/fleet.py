@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from gpufleet.demo import kube, policy
+from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local import processes
 from gpufleet.local.cluster import (
     DEFAULT_BMC_USER,
@@ -71,7 +72,7 @@ class Fleet:
     cluster: LocalCluster
     info: ClusterInfo
     ports: Ports
-    api: kube.Kube
+    api: SyncKube
     policy_file: Path
     agents: dict[str, ManagedProcess] = field(default_factory=dict)
     controller: ManagedProcess | None = None
@@ -104,7 +105,7 @@ class Fleet:
         cluster = LocalCluster(spec, progress=progress)
         info = cluster.start()
         try:
-            api = kube.Kube(info)
+            api = kube.connect(info)
             fleet = cls(
                 cluster=cluster,
                 info=info,
@@ -330,7 +331,7 @@ class Fleet:
             lambda: all(
                 (n["metadata"].get("labels") or {}).get("gpufleet.io/state") == "production"
                 and any(t["key"] == "gpufleet.io/slurm" for t in n["spec"].get("taints") or [])
-                for n in self.api.nodes()
+                for n in kube.nodes(self.api)
             ),
             timeout=timeout,
             what="holding every node for Slurm (taint gpufleet.io/slurm=held)",

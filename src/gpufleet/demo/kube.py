@@ -3,20 +3,23 @@
 The demo sets up what an operator would apply by hand (CRDs, the BMC Secrets
 and each Node's ``gpufleet.io/bmc-secret`` annotation, the FleetPolicy) and
 reads Nodes for its timeline. Everything else is done by the real components.
+The calls go through :class:`gpufleet.kubeapi.sync.SyncKube` (a script, no event
+loop); these functions are what the demo does with it.
 """
 
 from __future__ import annotations
 
-import base64
-import ssl
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from gpufleet.domain import well_known
+from gpufleet.kubeapi.errors import ApiError, Conflict
+from gpufleet.kubeapi.resources import Json, Patch
+from gpufleet.kubeapi.secrets import encode_data
+from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local.cluster import BmcEndpoint, ClusterInfo
 
 SYSTEM_NS = "gpufleet-system"
@@ -26,47 +29,28 @@ INFERENCE_CLASS = "inference-high"
 INFERENCE_PRIORITY = 1_000_000
 
 
-class Kube:
-    """Bearer-token HTTP to the apiserver (the cluster's own CA)."""
+def connect(info: ClusterInfo) -> SyncKube:
+    """The demo's client: the cluster's admin token and its CA."""
+    return SyncKube(info.apiserver_url, info.token, info.ca_file)
 
-    def __init__(self, info: ClusterInfo) -> None:
-        self.http = httpx.Client(
-            base_url=info.apiserver_url,
-            verify=ssl.create_default_context(cafile=str(info.ca_file)),
-            headers={"Authorization": f"Bearer {info.token}"},
-            timeout=10,
-        )
 
-    def close(self) -> None:
-        self.http.close()
+def nodes(api: SyncKube) -> list[Json]:
+    return list(api.get("/api/v1/nodes").get("items") or [])
 
-    def get(self, path: str) -> Any:
-        r = self.http.get(path)
-        r.raise_for_status()
-        return r.json()
 
-    def exists(self, path: str) -> bool:
-        return self.http.get(path).status_code == 200
+def answered(api: SyncKube, path: str) -> Json | None:
+    """The object at ``path``, or None when the apiserver answered anything but 200.
 
-    def post(self, path: str, body: Any, ok: tuple[int, ...] = (200, 201, 409)) -> Any:
-        r = self.http.post(path, json=body)
-        if r.status_code not in ok:
-            raise RuntimeError(f"POST {path}: HTTP {r.status_code} {r.text[:300]}")
-        return r.json()
-
-    def patch(self, path: str, body: Any, kind: str = "merge") -> Any:
-        r = self.http.patch(
-            path, json=body, headers={"Content-Type": f"application/{kind}-patch+json"}
-        )
-        if r.status_code != 200:
-            raise RuntimeError(f"PATCH {path}: HTTP {r.status_code} {r.text[:300]}")
-        return r.json()
-
-    def delete(self, path: str) -> None:
-        self.http.delete(path)
-
-    def nodes(self) -> list[dict[str, Any]]:
-        return list(self.get("/api/v1/nodes").get("items") or [])
+    For what the demo shows but does not need (a FleetPolicy's breaker, the
+    NodeRemediations): a missing CRD or object is shown as nothing. No answer at
+    all still raises, as for every other call.
+    """
+    try:
+        return api.get(path)
+    except ApiError as exc:
+        if exc.status is None:
+            raise
+        return None
 
 
 def wait(what: str, check: Any, timeout: float = 30.0) -> Any:
@@ -80,12 +64,12 @@ def wait(what: str, check: Any, timeout: float = 30.0) -> Any:
         time.sleep(0.1)
 
 
-def install(api: Kube) -> None:
+def install(api: SyncKube) -> None:
     """CRDs (every file in deploy/crds), the namespace, the PriorityClass
     inference Pods use. Idempotent."""
     for path in sorted(CRD_DIR.glob("*.yaml")):
         crd = yaml.safe_load(path.read_text())
-        api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
         name = crd["metadata"]["name"]
         wait(
             f"CRD {name} established",
@@ -100,11 +84,11 @@ def install(api: Kube) -> None:
                 or []
             ),
         )
-    api.post(
+    api.create(
         "/api/v1/namespaces",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}},
     )
-    api.post(
+    api.create(
         "/apis/scheduling.k8s.io/v1/priorityclasses",
         {
             "apiVersion": "scheduling.k8s.io/v1",
@@ -116,7 +100,7 @@ def install(api: Kube) -> None:
     )
 
 
-def add_bmc_secrets(api: Kube, info: ClusterInfo) -> None:
+def add_bmc_secrets(api: SyncKube, info: ClusterInfo) -> None:
     """One Secret per node with its BMC's endpoint and credentials, named by the Node."""
     for node, bmc in info.bmcs.items():
         api.patch(
@@ -129,22 +113,19 @@ def add_bmc_secrets(api: Kube, info: ClusterInfo) -> None:
         )
 
 
-def put_bmc_secret(api: Kube, bmc: BmcEndpoint) -> str:
+def put_bmc_secret(api: SyncKube, bmc: BmcEndpoint) -> str:
     """The Secret ``bmc-<node>`` with the BMC's endpoint and credentials; its reference
     (``namespace/name``, the ``gpufleet.io/bmc-secret`` format)."""
     name = f"bmc-{bmc.node}"
-    data = {
-        k: base64.b64encode(v.encode()).decode()
-        for k, v in {"endpoint": bmc.url, "username": bmc.user, "password": bmc.password}.items()
-    }
-    api.post(
+    data = encode_data({"endpoint": bmc.url, "username": bmc.user, "password": bmc.password})
+    api.create(
         f"/api/v1/namespaces/{SYSTEM_NS}/secrets",
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data},
     )
     return f"{SYSTEM_NS}/{name}"
 
 
-def remove_machine(api: Kube, name: str) -> None:
+def remove_machine(api: SyncKube, name: str) -> None:
     """Forget a machine that joined in a scenario: its Node, its Machine, any join token
     still in ``kube-system`` and its BMC Secret. Idempotent."""
     api.delete(f"/api/v1/nodes/{name}")
@@ -156,7 +137,7 @@ def remove_machine(api: Kube, name: str) -> None:
     wait(f"Node {name} gone", lambda: not api.exists(f"/api/v1/nodes/{name}"))
 
 
-def put_policy(api: Kube, body: dict[str, Any]) -> None:
+def put_policy(api: SyncKube, body: dict[str, Any]) -> None:
     """Create the FleetPolicy afresh (a new object has no breaker or rate-limit history)."""
     path = f"{GV}/fleetpolicies/{body['metadata']['name']}"
     if api.exists(path):
@@ -164,10 +145,10 @@ def put_policy(api: Kube, body: dict[str, Any]) -> None:
         api.patch(path, {"metadata": {"finalizers": None}})
         api.delete(path)
         wait("old FleetPolicy gone", lambda: not api.exists(path))
-    api.post(f"{GV}/fleetpolicies", body, ok=(201,))
+    api.create(f"{GV}/fleetpolicies", body, exist_ok=False)
 
 
-def reset_node(api: Kube, name: str, attempts: int = 10) -> None:
+def reset_node(api: SyncKube, name: str, attempts: int = 10) -> None:
     """Forget every incident: gpufleet's marks, conditions, cordon and taints (not the
     BMC annotation). Used between scenarios, with the controller stopped; the syncer
     and KWOK still write the Node, so a conflicting write is retried."""
@@ -175,13 +156,13 @@ def reset_node(api: Kube, name: str, attempts: int = 10) -> None:
         try:
             _reset_node(api, name)
             return
-        except RuntimeError as exc:
-            if "HTTP 409" not in str(exc) or attempt == attempts - 1:
+        except Conflict:
+            if attempt == attempts - 1:
                 raise
             time.sleep(0.1)
 
 
-def _reset_node(api: Kube, name: str) -> None:
+def _reset_node(api: SyncKube, name: str) -> None:
     node = api.get(f"/api/v1/nodes/{name}")
     ann = node["metadata"].get("annotations") or {}
     drop = {
@@ -210,9 +191,9 @@ def _reset_node(api: Kube, name: str) -> None:
         api.patch(
             f"/api/v1/nodes/{name}/status",
             {"status": {"conditions": drop_conds}},
-            kind="strategic-merge",
+            kind=Patch.STRATEGIC,
         )
 
 
-def delete_remediations(api: Kube) -> None:
+def delete_remediations(api: SyncKube) -> None:
     api.delete(f"{GV}/noderemediations")

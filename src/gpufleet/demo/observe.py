@@ -17,8 +17,10 @@ from typing import Any
 
 import httpx
 
-from gpufleet.demo.kube import GV, Kube
+from gpufleet.demo.kube import GV, answered, nodes
 from gpufleet.domain import well_known
+from gpufleet.kubeapi.errors import ApiError
+from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local.cluster import ClusterInfo
 from gpufleet.slurm import hostlist
 
@@ -130,7 +132,7 @@ class TrainingLog:
 class Observer:
     """Polls every source once per :meth:`poll` and returns the new entries."""
 
-    def __init__(self, info: ClusterInfo, api: Kube, *, policy_name: str) -> None:
+    def __init__(self, info: ClusterInfo, api: SyncKube, *, policy_name: str) -> None:
         self.info = info
         self.api = api
         self.policy_name = policy_name
@@ -177,14 +179,14 @@ class Observer:
             try:
                 out.extend(fn(now))
                 self.errors.pop(source, None)
-            except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
+            except (ApiError, httpx.HTTPError, OSError, ValueError, KeyError) as exc:
                 self.errors[source] = str(exc)
         primed, self.primed = self.primed, True
         return out if primed else []
 
     def _kube(self, now: float) -> list[Entry]:
         out: list[Entry] = []
-        bodies = self.api.nodes()
+        bodies = nodes(self.api)
         present = {b["metadata"]["name"] for b in bodies}
         for name in [n for n in self.nodes if n not in present]:
             del self.nodes[name]
@@ -353,10 +355,10 @@ class Observer:
         return out
 
     def _policy(self, now: float) -> list[Entry]:
-        r = self.api.http.get(f"{GV}/fleetpolicies/{self.policy_name}")
-        if r.status_code != 200:
+        found = answered(self.api, f"{GV}/fleetpolicies/{self.policy_name}")
+        if found is None:
             return []
-        breaker = ((r.json().get("status") or {}).get("breaker")) or {}
+        breaker = ((found.get("status") or {}).get("breaker")) or {}
         is_open = bool(breaker.get("open"))
         old, self.breaker_open = self.breaker_open, is_open
         if old is None or old == is_open:

@@ -9,7 +9,6 @@ to look at when it does not come. It returns the figures of its summary.
 
 from __future__ import annotations
 
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,8 @@ from gpufleet.demo.fleet import Fleet
 from gpufleet.demo.observe import Entry
 from gpufleet.demo.timeline import StepMissed, Timeline
 from gpufleet.domain import enrollment, records, well_known
+from gpufleet.kubeapi.errors import ApiError
+from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local import kube as local_kube
 from gpufleet.local.cluster import ClusterInfo
 from gpufleet.provision import machines
@@ -294,9 +295,7 @@ def fault_storm(ctx: Ctx) -> None:
         ]["allowed"]
     )
     held = _held_faults(ctx)
-    ctx.figures.update(
-        out=out, budget=budget, breaker_open=ctx.tl.observer.breaker_open, held=held
-    )
+    ctx.figures.update(out=out, budget=budget, breaker_open=ctx.tl.observer.breaker_open, held=held)
     ctx.tl.note(
         "demo",
         f"{len(storm)} nodes report faults; {len(out)} taken out of service (budget {budget}); "
@@ -313,7 +312,7 @@ def fault_storm(ctx: Ctx) -> None:
 def _held_faults(ctx: Ctx) -> list[str]:
     """Nodes whose record keeps a held fault (read from the Nodes, not assumed)."""
     held = []
-    for node in ctx.fleet.api.nodes():
+    for node in kube.nodes(ctx.fleet.api):
         text = (node["metadata"].get("annotations") or {}).get(well_known.ANNOTATION_RECORD)
         if not text:
             continue
@@ -346,7 +345,7 @@ def preemption(ctx: Ctx) -> None:
             ],
         },
     }
-    ctx.fleet.api.post("/api/v1/namespaces/default/pods", pod, ok=(201,))
+    ctx.fleet.api.create("/api/v1/namespaces/default/pods", pod, exist_ok=False)
     created = ctx.tl.note(
         "demo", f"Pod inference-0 created (priority {kube.INFERENCE_PRIORITY}, 8 GPUs)"
     )
@@ -463,16 +462,20 @@ HBM3`` and 8 HCAs (``mlx5_0``..``mlx5_7``)."""
 
 
 def _self_review(info: ClusterInfo, token: str) -> tuple[int, dict[str, Any]]:
-    """Who the apiserver says ``token`` is (a SelfSubjectReview made with it)."""
-    r = httpx.post(
-        f"{info.apiserver_url}/apis/authentication.k8s.io/v1/selfsubjectreviews",
-        json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
-        headers={"Authorization": f"Bearer {token}"},
-        verify=ssl.create_default_context(cafile=str(info.ca_file)),
-        timeout=10,
-    )
-    user = (r.json().get("status") or {}).get("userInfo") or {} if r.status_code == 201 else {}
-    return r.status_code, user
+    """Who the apiserver says ``token`` is (a SelfSubjectReview made with it): HTTP 201 and
+    the user, or the status of the refusal (0: no answer) and no user."""
+    as_token = SyncKube(info.apiserver_url, token, info.ca_file)
+    try:
+        review = as_token.create(
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+            exist_ok=False,
+        )
+    except ApiError as exc:
+        return exc.status or 0, {}
+    finally:
+        as_token.close()
+    return 201, (review.get("status") or {}).get("userInfo") or {}
 
 
 def _served(ctx: Ctx, r: httpx.Response, what: str) -> str:
@@ -509,7 +512,9 @@ def new_machine(ctx: Ctx) -> None:
             "enrollmentDigest": enrollment.digest(ENROLLMENT_SECRET),
         }
     )
-    api.post(f"{kube.GV}/{well_known.MACHINE_PLURAL}", machines.manifest(name, spec), ok=(201,))
+    api.create(
+        f"{kube.GV}/{well_known.MACHINE_PLURAL}", machines.manifest(name, spec), exist_ok=False
+    )
     tl.note(
         "demo",
         f"Machine {name} added to the inventory (MAC {mac}, 8 x H100, 8 HCAs, its BMC, "
@@ -572,7 +577,7 @@ def new_machine(ctx: Ctx) -> None:
         local_kube.NodeShape(kubelet_version=str(api.get("/version")["gitVersion"])),
     )
     body["metadata"]["labels"].update(labels)
-    api.post("/api/v1/nodes", body, ok=(201,))
+    api.create("/api/v1/nodes", body, exist_ok=False)
     added = ctx.wait("node-added", f"Node {name} registered", "kube-apiserver", 15, node=name)
     ctx.wait("node-ready", f"{name} Ready", "kwok", 30, node=name)
     fleet.start_agent(name)

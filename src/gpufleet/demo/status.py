@@ -16,7 +16,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
-from gpufleet.demo.kube import GV, Kube
+from gpufleet.demo.kube import GV, answered, connect, nodes
 from gpufleet.domain import well_known
 from gpufleet.local.cluster import ClusterInfo
 
@@ -69,11 +69,11 @@ def not_ours(
 
 def gather(info: ClusterInfo) -> FleetStatus:
     st = FleetStatus()
-    api = Kube(info)
+    api = connect(info)
     now = time.time()
     pointers: dict[str, str] = {}  # node -> the NodeRemediation its controller points to
     try:
-        for n in api.nodes():
+        for n in nodes(api):
             meta = n["metadata"]
             pointer = (meta.get("annotations") or {}).get(well_known.ANNOTATION_REMEDIATION)
             if pointer:
@@ -93,9 +93,9 @@ def gather(info: ClusterInfo) -> FleetStatus:
                     if c["type"] in well_known.CONDITIONS.values() and c["status"] == "True"
                 ]
                 st.out.append((meta["name"], state, why[:70], ", ".join(problems) or "-"))
-        r = api.http.get(f"{GV}/noderemediations")
-        if r.status_code == 200:
-            for item in r.json().get("items") or []:
+        found = answered(api, f"{GV}/noderemediations")
+        if found is not None:
+            for item in found.get("items") or []:
                 s = item.get("status") or {}
                 finished = s.get("phase") in ("Succeeded", "Escalated") and s.get("completedAt")
                 why = not_ours(item, pointers, finished=bool(finished))
@@ -113,9 +113,9 @@ def gather(info: ClusterInfo) -> FleetStatus:
                         _ago(s.get("startedAt"), now),
                     )
                 )
-        r = api.http.get(f"{GV}/fleetpolicies")
-        if r.status_code == 200:
-            for item in r.json().get("items") or []:
+        found = answered(api, f"{GV}/fleetpolicies")
+        if found is not None:
+            for item in found.get("items") or []:
                 b = (item.get("status") or {}).get("breaker") or {}
                 state = "[red]OPEN[/red]" if b.get("open") else "[green]closed[/green]"
                 st.breakers.append(
