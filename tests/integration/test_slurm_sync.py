@@ -248,3 +248,59 @@ def test_slurmctld_restart_causes_no_wrong_drain_or_resume(env, local_cluster) -
         kube.set_state(n, "production")
     wait_for("ours resumed", lambda: not slurm.drained(ours) and not slurm.drained(later), 10)
     slurm.resume(admin)
+
+
+SELECTED = "gpufleet-test/slurm-sync"
+"""The label the selector test's syncer selects on (``SELECTED=yes``)."""
+
+
+def test_node_selector_manages_matching_nodes_and_drops_one_that_stops_matching(
+    env, local_cluster
+) -> None:
+    """``node_selector`` is a labelSelector on the syncer's Node list and watch: a matching
+    Node is drained for its problem, one that never matched is left alone, and one whose
+    label is removed is dropped (the apiserver sends DELETED) and no longer resumed.
+
+    Last in this module: it stops the module's syncer (two syncers would fight over the
+    same Slurm nodes) and runs its own with the selector.
+    """
+    kube, slurm, module_syncer = env
+    kept, dropped, outside = local_cluster.node_names[:3]
+    module_syncer.stop()
+    for n in (kept, dropped):
+        kube.patch_node(n, {"metadata": {"labels": {SELECTED: "yes"}}})
+    settings = SyncSettings(poll_interval_s=0.5, hold_taint=False, node_selector=f"{SELECTED}=yes")
+    syncer = RunningSyncer(local_cluster, settings).start()
+    try:
+        assert syncer.syncer is not None
+        assert set(syncer.syncer.nodes) == {kept, dropped}, "the list is filtered"
+
+        # A matching node is managed; a node outside the selector is not, whatever its state.
+        kube.set_condition(dropped, "GpuProblem", "True", "Xid79")
+        kube.set_condition(outside, "GpuProblem", "True", "Xid79")
+        reason = wait_for("our drain", lambda: slurm.drained(dropped), 10)
+        assert reason == "gpufleet: GpuProblem Xid79"
+        syncer.passed(kube, dropped)
+        assert slurm.drained(outside) is None, "a node outside the selector was drained"
+
+        # The label goes: the watch drops the Node, so its recovery is not acted on.
+        kube.patch_node(dropped, {"metadata": {"labels": {SELECTED: None}}})
+        wait_for("the Node dropped by the watch", lambda: dropped not in syncer.syncer.nodes, 10)
+        kube.set_condition(dropped, "GpuProblem", "False", "Healthy")
+        # A later change on a matching node: once the watch has delivered it (events come
+        # in resourceVersion order) and two passes ran, the syncer has had its chance.
+        kube.set_condition(kept, "GpuProblem", "True", "Xid79")
+        assert wait_for("kept drained", lambda: slurm.drained(kept), 10) == (
+            "gpufleet: GpuProblem Xid79"
+        )
+        syncer.passed(kube, kept)
+        assert set(syncer.syncer.nodes) == {kept}
+        assert slurm.drained(dropped) == "gpufleet: GpuProblem Xid79", (
+            "a node outside the selector was resumed"
+        )
+    finally:
+        syncer.stop()
+        for n in (kept, dropped, outside):
+            kube.patch_node(n, {"metadata": {"labels": {SELECTED: None}}})
+            kube.set_condition(n, "GpuProblem", "False", "Healthy")
+        slurm.undrain_all()
