@@ -16,7 +16,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -231,29 +231,44 @@ def node_request(
     """Write the request, wait for the answer, print it; exit 1 if it was refused."""
     console = Console(highlight=False)
     text = _reason(reason)
+    _carry_out(
+        console,
+        _send_node_request(
+            kubeconfig,
+            node,
+            verb,
+            text,
+            hardware_replaced=hardware_replaced,
+            wait=not no_wait,
+            timeout=timeout,
+            event_namespace=event_namespace,
+            console=console,
+        ),
+        missing=f"no Node named {node}",
+        unanswered=(
+            f"no answer from the lifecycle controller within {timeout:g}s; the request "
+            f"stays on the Node and is decided when the controller runs "
+            f"(kubectl describe node {node}: Events 'OperatorRequest')"
+        ),
+    )
+
+
+def _carry_out(
+    console: Console,
+    send: Coroutine[Any, Any, dict[str, Any] | None],
+    *,
+    missing: str,
+    unanswered: str,
+) -> None:
+    """Run one operator request and print its answer. Exit codes: 1 refused (by
+    ``_finish``), 2 the object is missing or the apiserver refused, 3 no answer in time."""
     try:
-        event = asyncio.run(
-            _send_node_request(
-                kubeconfig,
-                node,
-                verb,
-                text,
-                hardware_replaced=hardware_replaced,
-                wait=not no_wait,
-                timeout=timeout,
-                event_namespace=event_namespace,
-                console=console,
-            )
-        )
+        event = asyncio.run(send)
     except NotFound:
-        console.print(f"[red]no Node named {node}[/]")
+        console.print(f"[red]{missing}[/]")
         raise typer.Exit(2) from None
     except NoAnswer:
-        console.print(
-            f"[yellow]no answer from the lifecycle controller within {timeout:g}s; the request "
-            f"stays on the Node and is decided when the controller runs "
-            f"(kubectl describe node {node}: Events 'OperatorRequest')[/]"
-        )
+        console.print(f"[yellow]{unanswered}[/]")
         raise typer.Exit(3) from None
     except ApiError as exc:
         console.print(f"[red]{exc}[/]")
@@ -315,29 +330,20 @@ def breaker_reset(
     """Ask the controller to close the breaker; print its answer; exit 1 if refused."""
     console = Console(highlight=False)
     text = _reason(reason)
-    try:
-        event = asyncio.run(
-            _send_breaker_reset(
-                kubeconfig,
-                policy,
-                text,
-                wait=not no_wait,
-                timeout=timeout,
-                event_namespace=event_namespace,
-                console=console,
-            )
-        )
-    except NotFound:
-        console.print(f"[red]no FleetPolicy named {policy}[/]")
-        raise typer.Exit(2) from None
-    except NoAnswer:
-        console.print(
-            f"[yellow]no answer from the lifecycle controller within {timeout:g}s; the request "
-            f"stays on the FleetPolicy and is applied when the controller runs[/]"
-        )
-        raise typer.Exit(3) from None
-    except ApiError as exc:
-        console.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
-    if event is not None:
-        _finish(console, event)
+    _carry_out(
+        console,
+        _send_breaker_reset(
+            kubeconfig,
+            policy,
+            text,
+            wait=not no_wait,
+            timeout=timeout,
+            event_namespace=event_namespace,
+            console=console,
+        ),
+        missing=f"no FleetPolicy named {policy}",
+        unanswered=(
+            f"no answer from the lifecycle controller within {timeout:g}s; the request "
+            f"stays on the FleetPolicy and is applied when the controller runs"
+        ),
+    )

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import pytest
+import typer
 import yaml
+from rich.console import Console
 from typer.testing import CliRunner
 
 from gpufleet.cli import operator_cmd
 from gpufleet.cli.main import app
+from gpufleet.kubeapi import ApiError, NotFound
 
 runner = CliRunner()
 
@@ -51,3 +56,26 @@ def test_kubeconfig_user_is_the_fallback_identity(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(cfg))
     assert operator_cmd.kubeconfig_user(path) == "alice@example.com"
     assert operator_cmd.kubeconfig_user(tmp_path / "missing") is None
+
+
+def _exit_code_of(raised: BaseException | None, event: dict | None = None) -> int:
+    """The exit code `_carry_out` gives when the request raises ``raised`` or answers ``event``."""
+
+    async def send() -> dict | None:
+        if raised is not None:
+            raise raised
+        return event
+
+    console = Console(file=io.StringIO())
+    with pytest.raises(typer.Exit) as exc:
+        operator_cmd._carry_out(console, send(), missing="gone", unanswered="late")
+        raise typer.Exit(0)
+    return exc.value.exit_code
+
+
+def test_exit_codes_say_what_happened_to_the_request() -> None:
+    assert _exit_code_of(NotFound("get nodes n1", 404, "not found")) == 2
+    assert _exit_code_of(operator_cmd.NoAnswer()) == 3
+    assert _exit_code_of(ApiError("patch nodes n1", 500, "boom")) == 2
+    assert _exit_code_of(None, {"type": "Warning", "message": "refused: illegal"}) == 1
+    assert _exit_code_of(None, {"type": "Normal", "message": "accepted"}) == 0
