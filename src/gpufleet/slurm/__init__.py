@@ -4,9 +4,9 @@ requeue, lending) and the SlurmCluster's slurm.conf. Three products, three proce
 - the **syncer** (:mod:`.syncer`, ``gpufleet slurm sync``): Node state and conditions ->
   Slurm drain/resume and job requeue; Slurm node and job state -> Node annotations and the
   ``SlurmNode`` condition. :mod:`.background` runs it in a thread for synchronous callers;
-- the **lender** (:mod:`.lending`, run inside the syncer's process): lends idle Slurm nodes
+- the **lender** (:mod:`.lender`, run inside the syncer's process): lends idle Slurm nodes
   to high-priority Pods and takes them back (preemption); it reaches the syncer only through
-  ``lending.SyncerPort`` (an import-linter contract);
+  ``lender.SyncerPort`` (an import-linter contract);
 - the **SlurmCluster operator** (:mod:`.operator`, ``gpufleet slurm operator``): renders
   slurm.conf, gres.conf and topology.conf (:mod:`.render`) into a ConfigMap and reconfigures.
 

@@ -2,7 +2,7 @@
 
 Names and labels are part of the API (docs/slurm.md lists them). Counters and
 histograms are updated where the event happens in :mod:`gpufleet.slurm.syncer`
-and :mod:`gpufleet.slurm.lending`; the node gauges are set from the syncer's
+and :mod:`gpufleet.slurm.lender`; the node gauges are set from the syncer's
 own views after every Slurm poll pass (:meth:`SyncerMetrics.set_views`).
 """
 

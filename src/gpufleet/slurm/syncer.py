@@ -7,7 +7,7 @@ Kubernetes is the database, Slurm the other one):
   fault -> DRAIN path, measured in ``bench/slurm_sync.py``);
 * **Slurm poll** (every ``poll_interval_s``): ``/nodes`` and ``/jobs`` from
   slurmrestd, then every managed node is reconciled (catches admins' drains,
-  early resumes, DOWN nodes) and the lender (:mod:`gpufleet.slurm.lending`) runs;
+  early resumes, DOWN nodes) and the lender (:mod:`gpufleet.slurm.lender`) runs;
 * **pod watch** (when lending is on): high-priority Pods that cannot be scheduled.
 
 One reconcile of one node (:meth:`Syncer.reconcile`), in order:
@@ -53,7 +53,7 @@ from gpufleet.domain.states import NodeState
 from gpufleet.kubeapi import NODES, ApiError, KubePort, Patch
 from gpufleet.slurm import nodes as kn
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
-from gpufleet.slurm.lending import Lender
+from gpufleet.slurm.lender import Lender
 from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
 

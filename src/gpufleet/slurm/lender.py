@@ -32,7 +32,7 @@ from gpufleet.kubeapi import PODS, ApiError, KubePort, get_or_none
 from gpufleet.slurm import nodes as kn
 from gpufleet.slurm.metrics import SyncerMetrics
 
-log = logging.getLogger("gpufleet.slurm.lending")
+log = logging.getLogger("gpufleet.slurm.lender")
 
 
 class LendingSettings(Protocol):
