@@ -294,6 +294,17 @@ def test_two_replicas_with_peering_only_one_acts(env: Any) -> None:
             return {p.get("priority") for p in (status or {}).values() if isinstance(p, dict)}
 
         wait_for("both replicas in the peering", lambda: {100, 200} <= peers(), timeout=30)
+        # Being in the peering is not yet having paused: kopf stops a paused replica's
+        # daemons (OPERATOR_PAUSING), so the low one's tick counter stands still while
+        # the high one completes passes. Only then is its silence below a pause.
+        ticks = "gpufleet_controller_ticks_total"
+
+        def low_paused() -> bool:
+            before = low.metric(ticks) or 0.0
+            high.wait_ticks(3)
+            return (low.metric(ticks) or 0.0) == before
+
+        wait_for("the low-priority replica paused", low_paused, timeout=60)
         report_fault(api, node, 79)
         wait_for("cordon", lambda: api.node(node)["spec"].get("unschedulable"), timeout=15)
         wait_for("verifying", lambda: api.state(node) == "verifying")
