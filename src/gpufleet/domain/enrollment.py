@@ -52,7 +52,8 @@ def digest(secret: str) -> str:
 
 
 def rfc3339(t: float) -> str:
-    """Seconds since the epoch as the RFC 3339 time a bootstrap token's ``expiration`` wants."""
+    """Seconds since the epoch as RFC 3339 UTC text to the second: a bootstrap token's
+    ``expiration``, condition and Event times (the one formatter for them)."""
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -10,22 +10,19 @@ when the status does. RBAC: ``deploy/rbac/agent.yaml``.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from gpufleet.domain import well_known
 from gpufleet.domain.conditions import ConditionReport, decode_result
+from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.faults import FaultEvent
 from gpufleet.kubeapi import NODES, PODS, KubeApi, KubePort, Patch
+from gpufleet.kubeapi.events import event_body
 
 log = logging.getLogger(__name__)
 COMPONENT = well_known.AGENT
-
-
-def _ts(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class KubeReporter:
@@ -66,8 +63,8 @@ class KubeReporter:
                     "status": r.status,
                     "reason": r.reason,
                     "message": r.message,
-                    "lastHeartbeatTime": _ts(now),
-                    "lastTransitionTime": _ts(now)
+                    "lastHeartbeatTime": rfc3339(now),
+                    "lastTransitionTime": rfc3339(now)
                     if changed or old is None
                     else old["lastTransitionTime"],
                 }
@@ -113,27 +110,20 @@ class KubeReporter:
         if self._uid is None:
             await self._node()
         api = await self._connect()
-        name = f"{self.node}.{int(now * 1e6):x}"
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": name, "namespace": "default"},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": self.node,
-                "uid": self._uid,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": COMPONENT, "host": self.node},
-            "firstTimestamp": _ts(now if first is None else first),
-            "lastTimestamp": _ts(now),
-            "count": 1,
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.node,
-        }
+        body = event_body(
+            involved={"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self._uid},
+            type_="Warning" if warning else "Normal",
+            reason=reason,
+            message=message,
+            component=COMPONENT,
+            instance=self.node,
+            namespace="default",
+            first=rfc3339(now if first is None else first),
+            last=rfc3339(now),
+            name=f"{self.node}.{int(now * 1e6):x}",
+            host=self.node,
+            max_message=1024,
+        )
         await api.create_event("default", body)
 
     async def watch_requests(

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpufleet.domain import well_known
 from gpufleet.kubeapi import ApiError
+from gpufleet.kubeapi.events import event_body
 from gpufleet.lifecycle import remediations
 from gpufleet.lifecycle.core import ControllerCore, Json, log
 
@@ -32,30 +33,21 @@ class Events(ControllerCore):
     ) -> None:
         """A core/v1 Event about ``body`` (a Node or a FleetPolicy), posted in the background."""
         meta = body.get("metadata", {})
-        stamp = remediations.iso(self.clock.now())
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "generateName": f"{meta.get('name', kind[0].lower())}.",
-                "namespace": self.settings.event_namespace,
-            },
-            "involvedObject": {
+        event = event_body(
+            involved={
                 "apiVersion": kind[1],
                 "kind": kind[0],
                 "name": meta.get("name"),
                 "uid": meta.get("uid"),
             },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1000],
-            "source": {"component": well_known.CONTROLLER},
-            "reportingComponent": well_known.CONTROLLER,
-            "reportingInstance": well_known.CONTROLLER,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
+            type_=type_,
+            reason=reason,
+            message=message,
+            component=well_known.CONTROLLER,
+            instance=well_known.CONTROLLER,
+            namespace=self.settings.event_namespace,
+            first=str(remediations.iso(self.clock.now())),
+        )
         self._spawn(self._post_event(event), "event")
 
     async def _post_event(self, event: Json) -> None:

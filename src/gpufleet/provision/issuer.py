@@ -32,6 +32,7 @@ from gpufleet.domain import enrollment, well_known
 from gpufleet.kubeapi import SECRETS, ApiError, Conflict, KubePort, NotFound
 from gpufleet.kubeapi import machines as kube_machines
 from gpufleet.kubeapi import secrets as kube_secrets
+from gpufleet.kubeapi.events import event_body
 from gpufleet.provision import machines, render
 from gpufleet.provision.index import MachineIndex
 from gpufleet.provision.ratelimit import Buckets, Limit
@@ -251,28 +252,17 @@ class Provisioner:
 
     def audit(self, machine: str | None, reason: str, message: str, *, warning: bool) -> None:
         """Post an audit Event about a Machine (or about an unknown one) in the background."""
-        now = self.clock.now()
-        stamp = _iso(now)
         name = machine or "unknown"
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": self.settings.event_namespace},
-            "involvedObject": {
-                "apiVersion": machines.API_VERSION,
-                "kind": machines.KIND,
-                "name": name,
-            },
-            "type": "Warning" if warning else "Normal",
-            "reason": reason,
-            "message": message[:1000],
-            "source": {"component": well_known.PROVISIONER},
-            "reportingComponent": well_known.PROVISIONER,
-            "reportingInstance": well_known.PROVISIONER,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
+        event = event_body(
+            involved={"apiVersion": machines.API_VERSION, "kind": machines.KIND, "name": name},
+            type_="Warning" if warning else "Normal",
+            reason=reason,
+            message=message,
+            component=well_known.PROVISIONER,
+            instance=well_known.PROVISIONER,
+            namespace=self.settings.event_namespace,
+            first=_iso(self.clock.now()),
+        )
         log.info("machine=%s %s: %s", name, reason, message)
         try:
             task = asyncio.get_running_loop().create_task(self._post(event))

@@ -25,7 +25,6 @@ import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from pydantic import ValidationError
 from gpufleet.api import slurmcluster as crd
 from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import slurm_sync, well_known
+from gpufleet.domain.enrollment import rfc3339
 from gpufleet.kubeapi import NODES, ApiError, KubePort, Patch, Resource, custom, get_or_none
 from gpufleet.slurm import render
 from gpufleet.slurm.errors import SlurmError
@@ -128,7 +128,7 @@ class ClusterOperator:
         if digest != old_status.get("configHash"):
             try:
                 await self._push_config(data)
-                status["lastReconfigure"] = _iso(self.clock.now())
+                status["lastReconfigure"] = rfc3339(self.clock.now())
             except (SlurmError, OSError) as e:
                 reason, message = "ReconfigureFailed", str(e)[:1000]
                 status["configHash"] = old_status.get("configHash", "")
@@ -217,10 +217,6 @@ class ClusterOperator:
             await asyncio.sleep(self.settings.interval_s)
 
 
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _cond(
     ctype: str,
     status: str,
@@ -230,7 +226,7 @@ def _cond(
     old: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """A condition whose lastTransitionTime moves only when the status flips."""
-    since = _iso(now)
+    since = rfc3339(now)
     for c in (old or {}).get("conditions") or []:
         if c.get("type") == ctype and c.get("status") == status:
             since = c.get("lastTransitionTime", since)

@@ -43,11 +43,11 @@ import contextlib
 import logging
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import emptiness, slurm_sync, well_known
+from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.policy import RequeueMode
 from gpufleet.domain.states import NodeState
 from gpufleet.kubeapi import NODES, ApiError, KubePort, Patch
@@ -123,10 +123,6 @@ class _Write:
     kube: slurm_sync.KubeView | None
     seen: float | None
     done: asyncio.Future[tuple[slurm_sync.SyncDecision, slurm_sync.SlurmView | None]]
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Syncer:
@@ -388,7 +384,7 @@ class Syncer:
             return
         if self.settings.dry_run:
             return
-        meta, status = kn.report_patches(hold, _iso(self.clock.now()))
+        meta, status = kn.report_patches(hold, rfc3339(self.clock.now()))
         await self.patch_node(name, status, status=True)
         await self.patch_node(name, meta)
         node.setdefault("metadata", {}).setdefault("annotations", {})[
