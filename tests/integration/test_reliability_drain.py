@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,36 +141,23 @@ def test_let_finish_rule_waits_for_the_slurm_job_before_the_reboot(env: Any, syn
 def test_slurmctld_down_no_reboot_until_slurm_confirms_then_requeue_first(
     env: Any, syncer: Any
 ) -> None:
-    info, api, slurm, logs = env
+    info, _, slurm, _ = env
     node = info.node_names[1]
-    put_policy(api, "ctld-down", policy_spec())
-    wait_for("slurm taint", lambda: well_known.TAINT_SLURM in _taints(api, node), timeout=20)
-    before = resets(info, node)
-    job = submit_sleep(slurm, node, 300)
-    wait_for("job running", lambda: job_state(slurm, job) == "RUNNING", timeout=20)
+    job = _job_on(env, node)
     slurm.signal("slurmctld", signal.SIGTERM)
     wait_for("slurmctld stopped", lambda: slurm.pid_of("slurmctld") is None, timeout=20)
     ctld = None
+
+    def restart() -> None:
+        nonlocal ctld
+        ctld = slurm.start_slurmctld()
+
     try:
-        with running(info, logs, policy="ctld-down"):
-            report_fault(api, node, 79)
-            wait_for("cordon", lambda: api.node(node)["spec"].get("unschedulable"), timeout=15)
-            deadline = time.monotonic() + 8
-            while time.monotonic() < deadline:
-                assert resets(info, node) == before, "power action while Slurm was unreachable"
-                time.sleep(0.5)
-            assert api.state(node) == "draining"
-            waiting = [e["message"] for e in events_of(api, node, "DrainWaiting")]
-            assert any("failing closed" in m for m in waiting), waiting
-            ctld = slurm.start_slurmctld()
-            wait_for("slurm drain", lambda: (slurm.drained(node) or "").startswith("gpufleet:"), 60)
-            wait_for("job requeued", lambda: job_state(slurm, job) != "RUNNING", timeout=30)
-            wait_for("reboot once Slurm is empty", lambda: resets(info, node) > before, 60)
-            finish_verification(api, node)
-        assert resets(info, node) == before + 1
+        # squeue cannot answer while slurmctld is down: the job is not looked at then.
+        _fault_while_slurm_is_out(env, node, job, "ctld-down", restart, drain_within=60)
     finally:
         if slurm.pid_of("slurmctld") is None:
-            ctld = slurm.start_slurmctld()
+            restart()
         assert ctld is None or ctld.poll() is None
         wait_for("slurmctld answers", lambda: _ping(slurm), timeout=60)
 
@@ -204,6 +191,75 @@ def test_held_fault_survives_its_condition_clearing_and_is_repaired_later(env: A
     assert resets(info, second) == before + 1
 
 
+def test_slurmrestd_frozen_no_reboot_until_it_answers(env: Any, syncer: Any) -> None:
+    """slurmrestd hangs (SIGSTOP): the syncer's view is unknown, so nothing is reported and the
+    controller waits; once it answers again, drain and requeue come first, then one reboot."""
+    info, _, slurm, _ = env
+    node = info.node_names[2]
+    job = _job_on(env, node)
+    slurm.signal("slurmrestd", signal.SIGSTOP)
+    try:
+        _fault_while_slurm_is_out(
+            env,
+            node,
+            job,
+            "rest-down",
+            lambda: slurm.signal("slurmrestd", signal.SIGCONT),
+            drain_within=30,
+            job_visible=True,
+        )
+    finally:
+        slurm.signal("slurmrestd", signal.SIGCONT)
+
+
+def _job_on(env: Any, node: str) -> int:
+    """A Slurm node (the syncer's taint on it) running a long batch job."""
+    _, api, slurm, _ = env
+    wait_for("slurm taint", lambda: well_known.TAINT_SLURM in _taints(api, node), timeout=20)
+    job = submit_sleep(slurm, node, 300)
+    wait_for("job running", lambda: job_state(slurm, job) == "RUNNING", timeout=20)
+    return job
+
+
+def _fault_while_slurm_is_out(
+    env: Any,
+    node: str,
+    job: int,
+    policy: str,
+    restore: Callable[[], None],
+    *,
+    drain_within: float,
+    job_visible: bool = False,
+) -> None:
+    """XID 79 while Slurm cannot be asked: cordoned, nothing rebooted, "failing closed";
+    once ``restore`` brings Slurm back: drain, requeue, then exactly one reboot."""
+    info, api, slurm, logs = env
+    put_policy(api, policy, policy_spec())
+    before = resets(info, node)
+    with running(info, logs, policy=policy):
+        report_fault(api, node, 79)
+        wait_for("cordon", lambda: api.node(node)["spec"].get("unschedulable"), timeout=15)
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            assert resets(info, node) == before, "power action while Slurm was unreachable"
+            time.sleep(0.5)
+        assert api.state(node) == "draining"
+        if job_visible:
+            assert job_state(slurm, job) == "RUNNING"
+        waiting = [e["message"] for e in events_of(api, node, "DrainWaiting")]
+        assert any("failing closed" in m for m in waiting), waiting
+        restore()
+        wait_for(
+            "slurm drain",
+            lambda: (slurm.drained(node) or "").startswith("gpufleet:"),
+            timeout=drain_within,
+        )
+        wait_for("job requeued", lambda: job_state(slurm, job) != "RUNNING", timeout=30)
+        wait_for("reboot once Slurm is empty", lambda: resets(info, node) > before, 60)
+        finish_verification(api, node)
+    assert resets(info, node) == before + 1
+
+
 class _none:
     pending = None
 
@@ -215,35 +271,3 @@ def _taints(api: Api, node: str) -> set[str]:
 def _ping(slurm: Slurm) -> bool:
     out = slurm.run("scontrol", "ping", check=False)
     return "UP" in out
-
-
-def test_slurmrestd_frozen_no_reboot_until_it_answers(env: Any, syncer: Any) -> None:
-    """slurmrestd hangs (SIGSTOP): the syncer's view is unknown, so nothing is reported and the
-    controller waits; once it answers again, drain and requeue come first, then one reboot."""
-    info, api, slurm, logs = env
-    node = info.node_names[2]
-    put_policy(api, "rest-down", policy_spec())
-    wait_for("slurm taint", lambda: well_known.TAINT_SLURM in _taints(api, node), timeout=20)
-    before = resets(info, node)
-    job = submit_sleep(slurm, node, 300)
-    wait_for("job running", lambda: job_state(slurm, job) == "RUNNING", timeout=20)
-    slurm.signal("slurmrestd", signal.SIGSTOP)
-    try:
-        with running(info, logs, policy="rest-down"):
-            report_fault(api, node, 79)
-            wait_for("cordon", lambda: api.node(node)["spec"].get("unschedulable"), timeout=15)
-            deadline = time.monotonic() + 8
-            while time.monotonic() < deadline:
-                assert resets(info, node) == before, "power action while slurmrestd hung"
-                time.sleep(0.5)
-            assert api.state(node) == "draining" and job_state(slurm, job) == "RUNNING"
-            waiting = [e["message"] for e in events_of(api, node, "DrainWaiting")]
-            assert any("failing closed" in m for m in waiting), waiting
-            slurm.signal("slurmrestd", signal.SIGCONT)
-            wait_for("slurm drain", lambda: (slurm.drained(node) or "").startswith("gpufleet:"), 30)
-            wait_for("job requeued", lambda: job_state(slurm, job) != "RUNNING", timeout=30)
-            wait_for("reboot once Slurm is empty", lambda: resets(info, node) > before, 60)
-            finish_verification(api, node)
-        assert resets(info, node) == before + 1
-    finally:
-        slurm.signal("slurmrestd", signal.SIGCONT)
