@@ -12,14 +12,19 @@ here rather than a test that passes against a method the real client lacks.
 Node hardware has no fake here: the simulated backend
 (:class:`gpufleet.health.backend_sim.SimulatedHardware`) is the one implementation of
 :class:`gpufleet.health.hardware.Hardware` the tests use, and it declares the interface too.
-The Kubernetes fake is ``tests/unit/lifecycle/fakes.py``.
+The Kubernetes fakes (``tests/unit/lifecycle/fakes.py``: a small apiserver;
+``tests/unit/slurm/fakes.py``: a recorder of Node patches) start from
+:class:`UnmodelledKube` here, which answers every call of the port with
+NotImplementedError, so each fake writes only the calls it models.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 from gpufleet.domain import slurm_sync
+from gpufleet.kubeapi import Json, KubePort, ObjectList, Patch, Resource, WatchEvent
 from gpufleet.remediate.evidence import ResetEvidence
 from gpufleet.remediate.identity import BmcIdentity
 from gpufleet.remediate.redfish import BmcOutcomeUnknown, BmcRejected, BmcUnreachable
@@ -167,3 +172,84 @@ class FakeBmc(Bmc):
 
     async def set_one_time_boot(self, target: str = "Pxe") -> None:
         self.calls.append(f"boot {target}")
+
+
+class UnmodelledKube:
+    """Every call of :class:`~gpufleet.kubeapi.KubePort` raises NotImplementedError.
+
+    The base of the Kubernetes fakes: a test never passes because a call it did
+    not expect silently did nothing.
+    """
+
+    async def get(self, resource: Resource, name: str, *, namespace: str | None = None) -> Json:
+        raise NotImplementedError(f"get {resource}")
+
+    async def list(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> ObjectList:
+        raise NotImplementedError(f"list {resource}")
+
+    async def watch(
+        self,
+        resource: Resource,
+        resource_version: str,
+        *,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+        bookmarks: bool = False,
+        timeout_s: int = 300,
+    ) -> AsyncIterator[WatchEvent]:
+        raise NotImplementedError(f"watch {resource}")
+        yield WatchEvent("", {})  # pragma: no cover  (makes this an async generator)
+
+    async def create(
+        self, resource: Resource, body: Mapping[str, Any], *, namespace: str | None = None
+    ) -> Json:
+        raise NotImplementedError(f"create {resource}")
+
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        status: bool = False,
+        kind: Patch = Patch.MERGE,
+    ) -> Json:
+        raise NotImplementedError(f"patch {resource}")
+
+    async def apply(
+        self,
+        resource: Resource,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        field_manager: str = "gpufleet",
+    ) -> Json:
+        raise NotImplementedError(f"apply {resource}")
+
+    async def delete(self, resource: Resource, name: str, *, namespace: str | None = None) -> None:
+        raise NotImplementedError(f"delete {resource}")
+
+    async def delete_all(self, resource: Resource, *, namespace: str, label_selector: str) -> None:
+        raise NotImplementedError(f"delete {resource} by selector")
+
+    async def evict(self, namespace: str, name: str) -> None:
+        raise NotImplementedError("evict")
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        raise NotImplementedError("bind")
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        raise NotImplementedError("create_event")
+
+
+_kube_port: type[KubePort] = UnmodelledKube  # mypy checks the base against the port

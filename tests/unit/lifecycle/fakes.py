@@ -9,7 +9,7 @@ unit test never passes because a call silently did nothing.
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from gpufleet.api import fleetpolicy
@@ -25,12 +25,13 @@ from gpufleet.kubeapi import (
     ObjectList,
     Patch,
     Resource,
-    WatchEvent,
 )
 from gpufleet.lifecycle import nodes
 
+from ..fakes import UnmodelledKube
 
-class FakeKube:
+
+class FakeKube(UnmodelledKube):
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
@@ -101,20 +102,6 @@ class FakeKube:
             raise NotImplementedError(f"list {resource} ({field_selector})")
         items = [copy.deepcopy(o) for o in items if _labels_match(o, label_selector)]
         return ObjectList(items, str(self._rv))
-
-    async def watch(
-        self,
-        resource: Resource,
-        resource_version: str,
-        *,
-        namespace: str | None = None,
-        label_selector: str = "",
-        field_selector: str = "",
-        bookmarks: bool = False,
-        timeout_s: int = 300,
-    ) -> AsyncIterator[WatchEvent]:
-        raise NotImplementedError(f"watch {resource}")
-        yield WatchEvent("", {})  # pragma: no cover  (makes this an async generator)
 
     async def create(
         self, resource: Resource, body: Mapping[str, Any], *, namespace: str | None = None
@@ -196,17 +183,6 @@ class FakeKube:
         self.patches += 1
         return copy.deepcopy(node)
 
-    async def apply(
-        self,
-        resource: Resource,
-        name: str,
-        body: Mapping[str, Any],
-        *,
-        namespace: str | None = None,
-        field_manager: str = "gpufleet",
-    ) -> Json:
-        raise NotImplementedError(f"apply {resource}")
-
     async def delete(self, resource: Resource, name: str, *, namespace: str | None = None) -> None:
         if resource == SECRETS:
             if self.secrets.pop((str(namespace), name), None) is None:
@@ -218,9 +194,6 @@ class FakeKube:
                 raise self._missing(resource, name)
         else:
             raise NotImplementedError(f"delete {resource}")
-
-    async def delete_all(self, resource: Resource, *, namespace: str, label_selector: str) -> None:
-        raise NotImplementedError(f"delete {resource} by selector")
 
     async def evict(self, namespace: str, name: str) -> None:
         self.pods.remove(self._pod(namespace, name))
