@@ -69,6 +69,9 @@ class KubeView:
     """The node is locked for a Kubernetes Pod (preemption)."""
     requeue: RequeueMode | None = None
     """The open incident's requeue policy, from the lifecycle record (None: no record)."""
+    incident_opened_at: float | None = None
+    """When the open incident opened, from the lifecycle record: binds the syncer's
+    Slurm work report to that incident (domain.emptiness)."""
     managed: bool = False
     """The lifecycle controller keeps a record on this Node: its state decides."""
 

@@ -68,17 +68,6 @@ def _incident(node: Mapping[str, Any]) -> records.Incident | None:
     return record.incident
 
 
-def _requeue(node: Mapping[str, Any]) -> Any:
-    incident = _incident(node)
-    return incident.requeue if incident is not None else None
-
-
-def incident_opened_at(node: Mapping[str, Any]) -> float | None:
-    """When the lifecycle record's open incident opened (binds a Slurm report to it)."""
-    incident = _incident(node)
-    return incident.opened_at if incident is not None else None
-
-
 def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:
     """The syncer's view of a Node; None for a missing Node (unknown)."""
     if node is None:
@@ -91,13 +80,15 @@ def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:
             if c.get("type") in problem_types and c.get("status") == "True"
         )
     )
+    incident = _incident(node)
     return slurm_sync.KubeView(
         state=_state(node),
         cordoned=bool((node.get("spec") or {}).get("unschedulable")),
         cordoned_by_us=well_known.ANNOTATION_CORDONED in annotations_of(node),
         problems=problems,
         lent=lent_to(node) is not None,
-        requeue=_requeue(node),
+        requeue=incident.requeue if incident is not None else None,
+        incident_opened_at=incident.opened_at if incident is not None else None,
         managed=bool(annotations_of(node).get(well_known.ANNOTATION_RECORD)),
     )
 

@@ -49,7 +49,6 @@ from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import emptiness, slurm_sync, well_known
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.policy import RequeueMode
-from gpufleet.domain.states import NodeState
 from gpufleet.kubeapi import NODES, ApiError, KubePort, Patch
 from gpufleet.slurm import nodes as kn
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
@@ -407,8 +406,7 @@ class Syncer:
             return
         annotations = node.setdefault("metadata", {}).setdefault("annotations", {})
         old_text = annotations.get(well_known.ANNOTATION_SLURM_WORK)
-        wanted_out = kube.state is not NodeState.PRODUCTION or bool(slurm_sync.out_reason(kube))
-        if not wanted_out:
+        if slurm_sync.out_reason(kube) is None:  # in service on the Kubernetes side
             if old_text is not None:
                 await self.patch_node(
                     name, {"metadata": {"annotations": {well_known.ANNOTATION_SLURM_WORK: None}}}
@@ -418,7 +416,7 @@ class Syncer:
         new = emptiness.work_report(
             view.label,
             (j.job_id for j in self.jobs_on(name)),
-            kn.incident_opened_at(node),
+            kube.incident_opened_at,
             self.clock.now(),
         )
         old = emptiness.SlurmWork.from_annotation(old_text)
