@@ -33,6 +33,15 @@ class Drains(ControllerCore):
             self._drains[name] = self._spawn(self._drain(name), f"drain {name}")
 
     async def _drain(self, name: str) -> None:
+        """One drain, whatever ends it: what it waited for is forgotten with it, so the next
+        incident's drain announces its own waits and times Slurm's silence from its start."""
+        try:
+            await self._drain_until_empty(name)
+        finally:
+            self._slurm_heard.pop(name, None)
+            self._drain_said.pop(name, None)
+
+    async def _drain_until_empty(self, name: str) -> None:
         while True:
             record = self.fleet.records.get(name)
             if record is None or record.state is not S.DRAINING or record.incident is None:
@@ -73,8 +82,6 @@ class Drains(ControllerCore):
             ready = self._ready_to_disrupt(name, inc, policy, plan.remaining)
             if ready.ready:
                 self._drains.pop(name, None)
-                self._slurm_heard.pop(name, None)
-                self._drain_said.pop(name, None)
                 log.info("node=%s drained: %s", name, ready.why)
                 await self.feed(name, ev.DrainCompleted(detail=ready.why))
                 return
