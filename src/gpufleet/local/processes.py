@@ -19,6 +19,7 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -73,35 +74,50 @@ def _ephemeral_range() -> range:
         return range(32768, 61000)
 
 
+_HANDED_OUT: set[int] = set()
+"""Every port :func:`free_ports` returned in this process. A port is chosen long before
+its server binds it (the demo picks its agents' ports, then starts the whole cluster,
+whose daemons pick and bind theirs), so a check by binding alone would hand one port
+to two servers; a port is therefore never handed out twice by one process."""
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_ports(count: int, *, rng: random.Random | None = None) -> list[int]:
     """``count`` distinct TCP ports that are free on 127.0.0.1 right now.
 
     Chosen at random in :data:`LISTEN_PORTS` outside the ephemeral range, each
-    checked by binding it; all sockets are held open until every port is chosen,
-    so the ports are distinct. Another listener may still take one before we
-    bind it (the same small race envtest accepts), but no client connection can.
-    Falls back to a kernel-chosen port when the range is crowded.
+    checked by binding it, and never one this process handed out before (its server
+    may not have bound it yet); all sockets are held open until every port is chosen,
+    so the ports are distinct. Another process may still take one before we bind it
+    (the same small race envtest accepts), but no client connection can. Falls back
+    to a kernel-chosen port when the range is crowded.
     """
     pick = rng or random.SystemRandom()
     ephemeral = _ephemeral_range()
     candidates = [p for p in LISTEN_PORTS if p not in ephemeral]
     socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            for _attempt in range(50):
-                try:
-                    s.bind(("127.0.0.1", pick.choice(candidates) if candidates else 0))
-                    break
-                except OSError:
-                    continue
-            else:
-                s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    with _HANDED_OUT_LOCK:
+        try:
+            for _ in range(count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                for _attempt in range(50):
+                    port = pick.choice(candidates) if candidates else 0
+                    if port in _HANDED_OUT:
+                        continue
+                    try:
+                        s.bind(("127.0.0.1", port))
+                        break
+                    except OSError:
+                        continue
+                else:
+                    s.bind(("127.0.0.1", 0))
+            ports = [s.getsockname()[1] for s in socks]
+            _HANDED_OUT.update(ports)
+            return ports
+        finally:
+            for s in socks:
+                s.close()
 
 
 def start_time_of(pid: int) -> int | None:

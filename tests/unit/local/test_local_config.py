@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 from pathlib import Path
@@ -123,27 +124,35 @@ def test_free_ports_are_distinct_and_outside_the_ephemeral_range() -> None:
     assert all(p in processes.LISTEN_PORTS and p not in ephemeral for p in ports)
 
 
+class _Offers:
+    """Offers the given ports first, then random ones from the range."""
+
+    def __init__(self, *first: int) -> None:
+        self.offers = list(first)
+        self.rest = random.Random(7)
+
+    def choice(self, seq: list[int]) -> int:
+        return self.offers.pop(0) if self.offers else self.rest.choice(seq)
+
+
 def test_a_port_in_use_is_not_chosen() -> None:
     busy = socket.socket()
     try:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-
-        class Stub:
-            """Offers the taken port first, then a free one."""
-
-            def __init__(self) -> None:
-                self.offers = [taken, *processes.free_ports(1)]
-
-            def choice(self, _seq: object) -> int:
-                return self.offers.pop(0)
-
-        stub = Stub()
-        free = stub.offers[1]
-        assert processes.free_ports(1, rng=stub) == [free]  # type: ignore[arg-type]
+        (chosen,) = processes.free_ports(1, rng=_Offers(taken))  # type: ignore[arg-type]
+        assert chosen != taken
     finally:
         busy.close()
+
+
+def test_a_port_handed_out_before_is_not_chosen_again_while_its_server_is_still_starting() -> None:
+    """The demo picks its agents' ports, then the cluster picks its daemons' ports: no
+    server is listening yet on the first ones, but they must not be handed out twice."""
+    (first,) = processes.free_ports(1)
+    (second,) = processes.free_ports(1, rng=_Offers(first, first))  # type: ignore[arg-type]
+    assert second != first
 
 
 def test_process_record_recognises_a_live_process() -> None:
