@@ -1,6 +1,7 @@
 """Where the local cluster finds its executables.
 
-The Go binaries (etcd, kube-*, kubectl, kwok) are built by
+The Go binaries (etcd, kube-*, kubectl, kwok, and the node image's kubelet
+and kubeadm) are built by
 ``scripts/build-go-binaries.sh`` into ``~/.cache/gpufleet/bin/<key>/``, where
 the key names the pinned versions plus a hash of ``deps/*/go.{mod,sum}``. This
 module recomputes that key the same way, so a checkout always uses the binaries
@@ -24,6 +25,8 @@ GO_BINARIES = (
     "kube-controller-manager",
     "kubectl",
     "kwok",
+    "kubelet",
+    "kubeadm",
 )
 SYSTEM_BINARIES = ("munged", "munge", "slurmctld", "slurmd", "slurmrestd", "scontrol", "sinfo")
 
@@ -92,6 +95,10 @@ class Binaries:
     kube_controller_manager: Path
     kubectl: Path
     kwok: Path
+    kubelet: Path
+    """Goes into the node image (scripts/node-image/); not run on this host."""
+    kubeadm: Path
+    """Also for the host: ``kubeadm init phase ...`` against the local control plane."""
     munged: Path
     munge: Path
     slurmctld: Path
