@@ -23,18 +23,47 @@ from gpufleet.cli import (
     sim_cmd,
     slurm_cmd,
     status_cmd,
+    version_cmd,
 )
+from gpufleet.cli.errors import Group
 
 app = typer.Typer(
     name="gpufleet",
-    help=(
-        "Run GPU training clusters on Kubernetes: health checks, remediation, "
-        "Slurm sync, simulation."
-    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=version_cmd.print_version,
+        help="Print the version and exit.",
+    ),
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help="On an error, print the traceback too (also GPUFLEET_DEBUG=1; accepted anywhere "
+        "on the command line).",
+    ),
+) -> None:
+    """Run GPU training clusters on Kubernetes: health checks, remediation, Slurm sync, simulation.
+
+    Listing commands take -o table|wide|json|yaml. Errors: one line and a hint.
+
+    Exit codes: 1 the answer is no, 2 wrong input or refused, 3 no answer (docs/cli.md).
+
+    Example:
+
+        gpufleet nodes --out -o wide
+    """
+
+
 app.add_typer(policy_cmd.app, name="policy")
 app.add_typer(slurm_cmd.app, name="slurm")
 app.add_typer(slurm_cmd.syncer_app, name="syncer")
@@ -50,6 +79,7 @@ app.add_typer(nodes_cmd.node_app, name="node")
 app.add_typer(breaker_cmd.app, name="breaker")
 app.add_typer(provision_cmd.app, name="provision")
 app.add_typer(provision_cmd.machines_app, name="machines")
+app.command("version")(version_cmd.version)
 
 
 def main() -> None:

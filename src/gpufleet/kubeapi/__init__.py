@@ -11,9 +11,11 @@ from gpufleet.kubeapi.errors import (
     Forbidden,
     Gone,
     Invalid,
+    KubeconfigError,
     NotFound,
     TooManyRequests,
     Unauthorized,
+    Unreachable,
 )
 from gpufleet.kubeapi.port import KubePort, ObjectList, WatchEvent, get_or_none
 from gpufleet.kubeapi.resources import (
@@ -40,12 +42,14 @@ __all__ = [
     "Json",
     "KubeApi",
     "KubePort",
+    "KubeconfigError",
     "NotFound",
     "ObjectList",
     "Patch",
     "Resource",
     "TooManyRequests",
     "Unauthorized",
+    "Unreachable",
     "WatchEvent",
     "custom",
     "get_or_none",

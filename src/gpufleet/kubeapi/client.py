@@ -12,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
 import kr8s
 import kr8s.asyncio
+import yaml
 
-from gpufleet.kubeapi.errors import ApiError, error_for
+from gpufleet.kubeapi.errors import ApiError, KubeconfigError, Unreachable, error_for
 from gpufleet.kubeapi.port import ObjectList, WatchEvent
 from gpufleet.kubeapi.resources import EVENTS, PODS, Json, Patch, Resource
 
@@ -41,7 +43,29 @@ class KubeApi:
     async def connect(
         cls, kubeconfig: str | None = None, *, max_in_flight: int | None = None
     ) -> KubeApi:
-        return cls(await kr8s.asyncio.api(kubeconfig=kubeconfig), max_in_flight=max_in_flight)
+        """Read the credentials and ask the apiserver its version (kr8s does both).
+
+        Raises :class:`KubeconfigError` when there are no usable credentials (a named
+        file that is missing: kr8s would quietly fall back to in-cluster credentials
+        and then fail without naming it), :class:`Unreachable` when no answer came,
+        and the error class of the status when the apiserver refused.
+        """
+        for path in (kubeconfig or "").split(os.pathsep):
+            if path and not os.path.isfile(os.path.expanduser(path)):
+                raise KubeconfigError(f"read kubeconfig {path}", None, "no such file")
+        what = f"connect with kubeconfig {kubeconfig}" if kubeconfig else "connect"
+        try:
+            api = await kr8s.asyncio.api(kubeconfig=kubeconfig)
+        except (httpx.HTTPStatusError, kr8s.ServerError) as exc:
+            raise _translate(what, exc) from None
+        except (httpx.HTTPError, kr8s.APITimeoutError) as exc:
+            raise Unreachable(what, None, f"{type(exc).__name__}: {exc}") from exc
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, yaml.YAMLError) as exc:
+            # kr8s reads the file, then the context's cluster and user: a YAML error,
+            # a missing key or a value of the wrong type all mean a malformed kubeconfig.
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise KubeconfigError(what, None, f"{type(exc).__name__}: {first}"[:300]) from exc
+        return cls(api, max_in_flight=max_in_flight)
 
     # ------------------------------------------------------------------ core
 
@@ -75,7 +99,7 @@ class KubeApi:
             except (httpx.HTTPStatusError, kr8s.ServerError) as exc:
                 raise _translate(what, exc) from None
             except (httpx.HTTPError, kr8s.APITimeoutError, OSError) as exc:
-                raise ApiError(what, None, f"{type(exc).__name__}: {exc}") from exc
+                raise Unreachable(what, None, f"{type(exc).__name__}: {exc}") from exc
 
     def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
         return self._slots if self._slots is not None else contextlib.nullcontext()
@@ -149,7 +173,7 @@ class KubeApi:
         except (httpx.HTTPStatusError, kr8s.ServerError) as exc:
             raise _translate(what, exc) from None
         except (httpx.HTTPError, kr8s.APITimeoutError, OSError) as exc:
-            raise ApiError(what, None, f"{type(exc).__name__}: {exc}") from exc
+            raise Unreachable(what, None, f"{type(exc).__name__}: {exc}") from exc
 
     async def create(
         self, resource: Resource, body: Mapping[str, Any], *, namespace: str | None = None

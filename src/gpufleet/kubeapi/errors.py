@@ -19,6 +19,16 @@ class ApiError(Exception):
         self.message = message
 
 
+class Unreachable(ApiError):
+    """No answer: connection refused, a timeout, a TLS failure (the request may not
+    have reached the apiserver)."""
+
+
+class KubeconfigError(ApiError):
+    """No usable credentials: the kubeconfig is missing, unreadable or malformed, and
+    this is not a Pod with a service account. Nothing was sent."""
+
+
 class Unauthorized(ApiError):
     """401: the credentials were not accepted."""
 

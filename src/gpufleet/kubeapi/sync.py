@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from gpufleet.kubeapi.errors import ApiError, error_for
+from gpufleet.kubeapi.errors import Unreachable, error_for
 from gpufleet.kubeapi.resources import Json, Patch
 
 
@@ -48,7 +48,7 @@ class SyncKube:
         try:
             return self._http().request(method, path, **kw)
         except httpx.HTTPError as exc:
-            raise ApiError(what, None, f"{type(exc).__name__}: {exc}") from exc
+            raise Unreachable(what, None, f"{type(exc).__name__}: {exc}") from exc
 
     def _json(self, what: str, method: str, path: str, ok: tuple[int, ...], **kw: Any) -> Json:
         resp = self._send(what, method, path, **kw)
