@@ -14,6 +14,7 @@ from gpufleet.cli.policy_cmd import load_or_exit
 from gpufleet.health import agent as agent_mod
 from gpufleet.health import backends, skus
 from gpufleet.health.hardware import NoGpuFound
+from gpufleet.health.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from gpufleet.health.metrics import AgentMetrics
 from gpufleet.health.telemetry import JobTelemetry
 
@@ -30,9 +31,11 @@ def run(
         None, envvar="KUBECONFIG", help="Kubeconfig (default: in-cluster service account)."
     ),
     no_kube: bool = typer.Option(False, "--no-kube", help="Do not report to Kubernetes."),
-    metrics_port: int = typer.Option(9400, help="Prometheus metrics port (0: off)."),
+    metrics_port: int = typer.Option(
+        DEFAULT_METRICS_PORT, help="Port of the Prometheus /metrics endpoint; 0 turns it off."
+    ),
     metrics_address: str = typer.Option(
-        "127.0.0.1", help="Metrics bind address (0.0.0.0 in a DaemonSet)."
+        "127.0.0.1", help="Address /metrics listens on (0.0.0.0 for a Prometheus off the host)."
     ),
     inject_port: int = typer.Option(
         0, help="Simulated backend: loopback fault-injection API port (0: off)."

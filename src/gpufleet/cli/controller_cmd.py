@@ -19,7 +19,11 @@ def controller(
     ] = "default",
     metrics_port: Annotated[
         int, typer.Option(help="Port of the Prometheus /metrics endpoint; 0 turns it off.")
-    ] = 9808,
+    ] = 29401,
+    metrics_address: Annotated[
+        str,
+        typer.Option(help="Address /metrics listens on (0.0.0.0 for a Prometheus off the host)."),
+    ] = "127.0.0.1",
     policy_name: Annotated[str, typer.Option(help="The FleetPolicy object to obey.")] = "default",
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Decide and report (Events, logs), change nothing.")
@@ -39,7 +43,7 @@ def controller(
 
     Example:
 
-        gpufleet controller --kubeconfig ~/.kube/config --policy-name default --metrics-port 9808
+        gpufleet controller --kubeconfig ~/.kube/config --policy-name default --metrics-port 29401
     """
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -58,6 +62,7 @@ def controller(
     options = RunOptions(
         kubeconfig=str(kubeconfig) if kubeconfig else None,
         metrics_port=metrics_port,
+        metrics_address=metrics_address,
         peering=peering or None,
         priority=priority,
     )

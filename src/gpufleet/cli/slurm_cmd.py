@@ -87,7 +87,7 @@ def run_syncer(
 
         gpufleet syncer run --slurmrestd-url http://127.0.0.1:6820 \\
             --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --slurm-conf /etc/slurm/slurm.conf \\
-            --preempt-priority 1000000 --metrics-port 9809
+            --preempt-priority 1000000 --metrics-port 29402
     """
     from gpufleet.kubeapi import KubeApi
     from gpufleet.slurm.metrics import SyncerMetrics

@@ -1,6 +1,7 @@
 """Prometheus metrics of the lifecycle controller (one registry per controller).
 
-Names and labels are part of the API (docs/controller.md lists them).
+Names and labels are part of the API (docs/controller.md lists them); no name is
+exported by another component too (decision 0099).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from gpufleet.domain.states import NodeState
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2, 5, 10, 30)
 _STEP_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 
+DEFAULT_PORT = 29401
+"""The controller's /metrics port (the agent's is 29400, the syncer's 29402; decision 0099)."""
+
 
 class Metrics:
     """Every metric the controller exports."""
@@ -23,7 +27,11 @@ class Metrics:
         r = self.registry
         self.nodes = Gauge("gpufleet_nodes", "Nodes per lifecycle state.", ["state"], registry=r)
         self.faults = Counter(
-            "gpufleet_faults_total", "Fault occurrences seen, by fault key.", ["fault"], registry=r
+            "gpufleet_controller_faults_total",
+            "Fault occurrences the controller took into a decision, by fault key (what the"
+            " agents observed is gpufleet_agent_faults_observed_total).",
+            ["fault"],
+            registry=r,
         )
         self.actions = Counter(
             "gpufleet_actions_total",

@@ -46,6 +46,8 @@ class RunOptions:
     kubeconfig: str | None = None
     metrics_port: int = 0
     """0: no metrics endpoint."""
+    metrics_address: str = "127.0.0.1"
+    """Where /metrics listens: loopback unless asked (the chart passes 0.0.0.0)."""
     peering: str | None = "gpufleet"
     """ClusterKopfPeering object shared by the replicas; None: standalone."""
     priority: int | None = None
@@ -132,7 +134,9 @@ async def run(
         os.environ["KUBECONFIG"] = options.kubeconfig
     metrics = Metrics()
     if options.metrics_port:
-        start_http_server(options.metrics_port, addr="0.0.0.0", registry=metrics.registry)
+        start_http_server(
+            options.metrics_port, addr=options.metrics_address, registry=metrics.registry
+        )
     client = await KubeApi.connect(options.kubeconfig)
     ctl = Controller(client, settings, metrics)
     registry = build_registry(ctl, options)

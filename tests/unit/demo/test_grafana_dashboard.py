@@ -1,5 +1,5 @@
 """Every metric the Grafana dashboard queries is one the agent, the controller or the
-Slurm syncer exports."""
+Slurm syncer exports, and no name is exported by two components."""
 
 from __future__ import annotations
 
@@ -7,32 +7,54 @@ import json
 import re
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
+from gpufleet.health.metrics import AgentMetrics
+from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.provision.issuer import ProvisionMetrics
+from gpufleet.slurm.metrics import SyncerMetrics
+
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "deploy" / "grafana" / "gpufleet-dashboard.json"
-SOURCES = [
-    ROOT / "src" / "gpufleet" / "lifecycle" / "metrics.py",
-    ROOT / "src" / "gpufleet" / "health" / "metrics.py",
-    ROOT / "src" / "gpufleet" / "slurm" / "metrics.py",
-]
 NAME = re.compile(r"\bgpufleet_[a-z0-9_]+")
 
 
-def exported() -> set[str]:
+def registries() -> dict[str, CollectorRegistry]:
+    """Each component's registry, as its process builds it."""
+    return {
+        "agent": AgentMetrics("n").registry,
+        "controller": Metrics().registry,
+        "syncer": SyncerMetrics().registry,
+        "provisioning": ProvisionMetrics().registry,
+    }
+
+
+def names_of(registry: CollectorRegistry) -> set[str]:
     """Metric names as Prometheus exposes them (counters get ``_total``, histograms
-    ``_bucket``/``_count``/``_sum``)."""
+    ``_bucket``/``_count``/``_sum``); a family without samples yet counts too."""
     names: set[str] = set()
-    for path in SOURCES:
-        text = path.read_text()
-        for m in re.finditer(r"(Counter|Gauge|Histogram)\(\s*\"(gpufleet_[a-z0-9_]+)\"", text):
-            kind, name = m.groups()
-            base = name.removesuffix("_total")
-            if kind == "Counter":
-                names.add(base + "_total")
-            elif kind == "Histogram":
-                names.update(name + s for s in ("_bucket", "_count", "_sum"))
-            else:
-                names.add(name)
+    for family in registry.collect():
+        if family.type == "counter":
+            names.add(family.name + "_total")
+        elif family.type == "histogram":
+            names.update(family.name + s for s in ("_bucket", "_count", "_sum"))
+        else:
+            names.add(family.name)
     return names
+
+
+def exported() -> set[str]:
+    return set().union(*(names_of(r) for r in registries().values()))
+
+
+def test_no_two_components_export_one_name() -> None:
+    """One meaning per name: a name two components export (with different labels)
+    cannot be summed or joined (decision 0099)."""
+    seen: dict[str, str] = {}
+    for component, registry in registries().items():
+        for name in names_of(registry):
+            assert name not in seen, f"{name} exported by {seen[name]} and {component}"
+            seen[name] = component
 
 
 def queried() -> set[str]:

@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
@@ -166,7 +167,21 @@ def test_metrics_expose_gpu_port_and_check_series() -> None:
         if agent.metrics:
             agent.metrics.stop()
         hw.close()
-    assert 'gpufleet_gpu_temperature_celsius{gpu="3",node="n1"' in text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    [temp] = [
+        s for s in families["gpufleet_gpu_temperature_celsius"].samples if s.labels["gpu"] == "3"
+    ]
+    # dcgm-exporter's label name and value format, so the two join on(UUID)
+    assert temp.labels["UUID"].startswith("GPU-") and temp.labels["node"] == "n1"
     assert 'gpufleet_ib_port_active{hca="mlx5_0",node="n1",port="1"} 1.0' in text
+    # base units: a 400 Gb/s NDR port is 5e10 bytes per second
+    rate = families["gpufleet_ib_port_rate_bytes_per_second"].samples[0]
+    assert rate.value == 400e9 / 8
+    # monotonic hardware counts are counters, one name per counter
+    for name in ("link_downed", "symbol_errors", "link_error_recoveries", "receive_errors"):
+        family = families[f"gpufleet_ib_port_{name}"]
+        assert family.type == "counter" and family.samples
+        assert family.samples[0].name == f"gpufleet_ib_port_{name}_total"
+    assert families["gpufleet_gpu_ecc_uncorrected_volatile"].type == "counter"
     assert 'gpufleet_check_duration_seconds{check="gemm",node="n1"}' in text
     assert 'gpufleet_condition{condition="GpuProblem",node="n1"} 0.0' in text
