@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from gpufleet.cli import operator_cmd
+from gpufleet.cli.options import KubeconfigOpt
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -21,7 +22,7 @@ app = typer.Typer(
 def reset(
     reason: operator_cmd.ReasonOpt,
     policy: Annotated[str, typer.Option(help="The FleetPolicy the controller obeys.")] = "default",
-    kubeconfig: operator_cmd.KubeconfigOpt = None,
+    kubeconfig: KubeconfigOpt = None,
     no_wait: operator_cmd.NoWaitOpt = False,
     timeout: operator_cmd.TimeoutOpt = 10.0,
     event_namespace: operator_cmd.EventNsOpt = "default",

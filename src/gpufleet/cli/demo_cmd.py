@@ -96,7 +96,7 @@ def _print_keep(out: Console, path: Path) -> None:
     out.print("  kubectl get nodes -L gpufleet.io/state")
     out.print("  kubectl get fleetpolicies,noderemediations")
     out.print("  sinfo; squeue")
-    out.print(f"  gpufleet status --run-dir {path}")
+    out.print(f"  gpufleet status {args}")
     out.print(f"  gpufleet nodes --kubeconfig {path}/kube/kubeconfig")
     out.print(f"Stop it with: gpufleet local down {args}")
 

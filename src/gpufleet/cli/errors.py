@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+
 # typer carries its own copy of click (typer._click): its Context and exceptions
 # are the ones raised here, not the click package's.
 from typer._click.core import Context

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-import json
-import socket
 from pathlib import Path
 from typing import Any
 
 import httpx
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
+from gpufleet.cli.errors import warn
+from gpufleet.cli.options import Backend, BackendOpt, NodeNameOpt, node_name
+from gpufleet.cli.output import (
+    Cell,
+    Column,
+    Format,
+    JsonOpt,
+    OutputOpt,
+    chosen,
+    emit,
+    structured,
+    table,
+)
 from gpufleet.health import backends, checks, results, skus
 from gpufleet.health.hardware import Hardware, NoGpuFound
 
@@ -22,7 +32,7 @@ DEFAULT_CHECKS = ",".join(checks.ALL)
 
 @app.command("check")
 def check(
-    backend: str = typer.Option("real", help="Hardware backend: real or simulated."),
+    backend: BackendOpt = Backend.REAL,
     checks_: str = typer.Option(
         DEFAULT_CHECKS, "--checks", help="Comma-separated check names (default: all)."
     ),
@@ -35,28 +45,32 @@ def check(
         "", help="SKU profile (h100-sxm, h200, a100-sxm, cpu); default: from the GPU name."
     ),
     profiles_file: Path | None = typer.Option(None, "--profiles", help="Profiles YAML file."),
-    node: str = typer.Option(socket.gethostname(), help="Node name used in the evidence."),
+    node: NodeNameOpt = None,
     dcgm_level: int = typer.Option(1, help="dcgmi diag level for the dcgm check (1-4)."),
     iters: int = typer.Option(3, help="Timed iterations of the active checks."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    as_json: JsonOpt = False,
+    output: OutputOpt = Format.TABLE,
 ) -> None:
     """Run the checks once and print pass/fail, measured value, threshold and evidence.
 
     Exit code: 0 all passed, 1 a warning, 2 a check failed, 3 no GPU found
     (Nagios plugin codes). Checks that cannot run here (no DCGM, one GPU)
-    are shown as "unknown" and do not fail the run.
+    are shown as "unknown" and do not fail the run. -o wide adds the faults
+    each check reports; --json is -o json.
 
     Example:
 
-        gpufleet health check --backend simulated --inject xid=79,gpu=3 --json
+        gpufleet health check --backend simulated --inject xid=79,gpu=3 -o json
     """
+    fmt = chosen(output, as_json)
+    node = node_name(node)
     names = [n.strip() for n in checks_.split(",") if n.strip()]
     if inject and backend != "simulated":
         raise typer.BadParameter("--inject needs --backend simulated", param_hint="--inject")
     try:
         hw = backends.open_backend(backend, node=node)
     except NoGpuFound as exc:
-        _no_gpu(str(exc), as_json)
+        _no_gpu(str(exc), fmt)
         raise typer.Exit(3) from None
     try:
         gpu_names = [str(g.get("name", "")) for g in _safe_gpus(hw)]
@@ -97,9 +111,9 @@ def check(
     ):
         note = next((r.reason for r in found if r.name in ("gpu-count", "gemm")), "")
         if "no GPU" in note or "NVML" in note:
-            _no_gpu(note, as_json)
+            _no_gpu(note, fmt)
             raise typer.Exit(3)
-    _print(found, profile.name, backend, as_json)
+    _print(found, profile.name, backend, fmt)
     status = results.worst([r.status for r in found if r.status is not results.CheckStatus.UNKNOWN])
     raise typer.Exit(int(status))
 
@@ -111,44 +125,52 @@ def _safe_gpus(hw: Hardware) -> list[dict[str, Any]]:
         return []
 
 
-def _no_gpu(why: str, as_json: bool) -> None:
+def _no_gpu(why: str, fmt: Format) -> None:
     text = f"no GPU found: {why}"
-    if as_json:
-        typer.echo(json.dumps({"status": "unknown", "reason": text, "checks": []}))
+    if structured(fmt):
+        emit(fmt, {"status": "unknown", "reason": text, "checks": []}, lambda wide: "")
     else:
-        Console(stderr=True).print(f"[yellow]{text}[/yellow]")
+        warn(text)
 
 
-def _print(found: list[results.CheckResult], sku: str, backend: str, as_json: bool) -> None:
+_COLORS = {"pass": "green", "warn": "yellow", "fail": "red", "unknown": "dim"}
+CHECK_COLUMNS = (
+    Column("CHECK"),
+    Column("STATUS"),
+    Column("MEASURED"),
+    Column("THRESHOLD"),
+    Column("SECONDS"),
+    Column("EVIDENCE"),
+    Column("FAULTS", wide=True),
+)
+
+
+def _cells(r: results.CheckResult) -> list[Cell]:
+    measured = "" if r.measured is None else f"{r.measured:.4g} {r.unit}".strip()
+    label = r.status.label
+    return [
+        r.name,
+        Text(label, _COLORS[label]),
+        measured,
+        "" if r.threshold is None else f"{r.threshold:g}",
+        f"{r.duration_s:.3f}",
+        r.reason,
+        ", ".join(f.kind.value + (f"-{f.xid}" if f.xid else "") for f in r.faults) or "-",
+    ]
+
+
+def _print(found: list[results.CheckResult], sku: str, backend: str, fmt: Format) -> None:
     overall = results.worst(
         [r.status for r in found if r.status is not results.CheckStatus.UNKNOWN]
     )
-    if as_json:
-        doc = {
-            "status": overall.label,
-            "sku": sku,
-            "backend": backend,
-            "checks": [r.as_json() for r in found],
-        }
-        typer.echo(json.dumps(doc, indent=2, default=str))
-        return
-    table = Table(title=f"gpufleet health check ({backend}, profile {sku})")
-    for col in ("check", "status", "measured", "threshold", "seconds", "evidence"):
-        table.add_column(col)
-    colors = {"pass": "green", "warn": "yellow", "fail": "red", "unknown": "dim"}
-    for r in found:
-        measured = "" if r.measured is None else f"{r.measured:.4g} {r.unit}".strip()
-        threshold = "" if r.threshold is None else f"{r.threshold:g}"
-        label = r.status.label
-        table.add_row(
-            r.name,
-            f"[{colors[label]}]{label}[/]",
-            measured,
-            threshold,
-            f"{r.duration_s:.3f}",
-            r.reason,
-        )
-    Console().print(table)
+    doc = {
+        "status": overall.label,
+        "sku": sku,
+        "backend": str(backend),
+        "checks": [r.as_json() for r in found],
+    }
+    title = f"gpufleet health check ({backend}, profile {sku})"
+    emit(fmt, doc, lambda wide: table(CHECK_COLUMNS, map(_cells, found), wide=wide, title=title))
 
 
 @app.command("inject")

@@ -7,9 +7,12 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.console import Console, RenderableType
+from rich.text import Text
 
+from gpufleet.cli.options import LOCAL_NAME, LocalNameOpt, RunDirOpt, local_run_dir
+from gpufleet.cli.options import local_cluster as local_cluster_info
+from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
 from gpufleet.local import cluster as local_cluster
 from gpufleet.local.binaries import MissingBinaryError, go_bin_dir
 from gpufleet.local.processes import ComponentError, terminate_on_signals
@@ -20,18 +23,11 @@ app = typer.Typer(
 )
 console = Console(stderr=True)
 
-NAME_HELP = "Name of the cluster; clusters with different names run side by side."
-RUN_DIR_HELP = "Run directory (logs, pki, kubeconfig, slurm.conf). Default: /tmp/gpufleet/<name>."
-
 
 def _name_args(name: str, run_dir: Path | None) -> str:
     if run_dir is not None:
         return f" --run-dir {shlex.quote(str(run_dir))}"
-    return "" if name == "default" else f" --name {shlex.quote(name)}"
-
-
-def _run_dir(name: str, run_dir: Path | None) -> Path:
-    return run_dir if run_dir is not None else local_cluster.default_run_dir(name)
+    return "" if name == LOCAL_NAME else f" --name {shlex.quote(name)}"
 
 
 def _exports(info: local_cluster.ClusterInfo) -> list[str]:
@@ -80,8 +76,8 @@ def _print_usage(info: local_cluster.ClusterInfo, name_args: str) -> None:
 def up(
     nodes: int = typer.Option(4, "--nodes", "-n", min=1, help="Number of fake GPU nodes."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=64, help="GPUs per node."),
-    name: str = typer.Option("default", "--name", help=NAME_HELP),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help=RUN_DIR_HELP),
+    name: LocalNameOpt = LOCAL_NAME,
+    run_dir: RunDirOpt = None,
     no_slurm: bool = typer.Option(False, "--no-slurm", help="Do not start Slurm."),
     no_bmcs: bool = typer.Option(False, "--no-bmcs", help="Do not start the Redfish BMCs."),
     foreground: bool = typer.Option(
@@ -97,7 +93,7 @@ def up(
     spec = local_cluster.ClusterSpec(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
-        run_dir=_run_dir(name, run_dir),
+        run_dir=local_run_dir(name, run_dir),
         slurm=not no_slurm,
         redfish=not no_bmcs,
     )
@@ -129,68 +125,71 @@ def up(
 
 @app.command()
 def status(
-    name: str = typer.Option("default", "--name", help=NAME_HELP),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help=RUN_DIR_HELP),
+    name: LocalNameOpt = LOCAL_NAME,
+    run_dir: RunDirOpt = None,
+    output: OutputOpt = Format.TABLE,
 ) -> None:
-    """Show each component of a local cluster and whether it is running.
+    """Show each component of a local cluster and whether it is running (exit 3 if none
+    is); -o wide adds each component's log file.
 
-    Example: gpufleet local status --name default
+    Example: gpufleet local status --name default -o wide
     """
-    path = _run_dir(name, run_dir)
-    try:
-        info = local_cluster.load_info(path)
-    except FileNotFoundError as err:
-        console.print(f"[yellow]{err}[/yellow]")
-        raise typer.Exit(1) from err
-    table = Table(title=f"local cluster in {info.run_dir}")
-    table.add_column("component")
-    table.add_column("pid", justify="right")
-    table.add_column("state")
-    table.add_column("log", overflow="fold")
+    info = local_cluster_info(name, run_dir)
     rows = local_cluster.component_status(info)
-    for record, alive in rows:
-        state = "[green]running[/green]" if alive else "[red]stopped[/red]"
-        table.add_row(record.name, str(record.pid), state, record.log)
-    Console().print(table)
-    for line in _exports(info):
-        Console().print(line, soft_wrap=True, highlight=False)
+    data = {
+        "runDir": str(info.run_dir),
+        "components": [
+            {"name": r.name, "pid": r.pid, "running": alive, "log": str(r.log)} for r, alive in rows
+        ],
+        "env": _exports(info),
+    }
+
+    def draw(wide: bool) -> list[RenderableType]:
+        cells = [
+            (
+                r.name,
+                str(r.pid),
+                Text("running", "green") if alive else Text("stopped", "red"),
+                str(r.log),
+            )
+            for r, alive in rows
+        ]
+        columns = ("COMPONENT", Column("PID", justify="right"), "STATE", Column("LOG", wide=True))
+        drawn: list[RenderableType] = [
+            table(columns, cells, wide=wide, title=f"local cluster in {info.run_dir}")
+        ]
+        return drawn + [Text(line) for line in _exports(info)]
+
+    emit(output, data, draw)
     if not any(alive for _, alive in rows):
         raise typer.Exit(3)
 
 
 @app.command()
 def env(
-    name: str = typer.Option("default", "--name", help=NAME_HELP),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help=RUN_DIR_HELP),
+    name: LocalNameOpt = LOCAL_NAME,
+    run_dir: RunDirOpt = None,
 ) -> None:
     """Print shell exports (PATH for kubectl, KUBECONFIG, SLURM_CONF) for a local cluster.
 
     Example: eval "$(gpufleet local env)"; kubectl get nodes; sinfo
     """
-    try:
-        info = local_cluster.load_info(_run_dir(name, run_dir))
-    except FileNotFoundError as err:
-        console.print(f"[yellow]{err}[/yellow]")
-        raise typer.Exit(1) from err
+    info = local_cluster_info(name, run_dir)
     print("\n".join(_exports(info)))
 
 
 @app.command()
 def down(
-    name: str = typer.Option("default", "--name", help=NAME_HELP),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help=RUN_DIR_HELP),
+    name: LocalNameOpt = LOCAL_NAME,
+    run_dir: RunDirOpt = None,
 ) -> None:
     """Stop every process of a local cluster (its run directory is kept for the logs).
 
     Example: gpufleet local down --name default
     """
-    path = _run_dir(name, run_dir)
+    path = local_cluster_info(name, run_dir).run_dir
     started = time.monotonic()
-    try:
-        stragglers = local_cluster.stop_run_dir(path)
-    except FileNotFoundError as err:
-        console.print(f"[yellow]{err}[/yellow]")
-        raise typer.Exit(1) from err
+    stragglers = local_cluster.stop_run_dir(path)
     extra = f" (and {len(stragglers)} stray job processes)" if stragglers else ""
     console.print(
         f"stopped the local cluster in {path} in {time.monotonic() - started:.1f} s{extra}"

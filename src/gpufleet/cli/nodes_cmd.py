@@ -5,23 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.console import RenderableType
+from rich.text import Text
 from typer.core import TyperGroup
 
 from gpufleet.cli import operator_cmd
+from gpufleet.cli.errors import fail
+from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
+from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
 from gpufleet.domain import conditions, well_known
+from gpufleet.domain.enrollment import rfc3339
+from gpufleet.domain.records import Incident
 from gpufleet.kubeapi import NODES, KubeApi, NotFound, custom
 from gpufleet.lifecycle import crds, nodes
-
-KubeconfigOpt = Annotated[
-    Path | None, typer.Option(help="kubeconfig file; default: in-cluster or $KUBECONFIG.")
-]
 
 
 def _ago(t: float, now: float) -> str:
@@ -35,123 +35,262 @@ def _ago(t: float, now: float) -> str:
     return f"{s // 86400}d"
 
 
-def _when(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
+def _when(t: float | None) -> str | None:
+    return None if t is None else rfc3339(t)
 
 
 async def _list(kubeconfig: Path | None) -> list[dict[str, Any]]:
-    client = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+    client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
     return (await client.list(NODES)).items
+
+
+def _cordon(body: dict[str, Any]) -> str:
+    """``no``, ``gpufleet`` or ``other`` (a cordon gpufleet did not set: left alone)."""
+    if not (body.get("spec") or {}).get("unschedulable"):
+        return "no"
+    ann = body["metadata"].get("annotations") or {}
+    return (
+        "gpufleet" if ann.get(well_known.ANNOTATION_CORDONED) == well_known.CONTROLLER else "other"
+    )
+
+
+def _incident(inc: Incident | None) -> dict[str, Any] | None:
+    if inc is None:
+        return None
+    return {
+        "key": inc.key,
+        "description": inc.description,
+        "openedAt": _when(inc.opened_at),
+        "plan": None if inc.plan is None else str(inc.plan),
+        "currentStep": None if inc.current is None else str(inc.current),
+        "steps": [
+            {
+                "step": str(a.step),
+                "attempt": a.attempt,
+                "startedAt": _when(a.started_at),
+                "endedAt": _when(a.ended_at),
+                "outcome": None if a.outcome is None else str(a.outcome),
+                "detail": a.detail,
+            }
+            for a in inc.tried
+        ],
+    }
+
+
+def node_summary(body: dict[str, Any], now: float) -> dict[str, Any]:
+    """One row of ``gpufleet nodes`` as data (what -o json and -o yaml print)."""
+    record, new = nodes.record_of(body, now)
+    inc = record.incident
+    step = None
+    if inc is not None and inc.current is not None and inc.tried:
+        step = {"step": str(inc.current), "attempt": inc.tried[-1].attempt}
+    return {
+        "name": record.name,
+        "state": record.state.value,
+        "managed": not new,
+        "since": _when(record.since),
+        "reason": record.reason,
+        "step": step,
+        "incident": None if inc is None else inc.key,
+        "cordoned": _cordon(body),
+        "pool": record.pool,
+    }
+
+
+NODE_COLUMNS = (
+    Column("NODE"),
+    Column("STATE"),
+    Column("SINCE"),
+    Column("REASON", cut=80),
+    Column("STEP"),
+    Column("INCIDENT", wide=True),
+    Column("CORDONED", wide=True),
+    Column("POOL", wide=True),
+    Column("CHANGED", wide=True),
+)
+
+
+def _node_cells(row: dict[str, Any], since: float) -> list[str]:
+    step = row["step"]
+    return [
+        row["name"],
+        row["state"] + ("" if row["managed"] else " (unmanaged)"),
+        _ago(since, time.time()),
+        row["reason"],
+        "-" if step is None else f"{step['step']} (attempt {step['attempt']})",
+        row["incident"] or "-",
+        row["cordoned"],
+        row["pool"],
+        row["since"] or "-",
+    ]
 
 
 def nodes_table(
     kubeconfig: KubeconfigOpt = None,
     out: Annotated[bool, typer.Option("--out", help="Only nodes not in production.")] = False,
+    output: OutputOpt = Format.TABLE,
 ) -> None:
-    """A table of nodes: state, since when, why, and the current remediation step.
+    """A table of nodes: state, since when, why, and the current remediation step
+    (-o wide adds the incident, the cordon, the pool and the time of the change).
 
     Example:
 
-        gpufleet nodes --kubeconfig ~/.kube/config --out
+        gpufleet nodes --kubeconfig ~/.kube/config --out -o wide
     """
     now = time.time()
-    table = Table("NODE", "STATE", "SINCE", "REASON", "STEP", box=None)
+    rows: list[tuple[dict[str, Any], float]] = []
     for body in sorted(asyncio.run(_list(kubeconfig)), key=nodes.name_of):
-        record, new = nodes.record_of(body, now)
+        record, _ = nodes.record_of(body, now)
         if out and record.state.value == "production":
             continue
-        inc = record.incident
-        step = "-"
-        if inc is not None and inc.current is not None and inc.tried:
-            step = f"{inc.current} (attempt {inc.tried[-1].attempt})"
-        table.add_row(
-            record.name,
-            record.state.value + (" (unmanaged)" if new else ""),
-            _ago(record.since, now),
-            record.reason[:80],
-            step,
-        )
-    Console().print(table)
+        rows.append((node_summary(body, now), record.since))
+    emit(
+        output,
+        {"nodes": [row for row, _ in rows]},
+        lambda wide: table(NODE_COLUMNS, [_node_cells(r, t) for r, t in rows], wide=wide),
+    )
 
 
 async def _detail(kubeconfig: Path | None, name: str) -> tuple[dict[str, Any], list[Any]]:
-    client = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
-    body = await client.get(NODES, name)
+    client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
+    try:
+        body = await client.get(NODES, name)
+    except NotFound:
+        fail(f"no Node named {name}", hint="list them with: gpufleet nodes")
     listing = await client.list(
         custom(crds.NODE_REMEDIATION_PLURAL), label_selector=f"gpufleet.io/node={name}"
     )
     return body, listing.items
 
 
+def node_detail_data(body: dict[str, Any], rems: list[Any], now: float) -> dict[str, Any]:
+    """``gpufleet node NAME`` as data (what -o json and -o yaml print)."""
+    record, new = nodes.record_of(body, now)
+    evidence = []
+    for cond in nodes.node_conditions(body):
+        ctype = str(cond.get("type"))
+        if conditions.subsystem_of(ctype) is None and ctype != well_known.CONDITION_REQUEST:
+            continue
+        evidence.append(
+            {
+                "type": ctype,
+                "status": str(cond.get("status")),
+                "reason": str(cond.get("reason", "")),
+                "message": str(cond.get("message", "")).split(" | evidence: ")[0],
+            }
+        )
+    return {
+        "name": record.name,
+        "state": record.state.value,
+        "managed": not new,
+        "since": _when(record.since),
+        "reason": record.reason,
+        "cordoned": _cordon(body),
+        "taints": [
+            {"key": t.get("key"), "effect": t.get("effect")}
+            for t in (body.get("spec") or {}).get("taints") or []
+        ],
+        "history": [
+            {
+                "at": _when(t.at),
+                "from": str(t.source),
+                "to": str(t.target),
+                "trigger": str(t.trigger),
+                "reason": t.reason,
+            }
+            for t in record.history
+        ],
+        "incident": _incident(record.incident),
+        "conditions": evidence,
+        "remediations": [
+            {
+                "name": r["metadata"]["name"],
+                "fault": r["spec"].get("fault", ""),
+                "phase": str((r.get("status") or {}).get("phase", "")),
+                "outcome": (r.get("status") or {}).get("outcome"),
+            }
+            for r in rems
+        ],
+    }
+
+
+_CORDON_TEXT = {"no": "no", "gpufleet": "yes (gpufleet)", "other": "yes (not gpufleet: left alone)"}
+
+
+def _draw_detail(d: dict[str, Any], wide: bool) -> list[RenderableType]:
+    out: list[RenderableType] = [
+        Text.assemble((d["name"], "bold"), f"  state {d['state']}  since {d['since'] or '-'}"),
+        Text(f"reason: {d['reason']}"),
+    ]
+    if not d["managed"]:
+        out.append(Text("(gpufleet has not written a record for this node yet)"))
+    taints = ", ".join(f"{t['key']}:{t['effect']}" for t in d["taints"]) or "none"
+    out.append(Text(f"cordoned: {_CORDON_TEXT[d['cordoned']]}   taints: {taints}"))
+    out.append(
+        table(
+            ("WHEN", "FROM", "TO", "TRIGGER", Column("REASON", cut=70)),
+            [(h["at"] or "-", h["from"], h["to"], h["trigger"], h["reason"]) for h in d["history"]],
+            wide=wide,
+            title="History",
+        )
+    )
+    inc = d["incident"]
+    if inc is not None:
+        out.append(Text(f"incident: {inc['key']} ({inc['description']}), plan {inc['plan']}"))
+        out.append(
+            table(
+                ("STEP", "ATTEMPT", "STARTED", "ENDED", "OUTCOME", Column("DETAIL", cut=60)),
+                [
+                    (
+                        a["step"],
+                        str(a["attempt"]),
+                        a["startedAt"] or "-",
+                        a["endedAt"] or "-",
+                        a["outcome"] or "running",
+                        a["detail"],
+                    )
+                    for a in inc["steps"]
+                ],
+                wide=wide,
+            )
+        )
+    out.append(
+        table(
+            ("CONDITION", "STATUS", "REASON", Column("EVIDENCE", cut=90)),
+            [(c["type"], c["status"], c["reason"], c["message"]) for c in d["conditions"]],
+            wide=wide,
+            title="Conditions",
+        )
+    )
+    if d["remediations"]:
+        out.append(
+            table(
+                ("NODEREMEDIATION", "FAULT", "PHASE", "OUTCOME"),
+                [
+                    (r["name"], r["fault"], r["phase"], str(r["outcome"] or "-"))
+                    for r in d["remediations"]
+                ],
+                wide=wide,
+                title="Incidents",
+            )
+        )
+    return out
+
+
 def node_detail(
     name: Annotated[str, typer.Argument(help="Node name.")],
     kubeconfig: KubeconfigOpt = None,
+    output: OutputOpt = Format.TABLE,
 ) -> None:
     """One node's history and evidence: transitions, the incident and its steps, conditions.
 
     Example:
 
-        gpufleet node gpu-node-0003
+        gpufleet node gpu-node-0003 -o yaml
     """
-    console = Console()
-    try:
-        body, rems = asyncio.run(_detail(kubeconfig, name))
-    except NotFound:
-        console.print(f"no Node named {name}")
-        raise typer.Exit(1) from None
-    now = time.time()
-    record, new = nodes.record_of(body, now)
-    console.print(f"[bold]{name}[/]  state {record.state}  since {_when(record.since)}")
-    console.print(f"reason: {record.reason}")
-    if new:
-        console.print("(gpufleet has not written a record for this node yet)")
-    spec = body.get("spec", {})
-    ann = body["metadata"].get("annotations") or {}
-    cordon = "no"
-    if spec.get("unschedulable"):
-        ours = ann.get(well_known.ANNOTATION_CORDONED) == well_known.CONTROLLER
-        cordon = "yes (gpufleet)" if ours else "yes (not gpufleet: left alone)"
-    taints = ", ".join(f"{t['key']}:{t['effect']}" for t in spec.get("taints") or []) or "none"
-    console.print(f"cordoned: {cordon}   taints: {taints}")
-    history = Table("WHEN", "FROM", "TO", "TRIGGER", "REASON", title="History", box=None)
-    for t in record.history:
-        history.add_row(_when(t.at), str(t.source), str(t.target), str(t.trigger), t.reason[:70])
-    console.print(history)
-    inc = record.incident
-    if inc is not None:
-        console.print(f"incident: {inc.key} ({inc.description}), plan {inc.plan}")
-        tried = Table("STEP", "ATTEMPT", "STARTED", "ENDED", "OUTCOME", "DETAIL", box=None)
-        for a in inc.tried:
-            tried.add_row(
-                str(a.step),
-                str(a.attempt),
-                _when(a.started_at),
-                _when(a.ended_at),
-                str(a.outcome or "running"),
-                a.detail[:60],
-            )
-        console.print(tried)
-    evidence = Table("CONDITION", "STATUS", "REASON", "EVIDENCE", title="Conditions", box=None)
-    for cond in nodes.node_conditions(body):
-        ctype = str(cond.get("type"))
-        if conditions.subsystem_of(ctype) is None and ctype != well_known.CONDITION_REQUEST:
-            continue
-        message = str(cond.get("message", "")).split(" | evidence: ")[0]
-        evidence.add_row(ctype, str(cond.get("status")), str(cond.get("reason")), message[:90])
-    console.print(evidence)
-    if rems:
-        table = Table("NODEREMEDIATION", "FAULT", "PHASE", "OUTCOME", title="Incidents", box=None)
-        for r in rems:
-            st = r.get("status") or {}
-            table.add_row(
-                r["metadata"]["name"],
-                r["spec"].get("fault", ""),
-                str(st.get("phase", "")),
-                str(st.get("outcome") or "-"),
-            )
-        console.print(table)
+    body, rems = asyncio.run(_detail(kubeconfig, name))
+    data = node_detail_data(body, rems, time.time())
+    emit(output, data, lambda wide: _draw_detail(data, wide))
 
 
 # ------------------------------------------------------------ operator verbs

@@ -33,16 +33,15 @@ from gpufleet.kubeapi import (
     ApiError,
     Conflict,
     KubeApi,
+    KubeconfigError,
     KubePort,
     NotFound,
     Resource,
+    Unreachable,
     custom,
 )
 from gpufleet.lifecycle import crds
 
-KubeconfigOpt = Annotated[
-    Path | None, typer.Option(help="kubeconfig file; default: in-cluster or $KUBECONFIG.")
-]
 ReasonOpt = Annotated[
     str,
     typer.Option(
@@ -270,6 +269,8 @@ def _carry_out(
     except NoAnswer:
         console.print(f"[yellow]{unanswered}[/]")
         raise typer.Exit(3) from None
+    except (KubeconfigError, Unreachable):
+        raise  # cli.errors: the kubeconfig's hint, exit 2; no answer, exit 3
     except ApiError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None

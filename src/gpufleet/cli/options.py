@@ -11,11 +11,17 @@ Output options (``-o``) are in :mod:`gpufleet.cli.output`; failures in
 
 from __future__ import annotations
 
+import enum
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from gpufleet.cli.errors import fail
+
+if TYPE_CHECKING:
+    from gpufleet.local.cluster import ClusterInfo
 
 KUBECONFIG_HELP = (
     "kubeconfig file; default: $KUBECONFIG, else ~/.kube/config, else the Pod's "
@@ -48,6 +54,31 @@ RunDirOpt = Annotated[
     ),
 ]
 
+
+def local_run_dir(name: str, run_dir: Path | None) -> Path:
+    """``--run-dir`` if given, else the named cluster's directory."""
+    from gpufleet.local.cluster import default_run_dir
+
+    return run_dir if run_dir is not None else default_run_dir(name)
+
+
+def local_cluster(name: str, run_dir: Path | None) -> ClusterInfo:
+    """The local cluster's description; if there is none, fail naming those there are."""
+    from gpufleet.local.cluster import STATE_FILE, default_run_dir, load_info
+
+    path = local_run_dir(name, run_dir)
+    try:
+        return load_info(path)
+    except FileNotFoundError as err:
+        found = sorted(p.parent.name for p in default_run_dir(name).parent.glob(f"*/{STATE_FILE}"))
+        hint = (
+            "local clusters here: " + ", ".join(f"--name {n}" for n in found)
+            if found
+            else "start one with: gpufleet local up (or gpufleet demo --keep)"
+        )
+        fail(str(err), hint=hint)
+
+
 NodeNameOpt = Annotated[
     str | None,
     typer.Option(
@@ -64,5 +95,21 @@ def node_name(node: str | None) -> str:
     ``--help`` does not show the name of the machine it was built on)."""
     return node or socket.gethostname()
 
+
+class Backend(enum.StrEnum):
+    """Where health data comes from."""
+
+    REAL = "real"
+    SIMULATED = "simulated"
+
+
+BackendOpt = Annotated[
+    Backend,
+    typer.Option(
+        "--backend",
+        case_sensitive=False,
+        help="Hardware backend: real (NVML, sysfs, the kernel log) or simulated.",
+    ),
+]
 
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]

@@ -129,7 +129,7 @@ def table(
     shown = [i for i, c in enumerate(cols) if wide or not c.wide]
     out = Table(box=None, title=title, title_justify="left", pad_edge=False)
     for i in shown:
-        out.add_column(cols[i].header, justify=cols[i].justify, no_wrap=not wide)
+        out.add_column(cols[i].header, justify=cols[i].justify)
     for row in rows:
         cells: list[RenderableType] = []
         for i in shown:
@@ -160,9 +160,14 @@ def show(*renderables: RenderableType) -> None:
     """Print tables and panels: at the terminal's width on a terminal, otherwise as
     wide as the content (nothing wraps at 80 columns in a pipe)."""
     out = Console(highlight=False)
-    if not out.is_terminal:
-        out = Console(highlight=False, width=max(20, *(natural_width(r) for r in renderables)))
-    out.print(*renderables)
+    if out.is_terminal:
+        out.print(*renderables)
+        return
+    out = Console(highlight=False, width=max(20, *(natural_width(r) for r in renderables)))
+    with out.capture() as captured:
+        out.print(*renderables)
+    # Rich pads every line to the table's width; a pipe gets the text without the padding.
+    typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 _MEASURE_WIDTH = 100_000

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from gpufleet.kubeapi import ApiError, Conflict, KubeApi, NotFound
+from gpufleet.cli.errors import fail
+from gpufleet.cli.options import KubeconfigOpt
+from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
+from gpufleet.kubeapi import Conflict, KubeApi, NotFound
 from gpufleet.provision import inventory, machines, render
 from gpufleet.provision.issuer import (
     MACHINES,
@@ -29,14 +30,7 @@ machines_app = typer.Typer(
     invoke_without_command=True,
 )
 
-KubeconfigOpt = Annotated[
-    Path | None, typer.Option(help="kubeconfig file; default: in-cluster or $KUBECONFIG.")
-]
-
-
-def _fail(message: str) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(1)
+CRD_HINT = "install the Machine CRD: kubectl apply -f deploy/crds/machines.yaml"
 
 
 @app.command("serve")
@@ -57,6 +51,13 @@ def serve_cmd(
         float, typer.Option(min=1, help="Seconds a join token stays valid.")
     ] = 900.0,
     namespace: Annotated[str, typer.Option(help="Namespace for audit Events.")] = "default",
+    boot_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also serve the files of this directory (kernel, initrd, root image) at "
+            "/boot/<name>; point --kernel-url etc. at them."
+        ),
+    ] = None,
 ) -> None:
     """Serve iPXE scripts, cloud-init and single-use join tokens to known machines.
 
@@ -64,6 +65,12 @@ def serve_cmd(
 
         gpufleet provision serve --kubeconfig ~/.kube/config --host 0.0.0.0 --port 8080 \\
             --public-url http://10.0.0.2:8080 --kernel-url http://10.0.0.2/vmlinuz
+
+    Serving the boot files too (the local cluster's machines boot this way):
+
+        gpufleet provision serve --port 8080 --public-url http://10.0.2.100:8080 \\
+            --boot-dir ~/.cache/gpufleet/node-image/KEY \\
+            --kernel-url http://10.0.2.100:8080/boot/vmlinuz
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -78,7 +85,10 @@ def serve_cmd(
         kernel_url=kernel_url,
         initrd_url=initrd_url,
         image_url=image_url,
+        boot_dir=boot_dir,
     )
+    if boot_dir is not None and not boot_dir.is_dir():
+        fail(f"--boot-dir {boot_dir}: not a directory")
     asyncio.run(serve(options, ServiceSettings(token_ttl_s=token_ttl, event_namespace=namespace)))
 
 
@@ -101,7 +111,7 @@ def render_cmd(
 
         config = boot_config(ServeOptions(kubeconfig=kubeconfig, public_url=public_url))
     except (OSError, ValueError) as exc:
-        _fail(f"cannot read the cluster from the kubeconfig: {exc}")
+        fail(f"cannot read the cluster from the kubeconfig: {exc}")
 
     async def find() -> dict[str, Any] | None:
         api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
@@ -111,11 +121,9 @@ def render_cmd(
         mac_n = machines.normalize_mac(mac)
         body = asyncio.run(find())
     except ValueError as exc:
-        _fail(str(exc))
-    except ApiError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if body is None:
-        _fail(f"no Machine lists MAC {mac}: that machine would get 404")
+        fail(f"no Machine lists MAC {mac}: that machine would get 404")
     assert body is not None
     name = str(body["metadata"]["name"])
     spec = machines.spec_of(body)
@@ -128,12 +136,15 @@ def render_cmd(
 
 
 @machines_app.callback()
-def machines_table(ctx: typer.Context, kubeconfig: KubeconfigOpt = None) -> None:
-    """A table of machines: pool, GPUs, phase, armed, the Node it became.
+def machines_table(
+    ctx: typer.Context, kubeconfig: KubeconfigOpt = None, output: OutputOpt = Format.TABLE
+) -> None:
+    """A table of machines: pool, GPUs, phase, armed, the Node it became (-o wide adds
+    the HCAs and MACs).
 
     Example:
 
-        gpufleet machines --kubeconfig ~/.kube/config
+        gpufleet machines --kubeconfig ~/.kube/config -o wide
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -144,25 +155,62 @@ def machines_table(ctx: typer.Context, kubeconfig: KubeconfigOpt = None) -> None
 
     try:
         items = asyncio.run(fetch())
-    except ApiError as exc:
-        _fail(f"{exc} (is the Machine CRD installed? kubectl apply -f deploy/crds/machines.yaml)")
-    table = Table("MACHINE", "POOL", "GPUS", "HCAS", "MACS", "PHASE", "ARMED", "NODE", box=None)
-    for body in sorted(items, key=lambda b: str(b["metadata"]["name"])):
-        spec = body.get("spec") or {}
-        hw = spec.get("hardware") or {}
-        status = body.get("status") or {}
-        state = token_state(body)
-        table.add_row(
-            str(body["metadata"]["name"]),
-            str(spec.get("pool", "")),
-            f"{hw.get('gpuCount', '?')}x {hw.get('gpuModel', '?')}",
-            str(hw.get("hcaCount", "?")),
-            ",".join(spec.get("macs") or []),
-            str(status.get("phase") or "Registered"),
-            "yes" if state.armed else "no",
-            str(status.get("node") or "-"),
-        )
-    Console(width=200).print(table)
+    except NotFound:
+        fail("the apiserver has no Machine resource", hint=CRD_HINT)
+    rows = [
+        machine_summary(body) for body in sorted(items, key=lambda b: str(b["metadata"]["name"]))
+    ]
+    emit(
+        output,
+        {"machines": rows},
+        lambda wide: table(MACHINE_COLUMNS, map(_machine_cells, rows), wide=wide),
+    )
+
+
+def machine_summary(body: dict[str, Any]) -> dict[str, Any]:
+    """One row of ``gpufleet machines`` as data (what -o json and -o yaml print)."""
+    spec = body.get("spec") or {}
+    hw = spec.get("hardware") or {}
+    status = body.get("status") or {}
+    return {
+        "name": str(body["metadata"]["name"]),
+        "pool": str(spec.get("pool", "")),
+        "gpus": hw.get("gpuCount"),
+        "gpuModel": hw.get("gpuModel"),
+        "hcas": hw.get("hcaCount"),
+        "macs": list(spec.get("macs") or []),
+        "phase": str(status.get("phase") or "Registered"),
+        "armed": token_state(body).armed,
+        "node": status.get("node"),
+    }
+
+
+MACHINE_COLUMNS = (
+    Column("MACHINE"),
+    Column("POOL"),
+    Column("GPUS"),
+    Column("HCAS", wide=True),
+    Column("MACS", wide=True),
+    Column("PHASE"),
+    Column("ARMED"),
+    Column("NODE"),
+)
+
+
+def _machine_cells(m: dict[str, Any]) -> list[str]:
+    def known(value: Any) -> str:
+        return "?" if value is None else str(value)
+
+    return [
+        m["name"],
+        m["pool"],
+        f"{known(m['gpus'])}x {known(m['gpuModel'])}",
+        known(m["hcas"]),
+        ",".join(m["macs"]),
+        m["phase"],
+        "yes" if m["armed"] else "no",
+        m["node"] or "-",
+    ]
 
 
 @machines_app.command("import")
@@ -182,7 +230,7 @@ def import_cmd(
     try:
         entries = inventory.load(file)
     except inventory.InventoryError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if dry_run:
         typer.echo(f"{file}: {len(entries)} machines, valid")
         return
@@ -207,9 +255,7 @@ def import_cmd(
         for line in asyncio.run(apply()):
             typer.echo(line)
     except NotFound as exc:
-        _fail(f"{exc}: install the CRD first (kubectl apply -f deploy/crds/machines.yaml)")
-    except ApiError as exc:
-        _fail(str(exc))
+        fail(str(exc), hint=CRD_HINT)
 
 
 @machines_app.command("rearm")
@@ -229,8 +275,5 @@ def rearm_cmd(
         api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
         await rearm(api, name, by="admin", reason=reason, now=time.time())
 
-    try:
-        asyncio.run(go())
-    except ApiError as exc:
-        _fail(str(exc))
+    asyncio.run(go())
     typer.echo(f"{name} re-armed: its next boot gets a new token")

@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
-import typer
-from rich.console import Console
-
+from gpufleet.cli.options import LOCAL_NAME, LocalNameOpt, RunDirOpt, local_cluster
+from gpufleet.cli.output import Format, OutputOpt, emit
 from gpufleet.demo import status as fleet_status
-from gpufleet.local.cluster import default_run_dir, load_info
 
 
 def status(
-    name: Annotated[str, typer.Option(help="Local cluster name.")] = "demo",
-    run_dir: Annotated[Path | None, typer.Option(help="Local cluster run directory.")] = None,
+    name: LocalNameOpt = LOCAL_NAME,
+    run_dir: RunDirOpt = None,
+    output: OutputOpt = Format.TABLE,
 ) -> None:
     """Nodes by state, nodes out and why, active remediations, Slurm partitions and the
-    circuit breaker, for a local cluster (the one `gpufleet demo --keep` left running).
+    circuit breaker, for a local cluster (-o wide: nothing cut).
+
+    The demo's cluster (gpufleet demo --keep) is named demo.
 
     Example:
 
-        gpufleet status --name demo
+        gpufleet status --name demo -o yaml
     """
-    path = run_dir or default_run_dir(name)
-    try:
-        info = load_info(path)
-    except FileNotFoundError as err:
-        Console(stderr=True).print(f"[yellow]{err}[/yellow]")
-        raise typer.Exit(1) from err
-    fleet_status.render(fleet_status.gather(info), Console(highlight=False))
+    st = fleet_status.gather(local_cluster(name, run_dir))
+    emit(output, fleet_status.to_data(st), lambda wide: fleet_status.render(st, wide=wide))

@@ -12,9 +12,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from gpufleet.demo.kube import GV, answered, connect, nodes
 from gpufleet.domain import well_known
@@ -30,7 +31,9 @@ class FleetStatus:
     """NodeRemediations gpufleet did not create, or that their Node does not point to:
     (name, node, why). Shown apart, never counted as repairs."""
     partitions: list[tuple[str, str, str]] = field(default_factory=list)
-    breakers: list[tuple[str, str, str]] = field(default_factory=list)
+    """(partition, avail, node counts: allocated/idle/other/total)."""
+    breakers: list[tuple[str, bool, int]] = field(default_factory=list)
+    """(FleetPolicy, open, faulting nodes)."""
 
 
 def _ago(stamp: str | None, now: float) -> str:
@@ -92,7 +95,7 @@ def gather(info: ClusterInfo) -> FleetStatus:
                     for c in (n.get("status") or {}).get("conditions") or []
                     if c["type"] in well_known.CONDITIONS.values() and c["status"] == "True"
                 ]
-                st.out.append((meta["name"], state, why[:70], ", ".join(problems) or "-"))
+                st.out.append((meta["name"], state, why, ", ".join(problems) or "-"))
         found = answered(api, f"{GV}/noderemediations")
         if found is not None:
             for item in found.get("items") or []:
@@ -117,9 +120,8 @@ def gather(info: ClusterInfo) -> FleetStatus:
         if found is not None:
             for item in found.get("items") or []:
                 b = (item.get("status") or {}).get("breaker") or {}
-                state = "[red]OPEN[/red]" if b.get("open") else "[green]closed[/green]"
                 st.breakers.append(
-                    (item["metadata"]["name"], state, str(b.get("faultingNodes", 0)))
+                    (item["metadata"]["name"], bool(b.get("open")), int(b.get("faultingNodes", 0)))
                 )
     finally:
         api.close()
@@ -134,50 +136,80 @@ def gather(info: ClusterInfo) -> FleetStatus:
         for line in out.stdout.splitlines():
             name, avail, counts = line.split()
             alloc, idle, other, total = counts.split("/")
-            st.partitions.append(
-                (name, avail, f"{alloc} allocated, {idle} idle, {other} other of {total}")
-            )
+            st.partitions.append((name, avail, f"{alloc}/{idle}/{other}/{total}"))
     return st
 
 
-def render(st: FleetStatus, console: Console) -> None:
+def to_data(st: FleetStatus) -> dict[str, object]:
+    """The fleet status as data: what ``gpufleet status -o json`` and ``-o yaml`` print."""
+
+    def counts(text: str) -> dict[str, int]:
+        alloc, idle, other, total = (int(n) for n in text.split("/"))
+        return {"allocated": alloc, "idle": idle, "other": other, "total": total}
+
+    return {
+        "nodesByState": dict(sorted(st.by_state.items())),
+        "nodesOut": [
+            {"node": n, "state": state, "why": why, "problems": problems}
+            for n, state, why, problems in st.out
+        ],
+        "remediations": [
+            {"node": n, "fault": fault, "phaseStep": phase, "since": since}
+            for n, fault, phase, since in st.remediations
+        ],
+        "notOurs": [{"name": n, "node": node, "why": why} for n, node, why in st.not_ours],
+        "slurmPartitions": [
+            {"name": n, "avail": avail, "nodes": counts(c)} for n, avail, c in st.partitions
+        ],
+        "breakers": [
+            {"fleetPolicy": n, "open": is_open, "faultingNodes": f} for n, is_open, f in st.breakers
+        ],
+    }
+
+
+def render(st: FleetStatus, *, wide: bool = False) -> Group:
+    """The status screen; ``wide``: why a node is out and its problems are not cut."""
+    cut = None if wide else 70
     states = Table("STATE", "NODES", box=None)
     for state, count in sorted(st.by_state.items()):
         states.add_row(state, str(count))
     out = Table("NODE", "STATE", "WHY", "PROBLEMS", box=None)
-    for row in st.out:
-        out.add_row(*row)
+    for node, state, why, problems in st.out:
+        out.add_row(Text(node), Text(state), Text(_cut(why, cut)), Text(_cut(problems, cut)))
     rem = Table("NODE", "FAULT", "PHASE / STEP", "SINCE", box=None)
     for row in st.remediations:
-        rem.add_row(*row)
+        rem.add_row(*(Text(c) for c in row))
     parts = Table("PARTITION", "AVAIL", "NODES", box=None)
-    for prow in st.partitions:
-        parts.add_row(*prow)
+    for name, avail, counts in st.partitions:
+        alloc, idle, other, total = counts.split("/")
+        parts.add_row(name, avail, f"{alloc} allocated, {idle} idle, {other} other of {total}")
     foreign = Table("NODEREMEDIATION", "NODE", "WHY IGNORED", box=None)
     for frow in st.not_ours:
-        foreign.add_row(*frow)
+        foreign.add_row(*(Text(c) for c in frow))
     brk = Table("FLEETPOLICY", "BREAKER", "FAULTING NODES", box=None)
-    for brow in st.breakers:
-        brk.add_row(*brow)
-    console.print(
-        Group(
-            Panel(states, title="fleet by state", title_align="left"),
-            Panel(out if st.out else "none", title="nodes out", title_align="left"),
-            Panel(
-                rem if st.remediations else "none",
-                title="active remediations",
-                title_align="left",
-            ),
-            *(
-                [Panel(foreign, title="NodeRemediations not ours (ignored)", title_align="left")]
-                if st.not_ours
-                else []
-            ),
-            Panel(parts if st.partitions else "no Slurm", title="Slurm", title_align="left"),
-            Panel(
-                brk if st.breakers else "no FleetPolicy",
-                title="circuit breaker",
-                title_align="left",
-            ),
-        )
+    for name, is_open, faulting in st.breakers:
+        brk.add_row(name, "[red]OPEN[/red]" if is_open else "[green]closed[/green]", str(faulting))
+    return Group(
+        Panel(states, title="fleet by state", title_align="left"),
+        Panel(out if st.out else "none", title="nodes out", title_align="left"),
+        Panel(
+            rem if st.remediations else "none",
+            title="active remediations",
+            title_align="left",
+        ),
+        *(
+            [Panel(foreign, title="NodeRemediations not ours (ignored)", title_align="left")]
+            if st.not_ours
+            else []
+        ),
+        Panel(parts if st.partitions else "no Slurm", title="Slurm", title_align="left"),
+        Panel(
+            brk if st.breakers else "no FleetPolicy",
+            title="circuit breaker",
+            title_align="left",
+        ),
     )
+
+
+def _cut(text: str, limit: int | None) -> str:
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
