@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import socket
 from pathlib import Path
 
 import typer
 
+from gpufleet.cli import logs
 from gpufleet.cli.policy_cmd import load_or_exit
 from gpufleet.health import agent as agent_mod
 from gpufleet.health import backends, skus
@@ -39,6 +39,11 @@ def run(
     ),
     inject_port: int = typer.Option(
         0, help="Simulated backend: loopback fault-injection API port (0: off)."
+    ),
+    inject_address: str = typer.Option(
+        "127.0.0.1",
+        help="Bind address of the fault-injection API (0.0.0.0 in a local-cluster machine, "
+        "whose only way in is its qemu port forward from the host's loopback).",
     ),
     policy_file: Path | None = typer.Option(
         None, "--policy", help="Policy YAML (default: the built-in policy)."
@@ -76,7 +81,7 @@ def run(
 
         gpufleet agent --job-telemetry /shared/gpufleet-telemetry
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.configure()
     policy = load_or_exit(policy_file)
     try:
         if sim_publish is not None and backend != "simulated":
@@ -120,8 +125,8 @@ def run(
     if inject_port:
         if backend != "simulated":
             raise typer.BadParameter("the injection API needs --backend simulated")
-        injector = agent_mod.InjectionServer(hw, inject_port).start()
-        typer.echo(f"fault injection API on http://127.0.0.1:{injector.port}")
+        injector = agent_mod.InjectionServer(hw, inject_port, inject_address).start()
+        typer.echo(f"fault injection API on http://{inject_address}:{injector.port}")
     if metrics_port:
         port = metrics.serve(metrics_port, metrics_address)
         typer.echo(f"metrics on http://{metrics_address}:{port}/metrics")

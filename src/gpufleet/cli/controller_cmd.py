@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from gpufleet.cli import logs
 
 
 def controller(
@@ -45,12 +46,7 @@ def controller(
 
         gpufleet controller --kubeconfig ~/.kube/config --policy-name default --metrics-port 29401
     """
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    logging.getLogger("kopf").setLevel(logging.INFO if verbose else logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logs.configure(verbose)
     # Imported here: kopf and the controller take a second to import, which
     # every other gpufleet command would pay at start-up.
     from gpufleet.lifecycle.controller import ControllerSettings

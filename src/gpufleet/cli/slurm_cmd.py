@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import typer
 import yaml
 
 from gpufleet.api import crds, slurmcluster
+from gpufleet.cli import logs
 from gpufleet.domain import slurm_jwt
 from gpufleet.slurm import render
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
@@ -30,11 +30,7 @@ syncer_app = typer.Typer(
 
 
 def _logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(verbose)
 
 
 def _token(token_file: Path | None, jwt_key_file: Path | None, user: str) -> str:

@@ -36,7 +36,10 @@ class Acting(ControllerCore):
         m = self.metrics
         for d in decisions:
             for event_reason in d.reasons:
-                log.info("node=%s %s", name, event_reason)
+                swallowed = self.log_repeats.admit((name, event_reason), self.clock.monotonic())
+                if swallowed is not None:
+                    again = f" (said {swallowed} more times since)" if swallowed else ""
+                    log.info("node=%s %s%s", name, event_reason, again)
             if d.transition is not None:
                 t = d.transition
                 m.transitions.labels(source=t.source.value, target=t.target.value).inc()

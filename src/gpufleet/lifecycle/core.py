@@ -24,8 +24,10 @@ from gpufleet.domain.decide import Decision
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import Policy, default_policy
 from gpufleet.domain.records import Incident, NodeRecord
+from gpufleet.domain.repeats import Repeats
 from gpufleet.domain.states import NodeState
 from gpufleet.kubeapi import KubePort
+from gpufleet.kubeapi.events import EventRecorder
 from gpufleet.lifecycle import bmc as kube_bmc
 from gpufleet.lifecycle.metrics import Metrics
 from gpufleet.remediate import redfish
@@ -77,6 +79,10 @@ class ControllerCore:
         self.settings = settings or ControllerSettings()
         self.metrics = metrics or Metrics()
         self.clock = clock
+        self.event_recorder = EventRecorder(client, clock=clock)
+        """Posts every Event; a repeat counts on the first one."""
+        self.log_repeats = Repeats(every_s=60.0)
+        """Rate-limits log lines a pass repeats (a held node is decided about every tick)."""
         from gpufleet.lifecycle.fleet import Fleet
 
         self.fleet = Fleet()
@@ -98,6 +104,8 @@ class ControllerCore:
         """Per draining node: what the last DrainWaiting Event said (without numbers)."""
         self._policy_generation: tuple[Any, Any] = (None, None)
         self._saved_budget: dict[str, Any] | None = None
+        self._policy_conditions: list[dict[str, Any]] | None = None
+        """The FleetPolicy's status conditions as last written (None: not read yet)."""
         """The budget part of the last FleetPolicy status saved (saved again when it changes)."""
         self._breaker_reset_done: tuple[str, float] | None = None
         """(id, at) of the last breaker reset answered: a watch event that still shows it

@@ -2,7 +2,8 @@
 
 Events are the audit trail a person reads (``kubectl describe node``); they are
 posted in the background, after the record is stored, and a failed post is only
-logged: an Event never holds up or undoes a decision.
+logged: an Event never holds up or undoes a decision. A repeat (same reason,
+object and message) counts on the first Event (``kubeapi.events.EventRecorder``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Events(ControllerCore):
 
     async def _post_event(self, event: Json) -> None:
         try:
-            await self.client.create_event(self.settings.event_namespace, event)
+            await self.event_recorder.record(self.settings.event_namespace, event)
         except ApiError as exc:
             log.warning("event not posted: %s", exc)
 

@@ -149,6 +149,12 @@ class FakeKube(UnmodelledKube):
             merged["metadata"]["resourceVersion"] = str(self._rv)
             self.nodes[name] = merged
             return copy.deepcopy(merged)
+        if resource == EVENTS and kind is Patch.MERGE:
+            for i, event in enumerate(self.events):
+                if event.get("metadata", {}).get("name") == name:
+                    self.events[i] = nodes.apply_merge_patch(event, patch)
+                    return copy.deepcopy(self.events[i])
+            raise self._missing(resource, name)
         if resource.version == "v1" or kind is not Patch.MERGE:
             raise NotImplementedError(f"patch {resource}")
         key = (resource.plural, name)
@@ -205,7 +211,10 @@ class FakeKube(UnmodelledKube):
         pod["spec"]["nodeName"] = node
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
-        self.events.append(dict(event))
+        name = event.get("metadata", {}).get("name")
+        if name is not None and any(e.get("metadata", {}).get("name") == name for e in self.events):
+            raise Conflict(f"create event {name}", 409, "already exists")
+        self.events.append(copy.deepcopy(dict(event)))
 
 
 def _labels_match(obj: Mapping[str, Any], selector: str) -> bool:
