@@ -14,8 +14,10 @@ start=$(date +%s)
 # Debian packages. slurm-wlm-jwt-plugin gives slurmrestd its JWT auth; time
 # provides /usr/bin/time for the build measurements; openssl and procps are
 # used by the cluster tooling; ca-certificates lets Go reach the module proxy.
+# qemu-system-x86, ipxe-qemu (the NIC's network-boot ROM) and socat (one per
+# forwarded connection) run the local cluster's real machines (--machines).
 packages=(munge slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin
-          time openssl procps ca-certificates)
+          time openssl procps ca-certificates qemu-system-x86 ipxe-qemu socat)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

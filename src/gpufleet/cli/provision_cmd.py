@@ -58,6 +58,17 @@ def serve_cmd(
             "/boot/<name>; point --kernel-url etc. at them."
         ),
     ] = None,
+    agent_wheel_url: Annotated[
+        str,
+        typer.Option(
+            help="URL of the gpufleet wheel the node installs for its agent; the user-data "
+            "then writes /etc/gpufleet/agent.env (empty: no agent)."
+        ),
+    ] = "",
+    agent_wheel_sha256: Annotated[str, typer.Option(help="sha256 of that wheel.")] = "",
+    agent_args: Annotated[
+        str, typer.Option(help="Extra `gpufleet agent` arguments on the node.")
+    ] = "",
 ) -> None:
     """Serve iPXE scripts, cloud-init and single-use join tokens to known machines.
 
@@ -86,6 +97,9 @@ def serve_cmd(
         initrd_url=initrd_url,
         image_url=image_url,
         boot_dir=boot_dir,
+        agent_wheel_url=agent_wheel_url,
+        agent_wheel_sha256=agent_wheel_sha256,
+        agent_args=agent_args,
     )
     if boot_dir is not None and not boot_dir.is_dir():
         fail(f"--boot-dir {boot_dir}: not a directory")

@@ -33,8 +33,9 @@ from typing import Any
 import httpx
 
 from gpufleet.domain import slurm_jwt
-from gpufleet.local import kube, processes, slurm
+from gpufleet.local import joining, kube, machines, processes, slurm, vm
 from gpufleet.local.binaries import Binaries
+from gpufleet.local.machines import MachineInfo
 from gpufleet.local.processes import ComponentError, ManagedProcess, ProcessRecord
 
 STATE_FILE = "cluster.json"
@@ -63,6 +64,20 @@ class ClusterSpec:
     simulated hardware's ``/recover``: a reboot clears what a real one clears)."""
     bmc_boot_seconds: float = 0.0
     """How long an emulated server takes to boot after a reset (PowerState Off meanwhile)."""
+    machines: int = 0
+    """Real machines (qemu VMs that network-boot and join with kubeadm) beside the KWOK
+    nodes: :mod:`gpufleet.local.machines`. 0 leaves the cluster as it always was."""
+    machine_memory_mib: int = 1536
+    node_image: Path | None = None
+    """The boot directory (``vmlinuz``, ``initrd.img``, ``rootfs.squashfs``) the
+    machines boot; default: the node image cache entry of this checkout."""
+    joinable: bool = False
+    """Make the control plane ready for ``kubeadm join`` even without machines (its own
+    CA, CSR signing, kubeadm's objects); always on when ``machines`` > 0."""
+    machine_power_on: bool = True
+    """Press every machine's power button at the end of start-up."""
+    token_ttl_s: float = 900.0
+    """Lifetime of the machines' join tokens (the provisioning service's ``--token-ttl``)."""
 
     def node_names(self) -> tuple[str, ...]:
         return tuple(f"{self.node_prefix}{i:04d}" for i in range(self.nodes))
@@ -115,6 +130,10 @@ class ClusterInfo:
     """The process whose exit stops this cluster; None once detached (``gpufleet local up``)."""
     ready_s: dict[str, float] = field(default_factory=dict)
     """Seconds from the start of ``up`` until each component was ready."""
+    machines: dict[str, MachineInfo] = field(default_factory=dict)
+    """The real machines (``ClusterSpec.machines``); their BMCs are in ``bmcs``."""
+    provision_url: str | None = None
+    """``gpufleet provision serve`` of the machines, from the host."""
 
     @property
     def logs_dir(self) -> Path:
@@ -148,6 +167,7 @@ class ClusterInfo:
             if d.get(key):
                 d[key] = Path(d[key])
         d["bmcs"] = {k: BmcEndpoint(**v) for k, v in d.get("bmcs", {}).items()}
+        d["machines"] = {k: MachineInfo(**v) for k, v in d.get("machines", {}).items()}
         d["processes"] = [ProcessRecord(**p) for p in d.get("processes", [])]
         if d.get("owner"):
             d["owner"] = ProcessRecord(**d["owner"])
@@ -190,6 +210,7 @@ class LocalCluster:
         self._t0 = 0.0
         self.info: ClusterInfo | None = None
         self._owns_run_dir = spec.run_dir is None
+        self._boot_dir = Path()
 
     # -- helpers -------------------------------------------------------------
 
@@ -260,7 +281,8 @@ class LocalCluster:
         spec = self.spec
         names = spec.node_names()
         logs = run_dir / "logs"
-        ports = processes.free_ports(9 + spec.nodes * 2)
+        ports = processes.free_ports(9 + spec.nodes * 2 + 1 + spec.machines * 2)
+        machine_ports = ports[9 + spec.nodes * 2 :]
         kl = kube.KubeLayout(
             root=run_dir / "kube",
             logs=logs,
@@ -270,6 +292,7 @@ class LocalCluster:
             scheduler_port=ports[3],
             controller_manager_port=ports[4],
             token=secrets.token_hex(16),
+            joinable=spec.joinable or spec.machines > 0,
         )
         hostname = slurm.short_hostname()
         sl = slurm.SlurmLayout(
@@ -285,7 +308,7 @@ class LocalCluster:
             hostname=hostname,
             ctld_on_loopback=slurm.resolves_to_loopback(hostname),
         )
-        bmc_ports = ports[9 + spec.nodes :]
+        bmc_ports = ports[9 + spec.nodes : 9 + spec.nodes * 2]
         bmc_password = secrets.token_hex(8)
         self.info = ClusterInfo(
             run_dir=run_dir,
@@ -306,6 +329,7 @@ class LocalCluster:
                 n: BmcEndpoint(n, f"http://127.0.0.1:{p}", DEFAULT_BMC_USER, bmc_password)
                 for n, p in zip(names, bmc_ports, strict=True)
             }
+        vms = self._plan_machines(run_dir, kl, machine_ports, bmc_password)
         kube.prepare(kl)
         if spec.slurm:
             slurm.prepare(sl)
@@ -322,8 +346,10 @@ class LocalCluster:
             lanes = [pool.submit(self._kube_lane, kl, bins, etcd, apiserver, names)]
             if spec.slurm:
                 lanes.append(pool.submit(self._slurm_lane, sl, bins))
-            if spec.redfish:
-                lanes.append(pool.submit(self._redfish_lane, run_dir, bmc_password, sys.executable))
+            if spec.redfish or vms:
+                lanes.append(
+                    pool.submit(self._redfish_lane, run_dir, bmc_password, sys.executable, vms)
+                )
             errors: list[BaseException] = []
             for lane in lanes:
                 exc = lane.exception()
@@ -331,7 +357,126 @@ class LocalCluster:
                     errors.append(exc)
             if errors:
                 raise errors[0]
+        if kl.joinable:
+            self._join_lane(kl)
+        if vms:
+            self._machines_lane(kl, run_dir, machine_ports[0])
         self._save()
+
+    def _plan_machines(
+        self, run_dir: Path, kl: kube.KubeLayout, ports: list[int], password: str
+    ) -> dict[str, Any]:
+        """The machines' BMC entries for the Redfish emulator (``vm`` objects), and
+        their :class:`MachineInfo` in ``self.info``."""
+        spec = self.spec
+        assert self.info is not None
+        if spec.machines <= 0:
+            return {}
+        if spec.machine_memory_mib > 2048 or spec.machine_memory_mib < 512:
+            raise ComponentError(
+                "machines", None, f"machine memory {spec.machine_memory_mib} MiB: 512 to 2048"
+            )
+        if vm.qemu_binary() is None:
+            raise ComponentError(
+                "machines",
+                None,
+                "qemu-system-x86_64 is missing: run scripts/bootstrap-system.sh "
+                "(apt-get install qemu-system-x86 ipxe-qemu socat)",
+            )
+        self._boot_dir = machines.boot_dir(spec.node_image)  # before anything starts
+        provision_port, rest = ports[0], ports[1:]
+        entries: dict[str, Any] = {}
+        for i, name in enumerate(machines.names(spec.machines)):
+            bmc_port, inject_port = rest[2 * i], rest[2 * i + 1]
+            mac = machines.mac_of(i)
+            self.info.bmcs[name] = BmcEndpoint(
+                name, f"http://127.0.0.1:{bmc_port}", DEFAULT_BMC_USER, password
+            )
+            entries[name] = machines.vm_entry(
+                name=name,
+                mac=mac,
+                run_dir=run_dir,
+                provision_port=provision_port,
+                apiserver_port=kl.apiserver_port,
+                inject_port=inject_port,
+                memory_mib=spec.machine_memory_mib,
+            )
+            self.info.machines[name] = MachineInfo(
+                name=name,
+                mac=mac,
+                serial=f"SN-{name}",
+                console_log=str(machines.console_log(run_dir / "logs", name)),
+                inject_url=f"http://127.0.0.1:{inject_port}",
+                memory_mib=spec.machine_memory_mib,
+            )
+        self.info.provision_url = f"http://127.0.0.1:{provision_port}"
+        return entries
+
+    def _join_lane(self, kl: kube.KubeLayout) -> None:
+        """What ``kubeadm join`` reads (:mod:`gpufleet.local.joining`), naming the
+        apiserver as the machines reach it."""
+        api = kube.client(kl)
+        try:
+            joining.install(
+                api,
+                server=f"https://{vm.CLUSTER_ADDRESS}:{kl.apiserver_port}",
+                ca_pem=kl.ca_file.read_bytes(),
+                version=kube.server_version(api),
+            )
+        finally:
+            api.close()
+        self._ready("kubeadm join objects")
+
+    def _machines_lane(self, kl: kube.KubeLayout, run_dir: Path, provision_port: int) -> None:
+        """The Machines, the provisioning service, then each machine's power button."""
+        assert self.info is not None
+        timeout = self.spec.ready_timeout_s
+        api = kube.client(kl)
+        try:
+            machines.install_crds(api)
+            deadline = time.monotonic() + timeout
+            while not machines.machines_established(api):
+                if time.monotonic() > deadline:
+                    raise ComponentError("machines", None, "the Machine CRD was not established")
+                time.sleep(0.1)
+            for name, m in self.info.machines.items():
+                bmc = self.info.bmcs[name]
+                machines.register(api, name, m.mac, bmc.url, bmc.user, bmc.password)
+        finally:
+            api.close()
+        service = self._launch(
+            machines.provision_service(
+                run_dir=run_dir,
+                kubeconfig=kl.kubeconfig,
+                port=provision_port,
+                apiserver_port=kl.apiserver_port,
+                boot_dir=self._boot_dir,
+                files=machines.BOOT_FILES,
+                token_ttl_s=self.spec.token_ttl_s,
+            )
+        )
+        with httpx.Client(timeout=2) as http:
+            service.wait_ready(
+                lambda: http.get(f"{self.info.provision_url}/healthz").status_code == 200,  # type: ignore[union-attr]
+                timeout=timeout,
+            )
+        self._ready("provision")
+        if self.spec.machine_power_on:
+            with httpx.Client(timeout=10) as http:
+                for name in self.info.machines:
+                    bmc = self.info.bmcs[name]
+                    resp = http.post(
+                        f"{bmc.system_url}/Actions/ComputerSystem.Reset",
+                        json={"ResetType": "On"},
+                        auth=(bmc.user, bmc.password),
+                    )
+                    if resp.status_code >= 300:
+                        raise ComponentError(
+                            "machines",
+                            run_dir / "logs" / "redfish.log",
+                            f"the BMC of {name} refused On: HTTP {resp.status_code}",
+                        )
+            self._ready(f"machines ({len(self.info.machines)} powered on)")
 
     def _kube_lane(
         self,
@@ -393,7 +538,7 @@ class LocalCluster:
         restd.wait_ready(lambda: slurm.restd_ok(sl, token), timeout=timeout)
         self._ready("slurmrestd")
 
-    def _redfish_lane(self, run_dir: Path, password: str, python: str) -> None:
+    def _redfish_lane(self, run_dir: Path, password: str, python: str, vms: dict[str, Any]) -> None:
         assert self.info is not None
         config = {
             "user": DEFAULT_BMC_USER,
@@ -408,6 +553,7 @@ class LocalCluster:
                         if b.node in self.spec.bmc_boot_hooks
                         else {}
                     ),
+                    **({"vm": vms[b.node]} if b.node in vms else {}),
                 }
                 for b in self.info.bmcs.values()
             ],

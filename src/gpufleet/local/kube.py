@@ -29,6 +29,7 @@ import httpx
 import yaml
 
 from gpufleet.kubeapi.sync import SyncKube
+from gpufleet.local import pki as pki_mod
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.processes import ComponentError, ManagedProcess
 
@@ -113,14 +114,25 @@ class KubeLayout:
     scheduler_port: int
     controller_manager_port: int
     token: str
+    joinable: bool = False
+    """Ready for real ``kubeadm join`` (:mod:`gpufleet.local.joining`): the cluster's own
+    CA (:mod:`gpufleet.local.pki`) serves the apiserver, signs kubelet certificates and
+    is trusted for client certificates. Off: the apiserver's self-signed certificate."""
 
     @property
     def pki(self) -> Path:
         return self.root / "pki"
 
     @property
+    def cluster_pki(self) -> pki_mod.ClusterPki:
+        return pki_mod.ClusterPki(self.pki / "cluster")
+
+    @property
     def ca_file(self) -> Path:
-        """The apiserver's self-signed serving cert followed by its CA: a valid CA bundle."""
+        """The CA bundle that verifies the apiserver: the cluster CA when joinable, else
+        the apiserver's self-signed serving cert followed by its CA."""
+        if self.joinable:
+            return self.cluster_pki.ca_cert
         return self.pki / "apiserver.crt"
 
     @property
@@ -192,6 +204,12 @@ def prepare(layout: KubeLayout) -> None:
             check=True,
             capture_output=True,
         )
+    if layout.joinable:
+        pki_mod.create(
+            layout.cluster_pki,
+            ips=["127.0.0.1", *pki_mod.GUEST_ADDRESSES, "10.0.0.1"],
+            dns=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+        )
     layout.kubeconfig.write_text(render_kubeconfig(layout))
     layout.kubeconfig.chmod(0o600)
 
@@ -219,6 +237,18 @@ def etcd(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
     )
 
 
+def _joinable_apiserver_flags(layout: KubeLayout) -> list[str]:
+    if not layout.joinable:
+        return []
+    p = layout.cluster_pki
+    return [
+        f"--tls-cert-file={p.serving_cert}",
+        f"--tls-private-key-file={p.serving_key}",
+        # Kubelets authenticate with the certificates the controller-manager signs.
+        f"--client-ca-file={p.ca_cert}",
+    ]
+
+
 def apiserver(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
     return ManagedProcess(
         "kube-apiserver",
@@ -244,6 +274,7 @@ def apiserver(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
             "--max-requests-inflight=0",
             "--max-mutating-requests-inflight=0",
             "--profiling=false",
+            *_joinable_apiserver_flags(layout),
         ],
         layout.log("kube-apiserver"),
     )
@@ -269,7 +300,21 @@ def scheduler(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
     )
 
 
+def _joinable_controller_flags(layout: KubeLayout) -> tuple[list[str], str]:
+    """Signing kubelet CSRs with the cluster CA, and the bootstrap signer (it signs
+    ``kube-public/cluster-info`` with each bootstrap token, which ``kubeadm join``
+    verifies before it trusts the CA)."""
+    if not layout.joinable:
+        return [], ""
+    p = layout.cluster_pki
+    return [
+        f"--cluster-signing-cert-file={p.ca_cert}",
+        f"--cluster-signing-key-file={p.ca_key}",
+    ], "bootstrapsigner,"
+
+
 def controller_manager(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
+    signing, extra = _joinable_controller_flags(layout)
     return ManagedProcess(
         "kube-controller-manager",
         [
@@ -278,9 +323,9 @@ def controller_manager(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
             f"--service-account-private-key-file={layout.sa_key}",
             f"--root-ca-file={layout.ca_file}",
             "--use-service-account-credentials=false",
-            # No cloud, no kubelets to sign certificates for; the token cleaner
-            # deletes expired bootstrap tokens (off by default).
-            "--controllers=*,tokencleaner,-cloud-node-lifecycle-controller,"
+            *signing,
+            # No cloud; the token cleaner deletes expired bootstrap tokens (off by default).
+            f"--controllers=*,tokencleaner,{extra}-cloud-node-lifecycle-controller,"
             "-service-lb-controller,-node-route-controller",
         ],
         layout.log("kube-controller-manager"),

@@ -270,6 +270,8 @@ COMPONENT_EXECUTABLES = frozenset(
         "slurmd",
         "slurmstepd",
         "slurmrestd",
+        # The local cluster's machines (their console log is in the run directory).
+        "qemu-system-x86_64",
     }
 )
 
@@ -322,7 +324,11 @@ def processes_using(path: Path) -> list[int]:
             continue
         cmdline = b" ".join(argv).decode("utf-8", "replace")
         exe = os.path.basename(argv[0].decode("utf-8", "replace")).split(":")[0]
-        ours = exe in COMPONENT_EXECUTABLES or "gpufleet.local.redfish" in cmdline
+        ours = (
+            exe in COMPONENT_EXECUTABLES
+            or "gpufleet.local.redfish" in cmdline
+            or "gpufleet.cli.main provision serve" in cmdline
+        )
         inside = cwd == root or cwd.startswith(root + "/")
         env = _environ(entry)
         job = f"{root}/slurm/spool/" in cmdline or _in_job(env, conf)

@@ -36,6 +36,19 @@ performed; ``getDelaySeconds: S`` -- every GET answered after S seconds;
 ``bootSeconds``; ``reportLastResetTime: false`` -- an older BMC without
 ``LastResetTime``. ``Oem.Gpufleet.ResetPosts`` counts every Reset POST
 received (performed or not), ``ResetCount`` the resets performed.
+
+A BMC entry with a ``vm`` (the fields of :class:`gpufleet.local.vm.VmSpec`) is
+the BMC of a real machine of the local cluster, a qemu virtual machine this
+process starts and owns: ``On`` starts it, ``ForceOff`` ends it,
+``GracefulShutdown`` presses its power button and ends it after a grace period,
+``ForceRestart`` resets it (the firmware network-boots again), ``GracefulRestart``
+and ``PowerCycle`` stop it and start a new one, and ``PowerState`` reads whether
+it runs. The machine has no disk: every boot is a network boot, so a one-time
+``Pxe`` override is what it does anyway and reads ``Pxe`` as the boot source.
+Power operations run in the background (a BMC answers a reset at once and the
+server follows); a machine that stops by itself is logged as a crash
+(``Gpufleet.1.0.SystemCrashed``, Critical). ``power_on: true`` starts it with the
+emulator; stopping the emulator stops every machine it started.
 """
 
 from __future__ import annotations
@@ -57,6 +70,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from gpufleet.local.vm import Forward, Vm, VmSpec
 
 FAULTS: dict[str, Any] = {
     "failAfterReset": 0,
@@ -153,6 +168,11 @@ class BmcState:
     """URL POSTed to on every boot (see the module docstring); None: no hook."""
     boot_seconds: float = 0.0
     """How long a boot takes: PowerState reads Off until then (real servers: minutes)."""
+    vm: Vm | None = None
+    """The real machine this BMC powers (see the module docstring); None: emulated power."""
+    power_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Serialises the VM's power operations (they run outside ``lock``)."""
+    crashes_seen: int = 0
 
     def __post_init__(self) -> None:
         self.system_uuid = self.system_uuid or str(uuid.uuid5(uuid.NAMESPACE_DNS, self.node))
@@ -212,6 +232,44 @@ class BmcState:
             }
         )
 
+    def refresh(self) -> None:
+        """A machine BMC reads the truth: PowerState from the VM, and a VM that stopped
+        without being told is logged as a crash. Caller holds ``lock``."""
+        if self.vm is None:
+            return
+        on = self.vm.is_on()
+        if self.vm.crashes > self.crashes_seen:
+            self.crashes_seen = self.vm.crashes
+            self.record(
+                "Gpufleet.1.0.SystemCrashed",
+                f"{self.node}: the system stopped unexpectedly (power off)",
+                "Critical",
+            )
+        if not self.power_lock.locked():
+            self.power_state = "On" if on else "Off"
+
+    def _in_background(self, what: str, *steps: Any) -> None:
+        """Run the VM's power steps in order, after any already under way."""
+
+        def run() -> None:
+            with self.power_lock:
+                for step in steps:
+                    try:
+                        step()
+                    except Exception as exc:  # the BMC stays up; the log says what failed
+                        with self.lock:
+                            self.record(
+                                "Gpufleet.1.0.PowerActionFailed",
+                                f"{self.node}: {what}: {exc}",
+                                "Critical",
+                            )
+                        print(f"[{self.node}] {what} failed: {exc}", flush=True)
+                        return
+            with self.lock:
+                self.refresh()
+
+        threading.Thread(target=run, name=f"power-{self.node}", daemon=True).start()
+
     def boot(self) -> None:
         """Power on and boot, consuming a one-time override."""
         self.power_state = "On"
@@ -219,6 +277,8 @@ class BmcState:
         source = self.boot_target if self.boot_enabled != "Disabled" else "Hdd"
         if source == "None":
             source = "Hdd"
+        if self.vm is not None:
+            source = "Pxe"  # no disk: the NIC is the only boot device
         self.last_boot_source = source
         self.record("Gpufleet.1.0.SystemBooted", f"{self.node} booted from {source}")
         if self.boot_enabled == "Once":
@@ -256,6 +316,9 @@ class BmcState:
         self.record(
             "Gpufleet.1.0.ResetRequested", f"{self.node}: ComputerSystem.Reset {reset_type}"
         )
+        if self.vm is not None:
+            self._reset_vm(reset_type, self.vm)
+            return
         if reset_type in ("ForceOff", "GracefulShutdown"):
             self.power_state = "Off"
             self.record("Gpufleet.1.0.PowerOff", f"{self.node} powered off")
@@ -266,6 +329,33 @@ class BmcState:
             if reset_type == "PowerCycle" or self.power_state == "On":
                 self.record("Gpufleet.1.0.PowerOff", f"{self.node} powered off")
             self._power_on()
+        # Nmi: recorded only.
+
+    GRACE_S = 30.0
+    """How long a graceful shutdown waits for the guest before the power goes."""
+
+    def _reset_vm(self, reset_type: str, vm: Vm) -> None:
+        """The reset on the real machine. Caller holds ``lock``; the bookkeeping is done
+        now, the power steps in the background."""
+        on = vm.is_on()
+        if reset_type in ("ForceOff", "GracefulShutdown"):
+            grace = self.GRACE_S if reset_type == "GracefulShutdown" else 0.0
+            self.power_state = "Off"
+            self.record("Gpufleet.1.0.PowerOff", f"{self.node} powered off")
+            self._in_background(reset_type, lambda: vm.power_off(grace=grace))
+        elif reset_type in ("On", "ForceOn"):
+            if not on:
+                self.boot()
+                self._in_background(reset_type, vm.power_on)
+        elif reset_type == "ForceRestart":
+            self.boot()
+            self._in_background(reset_type, vm.reset)
+        elif reset_type in ("GracefulRestart", "PowerCycle"):
+            grace = self.GRACE_S if reset_type == "GracefulRestart" else 0.0
+            if on:
+                self.record("Gpufleet.1.0.PowerOff", f"{self.node} powered off")
+            self.boot()
+            self._in_background(reset_type, lambda: vm.power_off(grace=grace), vm.power_on)
         # Nmi: recorded only.
 
     def patch_system(self, body: Json) -> None:
@@ -560,6 +650,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if delay > 0:
                     time.sleep(delay)
             with self.bmc.lock:
+                self.bmc.refresh()
                 status, body, headers = self._dispatch(method, path)
         except RedfishError as err:
             extra = (
@@ -649,20 +740,46 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("DELETE")
 
 
+def vm_from_config(entry: Json) -> Vm:
+    """A :class:`Vm` from a BMC entry's ``vm`` object (paths as strings)."""
+    return Vm(
+        VmSpec(
+            name=str(entry["name"]),
+            mac=str(entry["mac"]),
+            boot_url=str(entry["boot_url"]),
+            console_log=Path(entry["console_log"]),
+            state_dir=Path(entry["state_dir"]),
+            memory_mib=int(entry.get("memory_mib", 1536)),
+            serial=str(entry.get("serial", "")),
+            forwards=tuple(Forward(int(h), int(g)) for h, g in entry.get("forwards", [])),
+            guest_ports=tuple(int(p) for p in entry.get("guest_ports", [])),
+            **({"accel": str(entry["accel"])} if entry.get("accel") else {}),
+        )
+    )
+
+
 def serve(config: Json) -> list[ThreadingHTTPServer]:
     """Start one HTTP server thread per BMC in ``config``; return the servers."""
     servers: list[ThreadingHTTPServer] = []
     for bmc in config["bmcs"]:
         server = ThreadingHTTPServer(("127.0.0.1", int(bmc["port"])), _Handler)
         server.daemon_threads = True
-        server.bmc = BmcState(  # type: ignore[attr-defined]
+        vm = vm_from_config(bmc["vm"]) if bmc.get("vm") else None
+        state = BmcState(
             node=bmc["node"],
             boot_hook=bmc.get("boot_hook"),
             boot_seconds=float(bmc.get("boot_seconds", 0.0)),
             serial=str(bmc.get("serial", "")),
             hostname=str(bmc.get("hostname", "")),
             system_uuid=str(bmc.get("uuid", "")),
+            vm=vm,
+            power_state="Off" if vm is not None else "On",
         )
+        if vm is not None and bmc.get("power_on"):
+            with state.lock:
+                state.boot()
+                state._in_background("power on", vm.power_on)
+        server.bmc = state  # type: ignore[attr-defined]
         server.credentials = (config["user"], config["password"])  # type: ignore[attr-defined]
         threading.Thread(
             target=server.serve_forever, name=f"bmc-{bmc['node']}", daemon=True
@@ -683,9 +800,21 @@ def main(argv: list[str] | None = None) -> None:
     print(f"serving {len(servers)} BMCs", flush=True)
     stop.wait()
     # The BMC state is throwaway and the server threads are daemons: close the
-    # sockets and exit, rather than wait out each server's poll interval.
+    # sockets and exit, rather than wait out each server's poll interval. The
+    # machines are ours: none outlives its BMC.
     for server in servers:
         server.server_close()
+    power_off_all(servers)
+
+
+def power_off_all(servers: list[ThreadingHTTPServer]) -> None:
+    """End every machine the BMCs in ``servers`` started (all at once)."""
+    vms = [s.bmc.vm for s in servers if s.bmc.vm is not None]  # type: ignore[attr-defined]
+    threads = [threading.Thread(target=v.power_off, daemon=True) for v in vms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
 
 
 if __name__ == "__main__":

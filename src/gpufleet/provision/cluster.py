@@ -44,6 +44,9 @@ def boot_config(
     kernel_url: str | None = None,
     initrd_url: str | None = None,
     image_url: str | None = None,
+    agent_wheel_url: str = "",
+    agent_wheel_sha256: str = "",
+    agent_args: str = "",
 ) -> render.BootConfig:
     """A :class:`~gpufleet.provision.render.BootConfig` for the kubeconfig's cluster."""
     endpoint, ca = endpoint_and_ca(kubeconfig)
@@ -55,4 +58,7 @@ def boot_config(
         kernel_url=kernel_url or defaults.kernel_url,
         initrd_url=initrd_url or defaults.initrd_url,
         image_url=image_url or defaults.image_url,
+        agent_wheel_url=agent_wheel_url,
+        agent_wheel_sha256=agent_wheel_sha256,
+        agent_args=agent_args,
     )

@@ -42,6 +42,13 @@ class BootConfig:
     initrd_url: str = "http://boot.example/gpufleet/initrd.img"
     image_url: str = "http://boot.example/gpufleet/rootfs.squashfs"
     kernel_args: str = "console=ttyS0,115200n8"
+    agent_wheel_url: str = ""
+    """Where the node fetches the gpufleet wheel for its agent (the node image has the
+    agent's dependencies, not gpufleet itself); empty: the user-data starts no agent."""
+    agent_wheel_sha256: str = ""
+    agent_args: str = ""
+    """Extra ``gpufleet agent`` arguments, e.g. ``--backend simulated`` on a machine
+    without GPUs."""
 
 
 def ca_hash(ca_pem: bytes) -> str:
@@ -115,6 +122,18 @@ def meta_data(name: str) -> str:
     return _dump({"instance-id": name, "local-hostname": name})
 
 
+def agent_env(config: BootConfig, name: str) -> str:
+    """``/etc/gpufleet/agent.env`` of the node image's agent units: the Node name, the
+    wheel to install, the agent's arguments (systemd EnvironmentFile syntax)."""
+    lines = {
+        "NODE_NAME": name,
+        "GPUFLEET_WHEEL_URL": config.agent_wheel_url,
+        "GPUFLEET_WHEEL_SHA256": config.agent_wheel_sha256,
+        "GPUFLEET_AGENT_ARGS": config.agent_args,
+    }
+    return "".join(f'{k}="{v}"\n' for k, v in lines.items() if v)
+
+
 def user_data(config: BootConfig, name: str, spec: MachineSpec, token: str) -> str:
     """``#cloud-config`` that joins the node with kubeadm using ``token``."""
     labels = node_labels(name, spec)
@@ -139,16 +158,25 @@ def user_data(config: BootConfig, name: str, spec: MachineSpec, token: str) -> s
             ],
         },
     }
+    files = [
+        {
+            "path": "/etc/gpufleet/kubeadm-join.yaml",
+            "permissions": "0600",
+            "content": _dump(join),
+        }
+    ]
+    if config.agent_wheel_url:
+        files.append(
+            {
+                "path": "/etc/gpufleet/agent.env",
+                "permissions": "0644",
+                "content": agent_env(config, name),
+            }
+        )
     doc = {
         "hostname": name,
         "fqdn": name,
-        "write_files": [
-            {
-                "path": "/etc/gpufleet/kubeadm-join.yaml",
-                "permissions": "0600",
-                "content": _dump(join),
-            }
-        ],
+        "write_files": files,
         "runcmd": [["kubeadm", "join", "--config", "/etc/gpufleet/kubeadm-join.yaml"]],
     }
     return "#cloud-config\n" + _dump(doc)

@@ -39,6 +39,12 @@ class ServeOptions:
     kernel_url: str | None = None
     initrd_url: str | None = None
     image_url: str | None = None
+    boot_dir: Path | None = None
+    """Served at ``/boot/<name>`` (kernel, initrd, root image), when given."""
+    agent_wheel_url: str = ""
+    agent_wheel_sha256: str = ""
+    agent_args: str = ""
+    """The node's agent (:func:`gpufleet.provision.render.agent_env`); no URL: none."""
 
 
 def boot_config(options: ServeOptions) -> render.BootConfig:
@@ -54,6 +60,9 @@ def boot_config(options: ServeOptions) -> render.BootConfig:
         kernel_url=options.kernel_url,
         initrd_url=options.initrd_url,
         image_url=options.image_url,
+        agent_wheel_url=options.agent_wheel_url,
+        agent_wheel_sha256=options.agent_wheel_sha256,
+        agent_args=options.agent_args,
     )
 
 
@@ -93,7 +102,7 @@ async def _serve(
         await asyncio.wait_for(index.ready.wait(), 10)
     provisioner = Provisioner(api, boot_config(options), settings, index=index)
     config = uvicorn.Config(
-        service.create_app(provisioner),
+        service.create_app(provisioner, boot_dir=options.boot_dir),
         host=options.host,
         port=options.port,
         log_level="warning",

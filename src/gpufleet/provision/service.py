@@ -8,7 +8,9 @@ Endpoints, all keyed by the booting NIC's MAC:
 - ``GET /cloud-init/{mac}/user-data`` -- the kubeadm join with a fresh
   single-use token; the node authenticates with the header
   ``X-Gpufleet-Enrollment: <secret>`` or ``X-Gpufleet-Serial: <serial>``;
-- ``GET /healthz``, ``GET /metrics``.
+- ``GET /healthz``, ``GET /metrics``;
+- ``GET /boot/<name>`` -- the files of the boot directory (kernel, initrd, root
+  image), when the service is started with one (the local cluster's machines).
 
 An unknown MAC gets a bare 404 (it learns nothing), an Event and a metric.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import PlainTextResponse, Response
@@ -29,8 +32,8 @@ from gpufleet.provision.issuer import Provisioner, Refused
 TEXT = "text/plain; charset=utf-8"
 
 
-def create_app(provisioner: Provisioner) -> FastAPI:
-    """The ASGI app serving ``provisioner``."""
+def create_app(provisioner: Provisioner, *, boot_dir: Path | None = None) -> FastAPI:
+    """The ASGI app serving ``provisioner`` (and ``boot_dir`` at ``/boot``)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -102,6 +105,12 @@ def create_app(provisioner: Provisioner) -> FastAPI:
             return boot.user_data
 
         return await answer("user-data", work, {"Cache-Control": "no-store"})
+
+    if boot_dir is not None:
+        from fastapi.staticfiles import StaticFiles
+
+        # Links to the image cache are followed (the local cluster links its files).
+        app.mount("/boot", StaticFiles(directory=boot_dir, follow_symlink=True), name="boot")
 
     @app.get("/healthz", response_class=PlainTextResponse, include_in_schema=False)
     async def healthz() -> str:

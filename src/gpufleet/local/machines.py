@@ -1,0 +1,224 @@
+"""Real machines in the local cluster: qemu VMs that network-boot and join with kubeadm.
+
+``gpufleet local up --machines N`` (``ClusterSpec(machines=N)``) adds, beside the
+KWOK nodes, N stateless machines (``vm-node-0000`` ...), each with
+
+- a MAC, a serial (``SN-<name>``) and a Redfish BMC of its own that really powers
+  it (:mod:`gpufleet.local.redfish` with a :class:`~gpufleet.local.vm.Vm`);
+- a ``Machine`` object (gpufleet.io) naming that MAC, serial and BMC (its
+  credentials in a Secret in ``gpufleet-system``), expecting the simulated HGX
+  H100 the agent reports on a machine without GPUs;
+- a console log ``logs/machine-<name>.console.log`` (the serial port, appended
+  across power cycles).
+
+The cluster also runs ``gpufleet provision serve`` as its ``provision``
+component: it answers the machines' iPXE, cloud-init and token requests, and
+serves the node image's kernel, initrd and root image from the image cache
+(``/boot/<file>``). The control plane is started ready for ``kubeadm join``
+(:mod:`gpufleet.local.pki`, :mod:`gpufleet.local.joining`).
+
+Start-up ends by pressing each machine's power button through its BMC
+(``ComputerSystem.Reset On``); it does not wait for the machines to join (a
+boot under software emulation takes a minute or more): the lifecycle
+controller, the tests and the demo watch the Nodes for that.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufleet.api import crds
+from gpufleet.api.machine import MachineSpec, manifest
+from gpufleet.api.names import GROUP, VERSION
+from gpufleet.kubeapi.sync import SyncKube
+from gpufleet.local import vm
+from gpufleet.local.processes import ManagedProcess
+
+Json = dict[str, Any]
+SYSTEM_NS = "gpufleet-system"
+"""Where the machines' BMC Secrets are (the controller's namespace in the local cluster)."""
+MACHINE_PREFIX = "vm-node-"
+POOL = "machines"
+GPU_MODEL = "NVIDIA-H100-80GB-HBM3"
+"""What the agent's simulated backend reports (8 GPUs, 8 HCAs)."""
+AGENT_INJECT_PORT = 9401
+"""The agent's fault-injection port inside a machine (the host reaches it by ``hostfwd``)."""
+MACHINES = f"/apis/{GROUP}/{VERSION}/machines"
+BOOT_FILES = {"kernel": "vmlinuz", "initrd": "initrd.img", "image": "rootfs.squashfs"}
+"""The node image's files in its cache directory (``gpufleet local image build``)."""
+
+
+def boot_dir(explicit: Path | None) -> Path:
+    """The node image the machines boot: ``explicit``, ``$GPUFLEET_NODE_IMAGE``, or the
+    newest complete entry of the node image cache. Fails naming what is missing."""
+    import os
+
+    from gpufleet.local.processes import ComponentError
+
+    if explicit is None and os.environ.get("GPUFLEET_NODE_IMAGE"):
+        explicit = Path(os.environ["GPUFLEET_NODE_IMAGE"])
+    if explicit is None:
+        cache = Path(os.environ.get("GPUFLEET_CACHE", Path.home() / ".cache" / "gpufleet"))
+        complete = [
+            d
+            for d in (cache / "node-image").glob("*")
+            if d.is_dir() and all((d / f).is_file() for f in BOOT_FILES.values())
+        ]
+        if not complete:
+            raise ComponentError(
+                "machines",
+                None,
+                f"no node image in {cache / 'node-image'}: build it with "
+                "`gpufleet local image build` (minutes; cached afterwards)",
+            )
+        return max(complete, key=lambda d: d.stat().st_mtime)
+    missing = [f for f in BOOT_FILES.values() if not (explicit / f).is_file()]
+    if missing:
+        raise ComponentError(
+            "machines", None, f"node image {explicit}: missing {', '.join(missing)}"
+        )
+    return explicit
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """One real machine of a running local cluster."""
+
+    name: str
+    mac: str
+    serial: str
+    console_log: str
+    """The machine's serial console (its screen), appended across power cycles."""
+    inject_url: str
+    """The agent's fault-injection API inside the machine, from the host."""
+    memory_mib: int
+
+    @property
+    def console(self) -> Path:
+        return Path(self.console_log)
+
+
+def names(count: int) -> list[str]:
+    return [f"{MACHINE_PREFIX}{i:04d}" for i in range(count)]
+
+
+def mac_of(index: int) -> str:
+    """A locally administered MAC per machine (qemu's 52:54:00 prefix)."""
+    return f"52:54:00:67:{index // 256:02x}:{index % 256:02x}"
+
+
+def console_log(logs: Path, name: str) -> Path:
+    return logs / f"machine-{name}.console.log"
+
+
+def boot_url(provision_port: int, mac: str) -> str:
+    """What the machine's iPXE chains to (qemu's DHCP hands it over as the boot file)."""
+    return f"http://{vm.CLUSTER_ADDRESS}:{provision_port}/ipxe?mac={mac}"
+
+
+def vm_entry(
+    *,
+    name: str,
+    mac: str,
+    run_dir: Path,
+    provision_port: int,
+    apiserver_port: int,
+    inject_port: int,
+    memory_mib: int,
+) -> Json:
+    """The ``vm`` object of the machine's BMC entry in the Redfish emulator's config."""
+    return {
+        "name": name,
+        "mac": mac,
+        "serial": f"SN-{name}",
+        "boot_url": boot_url(provision_port, mac),
+        "console_log": str(console_log(run_dir / "logs", name)),
+        "state_dir": str(run_dir / "machines"),
+        "memory_mib": memory_mib,
+        "guest_ports": [provision_port, apiserver_port],
+        "forwards": [[inject_port, AGENT_INJECT_PORT]],
+    }
+
+
+def install_crds(api: SyncKube) -> None:
+    """The gpufleet CRDs and the system namespace (kept when present)."""
+    for body in crds.manifests().values():
+        api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body)
+    api.create(
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NS}},
+    )
+
+
+def machines_established(api: SyncKube) -> bool:
+    """The Machine CRD is served (objects can be created)."""
+    crd = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/machines.{GROUP}")
+    return any(
+        c.get("type") == "Established" and c.get("status") == "True"
+        for c in (crd.get("status") or {}).get("conditions") or []
+    )
+
+
+def register(api: SyncKube, name: str, mac: str, bmc_url: str, user: str, password: str) -> None:
+    """The machine's BMC Secret and its Machine (kept when present)."""
+    secret = f"bmc-{name}"
+    data = {
+        k: base64.b64encode(v.encode()).decode()
+        for k, v in {"endpoint": bmc_url, "username": user, "password": password}.items()
+    }
+    api.create(
+        f"/api/v1/namespaces/{SYSTEM_NS}/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret}, "data": data},
+    )
+    spec = MachineSpec.model_validate(
+        {
+            "macs": [mac],
+            "serial": f"SN-{name}",
+            "bmc": {"endpoint": bmc_url, "credentialsSecret": f"{SYSTEM_NS}/{secret}"},
+            "pool": POOL,
+            "hardware": {"gpuModel": GPU_MODEL, "gpuCount": 8, "hcaCount": 8},
+        }
+    )
+    api.create(MACHINES, manifest(name, spec))
+
+
+def provision_service(
+    *,
+    run_dir: Path,
+    kubeconfig: Path,
+    port: int,
+    apiserver_port: int,
+    boot_dir: Path,
+    files: dict[str, str],
+    token_ttl_s: float,
+) -> ManagedProcess:
+    """``gpufleet provision serve`` for the machines: on 127.0.0.1, reached by them at
+    :data:`~gpufleet.local.vm.CLUSTER_ADDRESS`, serving ``boot_dir`` at ``/boot``.
+    ``files`` maps ``kernel``, ``initrd`` and ``image`` to file names in ``boot_dir``."""
+    public = f"http://{vm.CLUSTER_ADDRESS}:{port}"
+    return ManagedProcess(
+        "provision",
+        [
+            sys.executable,
+            "-m",
+            "gpufleet.cli.main",
+            "provision",
+            "serve",
+            f"--kubeconfig={kubeconfig}",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            f"--public-url={public}",
+            f"--apiserver={vm.CLUSTER_ADDRESS}:{apiserver_port}",
+            f"--boot-dir={boot_dir}",
+            f"--kernel-url={public}/boot/{files['kernel']}",
+            f"--initrd-url={public}/boot/{files['initrd']}",
+            f"--image-url={public}/boot/{files['image']}",
+            f"--token-ttl={token_ttl_s:g}",
+        ],
+        run_dir / "logs" / "provision.log",
+        cwd=run_dir,
+    )
