@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpufleet.cli.errors import fail
+from gpufleet.cli.output import Format, JsonOpt, OutputOpt, chosen, emit
 from gpufleet.cli.policy_cmd import read_policy
 from gpufleet.domain.policy import Policy, PolicyError, default_policy
 from gpufleet.sim import RunResult, simulate, summarize
@@ -43,7 +44,8 @@ def sim(
     runs: Annotated[
         int, typer.Option(min=1, help="Runs (seeds seed..seed+runs-1); mean and 95% CI.")
     ] = 1,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonOpt = False,
+    output: OutputOpt = Format.TABLE,
     plot: Annotated[
         Path | None, typer.Option(help="Write a PNG report (timeline and loss waterfall).")
     ] = None,
@@ -55,21 +57,22 @@ def sim(
     the policy (the same file the controller uses) are YAML files; without them the
     built-in defaults are used (docs/simulator.md).
 
+    -o wide adds each run's ETTR; -o json and -o yaml print every figure (--json is -o json).
+
     Example:
 
-        gpufleet sim --gpus 3504 --days 30 --seed 1 --json
+        gpufleet sim --gpus 3504 --days 30 --seed 1 -o json
 
         gpufleet sim --gpus 16384 --days 54 --runs 10 --policy my-policy.yaml --plot out.png
     """
+    fmt = chosen(output, as_json)
     try:
         pol = _read_policy(policy)
         mod = _read_model(model)
-    except (PolicyError, ModelError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    except OSError as exc:
-        typer.echo(f"error: cannot read {exc.filename}: {exc.strerror}", err=True)
-        raise typer.Exit(2) from None
+    except PolicyError as exc:
+        fail(str(exc), hint=f"check it with: gpufleet policy validate {policy}")
+    except ModelError as exc:
+        fail(str(exc), hint="the model's fields are in docs/simulator.md")
 
     err = Console(stderr=True)
     results: list[RunResult] = []
@@ -103,42 +106,41 @@ def sim(
 
         write_report(plot, results)
 
-    if as_json:
-        out = (
-            results[0].to_dict()
-            if runs == 1
-            else {
-                "summary": summarize(results),
-                "runs": [r.to_dict() for r in results],
-            }
-        )
-        typer.echo(json.dumps(out, indent=2))
-        return
-    _print(results)
+    data = (
+        results[0].to_dict()
+        if runs == 1
+        else {"summary": summarize(results), "runs": [r.to_dict() for r in results]}
+    )
+    emit(fmt, data, lambda wide: _draw(results, wide))
 
 
-def _print(results: list[RunResult]) -> None:
-    con = Console()
+def _draw(results: list[RunResult], wide: bool) -> list[RenderableType]:
     first = results[0]
     ettr = Estimate.of([r.ettr for r in results])
     ci = f" (95% CI {ettr.low * 100:.2f}-{ettr.high * 100:.2f}%)" if len(results) > 1 else ""
-    con.print(
+    out: list[RenderableType] = [
         f"{first.gpus} GPUs ({first.job_nodes} nodes + {first.spare_nodes} spare), "
         f"{first.days:g} days, {len(results)} run(s); checkpoint every "
-        f"{first.checkpoint_interval_seconds / 60:.1f} min"
-    )
-    con.print(f"[bold]ETTR {ettr.mean * 100:.2f}%[/bold]{ci}")
+        f"{first.checkpoint_interval_seconds / 60:.1f} min",
+        f"[bold]ETTR {ettr.mean * 100:.2f}%[/bold]{ci}",
+    ]
     table = Table("where the time went", "% of wall time", "hours")
     for k in BUCKETS:
         frac = sum(r.fractions()[k] for r in results) / len(results)
         hours = sum(r.buckets[k] for r in results) / len(results) / 3600.0
         table.add_row(k, f"{frac * 100:.2f}", f"{hours:.1f}")
-    con.print(table)
+    out.append(table)
     inter = Table("job interruptions (run 1)", "count")
     for name, n in first.interruptions.items():
         inter.add_row(name, str(n))
-    con.print(inter)
-    con.print(
+    out.append(inter)
+    if wide and len(results) > 1:
+        per_run = Table("run", "seed", "ETTR %")
+        for i, r in enumerate(results, 1):
+            per_run.add_row(str(i), str(r.seed), f"{r.ettr * 100:.2f}")
+        out.append(per_run)
+    out.append(
         f"decisions {first.decisions}, held by safety rails {first.held}, "
         f"actions by people {first.human_actions}"
     )
+    return out
