@@ -12,6 +12,7 @@ from gpufleet.domain import well_known, xids
 from gpufleet.domain.faults import FAULTS, Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import LadderStep, Policy, Response, Rule, Scope
+from gpufleet.domain.slurm_reasons import Verdict
 
 _FIRST_TEXT = {
     Response.IGNORE: "ignored: nothing is recorded or done",
@@ -159,3 +160,53 @@ def _safety(policy: Policy) -> list[str]:
         f"{s.rate_limit.window_seconds:g}s",
         f"dryRun: {str(policy.dry_run).lower()}, paused: {str(policy.paused).lower()}",
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmReasonExplanation:
+    """What the policy makes of a drain reason someone else set in Slurm."""
+
+    reason: str
+    verdict: str
+    source: str
+    """Which pattern (or ``slurm.unmatched``) decided."""
+    outcome: str
+    """What gpufleet does, in words."""
+    note: str = ""
+    fault: Explanation | None = None
+    """For a hardware verdict: how the ``slurm-drain`` fault is handled."""
+
+
+_VERDICT_TEXT = {
+    Verdict.HARDWARE: (
+        "a hardware fault: the Slurm syncer raises {condition} on the Node; the lifecycle "
+        "controller handles fault slurm-drain like any other (budget, ladder), takes the "
+        "drain over once it has taken the node out, and returns the node to Slurm only "
+        "after verification passes"
+    ),
+    Verdict.JOB: (
+        "a job or user problem: nothing is done to the node; the drain stays its owner's "
+        "and is reported (condition {slurm})"
+    ),
+    Verdict.ADMIN: (
+        "an administrative hold: never touched or cleared by gpufleet; reported (condition {slurm})"
+    ),
+}
+
+
+def explain_slurm_reason(policy: Policy, reason: str) -> SlurmReasonExplanation:
+    """Explain the verdict on one foreign Slurm drain reason under ``policy``."""
+    found = policy.slurm.classify(reason)
+    condition = well_known.CONDITIONS[FAULTS[FaultKind.SLURM_DRAIN].subsystem]
+    outcome = _VERDICT_TEXT[found.verdict].format(
+        condition=condition, slurm=well_known.CONDITION_SLURM
+    )
+    hardware = found.verdict is Verdict.HARDWARE
+    return SlurmReasonExplanation(
+        reason=found.reason,
+        verdict=found.verdict.value,
+        source=found.source,
+        outcome=outcome,
+        note=found.pattern.note if found.pattern is not None else "",
+        fault=explain(policy, fault=FaultKind.SLURM_DRAIN) if hardware else None,
+    )

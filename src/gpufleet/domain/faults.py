@@ -42,6 +42,7 @@ class FaultKind(StrEnum):
     SDC_MISMATCH = "sdc-mismatch"
     STRAGGLER = "straggler"
     DCGM_DIAG_FAILED = "dcgm-diag-failed"
+    SLURM_DRAIN = "slurm-drain"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,12 @@ _INFO = (
         "the node is consistently slower than its peers in the same job",
     ),
     FaultInfo(FaultKind.DCGM_DIAG_FAILED, Subsystem.GPU, "a DCGM diagnostic test failed"),
+    FaultInfo(
+        FaultKind.SLURM_DRAIN,
+        Subsystem.SLURM,
+        "Slurm drained the node for a reason the policy's slurm.reasons call hardware "
+        "(LBNL NHC, a gpufleet health check, a failed prolog or epilog, Kill task failed)",
+    ),
 )
 
 FAULTS: Mapping[FaultKind, FaultInfo] = MappingProxyType({i.kind: i for i in _INFO})

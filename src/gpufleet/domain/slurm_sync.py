@@ -22,6 +22,17 @@ state, flags, drain reason). :func:`sync_node` turns the pair into one
    If someone resumes a node early, the next pass drains it again. A foreign
    drain already holds the node out, so it is kept as it is (its owner's
    reason stays visible).
+4. **Foreign hardware drains join the repair loop.** The policy's
+   ``slurm.reasons`` judge a foreign drain's reason (:mod:`slurm_reasons`):
+   a hardware verdict is reported as fault ``slurm-drain`` (condition
+   ``SlurmHealthProblem``, :func:`health_report`) and the lifecycle controller
+   decides it like any fault. Once the controller has taken the node out, the
+   syncer takes that drain over (its reason becomes ``gpufleet: ...``), so the
+   node goes back to Slurm only when the controller returns it to production,
+   after verification: whoever drained it. A ``job`` or ``admin`` verdict
+   changes nothing: such drains are never taken over or cleared. A drain set
+   by gpufleet's own node-side health check (``gpufleet: health ...``) is not
+   the syncer's: it is judged like a foreign one.
 
 Pure: no I/O, no clock. The preemption choice (:func:`choose_lendable`) is
 here for the same reason: the simulator and the tests can run it without a
@@ -36,6 +47,7 @@ from enum import StrEnum
 
 from gpufleet.domain import well_known
 from gpufleet.domain.policy import RequeueMode
+from gpufleet.domain.slurm_reasons import SlurmReasons, Verdict, is_health_check_reason
 from gpufleet.domain.states import NodeState
 
 LENT_REASON = "lent to kubernetes"
@@ -50,6 +62,9 @@ restarted, or the node was never registered): nothing is decided on them."""
 
 DOWN_FLAGS = frozenset({"NOT_RESPONDING", "FAIL"})
 """Flags that, like base state ``down``, mean Slurm holds the node out by itself."""
+
+DEFAULT_REASONS = SlurmReasons()
+"""The built-in judgement of foreign drain reasons (the default policy's ``slurm``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +120,12 @@ class SlurmView:
 
     @property
     def ours(self) -> bool:
-        """Drained by gpufleet."""
-        return self.drained and well_known.is_owned_slurm_reason(self.reason)
+        """Drained by the syncer (a ``gpufleet: health ...`` drain set on the node is not)."""
+        return (
+            self.drained
+            and well_known.is_owned_slurm_reason(self.reason)
+            and not is_health_check_reason(self.reason)
+        )
 
     @property
     def label(self) -> str:
@@ -180,7 +199,45 @@ def foreign_hold(slurm: SlurmView) -> ForeignHold | None:
     return None
 
 
-def sync_node(kube: KubeView | None, slurm: SlurmView | None) -> SyncDecision:
+def hardware_reason(slurm: SlurmView, reasons: SlurmReasons = DEFAULT_REASONS) -> str | None:
+    """The reason of a foreign drain or DOWN the policy calls hardware, or None.
+
+    Only Slurm's own words count: a bare NOT_RESPONDING flag (no reason, the
+    node is only late for a ping) is never a fault; a DOWN with ``Not
+    responding`` (SlurmdTimeout passed) is judged like any reason.
+    """
+    held = (slurm.drained and not slurm.ours) or (slurm.down and not slurm.drained)
+    if not held or not slurm.reason:
+        return None
+    if reasons.classify(slurm.reason).verdict is not Verdict.HARDWARE:
+        return None
+    return slurm.reason
+
+
+def health_report(
+    slurm: SlurmView, reported: bool, reasons: SlurmReasons = DEFAULT_REASONS
+) -> str | bool | None:
+    """What the ``SlurmHealthProblem`` condition should say, given what it says now.
+
+    Returns the hardware reason to report (a new or changed report), True to
+    keep the current report as it is, or None for no problem. ``reported``:
+    the condition is True now. A report stays while the node is drained by
+    the syncer (it took the hardware drain over) and ends when Slurm no longer
+    holds the node for a hardware reason.
+    """
+    found = hardware_reason(slurm, reasons)
+    if found is not None:
+        return found
+    if reported and slurm.ours:
+        return True
+    return None
+
+
+def sync_node(
+    kube: KubeView | None,
+    slurm: SlurmView | None,
+    reasons: SlurmReasons = DEFAULT_REASONS,
+) -> SyncDecision:
     """The one decision for a node; see the module docstring for the rules."""
     if slurm is None or not slurm.known:
         return SyncDecision(Verb.NOTHING, "slurm view unknown", report_known=False)
@@ -191,6 +248,9 @@ def sync_node(kube: KubeView | None, slurm: SlurmView | None) -> SyncDecision:
     if want is not None:
         reason = owned_reason(want)
         if slurm.drained and not slurm.ours:
+            if kube.managed and hardware_reason(slurm, reasons) is not None:
+                why = f"take over the hardware drain {slurm.reason!r} until verified"
+                return SyncDecision(Verb.DRAIN, why, drain_reason=reason, foreign=foreign)
             return SyncDecision(Verb.NOTHING, "held out by a foreign drain", foreign=foreign)
         if slurm.ours and slurm.reason == reason:
             return SyncDecision(Verb.NOTHING, "already drained by us", foreign=foreign)

@@ -91,7 +91,8 @@ class FaultSpec:
             raise InjectionError(f"{key}={raw!r} is not a whole number") from None
 
 
-KINDS = tuple(k.value for k in FaultKind) + EXTRA_FAULTS
+KINDS = tuple(k.value for k in FaultKind if k is not FaultKind.SLURM_DRAIN) + EXTRA_FAULTS
+"""Every fault kind the agent can observe (``slurm-drain`` is Slurm's, not the hardware's)."""
 
 
 def parse_spec(text: str) -> FaultSpec:

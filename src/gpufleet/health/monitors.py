@@ -23,6 +23,7 @@ from pathlib import Path
 from gpufleet.domain.debounce import Observation
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.profiles import SkuProfile
+from gpufleet.domain.subsystems import AGENT_SUBSYSTEMS
 from gpufleet.health import kmsg, nvml_values, sysfs
 from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
 
@@ -126,7 +127,7 @@ class PassiveMonitors:
     def poll(self, now: float) -> Snapshot:
         """Read every source once."""
         obs: dict[Subsystem, tuple[list[FaultEvent], list[FaultEvent]]] = {
-            s: ([], []) for s in Subsystem
+            s: ([], []) for s in AGENT_SUBSYSTEMS
         }
         unreadable: dict[Subsystem, str] = {}
         snap = Snapshot(now, {})

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.domain import conditions as node_conditions
 from gpufleet.domain import records, slurm_sync, well_known
+from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.states import NodeState
 
 HELD = "held"
@@ -72,7 +74,9 @@ def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:
     """The syncer's view of a Node; None for a missing Node (unknown)."""
     if node is None:
         return None
-    problem_types = set(well_known.CONDITIONS.values())
+    # The syncer's own report (SlurmHealthProblem) is for the lifecycle controller;
+    # counted here it would hold the node out by itself, with no controller to verify it.
+    problem_types = set(well_known.CONDITIONS.values()) - {HEALTH_CONDITION}
     problems = tuple(
         sorted(
             (str(c["type"]), str(c.get("reason") or ""))
@@ -94,6 +98,49 @@ def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:
 
 
 # -- patches --------------------------------------------------------------------
+
+HEALTH_CONDITION = well_known.CONDITIONS[Subsystem.SLURM]
+"""``SlurmHealthProblem``: a foreign drain the policy calls hardware (fault ``slurm-drain``)."""
+
+
+def health_reported(node: Mapping[str, Any]) -> str | None:
+    """The human part of the Node's ``SlurmHealthProblem`` condition when it is True."""
+    for c in conditions(node):
+        if c.get("type") == HEALTH_CONDITION and c.get("status") == "True":
+            return health_text(str(c.get("message") or ""))
+    return None
+
+
+def health_text(message: str) -> str:
+    """The human part of a problem condition's message (before its evidence JSON)."""
+    return message.partition(" | evidence: ")[0]
+
+
+def health_report(node_name: str, reason: str | None, at: float) -> node_conditions.ConditionReport:
+    """The ``SlurmHealthProblem`` condition for a hardware reason (None: no problem).
+
+    It carries one ``slurm-drain`` occurrence at ``at`` in the agent's format, so
+    the lifecycle controller reads it like any problem condition.
+    """
+    if reason is None:
+        return node_conditions.healthy(Subsystem.SLURM)
+    fault = FaultEvent(
+        FaultKind.SLURM_DRAIN, node_name, at=at, evidence=Evidence(message=f"Slurm: {reason}")
+    )
+    return node_conditions.problem(Subsystem.SLURM, [fault])
+
+
+def condition_patch(report: node_conditions.ConditionReport, now_iso: str) -> dict[str, Any]:
+    """A status patch that sets one Node condition (merged by type)."""
+    condition = {
+        "type": report.type,
+        "status": report.status,
+        "reason": report.reason,
+        "message": report.message,
+        "lastTransitionTime": now_iso,
+        "lastHeartbeatTime": now_iso,
+    }
+    return {"status": {"conditions": [condition]}}
 
 
 def report_text(hold: slurm_sync.ForeignHold | None) -> str | None:

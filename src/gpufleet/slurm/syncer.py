@@ -23,7 +23,9 @@ One reconcile of one node (:meth:`Syncer.reconcile`), in order:
    (``/node/{name}``, one scontrol); fifty faults at once cost two reads and a few
    scontrol calls instead of fifty of each;
 3. report foreign drains / DOWN on the Node (condition ``SlurmUnavailable``,
-   annotation ``gpufleet.io/slurm-state``), only when it changed;
+   annotation ``gpufleet.io/slurm-state``), only when it changed; a foreign
+   drain the policy's ``slurm.reasons`` call hardware also as fault
+   ``slurm-drain`` (condition ``SlurmHealthProblem``), for the lifecycle controller;
 4. keep our taint (``held`` / ``lent``) on the Node;
 5. requeue the running jobs of a node we drained, when its requeue mode is
    ``now``; report jobs that cannot be requeued (never cancel them).
@@ -49,6 +51,7 @@ from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import emptiness, slurm_sync, well_known
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.policy import RequeueMode
+from gpufleet.domain.slurm_reasons import SlurmReasons
 from gpufleet.kubeapi import NODES, ApiError, KubePort, Patch
 from gpufleet.slurm import nodes as kn
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
@@ -90,6 +93,10 @@ class SyncSettings:
     """How often the Slurm report on a node Kubernetes wants out
     (``gpufleet.io/slurm-work``) is rewritten while nothing in it changes: the
     lifecycle controller takes a report that stops changing as Slurm's silence."""
+    reasons: SlurmReasons = field(default_factory=SlurmReasons)
+    """How drain reasons set by others are judged (the policy's ``slurm`` section):
+    a hardware verdict is reported as fault ``slurm-drain`` and taken over once the
+    lifecycle controller has taken the node out."""
 
 
 @dataclass
@@ -222,12 +229,14 @@ class Syncer:
     async def _reconcile(self, name: str, seen: float | None) -> None:
         assert self.slurm is not None
         kube = self.kube_view(name)
-        decision = slurm_sync.sync_node(kube, self.slurm.get(name))
+        decision = slurm_sync.sync_node(kube, self.slurm.get(name), self.settings.reasons)
         view = self.slurm.get(name)
         if decision.verb is not slurm_sync.Verb.NOTHING:
             decision, view = await self._write(name, kube, seen)
         if decision.report_known:
             await self._report(name, self._settled(name, decision.foreign))
+            if view is not None and view.known:
+                await self._report_health(name, view)
         if kube is not None and view is not None and view.known and self.jobs is not None:
             await self._report_work(name, kube, view)
         await self._keep_taint(name)
@@ -286,7 +295,7 @@ class Syncer:
         groups: dict[tuple[slurm_sync.Verb, str | None], list[str]] = {}
         decisions: dict[str, slurm_sync.SyncDecision] = {}
         for name in names:
-            d = slurm_sync.sync_node(batch[name].kube, fresh[name])
+            d = slurm_sync.sync_node(batch[name].kube, fresh[name], self.settings.reasons)
             decisions[name] = d
             if d.verb is slurm_sync.Verb.NOTHING:
                 _resolve(batch[name], d, fresh[name])
@@ -390,6 +399,36 @@ class Syncer:
             well_known.ANNOTATION_SLURM_STATE
         ] = kn.report_text(hold)
         log.info("node=%s slurm hold reported: %s", name, kn.report_text(hold) or "none")
+
+    async def _report_health(self, name: str, view: slurm_sync.SlurmView) -> None:
+        """Raise, keep or clear ``SlurmHealthProblem`` (fault ``slurm-drain``) on the Node.
+
+        Written only when what it says changes, so its occurrence keeps the time it
+        was first seen (the lifecycle controller counts each occurrence once).
+        """
+        node = self.nodes.get(name)
+        if node is None or self.settings.dry_run:
+            return
+        current = kn.health_reported(node)
+        want = slurm_sync.health_report(view, current is not None, self.settings.reasons)
+        if want is True:
+            return
+        if want is None or want is False:
+            if current is None:
+                return
+            report = kn.health_report(name, None, 0.0)
+        else:
+            report = kn.health_report(name, want, self.clock.now())
+            if current == kn.health_text(report.message):
+                return
+        patch = kn.condition_patch(report, rfc3339(self.clock.now()))
+        await self.patch_node(name, patch, status=True)
+        kept = [c for c in kn.conditions(node) if c.get("type") != report.type]
+        node.setdefault("status", {})["conditions"] = [*kept, *patch["status"]["conditions"]]
+        if report.status == "True":
+            log.warning("node=%s slurm drained it for hardware: %s", name, want)
+        else:
+            log.info("node=%s slurm hardware hold over: %s cleared", name, report.type)
 
     async def _report_work(
         self, name: str, kube: slurm_sync.KubeView, view: slurm_sync.SlurmView
