@@ -55,12 +55,25 @@ def reason_of(fault: FaultEvent) -> str:
     return "".join(part.capitalize() for part in fault.kind.value.split("-"))
 
 
+_EVIDENCE_FIELDS = (
+    "gpu_index",
+    "pci_bus_id",
+    "hca",
+    "port",
+    "recovery_action",
+    "gpu_instance",
+    "compute_instance",
+    "switch",
+)
+"""Evidence fields an occurrence carries (besides counters and message)."""
+
+
 def _occurrence(f: FaultEvent) -> dict[str, Any]:
     e = f.evidence
     data: dict[str, Any] = {"kind": f.kind.value, "at": f.at}
     if f.xid is not None:
         data["xid"] = f.xid
-    for name in ("gpu_index", "pci_bus_id", "hca", "port", "recovery_action"):
+    for name in _EVIDENCE_FIELDS:
         value = getattr(e, name)
         if value is not None:
             data[name] = value
@@ -146,6 +159,9 @@ def _fault_from(node: str, item: object) -> FaultEvent | None:
             counters=counters,
             message=str(item.get("message", "")),
             recovery_action=_opt_str(item.get("recovery_action")),
+            gpu_instance=_opt_int(item.get("gpu_instance")),
+            compute_instance=_opt_int(item.get("compute_instance")),
+            switch=_opt_str(item.get("switch")),
         )
         return FaultEvent(kind, node, at=at, xid=xid, evidence=evidence)
     except (KeyError, TypeError, ValueError):
@@ -154,6 +170,10 @@ def _fault_from(node: str, item: object) -> FaultEvent | None:
 
 def _opt_str(value: object) -> str | None:
     return None if value is None else str(value)
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else int(str(value))
 
 
 # ------------------------------------------------------------ agent requests

@@ -42,7 +42,8 @@ class FaultKind(StrEnum):
     SDC_MISMATCH = "sdc-mismatch"
     STRAGGLER = "straggler"
     DCGM_DIAG_FAILED = "dcgm-diag-failed"
-    SLURM_DRAIN = "slurm-drain"
+    NVSWITCH_FATAL = "nvswitch-fatal"
+    NVSWITCH_NONFATAL = "nvswitch-nonfatal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +143,15 @@ _INFO = (
     ),
     FaultInfo(FaultKind.DCGM_DIAG_FAILED, Subsystem.GPU, "a DCGM diagnostic test failed"),
     FaultInfo(
-        FaultKind.SLURM_DRAIN,
-        Subsystem.SLURM,
-        "Slurm drained the node for a reason the policy's slurm.reasons call hardware "
-        "(LBNL NHC, a gpufleet health check, a failed prolog or epilog, Kill task failed)",
+        FaultKind.NVSWITCH_FATAL,
+        Subsystem.NVSWITCH,
+        "the NVSwitch driver logged a fatal SXid: NVLink traffic through the switch stalls "
+        "until the GPUs and switches are reset",
+    ),
+    FaultInfo(
+        FaultKind.NVSWITCH_NONFATAL,
+        Subsystem.NVSWITCH,
+        "the NVSwitch driver logged a non-fatal SXid (corrected or contained)",
     ),
 )
 
@@ -170,11 +176,21 @@ class Evidence:
     recovery_action: str | None = None
     """For XID 154: the action the driver asks for (``gpu-reset``,
     ``node-reboot``, ``drain-and-reset``, ``drain-p2p``)."""
+    gpu_instance: int | None = None
+    """MIG: the GPU instance the driver attributed the error to (``GPU-I``); the
+    physical GPU is ``gpu_index``, which remediation acts on."""
+    compute_instance: int | None = None
+    """MIG: the compute instance inside ``gpu_instance`` (``GPU-CI``)."""
+    switch: str | None = None
+    """An NVSwitch, as the driver names it (``nvidia-nvswitch3``)."""
 
     def scope(self) -> str:
-        """A stable id of the component involved, used to count repeats."""
+        """A stable id of the component involved, used to count repeats (MIG
+        instances count on their physical GPU: the GPU is what gets reset)."""
         if self.gpu_index is not None:
             return f"gpu{self.gpu_index}"
+        if self.switch is not None:
+            return self.switch
         if self.hca is not None:
             return f"{self.hca}/{self.port if self.port is not None else '*'}"
         return "node"
@@ -184,6 +200,13 @@ class Evidence:
         parts: list[str] = []
         if self.gpu_index is not None:
             parts.append(f"GPU {self.gpu_index}")
+        if self.gpu_instance is not None:
+            mig = f"MIG GPU instance {self.gpu_instance}"
+            if self.compute_instance is not None:
+                mig += f" compute instance {self.compute_instance}"
+            parts.append(mig)
+        if self.switch is not None:
+            parts.append(f"NVSwitch {self.switch}")
         if self.pci_bus_id:
             parts.append(f"PCI {self.pci_bus_id}")
         if self.hca is not None:
@@ -209,6 +232,8 @@ class FaultEvent:
     def __post_init__(self) -> None:
         if (self.kind is FaultKind.XID) != (self.xid is not None):
             raise ValueError("an XID number is required for kind 'xid' and only for it")
+        if self.xid is not None and self.xid <= 0:
+            raise ValueError(f"XID numbers are positive, not {self.xid}")
 
     @property
     def key(self) -> str:

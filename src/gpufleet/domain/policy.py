@@ -22,10 +22,9 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpufleet.domain import xids, yamldoc
+from gpufleet.domain import nvlink5, xids, yamldoc
 from gpufleet.domain.faults import FaultEvent, FaultKind, fault_key
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step
-from gpufleet.domain.slurm_reasons import SlurmReasons
 from gpufleet.domain.stragglers import StragglerRule
 
 
@@ -121,7 +120,9 @@ class Match(_Model):
     """Which faults a rule applies to: a fault kind, or an XID number."""
 
     fault: FaultKind | None = None
-    xid: int | None = None
+    xid: int | None = Field(default=None, gt=0, le=xids.MAX_XID)
+    """Any positive XID: NVIDIA adds XIDs with new drivers, and a policy may name
+    one before gpufleet's catalogue does (:meth:`Policy.warnings` says which)."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:
@@ -129,9 +130,6 @@ class Match(_Model):
             raise ValueError("give exactly one of 'fault' or 'xid'")
         if self.fault is FaultKind.XID:
             raise ValueError("match XIDs with 'xid: <number>', not 'fault: xid'")
-        if self.xid is not None and self.xid not in xids.XIDS:
-            known = ", ".join(str(x) for x in sorted(xids.XIDS))
-            raise ValueError(f"unknown XID {self.xid}; the catalogue has {known}")
         return self
 
     @property
@@ -308,8 +306,6 @@ class Policy(_Model):
     drain: Drain = Drain()
     checks: Checks = Checks()
     detection: Detection = Detection()
-    slurm: SlurmReasons = SlurmReasons()
-    """How drain reasons set by others in Slurm are judged (domain.slurm_reasons)."""
 
     _rules: dict[str, Rule] = PrivateAttr(default_factory=dict)
     _ladder: dict[Step, int] = PrivateAttr(default_factory=dict)
@@ -346,13 +342,27 @@ class Policy(_Model):
         self._ladder = {entry.step: i for i, entry in enumerate(self.ladder)}
 
     def rule_for(self, fault: FaultEvent) -> Rule:
-        """The rule that applies to a fault (catalogue defaults for other XIDs)."""
+        """The rule that applies to a fault (catalogue defaults for other XIDs;
+        for XIDs 144-150 the default follows the decoded message)."""
         rule = self._rules.get(fault.key)
         if rule is not None:
             return rule
         if fault.xid is not None:
+            found = nvlink5.bucket(fault.xid, fault.evidence.message)
+            if found is not None:
+                return _nvlink5_rule(fault.xid, found)
             return _catalogue_rule(fault.xid, self.unknown_xid)
         raise KeyError(f"no rule for {fault.key}")  # unreachable: validated above
+
+    def warnings(self) -> list[str]:
+        """What is valid but worth a second look: rules for XIDs that gpufleet's
+        catalogue does not know (typos, or XIDs newer than this release)."""
+        return [
+            f"rules[{i}]: XID {rule.match.xid} is not in gpufleet's catalogue; "
+            "the rule applies as written"
+            for i, rule in enumerate(self.rules)
+            if rule.match.xid is not None and rule.match.xid not in xids.XIDS
+        ]
 
     def ladder_entry(self, step: Step) -> LadderStep | None:
         """The ladder rung for a step, if the ladder has one."""
@@ -441,6 +451,29 @@ def _catalogue_rule(xid: int, unknown: Response) -> Rule:
         drain=None,
         requeue=RequeueMode.NOW,
         note=f"catalogue default ({info.nvidia_action})",
+    )
+
+
+_NVLINK5_RESPONSE = {
+    nvlink5.Bucket.IGNORE: Response.LOG,
+    nvlink5.Bucket.RESET_GPU: Response.GPU_RESET,
+    nvlink5.Bucket.XID_154_EVAL: Response.RESTART_JOB,
+}
+"""NVIDIA's per-message bucket for XIDs 144-150 -> the default response. IGNORE is
+still logged (an Event, counted for lemons); XID_154_EVAL restarts the job, and
+an accompanying XID 154 drives the node action on its own."""
+
+
+@functools.lru_cache(maxsize=64)
+def _nvlink5_rule(xid: int, found: nvlink5.Bucket) -> Rule:
+    return Rule.model_construct(
+        match=Match.model_construct(xid=xid, fault=None),
+        action=_NVLINK5_RESPONSE[found],
+        repeat=None,
+        taint=TaintEffect.NO_SCHEDULE,
+        drain=None,
+        requeue=RequeueMode.NOW,
+        note=f"catalogue default (WORKFLOW_NVLINK5_ERR: {found})",
     )
 
 

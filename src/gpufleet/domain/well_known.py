@@ -80,12 +80,11 @@ CONDITIONS: Mapping[Subsystem, str] = MappingProxyType(
         Subsystem.KERNEL: "KernelProblem",
         Subsystem.THERMAL: "ThermalProblem",
         Subsystem.PERFORMANCE: "PerformanceProblem",
-        Subsystem.SLURM: "SlurmHealthProblem",
+        Subsystem.NVSWITCH: "NvswitchProblem",
     }
 )
-"""Node condition types, one per subsystem; status "True" means a problem
-(Node-Problem-Detector convention). The agent sets all but ``SlurmHealthProblem``,
-which the Slurm syncer sets for a foreign drain the policy calls hardware."""
+"""Node condition types, set by the agent, one per subsystem; status "True"
+means a problem (Node-Problem-Detector convention)."""
 
 CONDITION_REQUEST = "GpufleetRequest"
 """Node condition, set by the agent: the result of the last agent request

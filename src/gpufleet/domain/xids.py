@@ -1,9 +1,18 @@
 """NVIDIA XID catalogue: meaning, NVIDIA's recommended action, our class.
 
-Source: NVIDIA's Xid catalog, column "Resolution Bucket (Immediate Action)"
-(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), with
-the fleet practice summarised in docs/faults.md. Each entry also says which
-ladder rung the default policy starts at (``None``: no node action).
+Source: NVIDIA, "Analyzing Xid Errors with the Xid Catalog", column
+"Resolution Bucket (Immediate Action)",
+https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (and its
+spreadsheet https://docs.nvidia.com/Xid-Catalog.xlsx). The page prints no
+version; this module follows the edition that lists XIDs 1-172 and decodes
+XIDs 144-150 for drivers before and from R575 (read 2026-11). Fleet practice
+is summarised in docs/faults.md. Each entry also says which ladder rung the
+default policy starts at (``None``: no node action). XIDs 144-150 get their
+action per message (:mod:`gpufleet.domain.nvlink5`); ``start_at`` is the rung
+for a message that needs a reset.
+
+A policy may name any positive XID: one missing here is valid (with a
+warning) and is treated as ``unknownXid`` says.
 
 Classes:
 
@@ -65,6 +74,11 @@ class XidInfo:
     subsystem: Subsystem = Subsystem.GPU
     note: str = ""
 
+
+_NVLINK5_NOTE = (
+    "the action depends on the sub-unit and error status in the message "
+    "(NVIDIA's XID 144-150 decode): many are ignored, fatal ones reset the GPU"
+)
 
 A, H, SEC, INF = XidClass.APPLICATION, XidClass.HARDWARE, XidClass.SECONDARY, XidClass.INFORMATIONAL
 N = NvidiaAction
@@ -133,13 +147,23 @@ _ENTRIES = (
         note="a reset applies the row remap; a failed remap means RMA",
     ),
     XidInfo(
+        32,
+        "ROBUST_CHANNEL_PBDMA_ERROR",
+        "Invalid or corrupted push buffer stream",
+        N.RESTART_APP,
+        A,
+        None,
+        note="often PCIe quality; repeats on one GPU suggest the link",
+    ),
+    XidInfo(
         61,
         "PMU_BREAKPOINT",
-        "Internal micro-controller breakpoint or warning",
-        N.RESET_GPU,
-        H,
-        Step.GPU_RESET,
-        note="older drivers; newer ones report XID 62",
+        "Internal micro-controller breakpoint (unused on Ampere and newer)",
+        N.CONTACT_SUPPORT,
+        INF,
+        None,
+        note="NVIDIA lists it as unused on A100 and newer: contact support; newer "
+        "drivers report a micro-controller halt as XID 62",
     ),
     XidInfo(62, "PMU_HALT_ERROR", "Internal micro-controller halt", N.RESET_GPU, H, Step.GPU_RESET),
     XidInfo(
@@ -225,6 +249,16 @@ _ENTRIES = (
         Step.GPU_RESET,
     ),
     XidInfo(
+        110,
+        "SEC_FAULT_ERROR",
+        "Security fault",
+        N.RESET_GPU,
+        H,
+        Step.GPU_RESET,
+        note="NVIDIA: uncommon unless hardware failed; revert recent hardware changes "
+        "and cold-reset the system",
+    ),
+    XidInfo(
         119,
         "GSP_RPC_TIMEOUT",
         "GSP (GPU System Processor) RPC timeout",
@@ -270,13 +304,74 @@ _ENTRIES = (
         note="repeats mean RMA",
     ),
     XidInfo(
-        145,
-        "NVLINK_RLW_ERROR",
-        "NVLink RLW error",
+        144,
+        "NVLINK_SAW_ERROR",
+        "NVLink5 SAW error",
         N.WORKFLOW_NVLINK5_ERR,
         H,
         Step.GPU_RESET,
         subsystem=Subsystem.NVLINK,
+        note=_NVLINK5_NOTE,
+    ),
+    XidInfo(
+        145,
+        "NVLINK_RLW_ERROR",
+        "NVLink5 RLW error",
+        N.WORKFLOW_NVLINK5_ERR,
+        H,
+        Step.GPU_RESET,
+        subsystem=Subsystem.NVLINK,
+        note=_NVLINK5_NOTE,
+    ),
+    XidInfo(
+        146,
+        "NVLINK_TLW_ERROR",
+        "NVLink5 TLW error",
+        N.WORKFLOW_NVLINK5_ERR,
+        H,
+        Step.GPU_RESET,
+        subsystem=Subsystem.NVLINK,
+        note=_NVLINK5_NOTE,
+    ),
+    XidInfo(
+        147,
+        "NVLINK_TREX_ERROR",
+        "NVLink5 TREX error",
+        N.WORKFLOW_NVLINK5_ERR,
+        H,
+        Step.GPU_RESET,
+        subsystem=Subsystem.NVLINK,
+        note=_NVLINK5_NOTE,
+    ),
+    XidInfo(
+        148,
+        "NVLINK_NVLPW_CTRL_ERROR",
+        "NVLink5 NVLPW_CTRL error",
+        N.WORKFLOW_NVLINK5_ERR,
+        H,
+        Step.GPU_RESET,
+        subsystem=Subsystem.NVLINK,
+        note=_NVLINK5_NOTE,
+    ),
+    XidInfo(
+        149,
+        "NVLINK_NETIR_ERROR",
+        "NVLink5 NETIR error (link events)",
+        N.WORKFLOW_NVLINK5_ERR,
+        H,
+        Step.GPU_RESET,
+        subsystem=Subsystem.NVLINK,
+        note=_NVLINK5_NOTE,
+    ),
+    XidInfo(
+        150,
+        "NVLINK_MSE_ERROR",
+        "NVLink5 MSE (management firmware) error",
+        N.WORKFLOW_NVLINK5_ERR,
+        H,
+        Step.GPU_RESET,
+        subsystem=Subsystem.NVLINK,
+        note=_NVLINK5_NOTE,
     ),
     XidInfo(
         154,
@@ -287,10 +382,52 @@ _ENTRIES = (
         Step.GPU_RESET,
         note="do what the message asks: GPU reset, node reboot, or drain and reset",
     ),
+    XidInfo(
+        155,
+        "NVLINK_SW_DEFINED_ERROR",
+        "NVLink link down flagged as intentional (software defined)",
+        N.RESET_GPU,
+        H,
+        Step.GPU_RESET,
+        subsystem=Subsystem.NVLINK,
+        note="investigate software or users if unexpected",
+    ),
+    XidInfo(
+        156,
+        "RESOURCE_RETIREMENT_EVENT",
+        "Resource retirement event",
+        N.RESET_GPU,
+        H,
+        Step.GPU_RESET,
+        note="the retirement takes effect at the reset",
+    ),
+    XidInfo(
+        157,
+        "RESOURCE_RETIREMENT_FAILURE",
+        "Resource retirement failure",
+        N.IGNORE,
+        INF,
+        None,
+        note="no repair possible (no spare resources); workloads may run and see the "
+        "XID again; lemon signal",
+    ),
+    XidInfo(
+        158,
+        "GPU_FATAL_TIMEOUT",
+        "GPU fatal timeout",
+        N.RESET_GPU,
+        H,
+        Step.GPU_RESET,
+        note="repeats mean contact support",
+    ),
 )
 
 XIDS: Mapping[int, XidInfo] = MappingProxyType({e.code: e for e in _ENTRIES})
 """The catalogue, by XID number."""
+
+MAX_XID = 65535
+"""The largest XID number accepted anywhere (driver XIDs are below 200 today; the
+bound keeps a typo such as 1450000 from validating)."""
 
 XID_154_ACTIONS: Mapping[str, Step] = MappingProxyType(
     {

@@ -55,7 +55,8 @@ def test_policy_schema_keeps_ranges_and_enums() -> None:
     assert mode["type"] == "string" and "evict" in mode["enum"]
     rule = spec["rules"]["items"]["properties"]
     assert "nullable" not in rule["drain"] and "null" not in str(rule["drain"]["enum"])
-    assert rule["match"]["properties"]["xid"] == {"type": "integer"}
+    xid = rule["match"]["properties"]["xid"]
+    assert xid == {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 65535}
 
 
 def test_nullable_only_where_null_differs_from_absent() -> None:

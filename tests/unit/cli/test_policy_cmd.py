@@ -51,13 +51,26 @@ def test_explain_with_a_custom_policy(tmp_path: Path) -> None:
     assert "one occurrence: power-cycle" in r.output
 
 
+def test_validate_warns_of_an_xid_missing_from_the_catalogue(tmp_path: Path) -> None:
+    newer = tmp_path / "newer.yaml"
+    newer.write_text(DEFAULT_POLICY_YAML.replace("  - match: {xid: 92}", "  - match: {xid: 999}"))
+    r = runner.invoke(app, ["policy", "validate", str(newer)])
+    assert r.exit_code == 0, r.output
+    assert "valid" in r.output and "warning" in r.output and "XID 999" in r.output
+
+
+def test_explain_refuses_xid_zero(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["policy", "explain", "--xid", "0"])
+    assert r.exit_code == 2
+
+
 def test_validate_reports_every_problem_and_fails(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(DEFAULT_POLICY_YAML)
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         DEFAULT_POLICY_YAML.replace("incidents: 3", "incidents: -1").replace(
-            "  - match: {xid: 92}", "  - match: {xid: 999}"
+            "  - match: {xid: 92}", "  - match: {xid: 0}"
         )
     )
     r = runner.invoke(app, ["policy", "validate", str(good)])
@@ -65,7 +78,7 @@ def test_validate_reports_every_problem_and_fails(tmp_path: Path) -> None:
     r = runner.invoke(app, ["policy", "validate", str(good), str(bad)])
     assert r.exit_code == 1
     assert "2 problem(s)" in r.output
-    assert "unknown XID 999" in r.output and "lemon.incidents" in r.output
+    assert "match.xid" in r.output and "lemon.incidents" in r.output
     assert "line " in r.output
     r = runner.invoke(app, ["policy", "validate", str(tmp_path / "missing.yaml")])
     assert r.exit_code == 1 and "cannot read" in r.output

@@ -9,19 +9,26 @@ from gpufleet.domain.faults import FAULTS, Evidence, FaultEvent, FaultKind, Subs
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import Response, default_policy
 
-REQUIRED_XIDS = [13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 109, 119,
-                 120, 121, 136, 140, 143, 154]  # fmt: skip
+REQUIRED_XIDS = [13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 109, 110,
+                 119, 120, 121, 136, 140, 143, 144, 145, 146, 147, 148, 149, 150, 154,
+                 155, 156, 158]  # fmt: skip
 
 # What one occurrence does under the default policy.
 EXPECTED_FIRST_RESPONSE = {
     8: Response.RESTART_JOB, 13: Response.RESTART_JOB, 31: Response.RESTART_JOB,
+    32: Response.RESTART_JOB,
     43: Response.IGNORE, 45: Response.LOG, 46: Response.GPU_RESET, 48: Response.GPU_RESET,
-    61: Response.GPU_RESET, 62: Response.GPU_RESET, 63: Response.LOG, 64: Response.GPU_RESET,
+    61: Response.LOG, 62: Response.GPU_RESET, 63: Response.LOG, 64: Response.GPU_RESET,
     68: Response.RESTART_JOB, 69: Response.RESTART_JOB, 74: Response.GPU_RESET,
     79: Response.REBOOT, 92: Response.LOG, 94: Response.RESTART_JOB, 95: Response.GPU_RESET,
-    109: Response.GPU_RESET, 119: Response.REBOOT, 120: Response.GPU_RESET, 121: Response.LOG,
+    109: Response.GPU_RESET, 110: Response.GPU_RESET, 119: Response.REBOOT,
+    120: Response.GPU_RESET, 121: Response.LOG,
     136: Response.GPU_RESET, 140: Response.GPU_RESET, 143: Response.GPU_RESET,
-    145: Response.GPU_RESET, 154: Response.GPU_RESET,
+    # 144-150 without a decodable message: a reset (the message decides; test_nvlink5)
+    144: Response.GPU_RESET, 145: Response.GPU_RESET, 146: Response.GPU_RESET,
+    147: Response.GPU_RESET, 148: Response.GPU_RESET, 149: Response.GPU_RESET,
+    150: Response.GPU_RESET, 154: Response.GPU_RESET, 155: Response.GPU_RESET,
+    156: Response.GPU_RESET, 157: Response.LOG, 158: Response.GPU_RESET,
 }  # fmt: skip
 
 
@@ -45,6 +52,15 @@ def test_xid_entry_and_default_response(code: int) -> None:
     # NVIDIA says the node needs attention: the default policy takes it out.
     if info.nvidia_action in (xids.NvidiaAction.RESET_GPU, xids.NvidiaAction.RESTART_BM):
         assert rule.action.takes_node_out
+
+
+def test_xid_61_follows_nvidia_contact_support_and_newest_reset_xids_are_listed() -> None:
+    assert xids.XIDS[61].nvidia_action is xids.NvidiaAction.CONTACT_SUPPORT
+    for code in (110, 155, 156, 158):
+        assert xids.XIDS[code].nvidia_action is xids.NvidiaAction.RESET_GPU
+    for code in range(144, 151):
+        assert xids.XIDS[code].nvidia_action is xids.NvidiaAction.WORKFLOW_NVLINK5_ERR
+        assert xids.XIDS[code].subsystem is Subsystem.NVLINK
 
 
 def test_xid_79_is_reboot_class() -> None:

@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
+from gpufleet.domain.faults import FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
-from gpufleet.domain.policy import Breaker, Budget, PolicyError, load_policy
+from gpufleet.domain.policy import Breaker, Budget, PolicyError, default_policy, load_policy
 
 
 def _with(overrides: str) -> str:
@@ -50,11 +51,28 @@ def test_wrong_type_is_reported_with_path_and_line() -> None:
     assert "integer" in issues[0]
 
 
-def test_unknown_xid_is_rejected() -> None:
+def test_unknown_xid_is_valid_with_a_warning_and_its_rule_applies() -> None:
     text = DEFAULT_POLICY_YAML.replace("  - match: {xid: 92}", "  - match: {xid: 999}")
+    policy = load_policy(text)
+    (warning,) = policy.warnings()
+    assert "XID 999 is not in gpufleet's catalogue" in warning and "rules[" in warning
+    fault = FaultEvent(FaultKind.XID, "n", at=0, xid=999)
+    assert policy.rule_for(fault).match.xid == 999
+    assert default_policy().warnings() == []
+
+
+@pytest.mark.parametrize("xid", [0, -1, -79, 10_000_000])
+def test_zero_negative_and_absurd_xids_are_rejected(xid: int) -> None:
+    text = DEFAULT_POLICY_YAML.replace("  - match: {xid: 92}", f"  - match: {{xid: {xid}}}")
     (issue,) = _issues(text)
-    assert "unknown XID 999" in issue
-    assert "rules[" in issue
+    assert "xid" in issue and "rules[" in issue
+
+
+def test_nvlink5_xids_can_be_named_in_a_rule() -> None:
+    text = DEFAULT_POLICY_YAML.replace("  - match: {xid: 92}", "  - match: {xid: 149}")
+    policy = load_policy(text)
+    assert policy.warnings() == []
+    assert policy.rule_for(FaultEvent(FaultKind.XID, "n", at=0, xid=149)).match.xid == 149
 
 
 def test_negative_window_is_rejected() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -150,12 +151,18 @@ def test_every_fault_kind_maps_to_an_action_or_explicit_ignore(kind: FaultKind) 
     assert isinstance(rule.action, Response)
 
 
-@given(code=st.integers(0, 400))
+@given(code=st.integers(1, 400))
 def test_every_xid_number_maps_to_an_action(code: int) -> None:
     rule = default_policy().rule_for(FaultEvent(FaultKind.XID, "n", at=0, xid=code))
     assert isinstance(rule.action, Response)
     if code not in xids.XIDS:
         assert rule.action is default_policy().unknown_xid
+
+
+@given(code=st.integers(-400, 0))
+def test_xid_zero_and_negative_numbers_are_refused(code: int) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        FaultEvent(FaultKind.XID, "n", at=0, xid=code)
 
 
 @settings(max_examples=200, deadline=None)
