@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 from pathlib import Path
 
 import typer
 
 from gpufleet.cli import logs
+from gpufleet.cli.options import (
+    Backend,
+    BackendOpt,
+    KubeconfigOpt,
+    NodeNameOpt,
+    kubeconfig_arg,
+    node_name,
+)
 from gpufleet.cli.policy_cmd import load_or_exit
 from gpufleet.health import agent as agent_mod
 from gpufleet.health import backends, skus
@@ -23,13 +30,9 @@ app = typer.Typer(help="Run the node agent.", invoke_without_command=True)
 
 @app.callback()
 def run(
-    node: str = typer.Option(
-        socket.gethostname(), envvar="NODE_NAME", help="This node's Kubernetes Node name."
-    ),
-    backend: str = typer.Option("real", help="Hardware backend: real or simulated."),
-    kubeconfig: str | None = typer.Option(
-        None, envvar="KUBECONFIG", help="Kubeconfig (default: in-cluster service account)."
-    ),
+    node: NodeNameOpt = None,
+    backend: BackendOpt = Backend.REAL,
+    kubeconfig: KubeconfigOpt = None,
     no_kube: bool = typer.Option(False, "--no-kube", help="Do not report to Kubernetes."),
     metrics_port: int = typer.Option(
         DEFAULT_METRICS_PORT, help="Port of the Prometheus /metrics endpoint; 0 turns it off."
@@ -82,6 +85,7 @@ def run(
         gpufleet agent --job-telemetry /shared/gpufleet-telemetry
     """
     logs.configure()
+    node = node_name(node)
     policy = load_or_exit(policy_file)
     try:
         if sim_publish is not None and backend != "simulated":
@@ -102,7 +106,7 @@ def run(
     if not no_kube:
         from gpufleet.health.kube_report import KubeReporter
 
-        reporter = KubeReporter(node, kubeconfig=kubeconfig)
+        reporter = KubeReporter(node, kubeconfig=kubeconfig_arg(kubeconfig))
     settings = agent_mod.AgentSettings(
         interval_s=interval, active_every_s=active_every, telemetry_every_s=telemetry_every
     )

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gpufleet.cli import logs
+from gpufleet.cli.options import KubeconfigOpt, VerboseOpt, kubeconfig_arg
 
 
 def controller(
-    kubeconfig: Annotated[
-        Path | None, typer.Option(help="kubeconfig file; default: in-cluster or $KUBECONFIG.")
-    ] = None,
+    kubeconfig: KubeconfigOpt = None,
     namespace: Annotated[
         str, typer.Option(help="Namespace for Events about Nodes (cluster-scoped objects).")
     ] = "default",
@@ -38,7 +36,7 @@ def controller(
     tick: Annotated[
         float, typer.Option(min=0.1, help="Seconds between retries of held decisions.")
     ] = 2.0,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run the lifecycle controller: faults -> cordon, drain, remediation ladder, verification.
 
@@ -56,7 +54,7 @@ def controller(
         policy_name=policy_name, dry_run=dry_run, tick_s=tick, event_namespace=namespace
     )
     options = RunOptions(
-        kubeconfig=str(kubeconfig) if kubeconfig else None,
+        kubeconfig=kubeconfig_arg(kubeconfig),
         metrics_port=metrics_port,
         metrics_address=metrics_address,
         peering=peering or None,

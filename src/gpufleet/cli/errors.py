@@ -22,7 +22,9 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
+import pydantic
 import typer
+import yaml
 from rich.console import Console
 from rich.markup import escape
 
@@ -112,6 +114,14 @@ def explain(exc: BaseException) -> CliError | None:
         )
     if isinstance(exc, ApiError):
         return CliError(str(exc))
+    if isinstance(exc, yaml.YAMLError):
+        return CliError(f"not valid YAML: {_first_line(exc)}")
+    if isinstance(exc, pydantic.ValidationError):
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3]
+        )
+        more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
+        return CliError(f"invalid {exc.title}: {problems}{more}")
     if isinstance(exc, OSError) and exc.filename is not None:
         return CliError(f"cannot read {exc.filename}: {exc.strerror or exc}")
     return None
@@ -159,9 +169,8 @@ class Group(TyperGroup):
                 traceback.print_exc(file=sys.stderr)
             known = explain(exc)
             if known is None:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 known = CliError(
-                    f"unexpected {type(exc).__name__}: {first}"[:500],
+                    f"unexpected {type(exc).__name__}: {_first_line(exc)}"[:500],
                     hint=None if debugging(ctx) else "run it again with --debug for the traceback",
                     code=EXIT_NO,
                 )
@@ -177,6 +186,11 @@ def _usage(exc: ClickException) -> BaseException:
     where = f"{ctx.command_path} --help" if ctx is not None else "gpufleet --help"
     _print("error", "red", exc.format_message(), f"see {where}")
     return typer.Exit(exc.exit_code)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def _split_at_dashdash(args: list[str]) -> tuple[list[str], list[str], list[str]]:

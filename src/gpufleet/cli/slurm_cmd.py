@@ -14,6 +14,9 @@ import yaml
 
 from gpufleet.api import crds, slurmcluster
 from gpufleet.cli import logs
+from gpufleet.cli.errors import fail
+from gpufleet.cli.options import KubeconfigOpt, VerboseOpt, kubeconfig_arg
+from gpufleet.cli.output import Format, OutputOpt
 from gpufleet.domain import slurm_jwt
 from gpufleet.slurm import render
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
@@ -57,7 +60,7 @@ def _clients(
 @syncer_app.command("run")
 def run_syncer(
     slurmrestd_url: str = typer.Option(..., "--slurmrestd-url", help="e.g. http://slurm-rest:6820"),
-    kubeconfig: Path | None = typer.Option(None, help="Default: in-cluster or ~/.kube/config."),
+    kubeconfig: KubeconfigOpt = None,
     slurm_conf: Path | None = typer.Option(None, help="slurm.conf for scontrol (SLURM_CONF)."),
     jwt_key_file: Path | None = typer.Option(None, help="Mint tokens with this HS256 key."),
     token_file: Path | None = typer.Option(None, help="A token from `scontrol token`."),
@@ -75,7 +78,7 @@ def run_syncer(
     metrics_address: str = typer.Option(
         "127.0.0.1", help="Address /metrics listens on (0.0.0.0 for a Prometheus off the host)."
     ),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run the syncer until interrupted.
 
@@ -107,7 +110,7 @@ def run_syncer(
         )
 
     async def main() -> None:
-        kube = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+        kube = await KubeApi.connect(kubeconfig_arg(kubeconfig))
         rest, scontrol = _clients(slurmrestd_url, slurm_user, token, slurm_conf)
         syncer = Syncer(kube=kube, rest=rest, scontrol=scontrol, settings=settings, metrics=metrics)
         await syncer.run()
@@ -120,13 +123,13 @@ def run_syncer(
 
 @app.command("operator")
 def run_operator(
-    kubeconfig: Path | None = typer.Option(None, help="Default: in-cluster or ~/.kube/config."),
+    kubeconfig: KubeconfigOpt = None,
     slurmrestd_url: str | None = typer.Option(None, help="For nodes-by-state in status."),
     slurm_conf: Path | None = typer.Option(None, help="slurm.conf for scontrol reconfigure."),
     jwt_key_file: Path | None = typer.Option(None, help="Mint tokens with this HS256 key."),
     conf_dir: Path | None = typer.Option(None, help="Also write rendered files here."),
     interval: float = typer.Option(5.0, help="Seconds between reconcile passes."),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run the SlurmCluster operator until interrupted.
 
@@ -141,7 +144,7 @@ def run_operator(
     _logging(verbose)
 
     async def main() -> None:
-        kube = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+        kube = await KubeApi.connect(kubeconfig_arg(kubeconfig))
         rest = scontrol = None
         if slurmrestd_url:
             token = _token(None, jwt_key_file, "root")
@@ -194,7 +197,7 @@ def render_cmd(
 
 @app.command("crd")
 def crd_cmd(
-    output: str = typer.Option("yaml", "--output", "-o", help="yaml or json"),
+    output: OutputOpt = Format.YAML,
 ) -> None:
     """Print the SlurmCluster CustomResourceDefinition (generated from the spec model).
 
@@ -205,10 +208,14 @@ def crd_cmd(
     Every CRD, this one included, is written to deploy/ by python -m gpufleet.api.crds.
     """
     manifest = slurmcluster.crd_manifest()
-    if output == "json":
+    if output is Format.JSON:
         typer.echo(json.dumps(manifest, indent=2))
-    else:
+    elif output is Format.YAML:
         typer.echo(crds.render(manifest), nl=False)
+    else:
+        fail(
+            f"-o {output}: a manifest is printed as yaml or json", hint="gpufleet slurm crd -o json"
+        )
 
 
 @app.command("token")

@@ -169,6 +169,19 @@ def _cases(e: Env) -> dict[str, Case]:
         "status, no such cluster": Case(
             ["status", "--run-dir", str(e.missing)], EXIT_INPUT, "no local cluster"
         ),
+        "slurm render, not YAML": Case(
+            ["slurm", "render", str(e.not_yaml), "--nodes", str(e.not_yaml)],
+            EXIT_INPUT,
+            "not valid YAML",
+            hint=None,
+        ),
+        "slurm render, not a SlurmCluster": Case(
+            ["slurm", "render", str(e.no_context), "--nodes", str(e.no_context)],
+            EXIT_INPUT,
+            "invalid SlurmClusterSpec",
+            hint=None,
+        ),
+        "slurm crd -o wide": Case(["slurm", "crd", "-o", "wide"], EXIT_INPUT, "yaml or json"),
         "unknown command": Case(["nodez"], EXIT_INPUT, "No such command"),
         "unknown option": Case(["nodes", "--bogus"], EXIT_INPUT, "No such option"),
         "-o and --json disagree": Case(
@@ -230,3 +243,10 @@ def test_an_unexpected_error_is_one_line_and_points_to_debug(
         "hint: run it again with --debug for the traceback",
     ]
 
+
+@pytest.mark.parametrize("command", [["agent"], ["health", "check"]])
+def test_help_does_not_show_this_hosts_name_as_a_default(command: list[str]) -> None:
+    r = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    assert "--node" in r.stdout and "$NODE_NAME, else this host's name" in r.stdout
+    assert f"[default: {socket.gethostname()}]" not in r.stdout
