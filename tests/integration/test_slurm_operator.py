@@ -81,7 +81,7 @@ def test_slurmcluster_is_rendered_reconfigured_and_reported(local_cluster: Clust
     try:
         status = asyncio.run(reconcile())
         assert status["nodes"] == len(info.node_names)
-        assert status["nodesByState"] == {"idle": len(info.node_names)}
+        assert status["nodesByState"] == {"drained": 0, "idle": len(info.node_names)}
         assert status["lastReconfigure"]
         obj = kube.get(f"{base}/research")
         assert obj["status"]["conditions"][0]["status"] == "True"

@@ -14,6 +14,8 @@ from gpufleet.domain.policy import Policy
 
 NAMES = FLEET_POLICY
 PLURAL = NAMES.plural
+_FIELD = {"paused": "paused", "dryRun": "dry_run"}
+"""Spec key (alias) -> Policy field."""
 
 
 def spec_schema() -> Json:
@@ -61,6 +63,10 @@ STATUS_SCHEMA: Json = {
 def crd_manifest() -> Json:
     spec = spec_schema()
     spec["description"] = "The policy (docs/policy.md); the same fields as a policy file."
+    # Defaulted by the apiserver so the PAUSED and DRYRUN columns are never blank (the
+    # model's defaults are the same; the other fields keep the reader's defaults).
+    for switch in ("paused", "dryRun"):
+        spec["properties"][switch]["default"] = Policy.model_fields[_FIELD[switch]].default
     return crd(
         NAMES,
         spec=spec,

@@ -19,7 +19,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpufleet.api.names import API_VERSION, MACHINE
-from gpufleet.api.schema import AGE, Json, column, crd, structural
+from gpufleet.api.schema import AGE, CONDITIONS, Json, column, crd, structural
 from gpufleet.domain import well_known
 from gpufleet.domain.inventory import Hardware
 
@@ -192,8 +192,16 @@ _STR: Json = {"type": "string"}
 _TIME: Json = {"type": "string", "format": "date-time"}
 STATUS_SCHEMA: Json = {
     "type": "object",
+    # Defaulted by the apiserver: a Machine nobody has written a status for yet reads as
+    # what it is (Registered, armed: its first boot may get a token), for kubectl's
+    # columns and every reader alike.
+    "default": {},
     "properties": {
-        "armed": {"type": "boolean", "description": "the next boot may get a join token"},
+        "armed": {
+            "type": "boolean",
+            "default": True,
+            "description": "the next boot may get a join token",
+        },
         "armedBy": _STR,
         "armedAt": _TIME,
         "tokenId": _STR,
@@ -205,9 +213,12 @@ STATUS_SCHEMA: Json = {
         "phase": {
             "type": "string",
             "enum": ["Registered", "Armed", "Booting", "Joined", "Mismatch"],
+            "default": "Registered",
         },
         "observed": _STR,
         "message": _STR,
+        "observedGeneration": {"type": "integer"},
+        "conditions": CONDITIONS,
     },
 }
 """Written by provisioning (gpufleet.provision.issuer) and the controller (join, rearm)."""

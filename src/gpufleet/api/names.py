@@ -40,7 +40,9 @@ class Names:
 
 FLEET_POLICY = Names("FleetPolicy", "fleetpolicies", ("fpol",), categories=("gpufleet",))
 NODE_REMEDIATION = Names("NodeRemediation", "noderemediations", ("nrem",), categories=("gpufleet",))
-MACHINE = Names("Machine", well_known.MACHINE_PLURAL, ("gfm",))
-SLURM_CLUSTER = Names("SlurmCluster", "slurmclusters", ("slurm",), namespaced=True)
+MACHINE = Names("Machine", well_known.MACHINE_PLURAL, ("gfm",), categories=("gpufleet",))
+SLURM_CLUSTER = Names(
+    "SlurmCluster", "slurmclusters", ("slurm",), namespaced=True, categories=("gpufleet",)
+)
 
 ALL = (FLEET_POLICY, NODE_REMEDIATION, MACHINE, SLURM_CLUSTER)

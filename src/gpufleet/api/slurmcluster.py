@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from gpufleet.api.names import SLURM_CLUSTER
-from gpufleet.api.schema import AGE, Json, column, crd, structural
+from gpufleet.api.schema import AGE, CONDITIONS, Json, column, crd, structural
 
 NAMES = SLURM_CLUSTER
 KIND = NAMES.kind
@@ -137,17 +137,7 @@ STATUS_SCHEMA: Json = {
         "nodes": {"type": "integer"},
         "nodesByState": {"type": "object", "additionalProperties": _COUNT},
         "lastReconfigure": {"type": "string"},
-        "conditions": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["type", "status"],
-                "properties": {
-                    k: {"type": "string"}
-                    for k in ("type", "status", "reason", "message", "lastTransitionTime")
-                },
-            },
-        },
+        "conditions": CONDITIONS,
     },
 }
 """Written by the operator (gpufleet.slurm.operator)."""

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.api import conditions
 from gpufleet.domain import events as ev
 from gpufleet.domain import inventory, well_known
 from gpufleet.kubeapi import ApiError, KubePort, NotFound
@@ -56,8 +57,12 @@ def expected_of(machine: Mapping[str, Any]) -> inventory.Hardware | None:
         return None
 
 
-async def registration(client: KubePort, body: Mapping[str, Any]) -> Registration | None:
-    """The registration event for a Ready ``provisioning`` Node, or None to wait."""
+async def registration(
+    client: KubePort, body: Mapping[str, Any], now: float = 0.0
+) -> Registration | None:
+    """The registration event for a Ready ``provisioning`` Node, or None to wait.
+
+    ``now`` dates the Machine's ``HardwareMatches`` condition when it changes."""
     node = str(body["metadata"]["name"])
     name = machine_of(body)
     if name is None:
@@ -86,7 +91,8 @@ async def registration(client: KubePort, body: Mapping[str, Any]) -> Registratio
         return None  # the agent has not looked yet
     diffs = inventory.differences(expected, observed)
     status = machine.get("status") or {}
-    await _record(client, node, name, status, observed, diffs)
+    generation = machine.get("metadata", {}).get("generation")
+    await _record(client, node, name, status, observed, diffs, now, generation)
     annotations: dict[str, str] = {}
     ann = body.get("metadata", {}).get("annotations") or {}
     secret = ((machine.get("spec") or {}).get("bmc") or {}).get("credentialsSecret")
@@ -107,6 +113,8 @@ async def _record(
     status: Mapping[str, Any],
     observed: inventory.Hardware,
     diffs: tuple[str, ...],
+    now: float,
+    generation: Any,
 ) -> None:
     """Machine status: which Node it became and what was found; revoke the used token."""
     patch = {
@@ -114,6 +122,15 @@ async def _record(
         "phase": "Mismatch" if diffs else "Joined",
         "observed": inventory.encode(observed),
         "message": inventory.describe(diffs),
+        "conditions": conditions.set_condition(
+            status.get("conditions"),
+            "HardwareMatches",
+            "False" if diffs else "True",
+            "Mismatch" if diffs else "Matches",
+            inventory.describe(diffs) or "the hardware found is the inventory's",
+            now=now,
+            observed_generation=generation if isinstance(generation, int) else None,
+        ),
     }
     try:
         await client.patch(MACHINES, name, {"status": patch}, status=True)

@@ -15,12 +15,13 @@ from typing import Any
 
 import yaml
 
-from gpufleet.clock import Clock
+from gpufleet.api import conditions
+from gpufleet.api.conditions import Status
 from gpufleet.domain import well_known
 from gpufleet.domain.policy import PolicyError, load_policy
 from gpufleet.domain.safety import BreakerState, breaker_reset, breaker_reset_refusal
 from gpufleet.kubeapi import ApiError, custom
-from gpufleet.lifecycle import crds, remediations
+from gpufleet.lifecycle import crds
 from gpufleet.lifecycle.core import ControllerCore, Json, log
 
 _POLICIES = custom(crds.FLEET_POLICY_PLURAL)
@@ -48,6 +49,8 @@ class PolicyKeeping(ControllerCore):
         spec = body.get("spec") or {}
         if not self.policy_seen:
             self._restore_breaker(body.get("status") or {})
+        if self._policy_conditions is None:
+            self._policy_conditions = list((body.get("status") or {}).get("conditions") or [])
         try:
             policy = load_policy(
                 yaml.safe_dump(dict(spec)), f"FleetPolicy {self.settings.policy_name}"
@@ -60,8 +63,10 @@ class PolicyKeeping(ControllerCore):
                 problems,
             )
             self.metrics.policy_valid.set(0)
-            condition = _condition(
-                "Valid", "False", "Invalid", f"kept the last valid policy: {problems}", self.clock
+            valid: tuple[Status, str, str] = (
+                "False",
+                "Invalid",
+                f"kept the last valid policy: {problems}",
             )
         else:
             changed = policy != self.policy or not self.policy_seen
@@ -75,8 +80,11 @@ class PolicyKeeping(ControllerCore):
                     policy.paused,
                     policy.dry_run,
                 )
-            condition = _condition("Valid", "True", "Valid", "the policy is in use", self.clock)
-        status: Json = {"conditions": [condition], "observedGeneration": generation}
+            valid = ("True", "Valid", "the policy is in use")
+        status: Json = {
+            "conditions": self._set_policy_condition("Valid", *valid, generation=generation),
+            "observedGeneration": generation,
+        }
         with contextlib.suppress(ApiError):
             await self.client.patch(
                 _POLICIES, self.settings.policy_name, {"status": status}, status=True
@@ -128,6 +136,26 @@ class PolicyKeeping(ControllerCore):
         except ApiError as exc:
             log.warning("policy=%s breaker reset request not removed: %s", name, exc)
 
+    def _set_policy_condition(
+        self, type_: str, status: Status, reason: str, message: str, *, generation: Any
+    ) -> list[dict[str, Any]]:
+        """Every condition of the FleetPolicy with ``type_`` set (metav1 semantics).
+
+        A merge patch replaces the list whole, so each save sends all of them: the
+        ``Valid`` condition survives a breaker save and the other way round. The list
+        is this process's (the controller is the only writer), seeded from the object.
+        """
+        self._policy_conditions = conditions.set_condition(
+            self._policy_conditions,
+            type_,
+            status,
+            reason,
+            message,
+            now=self.clock.now(),
+            observed_generation=generation if isinstance(generation, int) else None,
+        )
+        return self._policy_conditions
+
     def _restore_breaker(self, status: Mapping[str, Any]) -> None:
         b = status.get("breaker") or {}
         recent = tuple(
@@ -167,15 +195,13 @@ class PolicyKeeping(ControllerCore):
             "recentActions": list(fleet.recent_actions),
             # A merge patch keeps keys it does not name: a pool that is gone is removed.
             "budget": {**{p: None for p in self._saved_budget or {} if p not in budget}, **budget},
-            "conditions": [
-                _condition(
-                    "BreakerOpen",
-                    "True" if b.is_open else "False",
-                    "Tripped" if b.is_open else "Closed",
-                    f"{b.faulting_nodes()} nodes faulted within the window",
-                    self.clock,
-                )
-            ],
+            "conditions": self._set_policy_condition(
+                "BreakerOpen",
+                "True" if b.is_open else "False",
+                "Tripped" if b.is_open else "Closed",
+                f"{b.faulting_nodes()} nodes faulted within the window",
+                generation=self._policy_generation[1],
+            ),
         }
         try:
             await self.client.patch(
@@ -223,16 +249,6 @@ class PolicyKeeping(ControllerCore):
             await self.save_fleet_status()
             if self.fleet.dirty_breaker:
                 await asyncio.sleep(self.settings.status_save_delay_s)
-
-
-def _condition(type_: str, status: str, reason: str, message: str, clock: Clock) -> Json:
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message[:1000],
-        "lastTransitionTime": remediations.iso(clock.now()),
-    }
 
 
 def _breaker_request(text: str) -> tuple[float, str, str, str] | str:

@@ -93,7 +93,7 @@ class NodePass(ControllerCore):
         events: list[ev.Event] = [*obs.events, *extra]
         joined: machines.Registration | None = None
         if record.state is S.PROVISIONING and nodes.is_ready(body):
-            joined = await machines.registration(self.client, body)  # waits for the agent
+            joined = await machines.registration(self.client, body, now)  # waits for the agent
             if joined is not None:
                 events.append(joined.event)
         before = record

@@ -12,6 +12,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+from gpufleet.api import conditions
 from gpufleet.domain import well_known
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import LadderStep, Policy
@@ -95,7 +96,9 @@ def status(record: NodeRecord, incident: Incident, now: float) -> Json:
         }
         for a in incident.tried
     ]
-    cond_status = "True" if outcome == "repaired" else ("False" if finished else "Unknown")
+    cond_status: conditions.Status = (
+        "True" if outcome == "repaired" else ("False" if finished else "Unknown")
+    )
     return {
         "phase": phase,
         "nodeState": record.state.value,
@@ -104,13 +107,15 @@ def status(record: NodeRecord, incident: Incident, now: float) -> Json:
         "startedAt": iso(incident.opened_at),
         "completedAt": iso(now) if finished else None,
         "outcome": outcome,
+        # Unknown from the incident's start; True or False from the state that ended it:
+        # lastTransitionTime is when the status last changed (api.conditions).
         "conditions": [
-            {
-                "type": "Succeeded",
-                "status": cond_status,
-                "reason": phase,
-                "message": record.reason[:500],
-                "lastTransitionTime": iso(record.since),
-            }
+            conditions.condition(
+                "Succeeded",
+                cond_status,
+                phase,
+                record.reason[:500],
+                since=record.since if finished else incident.opened_at,
+            )
         ],
     }

@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpufleet.api import conditions
 from gpufleet.api import slurmcluster as crd
 from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import slurm_sync, well_known
@@ -54,9 +55,14 @@ def state_bucket(view: slurm_sync.SlurmView) -> str:
     return view.state or "unknown"
 
 
+COLUMN_STATES = ("idle", "drained")
+"""States the SlurmCluster's printer columns show: always present (0 when none), so the
+IDLE and DRAINED columns of ``kubectl get slurmclusters`` are never blank."""
+
+
 def nodes_by_state(views: Mapping[str, slurm_sync.SlurmView], names: list[str]) -> dict[str, int]:
     counts = Counter(state_bucket(views[n]) if n in views else "missing" for n in names)
-    return dict(sorted(counts.items()))
+    return dict(sorted({**dict.fromkeys(COLUMN_STATES, 0), **counts}.items()))
 
 
 def node_info(node: Mapping[str, Any]) -> render.NodeInfo:
@@ -98,13 +104,14 @@ class ClusterOperator:
         if obj is None:
             return None
         old_status = obj.get("status") or {}
-        status: dict[str, Any] = {"observedGeneration": obj["metadata"].get("generation", 0)}
+        generation = int(obj["metadata"].get("generation", 0))
+        status: dict[str, Any] = {"observedGeneration": generation}
         try:
             spec = crd.SlurmClusterSpec.model_validate(obj.get("spec") or {})
         except ValidationError as e:
-            status["conditions"] = [
-                _cond("Ready", "False", "InvalidSpec", str(e)[:1000], self.clock.now())
-            ]
+            status["conditions"] = _ready(
+                old_status, "False", "InvalidSpec", str(e), self.clock.now(), generation
+            )
             return await self._write_status(namespace, name, old_status, status)
 
         items = (await self.kube.list(NODES)).items
@@ -115,9 +122,9 @@ class ClusterOperator:
         try:
             data = render.render_all(spec, [n for m in pools.values() for n in m])
         except render.UnsafeValue as e:  # nothing is written: slurmctld keeps its last config
-            status["conditions"] = [
-                _cond("Ready", "False", "UnsafeValue", str(e)[:1000], self.clock.now())
-            ]
+            status["conditions"] = _ready(
+                old_status, "False", "UnsafeValue", str(e), self.clock.now(), generation
+            )
             return await self._write_status(namespace, name, old_status, status)
         digest = render.config_hash(data)
         await self._apply_configmap(obj, data, digest)
@@ -140,10 +147,10 @@ class ClusterOperator:
             except SlurmError as e:
                 reason, message = "SlurmUnavailable", str(e)[:1000]
                 status["nodesByState"] = old_status.get("nodesByState", {})
-        ready = "True" if reason == "Reconciled" else "False"
-        status["conditions"] = [
-            _cond("Ready", ready, reason, message, self.clock.now(), old_status)
-        ]
+        ready: conditions.Status = "True" if reason == "Reconciled" else "False"
+        status["conditions"] = _ready(
+            old_status, ready, reason, message, self.clock.now(), generation
+        )
         return await self._write_status(namespace, name, old_status, status)
 
     async def _label_members(
@@ -217,26 +224,25 @@ class ClusterOperator:
             await asyncio.sleep(self.settings.interval_s)
 
 
-def _cond(
-    ctype: str,
-    status: str,
+def _ready(
+    old: Mapping[str, Any],
+    status: conditions.Status,
     reason: str,
     message: str,
     now: float,
-    old: Mapping[str, Any] | None = None,
-) -> dict[str, str]:
-    """A condition whose lastTransitionTime moves only when the status flips."""
-    since = rfc3339(now)
-    for c in (old or {}).get("conditions") or []:
-        if c.get("type") == ctype and c.get("status") == status:
-            since = c.get("lastTransitionTime", since)
-    return {
-        "type": ctype,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since,
-    }
+    generation: int,
+) -> list[dict[str, Any]]:
+    """The status conditions with ``Ready`` set (metav1 semantics, api.conditions): others
+    are kept, lastTransitionTime moves only when the status flips."""
+    return conditions.set_condition(
+        old.get("conditions"),
+        "Ready",
+        status,
+        reason,
+        message,
+        now=now,
+        observed_generation=generation,
+    )
 
 
 def _comparable(status: Mapping[str, Any]) -> Any:

@@ -111,3 +111,56 @@ def test_noderemediation_spec_is_the_models() -> None:
     status = noderemediation.crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     phase = status["properties"]["status"]["properties"]["phase"]
     assert phase["enum"] == list(noderemediation.PHASES)
+
+
+def test_every_kind_is_in_the_gpufleet_category() -> None:
+    """``kubectl get gpufleet`` lists every gpufleet object."""
+    for manifest in crds.manifests().values():
+        assert "gpufleet" in manifest["spec"]["names"].get("categories", []), manifest["metadata"]
+
+
+def _root(manifest: dict[str, Any]) -> dict[str, Any]:
+    root: dict[str, Any] = manifest["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return root
+
+
+@pytest.mark.parametrize("name", sorted(crds.manifests()))
+def test_every_printer_column_names_a_field_of_the_schema(name: str) -> None:
+    """A column whose path the schema does not have is blank forever."""
+    manifest = crds.manifests()[name]
+    for col in manifest["spec"]["versions"][0]["additionalPrinterColumns"]:
+        path = col["jsonPath"]
+        if path.startswith(".metadata."):
+            continue
+        if ".conditions[" in path:
+            head, _, rest = path.partition("[?(@.type==")
+            ctype = rest.split('"')[1]
+            assert ctype, path
+            path = head
+        node = _root(manifest)
+        for part in path.strip(".").split("."):
+            props = node.get("properties") or {}
+            if part not in props and isinstance(node.get("additionalProperties"), dict):
+                node = node["additionalProperties"]  # a map: any key (the writer's job)
+                continue
+            assert part in props, f"{name}: column {col['name']} names {col['jsonPath']}"
+            node = props[part]
+
+
+def test_machine_and_fleetpolicy_columns_are_defaulted_by_the_apiserver() -> None:
+    """PHASE/ARMED of a Machine nobody has written a status for, and PAUSED/DRYRUN of a
+    FleetPolicy that does not set them, read as what they mean instead of blank."""
+    status = _root(machine.crd_manifest())["properties"]["status"]
+    assert status["default"] == {}
+    assert status["properties"]["phase"]["default"] == "Registered"
+    assert status["properties"]["armed"]["default"] is True
+    spec = _root(fleetpolicy.crd_manifest())["properties"]["spec"]["properties"]
+    assert spec["paused"]["default"] is False and spec["dryRun"]["default"] is False
+
+
+def test_every_status_has_standard_conditions() -> None:
+    for manifest in crds.manifests().values():
+        status = _root(manifest)["properties"]["status"]["properties"]
+        conds = status["conditions"]
+        assert conds["x-kubernetes-list-map-keys"] == ["type"], manifest["metadata"]
+        assert "observedGeneration" in conds["items"]["properties"]
