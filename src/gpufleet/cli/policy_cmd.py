@@ -13,7 +13,7 @@ from rich.table import Table
 
 from gpufleet.domain import xids, yamldoc
 from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
-from gpufleet.domain.explain import Explanation, explain
+from gpufleet.domain.explain import Explanation, explain, explain_slurm_reason
 from gpufleet.domain.faults import FaultKind
 from gpufleet.domain.policy import Policy, PolicyError, default_policy, load_policy
 
@@ -67,6 +67,12 @@ def explain_cmd(
     fault: str | None = typer.Option(
         None, "--fault", help=f"A non-XID fault: {_FAULT_NAMES}.", metavar="NAME"
     ),
+    slurm_reason: str | None = typer.Option(
+        None,
+        "--slurm-reason",
+        help="A Slurm drain reason set by someone else, e.g. 'NHC: check_hw_ib failed'.",
+        metavar="TEXT",
+    ),
     policy: Path | None = typer.Option(
         None, "--policy", help="Policy YAML file (default: the built-in policy)."
     ),
@@ -81,10 +87,15 @@ def explain_cmd(
         gpufleet policy explain --xid 13 --policy my-policy.yaml
 
         gpufleet policy explain --fault ib-link-flap --json
+
+        gpufleet policy explain --slurm-reason "NHC: check_hw_ib: mlx5_0 port 1 down"
     """
-    if (xid is None) == (fault is None):
-        err.print("[red]give exactly one of --xid N or --fault NAME[/red]")
+    if sum(x is not None for x in (xid, fault, slurm_reason)) != 1:
+        err.print("[red]give exactly one of --xid N, --fault NAME or --slurm-reason TEXT[/red]")
         raise typer.Exit(2)
+    if slurm_reason is not None:
+        _explain_slurm_reason(load_or_exit(policy), slurm_reason, as_json)
+        return
     kind: FaultKind | None = None
     if fault is not None:
         try:
@@ -100,6 +111,20 @@ def explain_cmd(
         out.print_json(json.dumps(dataclasses.asdict(result)))
     else:
         _render(result)
+
+
+def _explain_slurm_reason(policy: Policy, reason: str, as_json: bool) -> None:
+    found = explain_slurm_reason(policy, reason)
+    if as_json:
+        out.print_json(json.dumps(dataclasses.asdict(found)))
+        return
+    out.print(f"[bold]Slurm drain reason {escape(repr(found.reason))}[/bold]")
+    out.print(f"  verdict:    [bold]{found.verdict}[/bold] ({escape(found.source)})")
+    if found.note:
+        out.print(f"  pattern:    {escape(found.note)}")
+    out.print(f"  gpufleet:   {escape(found.outcome)}")
+    if found.fault is not None:
+        _render(found.fault)
 
 
 def _render(e: Explanation) -> None:

@@ -144,6 +144,13 @@ rules:
     action: log
     repeat: {count: 3, windowSeconds: 86400, scope: node, then: reboot}
 
+  # --- Slurm's own health machinery (a foreign drain judged hardware by slurm.reasons)
+  - match: {fault: slurm-drain}
+    action: reboot
+    drain: wait
+    requeue: let-finish
+    note: the drainer let running jobs finish; the reboot waits for them, verification follows
+
 ladder:
   - {step: gpu-reset,   timeoutSeconds: 600,  attempts: 1}
   - {step: reboot,      timeoutSeconds: 1200, attempts: 1}
@@ -173,4 +180,21 @@ detection:
     slowerThan: 1.08
     windowSteps: 50
     reportEverySeconds: 1800
+
+# Drain reasons set in Slurm by others (first match wins; searched, case-insensitive).
+# hardware: a slurm-drain fault (rule above); job: nothing done; admin: never touched.
+slurm:
+  unmatched: admin            # a reason no pattern knows is a person's hold
+  reasons:
+    - {pattern: '^gpufleet: health\\b', verdict: hardware, note: a gpufleet health check failed}
+    - {pattern: '^NHC:', verdict: hardware, note: LBNL Node Health Check}
+    - {pattern: '^Prolog error', verdict: hardware, note: the prolog failed on this node}
+    - {pattern: '^Epilog error', verdict: hardware, note: the epilog failed on this node}
+    - {pattern: '^Kill task failed', verdict: hardware, note: processes could not be killed}
+    - {pattern: '^Not responding', verdict: hardware, note: slurmctld lost contact with slurmd}
+    - {pattern: '^Node unexpectedly rebooted', verdict: hardware, note: an unplanned reboot}
+    - {pattern: '^Low (RealMemory|TmpDisk|socket)', verdict: hardware, note: missing hardware}
+    - {pattern: '^gres/gpu count', verdict: hardware, note: fewer GPUs than configured}
+    - {pattern: '^batch job complete failure', verdict: job, note: the batch host failed a job}
+    - {pattern: '^(job|user)\\b', verdict: job, note: a reason that names a job or user}
 """

@@ -44,6 +44,7 @@ class FaultKind(StrEnum):
     DCGM_DIAG_FAILED = "dcgm-diag-failed"
     NVSWITCH_FATAL = "nvswitch-fatal"
     NVSWITCH_NONFATAL = "nvswitch-nonfatal"
+    SLURM_DRAIN = "slurm-drain"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,12 @@ _INFO = (
         FaultKind.NVSWITCH_NONFATAL,
         Subsystem.NVSWITCH,
         "the NVSwitch driver logged a non-fatal SXid (corrected or contained)",
+    ),
+    FaultInfo(
+        FaultKind.SLURM_DRAIN,
+        Subsystem.SLURM,
+        "Slurm drained the node for a reason the policy's slurm.reasons call hardware "
+        "(LBNL NHC, a gpufleet health check, a failed prolog or epilog, Kill task failed)",
     ),
 )
 

@@ -25,6 +25,7 @@ from pydantic.alias_generators import to_camel
 from gpufleet.domain import nvlink5, xids, yamldoc
 from gpufleet.domain.faults import FaultEvent, FaultKind, fault_key
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step
+from gpufleet.domain.slurm_reasons import SlurmReasons
 from gpufleet.domain.stragglers import StragglerRule
 
 
@@ -306,6 +307,8 @@ class Policy(_Model):
     drain: Drain = Drain()
     checks: Checks = Checks()
     detection: Detection = Detection()
+    slurm: SlurmReasons = SlurmReasons()
+    """How drain reasons set by others in Slurm are judged (domain.slurm_reasons)."""
 
     _rules: dict[str, Rule] = PrivateAttr(default_factory=dict)
     _ladder: dict[Step, int] = PrivateAttr(default_factory=dict)

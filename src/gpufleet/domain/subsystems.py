@@ -21,3 +21,10 @@ class Subsystem(StrEnum):
     THERMAL = "thermal"
     PERFORMANCE = "performance"
     NVSWITCH = "nvswitch"
+    SLURM = "slurm"
+    """Slurm's own health machinery drained the node for a hardware reason
+    (reported by the Slurm syncer, not by the agent)."""
+
+
+AGENT_SUBSYSTEMS = tuple(s for s in Subsystem if s is not Subsystem.SLURM)
+"""The subsystems whose condition the node agent writes (the syncer writes ``slurm``'s)."""

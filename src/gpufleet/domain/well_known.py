@@ -81,10 +81,12 @@ CONDITIONS: Mapping[Subsystem, str] = MappingProxyType(
         Subsystem.THERMAL: "ThermalProblem",
         Subsystem.PERFORMANCE: "PerformanceProblem",
         Subsystem.NVSWITCH: "NvswitchProblem",
+        Subsystem.SLURM: "SlurmHealthProblem",
     }
 )
-"""Node condition types, set by the agent, one per subsystem; status "True"
-means a problem (Node-Problem-Detector convention)."""
+"""Node condition types, one per subsystem; status "True" means a problem
+(Node-Problem-Detector convention). The agent sets all but ``SlurmHealthProblem``,
+which the Slurm syncer sets for a foreign drain the policy calls hardware."""
 
 CONDITION_REQUEST = "GpufleetRequest"
 """Node condition, set by the agent: the result of the last agent request
