@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from gpufleet.cli.output import (
     structured,
     table,
 )
-from gpufleet.health import backends, checks, results, skus
+from gpufleet.health import backends, checks, results, skus, slurm_hook
 from gpufleet.health.hardware import Hardware, NoGpuFound
 
 app = typer.Typer(help="Run node health checks and inject simulated faults.", no_args_is_help=True)
@@ -50,6 +51,15 @@ def check(
     iters: int = typer.Option(3, help="Timed iterations of the active checks."),
     as_json: JsonOpt = False,
     output: OutputOpt = Format.TABLE,
+    slurm: slurm_hook.Mode | None = typer.Option(
+        None,
+        "--slurm",
+        help="Run as Slurm's HealthCheckProgram (health), Prolog or Epilog: bounded by "
+        "--timeout; a failed check drains the node 'gpufleet: health ...'.",
+    ),
+    timeout: float = typer.Option(
+        20.0, "--timeout", min=1.0, max=600.0, help="With --slurm: seconds the checks may take."
+    ),
 ) -> None:
     """Run the checks once and print pass/fail, measured value, threshold and evidence.
 
@@ -61,12 +71,29 @@ def check(
     Example:
 
         gpufleet health check --backend simulated --inject xid=79,gpu=3 -o json
+
+    With --slurm (docs/slurm.md, "Slurm's own health checks") the checks run in a
+    child process killed after --timeout seconds; a failed check drains the node
+    (SLURMD_NODENAME) with reason 'gpufleet: health <check>: <why>'; a check that
+    hangs, crashes or cannot tell drains nothing. A prolog exits 1 only for a
+    failed check (Slurm requeues the job elsewhere); an epilog always exits 0:
+
+        gpufleet health check --slurm prolog --timeout 20 --checks gpu-count,gpu-xid
     """
     fmt = chosen(output, as_json)
-    node = node_name(node)
+    node = os.environ.get("SLURMD_NODENAME") or node_name(node) if slurm else node_name(node)
     names = [n.strip() for n in checks_.split(",") if n.strip()]
     if inject and backend != "simulated":
         raise typer.BadParameter("--inject needs --backend simulated", param_hint="--inject")
+    if slurm is not None:
+        args = ["--backend", str(backend), "--checks", checks_, "--node", node]
+        args += ["--iters", str(iters), "--dcgm-level", str(dcgm_level)]
+        args += [a for spec in inject for a in ("--inject", spec)]
+        args += ["--sku", sku] if sku else []
+        args += ["--profiles", str(profiles_file)] if profiles_file is not None else []
+        result = slurm_hook.run_hook(slurm, node, slurm_hook.child_argv(args), timeout_s=timeout)
+        typer.echo(slurm_hook.log_line(slurm, node, result), err=True)
+        raise typer.Exit(result.exit_code)
     try:
         hw = backends.open_backend(backend, node=node)
     except NoGpuFound as exc:

@@ -66,8 +66,11 @@ RECOVERY_TEXT = {
     "drain-p2p": "0x3 (Drain P2P)",
     "drain-and-reset": "0x4 (Drain and Reset)",
 }
-EXTRA_FAULTS = ("kmsg-garbage", "busy")
-"""Injectable conditions that are not fault kinds: malformed log lines, a running workload."""
+EXTRA_FAULTS = ("kmsg-garbage", "busy", "hang", "crash")
+"""Injectable conditions that are not fault kinds: malformed log lines, a running
+workload, and two failures of the check program itself (``hang``: the next
+hardware read never returns, as NVML does on a wedged GPU; ``crash``: the check
+code raises), with which the bounds of ``gpufleet health check --slurm`` are tested."""
 
 
 class InjectionError(ValueError):
@@ -240,6 +243,7 @@ class SimulatedHardware(Hardware):
         self._seq = 0
         self._booted = time.monotonic()
         self._busy = False
+        self._hang = False
         self._nccl_factor = 1.0
         self._dir = Path(tempfile.mkdtemp(prefix="gpufleet-sim-"))
         self.sysfs_root = self._dir
@@ -251,6 +255,8 @@ class SimulatedHardware(Hardware):
     # ------------------------------------------------------------------ Hardware
 
     def gpus(self) -> list[dict[str, Any]]:
+        if self._hang:  # injected "hang": never returns, like NVML on a wedged GPU
+            threading.Event().wait()
         with self._lock:
             return [g.raw() for g in self._gpus if g.present]
 
@@ -447,6 +453,10 @@ class SimulatedHardware(Hardware):
         elif k == "kmsg-garbage":
             self._kernel.append("6,17,garbage;NVRM: Xid (PCI:0000:3a")
             self._kernel.append("NVRM: Xid (PCI:zz:zz): seventy-nine")
+        elif k == "hang":
+            self._hang = True
+        elif k == "crash":
+            raise RuntimeError("simulated crash inside the check code")
         elif k == "busy":
             self._busy = True
             for g in self._gpus:

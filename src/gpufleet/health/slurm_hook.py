@@ -1,0 +1,219 @@
+"""``gpufleet health check --slurm MODE``: the node checks as Slurm runs them.
+
+Slurm runs a program on the node as ``HealthCheckProgram`` (every
+``HealthCheckInterval``), as ``Prolog`` (before a job starts on the node) and
+as ``Epilog`` (after it ends). Slurm 22.05 waits for a prolog without a time
+limit, so a hung check would hang the job's start: here every run is bounded.
+
+What each outcome does (decision 0094):
+
+=================  =======================  ==========================  ==============
+check outcome      drain the node           prolog exit                 epilog / health
+=================  =======================  ==========================  ==============
+OK, WARNING        no                       0 (the job runs)            0 / the status
+CRITICAL           yes, ``gpufleet: health  1 (Slurm requeues the job   0 / 2
+                   <check>: <why>``         elsewhere)
+UNKNOWN            no                       0                           0 / 3
+=================  =======================  ==========================  ==============
+
+UNKNOWN covers "could not tell": a check that did not finish within
+``timeout_s`` (killed with its process group), a check program that crashed
+or printed no verdict, a failed drain. gpufleet's own failure is never a
+verdict on the node, so it never drains a node and never fails a job; it is
+logged on stderr (slurmd's log) for people to see.
+
+The checks run in a child process (``gpufleet health check --json``), so a
+check stuck in a system call (NVML on a wedged GPU) can be killed. The whole
+run takes at most ``timeout_s`` for the checks plus :data:`SCONTROL_TIMEOUT_S`
+for each of the two ``scontrol`` calls of a drain.
+
+A node that is already drained is not drained again, so a failing check on a
+node the syncer has taken over (``gpufleet: state remediating``) keeps its reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpufleet.domain.slurm_reasons import HEALTH_CHECK_PREFIX
+from gpufleet.health.results import CheckStatus
+
+SCONTROL_TIMEOUT_S = 5.0
+"""Bound of one ``scontrol`` call (read the node, drain it)."""
+MAX_REASON_LEN = 120
+"""Slurm keeps reasons as free text; ours are cut so ``sinfo -R`` stays readable."""
+
+
+class Mode(StrEnum):
+    """Where Slurm runs the check."""
+
+    HEALTH = "health"
+    """``HealthCheckProgram``: Slurm ignores the exit code; the program drains."""
+    PROLOG = "prolog"
+    """``Prolog``: a non-zero exit requeues the job (``nohold_on_prolog_fail``)."""
+    EPILOG = "epilog"
+    """``Epilog``: the job is over; a non-zero exit would only add Slurm's own drain."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One bounded run of the checks."""
+
+    status: CheckStatus
+    summary: str
+    """The failing checks and why (for a drain reason), or why there is no verdict."""
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class HookResult:
+    outcome: Outcome
+    drained: bool
+    exit_code: int
+    note: str = ""
+
+
+def run_checks(argv: Sequence[str], timeout_s: float) -> Outcome:
+    """Run ``argv`` (a ``gpufleet health check --json`` command) for at most ``timeout_s``.
+
+    The child runs in its own process group, which is killed at the bound. Any
+    output that is not the JSON verdict is UNKNOWN.
+    """
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return Outcome(CheckStatus.UNKNOWN, f"cannot run the checks: {exc}", 0.0)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        spent = time.monotonic() - started
+        return Outcome(
+            CheckStatus.UNKNOWN, f"the checks did not finish within {timeout_s:g}s", spent
+        )
+    spent = time.monotonic() - started
+    return parse_verdict(out.decode(errors="replace"), err.decode(errors="replace"), spent)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def parse_verdict(stdout: str, stderr: str, seconds: float) -> Outcome:
+    """The verdict from ``gpufleet health check --json`` output (UNKNOWN if there is none)."""
+    try:
+        doc = json.loads(stdout)
+        label = str(doc["status"])
+        checks = list(doc.get("checks") or [])
+    except (ValueError, KeyError, TypeError):
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
+        return Outcome(CheckStatus.UNKNOWN, f"the check program gave no verdict: {last}", seconds)
+    status = {"pass": CheckStatus.OK, "warn": CheckStatus.WARNING, "fail": CheckStatus.CRITICAL}
+    found = status.get(label, CheckStatus.UNKNOWN)
+    bad = [c for c in checks if isinstance(c, Mapping) and c.get("status") == label]
+    if found in (CheckStatus.WARNING, CheckStatus.CRITICAL) and bad:
+        summary = "; ".join(f"{c.get('name')}: {c.get('reason')}" for c in bad)
+    else:
+        summary = str(doc.get("reason") or label)
+    return Outcome(found, summary, seconds)
+
+
+def drain_reason(summary: str) -> str:
+    """``gpufleet: health <check>: <why>``, one line, cut to :data:`MAX_REASON_LEN`."""
+    text = " ".join(summary.split())
+    return f"{HEALTH_CHECK_PREFIX} {text}"[:MAX_REASON_LEN]
+
+
+def _scontrol(args: Sequence[str], scontrol: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [scontrol, *args],
+        capture_output=True,
+        text=True,
+        timeout=SCONTROL_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def drain_node(node: str, reason: str, scontrol: str = "scontrol") -> tuple[bool, str]:
+    """Drain ``node`` unless it is drained already; (drained now, what happened)."""
+    try:
+        shown = _scontrol(["show", "node", node, "-o"], scontrol)
+        if shown.returncode != 0:
+            return False, f"cannot read node {node}: {_last_line(shown.stderr)}"
+        state = next(
+            (w.split("=", 1)[1] for w in shown.stdout.split() if w.startswith("State=")), ""
+        )
+        if "DRAIN" in state.upper().split("+"):
+            return False, f"node {node} is drained already ({state})"
+        done = _scontrol(
+            ["update", f"nodename={node}", "state=DRAIN", f"reason={reason}"], scontrol
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"scontrol failed: {exc}"
+    if done.returncode != 0:
+        return False, f"drain refused: {_last_line(done.stderr)}"
+    return True, f"node {node} drained: {reason}"
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["no message"])[-1]
+
+
+def exit_code(mode: Mode, status: CheckStatus) -> int:
+    """What Slurm sees: only a CRITICAL prolog stops the job (so it starts elsewhere)."""
+    if mode is Mode.PROLOG:
+        return 1 if status is CheckStatus.CRITICAL else 0
+    if mode is Mode.EPILOG:
+        return 0
+    return int(status)
+
+
+def run_hook(
+    mode: Mode,
+    node: str,
+    check_argv: Sequence[str],
+    *,
+    timeout_s: float,
+    drain: bool = True,
+    scontrol: str = "scontrol",
+) -> HookResult:
+    """Run the checks bounded; drain on CRITICAL; the exit code for Slurm."""
+    outcome = run_checks(check_argv, timeout_s)
+    drained, note = False, ""
+    if outcome.status is CheckStatus.CRITICAL and drain:
+        drained, note = drain_node(node, drain_reason(outcome.summary), scontrol)
+    return HookResult(outcome, drained, exit_code(mode, outcome.status), note)
+
+
+def log_line(mode: Mode, node: str, result: HookResult) -> str:
+    """One line for slurmd's log (stderr of the program)."""
+    o = result.outcome
+    text = (
+        f"gpufleet health check --slurm {mode} node={node} status={o.status.label} "
+        f"seconds={o.seconds:.2f} exit={result.exit_code}: {o.summary}"
+    )
+    return f"{text} ({result.note})" if result.note else text
+
+
+def child_argv(args: Sequence[str]) -> list[str]:
+    """The command that runs the checks once (this program, without ``--slurm``)."""
+    return [sys.executable, "-m", "gpufleet.cli.main", "health", "check", "-o", "json", *args]
