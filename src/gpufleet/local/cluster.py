@@ -444,14 +444,15 @@ class LocalCluster:
                 machines.register(api, name, m.mac, bmc.url, bmc.user, bmc.password)
         finally:
             api.close()
+        boot = machines.prepare_boot_files(run_dir, self._boot_dir)
+        self._ready(f"boot files (node image {self._boot_dir.name}, {boot.wheel})")
         service = self._launch(
             machines.provision_service(
                 run_dir=run_dir,
                 kubeconfig=kl.kubeconfig,
                 port=provision_port,
                 apiserver_port=kl.apiserver_port,
-                boot_dir=self._boot_dir,
-                files=machines.BOOT_FILES,
+                boot=boot,
                 token_ttl_s=self.spec.token_ttl_s,
             )
         )

@@ -310,6 +310,9 @@ def _joinable_controller_flags(layout: KubeLayout) -> tuple[list[str], str]:
     return [
         f"--cluster-signing-cert-file={p.ca_cert}",
         f"--cluster-signing-key-file={p.ca_key}",
+        # A machine that was power-cycled must read NotReady before it boots again:
+        # kubeadm join refuses a name whose Node is still Ready (default grace: 50 s).
+        "--node-monitor-grace-period=20s",
     ], "bootstrapsigner,"
 
 

@@ -52,6 +52,80 @@ BOOT_FILES = {"kernel": "vmlinuz", "initrd": "initrd.img", "image": "rootfs.squa
 """The node image's files in its cache directory (``gpufleet local image build``)."""
 
 
+AGENT_ARGS = (
+    f"--backend simulated --inject-port {AGENT_INJECT_PORT} --inject-address 0.0.0.0 "
+    "--metrics-port 0 --interval 2"
+)
+"""The agent on a machine: simulated GPUs (it has none), the fault-injection API for the
+host, no metrics endpoint (nothing scrapes it), a poll every 2 s (1 vCPU under emulation)."""
+
+
+@dataclass(frozen=True)
+class BootFiles:
+    """What the provisioning service serves at ``/boot``: the node image and the agent's wheel."""
+
+    dir: Path
+    wheel: str
+    wheel_sha256: str
+
+
+def prepare_boot_files(run_dir: Path, image: Path) -> BootFiles:
+    """``<run_dir>/boot``: links to the node image's files and a wheel of this gpufleet
+    (the image has the agent's dependencies, not gpufleet: it changes with every commit)."""
+    import hashlib
+    import shutil
+    import subprocess
+    import tempfile
+
+    from gpufleet.local.binaries import repo_root
+    from gpufleet.local.processes import ComponentError
+
+    out = run_dir / "boot"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in BOOT_FILES.values():
+        link = out / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(image / name)
+    root = repo_root()
+    if root is None:
+        raise ComponentError(
+            "machines", None, "the machines' agent wheel is built from a gpufleet source checkout"
+        )
+    with tempfile.TemporaryDirectory(prefix="gpufleet-wheel-", dir=run_dir) as tmp:
+        # A copy: building in the checkout would leave build/ behind and race other builds.
+        src = Path(tmp) / "src"
+        shutil.copytree(
+            root / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+        )
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(root / name, src / name)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "--quiet",
+                "-w",
+                str(out),
+                str(src),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    wheels = sorted(out.glob("gpufleet-*.whl"))
+    if done.returncode != 0 or not wheels:
+        raise ComponentError(
+            "machines", None, f"building the agent wheel failed: {done.stderr[-2000:]}"
+        )
+    wheel = wheels[-1]
+    return BootFiles(out, wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest())
+
+
 def boot_dir(explicit: Path | None) -> Path:
     """The node image the machines boot: ``explicit``, ``$GPUFLEET_NODE_IMAGE``, or the
     newest complete entry of the node image cache. Fails naming what is missing."""
@@ -192,14 +266,13 @@ def provision_service(
     kubeconfig: Path,
     port: int,
     apiserver_port: int,
-    boot_dir: Path,
-    files: dict[str, str],
+    boot: BootFiles,
     token_ttl_s: float,
 ) -> ManagedProcess:
     """``gpufleet provision serve`` for the machines: on 127.0.0.1, reached by them at
-    :data:`~gpufleet.local.vm.CLUSTER_ADDRESS`, serving ``boot_dir`` at ``/boot``.
-    ``files`` maps ``kernel``, ``initrd`` and ``image`` to file names in ``boot_dir``."""
+    :data:`~gpufleet.local.vm.CLUSTER_ADDRESS`, serving ``boot.dir`` at ``/boot``."""
     public = f"http://{vm.CLUSTER_ADDRESS}:{port}"
+    files = BOOT_FILES
     return ManagedProcess(
         "provision",
         [
@@ -213,11 +286,14 @@ def provision_service(
             f"--port={port}",
             f"--public-url={public}",
             f"--apiserver={vm.CLUSTER_ADDRESS}:{apiserver_port}",
-            f"--boot-dir={boot_dir}",
+            f"--boot-dir={boot.dir}",
             f"--kernel-url={public}/boot/{files['kernel']}",
             f"--initrd-url={public}/boot/{files['initrd']}",
             f"--image-url={public}/boot/{files['image']}",
             f"--token-ttl={token_ttl_s:g}",
+            f"--agent-wheel-url={public}/boot/{boot.wheel}",
+            f"--agent-wheel-sha256={boot.wheel_sha256}",
+            f"--agent-args={AGENT_ARGS}",
         ],
         run_dir / "logs" / "provision.log",
         cwd=run_dir,

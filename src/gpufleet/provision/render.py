@@ -95,7 +95,8 @@ def node_labels(name: str, spec: MachineSpec) -> dict[str, str]:
 
 def ipxe(config: BootConfig, name: str, mac: str) -> str:
     """The iPXE script for a known machine: kernel, initrd, and where its cloud-init is."""
-    seed = f"{config.public_url.rstrip('/')}/cloud-init/{mac}/"
+    # iPXE fills in the SMBIOS serial; cloud-init fetches <seed>meta-data, <seed>user-data.
+    seed = f"{config.public_url.rstrip('/')}/cloud-init/{mac}/serial/${{serial:uristring}}/"
     args = " ".join(
         a
         for a in (

@@ -5,6 +5,9 @@ Endpoints, all keyed by the booting NIC's MAC:
 - ``GET /ipxe?mac=…`` -- the iPXE script (chain-loaded from DHCP with
   ``chain http://…/ipxe?mac=${net0/mac}``); no secrets in it;
 - ``GET /cloud-init/{mac}/meta-data`` -- nocloud meta-data (instance id, hostname);
+- ``GET /cloud-init/{mac}/serial/{serial}/{meta-data,user-data}`` -- the same, with
+  the serial in the path instead of a header (the seed URL of the iPXE script: iPXE
+  fills in the SMBIOS serial, cloud-init's NoCloud datasource sends no headers);
 - ``GET /cloud-init/{mac}/user-data`` -- the kubeadm join with a fresh
   single-use token; the node authenticates with the header
   ``X-Gpufleet-Enrollment: <secret>`` or ``X-Gpufleet-Serial: <serial>``;
@@ -105,6 +108,25 @@ def create_app(provisioner: Provisioner, *, boot_dir: Path | None = None) -> Fas
             return boot.user_data
 
         return await answer("user-data", work, {"Cache-Control": "no-store"})
+
+    # The same two documents under a seed URL that carries the serial: cloud-init's
+    # NoCloud datasource sends no headers, so the iPXE script puts the serial iPXE
+    # reads from SMBIOS into the seed URL; it is checked exactly as the header is.
+    @app.get(
+        "/cloud-init/{mac}/serial/{serial}/meta-data",
+        response_class=PlainTextResponse,
+        summary="nocloud meta-data (seed URL with the serial)",
+    )
+    async def meta_data_with_serial(request: Request, mac: str, serial: str) -> Response:
+        return await meta_data(request, mac)
+
+    @app.get(
+        "/cloud-init/{mac}/serial/{serial}/user-data",
+        response_class=PlainTextResponse,
+        summary="cloud-init user-data, the node's serial in the path (cloud-init sends no headers)",
+    )
+    async def user_data_with_serial(request: Request, mac: str, serial: str) -> Response:
+        return await user_data(request, mac, None, serial)
 
     if boot_dir is not None:
         from fastapi.staticfiles import StaticFiles
