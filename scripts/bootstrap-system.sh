@@ -4,7 +4,8 @@
 #   1. Debian packages for Slurm and munge (apt-get only when one is missing);
 #   2. etcd, Kubernetes control-plane binaries, kubectl and KWOK, built from the
 #      Go module proxy into ~/.cache/gpufleet (skipped when cached), see
-#      scripts/build-go-binaries.sh; then helm (scripts/build-helm.sh).
+#      scripts/build-go-binaries.sh; then helm (scripts/build-helm.sh) and
+#      promtool (scripts/build-promtool.sh).
 # Python dependencies are installed by scripts/bootstrap-python.sh.
 # Needs root for apt-get on a fresh machine; fails naming the step that failed.
 set -euo pipefail
@@ -42,5 +43,7 @@ fi
 PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-go-binaries.sh" >&2
 # helm, for the chart tests (helm lint / template); after the Kubernetes builds.
 PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-helm.sh" >&2
+# promtool, for the test that lints every component's /metrics.
+PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-promtool.sh" >&2
 
 echo "== system dependencies ready ($(( $(date +%s) - start )) s)" >&2
