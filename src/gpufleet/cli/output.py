@@ -79,13 +79,19 @@ Draw = Callable[[bool], RenderableType | Sequence[RenderableType]]
 
 def emit(fmt: Format, data: Any, draw: Draw) -> None:
     """Print ``data`` as json or yaml, or ``draw(wide)`` for a person."""
-    if fmt is Format.JSON:
-        typer.echo(dump_json(data))
-    elif fmt is Format.YAML:
-        typer.echo(dump_yaml(data), nl=False)
+    if structured(fmt):
+        print_data(fmt, data)
     else:
         drawn = draw(fmt is Format.WIDE)
         show(*(drawn if isinstance(drawn, Sequence) and not isinstance(drawn, str) else [drawn]))
+
+
+def print_data(fmt: Format, data: Any) -> None:
+    """``data`` as json, or as yaml for ``-o yaml``."""
+    if fmt is Format.YAML:
+        typer.echo(dump_yaml(data), nl=False)
+    else:
+        typer.echo(dump_json(data))
 
 
 def dump_json(data: Any) -> str:

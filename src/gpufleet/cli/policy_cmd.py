@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from gpufleet.cli.errors import EXIT_NO, warn
+from gpufleet.cli.output import (
+    Column,
+    Format,
+    JsonOpt,
+    OutputOpt,
+    chosen,
+    emit,
+    print_data,
+    structured,
+    table,
+)
 from gpufleet.domain import xids, yamldoc
 from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
 from gpufleet.domain.explain import Explanation, explain, explain_slurm_reason
@@ -76,9 +87,14 @@ def explain_cmd(
     policy: Path | None = typer.Option(
         None, "--policy", help="Policy YAML file (default: the built-in policy)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+    as_json: JsonOpt = False,
+    output: OutputOpt = Format.TABLE,
 ) -> None:
     """Show how a fault is classified and the remediation that follows.
+
+    An XID that is not in gpufleet's catalogue is explained too (the policy's rule for
+    unknown XIDs), with a warning on stderr and exit code 1. -o json and -o yaml print
+    the explanation as data (--json is -o json).
 
     Examples:
 
@@ -86,15 +102,16 @@ def explain_cmd(
 
         gpufleet policy explain --xid 13 --policy my-policy.yaml
 
-        gpufleet policy explain --fault ib-link-flap --json
+        gpufleet policy explain --fault ib-link-flap -o json
 
         gpufleet policy explain --slurm-reason "NHC: check_hw_ib: mlx5_0 port 1 down"
     """
+    fmt = chosen(output, as_json)
     if sum(x is not None for x in (xid, fault, slurm_reason)) != 1:
         err.print("[red]give exactly one of --xid N, --fault NAME or --slurm-reason TEXT[/red]")
         raise typer.Exit(2)
     if slurm_reason is not None:
-        _explain_slurm_reason(load_or_exit(policy), slurm_reason, as_json)
+        _explain_slurm_reason(load_or_exit(policy), slurm_reason, fmt)
         return
     kind: FaultKind | None = None
     if fault is not None:
@@ -107,16 +124,23 @@ def explain_cmd(
             err.print("[red]use --xid N for XIDs[/red]")
             raise typer.Exit(2)
     result = explain(load_or_exit(policy), xid=xid, fault=kind)
-    if as_json:
-        out.print_json(json.dumps(dataclasses.asdict(result)))
+    if structured(fmt):
+        print_data(fmt, dataclasses.asdict(result))
     else:
         _render(result)
+    if xid is not None and xid not in xids.XIDS:
+        warn(
+            f"XID {xid} is not in gpufleet's catalogue; shown is what the policy does with an "
+            "XID it does not know",
+            hint="NVIDIA's list of XIDs: https://docs.nvidia.com/deploy/xid-errors/",
+        )
+        raise typer.Exit(EXIT_NO)
 
 
-def _explain_slurm_reason(policy: Policy, reason: str, as_json: bool) -> None:
+def _explain_slurm_reason(policy: Policy, reason: str, fmt: Format) -> None:
     found = explain_slurm_reason(policy, reason)
-    if as_json:
-        out.print_json(json.dumps(dataclasses.asdict(found)))
+    if structured(fmt):
+        print_data(fmt, dataclasses.asdict(found))
         return
     out.print(f"[bold]Slurm drain reason {escape(repr(found.reason))}[/bold]")
     out.print(f"  verdict:    [bold]{found.verdict}[/bold] ({escape(found.source)})")
@@ -158,39 +182,53 @@ def _render(e: Explanation) -> None:
 @app.command("validate")
 def validate_cmd(
     files: list[Path] = typer.Argument(..., help="Policy files (YAML; a FleetPolicy or its spec)."),
+    output: OutputOpt = Format.TABLE,
 ) -> None:
     """Check policy files and report every problem with its line and field.
 
     Exits 1 if any file is invalid. Files are bounded (1 MiB, 32 levels of
     nesting, 100,000 values); a file over a bound, not UTF-8 or not YAML is
-    reported in one line.
+    reported in one line. -o json and -o yaml print each file's problems and
+    warnings as data.
 
     Example:
 
         gpufleet policy validate deploy/policies/default.yaml
     """
-    bad = 0
-    for path in files:
-        name = escape(str(path))
-        try:
-            loaded = read_policy(path)
-        except OSError as exc:
-            err.print(f"[red]{name}: cannot read: {exc.strerror}[/red]")
-            bad += 1
-        except PolicyError as exc:
-            bad += 1
-            if len(exc.issues) == 1 and exc.issues[0].location == "(file)":
-                err.print(f"[red]{name}: {escape(str(exc.issues[0]))}[/red]")
-                continue
-            err.print(f"[red]{name}: {len(exc.issues)} problem(s)[/red]")
-            for issue in exc.issues:
-                err.print(f"  {escape(str(issue))}")
-        else:
-            out.print(f"{path}: valid")
-            for warning in loaded.warnings():
+    checked = [_check(path) for path in files]
+    if structured(output):
+        print_data(output, {"files": [c for c, _ in checked]})
+    else:
+        for c, one_line in checked:
+            name = escape(c["file"])
+            if c["valid"]:
+                out.print(f"{c['file']}: valid")
+            elif one_line:
+                err.print(f"[red]{name}: {escape(c['problems'][0])}[/red]")
+            else:
+                err.print(f"[red]{name}: {len(c['problems'])} problem(s)[/red]")
+                for problem in c["problems"]:
+                    err.print(f"  {escape(problem)}")
+            for warning in c["warnings"]:
                 err.print(f"[yellow]{name}: warning: {escape(warning)}[/yellow]")
-    if bad:
+    if not all(c["valid"] for c, _ in checked):
         raise typer.Exit(1)
+
+
+def _check(path: Path) -> tuple[dict[str, Any], bool]:
+    """One file's verdict (valid, problems, warnings), and whether it is one line (the
+    file could not be read, or is not a YAML mapping at all)."""
+    result: dict[str, Any] = {"file": str(path), "valid": False, "problems": [], "warnings": []}
+    try:
+        loaded = read_policy(path)
+    except OSError as exc:
+        result["problems"] = [f"cannot read: {exc.strerror}"]
+        return result, True
+    except PolicyError as exc:
+        result["problems"] = [str(issue) for issue in exc.issues]
+        return result, len(exc.issues) == 1 and exc.issues[0].location == "(file)"
+    result.update(valid=True, warnings=list(loaded.warnings()))
+    return result, False
 
 
 @app.command("show")
@@ -204,20 +242,43 @@ def show_cmd() -> None:
     typer.echo(DEFAULT_POLICY_YAML, nl=False)
 
 
+TABLE_COLUMNS = (
+    Column("FAULT"),
+    Column("ONE OCCURRENCE"),
+    Column("REPEATS"),
+    Column("CONDITION"),
+    Column("RULE", wide=True),
+    Column("MEANING", wide=True),
+)
+
+
 @app.command("table")
 def table_cmd(
     policy: Path | None = typer.Option(None, "--policy", help="Policy YAML file."),
+    output: OutputOpt = Format.TABLE,
 ) -> None:
-    """List every fault and XID with what one occurrence and repeats do.
+    """List every fault and XID with what one occurrence and repeats do (-o wide adds
+    the rule that decides and what the fault means).
 
     Example:
 
-        gpufleet policy table --policy my-policy.yaml
+        gpufleet policy table --policy my-policy.yaml -o wide
     """
     p = load_or_exit(policy)
-    t = Table("fault", "one occurrence", "repeats", "condition")
     rows = [explain(p, xid=x) for x in sorted(xids.XIDS)]
     rows += [explain(p, fault=k) for k in FaultKind if k is not FaultKind.XID]
-    for e in rows:
-        t.add_row(e.key, e.first, e.repeat or "", e.condition)
-    out.print(t)
+    data = {
+        "faults": [
+            {
+                "fault": e.key,
+                "first": e.first,
+                "repeat": e.repeat or None,
+                "condition": e.condition,
+                "rule": e.source,
+                "meaning": e.meaning,
+            }
+            for e in rows
+        ]
+    }
+    cells = [(e.key, e.first, e.repeat or "", e.condition, e.source, e.meaning) for e in rows]
+    emit(output, data, lambda wide: table(TABLE_COLUMNS, cells, wide=wide))

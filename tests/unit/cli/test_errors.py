@@ -250,3 +250,26 @@ def test_help_does_not_show_this_hosts_name_as_a_default(command: list[str]) -> 
     assert r.exit_code == 0
     assert "--node" in r.stdout and "$NODE_NAME, else this host's name" in r.stdout
     assert f"[default: {socket.gethostname()}]" not in r.stdout
+
+
+def test_an_xid_outside_the_catalogue_is_explained_with_a_warning_and_exit_1() -> None:
+    r = runner.invoke(app, ["policy", "explain", "--xid", "9999"])
+    assert r.exit_code == EXIT_NO, r.output
+    assert "XID 9999" in r.stdout  # what the policy does with it is still shown
+    lines = r.stderr.splitlines()
+    assert lines[0] == (
+        "warning: XID 9999 is not in gpufleet's catalogue; shown is what the policy does "
+        "with an XID it does not know"
+    )
+    assert lines[1].startswith("hint: ") and len(lines) == 2
+
+
+def test_an_xid_no_driver_can_report_is_a_usage_error() -> None:
+    r = runner.invoke(app, ["policy", "explain", "--xid", "99999"])
+    assert r.exit_code == EXIT_INPUT
+    assert r.stderr.splitlines()[0].startswith("error: Invalid value for '--xid'")
+
+
+def test_a_known_xid_has_no_warning() -> None:
+    r = runner.invoke(app, ["policy", "explain", "--xid", "79"])
+    assert r.exit_code == 0 and r.stderr == ""
