@@ -25,7 +25,8 @@ from gpufleet.health.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from gpufleet.health.metrics import AgentMetrics
 from gpufleet.health.telemetry import JobTelemetry
 
-app = typer.Typer(help="Run the node agent.", invoke_without_command=True)
+# No help= here: the callback's docstring (with its example) is the command's help.
+app = typer.Typer(invoke_without_command=True)
 
 
 @app.callback()
