@@ -60,13 +60,20 @@ def check(
     timeout: float = typer.Option(
         20.0, "--timeout", min=1.0, max=600.0, help="With --slurm: seconds the checks may take."
     ),
+    allow_busy: bool = typer.Option(
+        False,
+        "--allow-busy",
+        help="Run the active checks (gemm, sdc, hbm, allreduce, dcgm) even while GPU "
+        "processes run or cannot be read; by default they are skipped (unknown) then.",
+    ),
 ) -> None:
     """Run the checks once and print pass/fail, measured value, threshold and evidence.
 
     Exit code: 0 all passed, 1 a warning, 2 a check failed, 3 no GPU found
     (Nagios plugin codes). Checks that cannot run here (no DCGM, one GPU)
-    are shown as "unknown" and do not fail the run. -o wide adds the faults
-    each check reports; --json is -o json.
+    are shown as "unknown" and do not fail the run; so are the active checks
+    while GPU processes run or NVML cannot tell (--allow-busy runs them anyway).
+    -o wide adds the faults each check reports; --json is -o json.
 
     Example:
 
@@ -90,6 +97,7 @@ def check(
         args += ["--iters", str(iters), "--dcgm-level", str(dcgm_level)]
         args += [a for spec in inject for a in ("--inject", spec)]
         args += ["--sku", sku] if sku else []
+        args += ["--allow-busy"] if allow_busy else []
         args += ["--profiles", str(profiles_file)] if profiles_file is not None else []
         result = slurm_hook.run_hook(slurm, node, slurm_hook.child_argv(args), timeout_s=timeout)
         typer.echo(slurm_hook.log_line(slurm, node, result), err=True)
@@ -122,6 +130,7 @@ def check(
                 between_polls=apply_injections,
                 dcgm_level=dcgm_level,
                 iters=iters,
+                guard=None if allow_busy else checks.idle_guard(hw),
             )
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--checks") from None

@@ -446,7 +446,13 @@ class Agent:
             )
         names, iters = profile
         results = checks.run_checks(
-            self.hw, self.profile, names, node=self.node, clock=self.clock, iters=iters
+            self.hw,
+            self.profile,
+            names,
+            node=self.node,
+            clock=self.clock,
+            iters=iters,
+            guard=checks.idle_guard(self.hw),
         )
         if self.metrics is not None:
             for r in results:

@@ -351,6 +351,20 @@ def reference_for(run: compute.GemmRun, seed: int) -> np.ndarray:
     return compute.reference_rows(a, b)
 
 
+def idle_guard(hw: Hardware) -> Callable[[], str | None]:
+    """A ``guard`` for :func:`run_checks`: no active check while GPU processes run,
+    nor while NVML cannot say (fail closed: unknown is not idle)."""
+
+    def why_not() -> str | None:
+        try:
+            busy = hw.busy()
+        except HardwareError as exc:
+            return f"GPU processes could not be read ({exc}); failing closed"
+        return "GPU processes are running" if busy else None
+
+    return why_not
+
+
 def run_checks(
     hw: Hardware,
     profile: prof.SkuProfile,
@@ -362,9 +376,14 @@ def run_checks(
     dcgm_level: int = 1,
     iters: int = 3,
     seed: int = 1234,
+    guard: Callable[[], str | None] | None = None,
 ) -> list[CheckResult]:
     """Run the named checks once. Passive checks poll twice (counters need a baseline);
-    ``between_polls`` runs in between (the CLI injects simulated faults there)."""
+    ``between_polls`` runs in between (the CLI injects simulated faults there).
+
+    ``guard`` is asked before each active check; a reason from it makes that check
+    UNKNOWN ("not run: ...") instead of running (:func:`idle_guard`: a stress test
+    never starts while GPU processes run or while that cannot be read)."""
     unknown = [n for n in names if n not in ALL]
     if unknown:
         raise ValueError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
@@ -401,6 +420,11 @@ def run_checks(
 
     for name in names:
         now = clock()
+        if name in ACTIVE and guard is not None:
+            why = guard()
+            if why is not None:
+                out.append(CheckResult(name, CheckStatus.UNKNOWN, f"not run: {why}"))
+                continue
         if name == "gemm":
             out.append(
                 timed(name, lambda: judge_gemm(gemm_runs_once(), profile, node=node, now=now))  # noqa: B023

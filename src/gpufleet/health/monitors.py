@@ -114,6 +114,51 @@ def ib_faults(
     return out
 
 
+_VALUE_SUBSYSTEM = {
+    "handle": Subsystem.GPU,
+    "ecc_uncorrected_volatile": Subsystem.GPU,
+    "ecc_uncorrected_aggregate": Subsystem.GPU,
+    "ecc_corrected_volatile": Subsystem.GPU,
+    "remapped_rows": Subsystem.GPU,
+    "retired_pages_sbe": Subsystem.GPU,
+    "retired_pages_dbe": Subsystem.GPU,
+    "retired_pages_pending": Subsystem.GPU,
+    "clocks_event_reasons": Subsystem.THERMAL,
+    "temperature_c": Subsystem.THERMAL,
+    "power_mw": Subsystem.THERMAL,
+    "power_limit_mw": Subsystem.THERMAL,
+    "pcie_gen": Subsystem.PCIE,
+    "pcie_gen_max": Subsystem.PCIE,
+    "pcie_width": Subsystem.PCIE,
+    "pcie_width_max": Subsystem.PCIE,
+    "nvlink_state": Subsystem.NVLINK,
+}
+"""Which subsystem an unreadable NVML value leaves unknown."""
+
+
+def unreadable_values(
+    readings: Iterable[nvml_values.GpuReading | None],
+) -> dict[Subsystem, str]:
+    """Subsystems some GPU value of which NVML could not read (feature absent is
+    fine; any other failure is not): their condition is Unknown, never healthy.
+    A value set without even a GPU index leaves the GPU subsystem unknown. A lost
+    GPU is not unknown: it counts as missing."""
+    why: dict[Subsystem, list[str]] = {}
+    for r in readings:
+        if r is None:
+            why.setdefault(Subsystem.GPU, []).append("a GPU without a readable index")
+            continue
+        if r.lost:
+            continue
+        for key in r.unreadable:
+            sub = _VALUE_SUBSYSTEM.get(key, Subsystem.GPU)
+            why.setdefault(sub, []).append(f"GPU {r.index} {key}")
+    return {
+        sub: "NVML could not read " + ", ".join(items[:6]) + (" ..." if len(items) > 6 else "")
+        for sub, items in why.items()
+    }
+
+
 class PassiveMonitors:
     """The passive monitors of one node."""
 
@@ -139,8 +184,12 @@ class PassiveMonitors:
         # NVML: GPU presence, memory, clocks, PCIe, NVLink.
         try:
             raw = self.hw.gpus()
-            readings = [r for r in (nvml_values.parse_gpu(g) for g in raw) if r is not None]
+            parsed = [nvml_values.parse_gpu(g) for g in raw]
+            readings = [r for r in parsed if r is not None]
             snap.gpus = readings
+            for sub, why in unreadable_values(parsed).items():
+                unreadable[sub] = why
+            visible = len(raw) - sum(1 for r in readings if r.lost)
             self._bus_to_gpu = {
                 nvml_values.normalize_bus_id(r.pci_bus_id): r.index
                 for r in readings
@@ -148,7 +197,7 @@ class PassiveMonitors:
             }
             for r in readings:
                 put(nvml_values.gpu_faults(r, self.profile, node=self.node, now=now))
-            if len(raw) < self.profile.gpus_per_node:
+            if visible < self.profile.gpus_per_node:
                 put(
                     [
                         FaultEvent(
@@ -157,10 +206,11 @@ class PassiveMonitors:
                             now,
                             evidence=Evidence(
                                 counters={
-                                    "visible": len(raw),
+                                    "visible": visible,
                                     "expected": self.profile.gpus_per_node,
                                 },
-                                message=f"{len(raw)} of {self.profile.gpus_per_node} GPUs visible",
+                                message=f"{visible} of {self.profile.gpus_per_node} GPUs visible"
+                                + (f" ({len(raw) - visible} lost)" if visible < len(raw) else ""),
                             ),
                         )
                     ]

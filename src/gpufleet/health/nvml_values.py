@@ -56,6 +56,9 @@ _INT_KEYS = (
     "pcie_width_max",
 )
 _NUM_KEYS = ("temperature_c", "power_mw", "power_limit_mw")
+NOT_SUPPORTED = "NVML_ERROR_NOT_SUPPORTED"
+"""The one NVML error that means "this GPU has no such feature" rather than a failure."""
+GPU_IS_LOST = "NVML_ERROR_GPU_IS_LOST"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,12 @@ class GpuReading:
     nvlink_state: tuple[bool, ...] | None = None
     unknown: tuple[str, ...] = ()
     """Keys that were present but unreadable (an NVML error or a bad value)."""
+    unreadable: tuple[str, ...] = ()
+    """The subset of :attr:`unknown` that is a failure, not an absent feature:
+    every NVML error but ``NVML_ERROR_NOT_SUPPORTED``, and values of the wrong
+    shape. Their subsystem is unknown, never healthy (fail closed)."""
+    lost: bool = False
+    """NVML reports the GPU lost (``NVML_ERROR_GPU_IS_LOST``): it counts as missing."""
 
     def get(self, key: str) -> int | None:
         """An integer value, or None when unknown."""
@@ -153,6 +162,11 @@ def parse_gpu(raw: dict[str, Any]) -> GpuReading | None:
         v = raw.get(key)
         return v if isinstance(v, str) and not v.startswith("NVML_ERROR") else None
 
+    unreadable = tuple(k for k in unknown if raw.get(k) != NOT_SUPPORTED)
+    name = raw.get("name")
+    if isinstance(name, str) and name.startswith("NVML_ERROR"):
+        unreadable = ("handle", *unreadable)
+    lost = any(v == GPU_IS_LOST for v in raw.values())
     return GpuReading(
         index=index,
         name=text("name"),
@@ -166,6 +180,8 @@ def parse_gpu(raw: dict[str, Any]) -> GpuReading | None:
         retired_pending=retired_pending,
         nvlink_state=links,
         unknown=tuple(unknown),
+        unreadable=unreadable,
+        lost=lost,
     )
 
 
