@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from gpufleet.cli.output import (
     structured,
     table,
 )
-from gpufleet.health import backends, checks, results, skus, slurm_hook
+from gpufleet.health import backends, checks, preflight, results, skus, slurm_hook
 from gpufleet.health.hardware import Hardware, NoGpuFound
 
 app = typer.Typer(help="Run node health checks and inject simulated faults.", no_args_is_help=True)
@@ -59,6 +60,18 @@ def check(
     ),
     timeout: float = typer.Option(
         20.0, "--timeout", min=1.0, max=600.0, help="With --slurm: seconds the checks may take."
+    ),
+    preflight: bool = typer.Option(
+        False,
+        "--preflight",
+        help="With --slurm prolog: for a multi-node job, all-reduce across its nodes first "
+        "(needs PrologFlags=Alloc); a node that fails is excluded and the job requeued.",
+    ),
+    preflight_timeout: float = typer.Option(
+        20.0, "--preflight-timeout", min=1.0, max=120.0, help="Seconds the all-reduce may take."
+    ),
+    preflight_port: int = typer.Option(
+        29400, "--preflight-port", min=1024, max=64535, help="Rendezvous port base (+ job % 1000)."
     ),
     allow_busy: bool = typer.Option(
         False,
@@ -101,6 +114,11 @@ def check(
         args += ["--profiles", str(profiles_file)] if profiles_file is not None else []
         result = slurm_hook.run_hook(slurm, node, slurm_hook.child_argv(args), timeout_s=timeout)
         typer.echo(slurm_hook.log_line(slurm, node, result), err=True)
+        if preflight and slurm is slurm_hook.Mode.PROLOG and result.exit_code == 0:
+            absent = backend == Backend.SIMULATED and any(
+                spec.split(",")[0] == "nic-down" for spec in inject
+            )
+            typer.echo(_preflight(preflight_timeout, preflight_port, absent), err=True)
         raise typer.Exit(result.exit_code)
     try:
         hw = backends.open_backend(backend, node=node)
@@ -152,6 +170,25 @@ def check(
     _print(found, profile.name, backend, fmt)
     status = results.worst([r.status for r in found if r.status is not results.CheckStatus.UNKNOWN])
     raise typer.Exit(int(status))
+
+
+def _preflight(timeout: float, base_port: int, absent: bool) -> str:
+    """The gang preflight of a multi-node job (never fails the prolog); one log line."""
+    try:
+        gang = preflight.gang_from_env(os.environ, base_port=base_port)
+    except (KeyError, ValueError, RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        return f"gpufleet preflight: not run: {exc}"
+    if gang is None:
+        return "gpufleet preflight: one node, nothing to check"
+    found = preflight.run(gang, timeout_s=timeout, absent=absent)
+    where = f"job={gang.job_id} rank={gang.rank}/{gang.world} seconds={found.seconds:.2f}"
+    if found.ok or gang.rank != 0 or not found.ran or not found.bad:
+        return f"gpufleet preflight: {where} ok={found.ok} {found.detail}".rstrip()
+    try:
+        done = preflight.requeue_without(gang, found.bad)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        done = [f"requeue failed: {exc}"]
+    return f"gpufleet preflight: {where} failed on {','.join(found.bad)}: {'; '.join(done)}"
 
 
 def _safe_gpus(hw: Hardware) -> list[dict[str, Any]]:

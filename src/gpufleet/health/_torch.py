@@ -7,6 +7,7 @@ on the CPU) in spawned processes on a loopback rendezvous.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import queue
 import socket
@@ -170,3 +171,83 @@ def allreduce(
     return compute.AllReduceRun(
         world, max(1, nbytes // 4) * 4, iters, seconds, backend, all(c for _, _, c, _ in results)
     )
+
+
+# -- gang preflight (gpufleet.health.preflight runs this as a child process) ----------
+
+GANG_ELEMENTS = 256 * 1024
+"""Floats per all-reduce in the gang preflight (1 MiB): enough to cross every link."""
+GANG_ROUNDS = 3
+
+
+def gang_allreduce(
+    *, rank: int, world: int, nodes: list[str], addr: str, port: int, deadline: float
+) -> dict[str, Any]:
+    """One rank of the gang preflight; rank 0 also collects every rank's answer.
+
+    A ``TCPStore`` on rank 0 is the rendezvous and the answer sheet: each rank
+    sets ``arrived/<rank>``, joins the process group (NCCL with CUDA, else
+    gloo), all-reduces ``GANG_ROUNDS`` times a tensor of ``rank + 1`` and sets
+    ``sum/<rank>`` to ``ok`` or ``wrong``. Rank 0 names the ranks whose answer
+    is missing or wrong at the deadline (wall-clock seconds since the epoch, set
+    by the parent before torch was imported; one second is kept for collecting).
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    started = time.monotonic()
+    wait = datetime.timedelta(seconds=max(1.0, deadline - time.time() - 1.0))
+    try:
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            addr, port, world, rank == 0, timeout=wait, wait_for_workers=False
+        )
+    except Exception as exc:
+        return {"ok": False, "ran": rank != 0, "seconds": 0.0, "detail": f"rendezvous: {exc}"}
+    store.set(f"arrived/{rank}", "1")
+    verdict = "wrong"
+    detail = ""
+    try:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=wait)
+        device = "cuda" if backend == "nccl" else "cpu"
+        expected = world * (world + 1) / 2
+        good = True
+        for _ in range(GANG_ROUNDS):
+            t = torch.full((GANG_ELEMENTS,), float(rank + 1), device=device)
+            dist.all_reduce(t)
+            good = good and bool(torch.all(t == expected).item())
+        verdict = "ok" if good else "wrong"
+    except Exception as exc:
+        detail = f"{type(exc).__name__}: {exc}"[:300]
+    store.set(f"sum/{rank}", verdict)
+    if rank != 0:
+        return {"ok": verdict == "ok", "seconds": time.monotonic() - started, "detail": detail}
+    answers: dict[int, str] = {}
+    while len(answers) < world and time.time() < deadline:
+        for r in range(world):
+            if r not in answers and store.check([f"sum/{r}"]):
+                answers[r] = store.get(f"sum/{r}").decode()
+        time.sleep(0.05)
+    # A rank that never arrived is the one to name: the others' failure to
+    # form the group follows from its absence.
+    absent = [nodes[r] for r in range(world) if not store.check([f"arrived/{r}"])]
+    bad = absent or [nodes[r] for r in range(world) if answers.get(r) != "ok"]
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+    return {
+        "ok": not bad,
+        "bad": bad,
+        "seconds": time.monotonic() - started,
+        "detail": detail or ("" if not bad else f"no good answer from {', '.join(bad)}"),
+    }
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(json.dumps(gang_allreduce(**json.loads(sys.argv[1]))), flush=True)

@@ -66,11 +66,12 @@ RECOVERY_TEXT = {
     "drain-p2p": "0x3 (Drain P2P)",
     "drain-and-reset": "0x4 (Drain and Reset)",
 }
-EXTRA_FAULTS = ("kmsg-garbage", "busy", "hang", "crash")
+EXTRA_FAULTS = ("kmsg-garbage", "busy", "hang", "crash", "nic-down")
 """Injectable conditions that are not fault kinds: malformed log lines, a running
-workload, and two failures of the check program itself (``hang``: the next
-hardware read never returns, as NVML does on a wedged GPU; ``crash``: the check
-code raises), with which the bounds of ``gpufleet health check --slurm`` are tested."""
+workload, two failures of the check program itself, with which the bounds of
+``gpufleet health check --slurm`` are tested (``hang``: the next hardware read
+never returns, as NVML does on a wedged GPU; ``crash``: the check code raises),
+and ``nic-down``: the node never joins a job's gang preflight (a broken NIC)."""
 
 
 class InjectionError(ValueError):
@@ -455,6 +456,8 @@ class SimulatedHardware(Hardware):
             self._kernel.append("NVRM: Xid (PCI:zz:zz): seventy-nine")
         elif k == "hang":
             self._hang = True
+        elif k == "nic-down":
+            pass  # seen by the gang preflight (gpufleet.health.preflight), not by a check
         elif k == "crash":
             raise RuntimeError("simulated crash inside the check code")
         elif k == "busy":
