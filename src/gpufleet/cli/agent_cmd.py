@@ -14,6 +14,7 @@ from gpufleet.cli.options import (
     BackendOpt,
     KubeconfigOpt,
     NodeNameOpt,
+    PolicyFileOpt,
     kubeconfig_arg,
     node_name,
 )
@@ -49,9 +50,7 @@ def run(
         help="Bind address of the fault-injection API (0.0.0.0 in a local-cluster machine, "
         "whose only way in is its qemu port forward from the host's loopback).",
     ),
-    policy_file: Path | None = typer.Option(
-        None, "--policy", help="Policy YAML (default: the built-in policy)."
-    ),
+    policy_file: PolicyFileOpt = None,
     sku: str = typer.Option("", help="SKU profile; default: from the GPU name."),
     interval: float = typer.Option(1.0, help="Seconds between passive polls."),
     active_every: float = typer.Option(

@@ -21,7 +21,14 @@ app = typer.Typer(
 @app.command("reset")
 def reset(
     reason: operator_cmd.ReasonOpt,
-    policy: Annotated[str, typer.Option(help="The FleetPolicy the controller obeys.")] = "default",
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy-name",
+            "--policy",
+            help="The FleetPolicy the controller obeys (its --policy-name).",
+        ),
+    ] = "default",
     kubeconfig: KubeconfigOpt = None,
     no_wait: operator_cmd.NoWaitOpt = False,
     timeout: operator_cmd.TimeoutOpt = 10.0,

@@ -8,14 +8,19 @@ from typing import Annotated
 import typer
 
 from gpufleet.cli import logs
-from gpufleet.cli.options import KubeconfigOpt, VerboseOpt, kubeconfig_arg
+from gpufleet.cli.options import EVENT_NAMESPACE, KubeconfigOpt, VerboseOpt, kubeconfig_arg
 
 
 def controller(
     kubeconfig: KubeconfigOpt = None,
     namespace: Annotated[
-        str, typer.Option(help="Namespace for Events about Nodes (cluster-scoped objects).")
-    ] = "default",
+        str,
+        typer.Option(
+            "--event-namespace",
+            "--namespace",
+            help="Namespace of its Events about cluster-scoped objects (Nodes, FleetPolicies).",
+        ),
+    ] = EVENT_NAMESPACE,
     metrics_port: Annotated[
         int, typer.Option(help="Port of the Prometheus /metrics endpoint; 0 turns it off.")
     ] = 29401,

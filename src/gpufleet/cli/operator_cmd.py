@@ -25,6 +25,7 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
+from gpufleet.cli.options import EventNamespaceOpt
 from gpufleet.domain import well_known
 from gpufleet.domain.operator import MAX_REASON, OperatorRequest
 from gpufleet.kubeapi import (
@@ -57,10 +58,7 @@ NoWaitOpt = Annotated[
 TimeoutOpt = Annotated[
     float, typer.Option("--timeout", help="Seconds to wait for the controller's answer.")
 ]
-EventNsOpt = Annotated[
-    str,
-    typer.Option(help="Namespace of the controller's Events (its --event-namespace)."),
-]
+EventNsOpt = EventNamespaceOpt
 
 GV = f"{well_known.GROUP}/{well_known.VERSION}"
 

@@ -112,4 +112,22 @@ BackendOpt = Annotated[
     ),
 ]
 
+PolicyFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--policy",
+        help="Policy YAML file (a FleetPolicy or its spec); default: the built-in policy.",
+    ),
+]
+
+EVENT_NAMESPACE = "default"
+EventNamespaceOpt = Annotated[
+    str,
+    typer.Option(
+        "--event-namespace",
+        help="Namespace of the lifecycle controller's Events about cluster-scoped objects "
+        "(Nodes, FleetPolicies): the controller's --event-namespace.",
+    ),
+]
+
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpufleet.cli.errors import EXIT_NO, warn
+from gpufleet.cli.options import PolicyFileOpt
 from gpufleet.cli.output import (
     Column,
     Format,
@@ -84,9 +85,7 @@ def explain_cmd(
         help="A Slurm drain reason set by someone else, e.g. 'NHC: check_hw_ib failed'.",
         metavar="TEXT",
     ),
-    policy: Path | None = typer.Option(
-        None, "--policy", help="Policy YAML file (default: the built-in policy)."
-    ),
+    policy: PolicyFileOpt = None,
     as_json: JsonOpt = False,
     output: OutputOpt = Format.TABLE,
 ) -> None:
@@ -254,7 +253,7 @@ TABLE_COLUMNS = (
 
 @app.command("table")
 def table_cmd(
-    policy: Path | None = typer.Option(None, "--policy", help="Policy YAML file."),
+    policy: PolicyFileOpt = None,
     output: OutputOpt = Format.TABLE,
 ) -> None:
     """List every fault and XID with what one occurrence and repeats do (-o wide adds

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gpufleet.cli.errors import fail
+from gpufleet.cli.options import PolicyFileOpt
 from gpufleet.cli.output import Format, JsonOpt, OutputOpt, chosen, emit
 from gpufleet.cli.policy_cmd import read_policy
 from gpufleet.domain.policy import Policy, PolicyError, default_policy
@@ -34,9 +35,7 @@ def _read_model(path: Path | None) -> Model:
 def sim(
     gpus: Annotated[int, typer.Option(min=1, help="GPUs of the training job.")] = 3504,
     days: Annotated[float, typer.Option(min=0.001, help="Simulated days.")] = 30.0,
-    policy: Annotated[
-        Path | None, typer.Option(help="Policy YAML (FleetPolicy spec); default: built-in.")
-    ] = None,
+    policy: PolicyFileOpt = None,
     model: Annotated[
         Path | None, typer.Option(help="Fleet model YAML; default: built-in (Llama 3 mix).")
     ] = None,
