@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
 from gpufleet.sim import simulate, summarize
 from gpufleet.sim.model import Model
 from gpufleet.sim.report import write_comparison, write_report
@@ -20,6 +19,7 @@ from gpufleet.sim.scenarios import (
     NO_LEMON_POLICY_YAML,
     SCENARIOS,
     Scenario,
+    lemon_policy_yaml,
     with_overrides,
 )
 
@@ -91,8 +91,11 @@ def main() -> None:
     print("\n### Lemon rule: 16384 GPUs, full scenario\n")
     print(header("lemon rule"))
     rules = [
-        ("default: 3 incidents in 7 days", FULL),
-        ("2 incidents in 28 days", Scenario("lemon-2-28", "", {}, LEMON_2_28_POLICY_YAML)),
+        ("default: score 2.5 (GPU 1.8), half-life 14 days", FULL),
+        (
+            "strict: score 1.5 (GPU 1.5), half-life 28 days",
+            Scenario("lemon-strict", "", {}, LEMON_STRICT_POLICY_YAML),
+        ),
         ("off", Scenario("no-lemon", "", {}, NO_LEMON_POLICY_YAML)),
     ]
     for name, sc in rules:
@@ -102,9 +105,7 @@ def main() -> None:
         print(row(f"{name} (lemons replaced {replaced:.1f} of {lemons:.1f})", runs))
 
 
-LEMON_2_28_POLICY_YAML = DEFAULT_POLICY_YAML.replace(
-    "lemon:\n  incidents: 3\n  windowDays: 7", "lemon:\n  incidents: 2\n  windowDays: 28"
-)
+LEMON_STRICT_POLICY_YAML = lemon_policy_yaml(1.5, 1.5, 28)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from gpufleet.cli import operator_cmd
 from gpufleet.cli.errors import fail
 from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
-from gpufleet.domain import conditions, well_known
+from gpufleet.domain import conditions, lemon, well_known
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.records import Incident
 from gpufleet.kubeapi import NODES, KubeApi, NotFound, custom
@@ -77,6 +77,23 @@ def _incident(inc: Incident | None) -> dict[str, Any] | None:
     }
 
 
+def lemon_summary(score: lemon.LemonScore | None, now: float) -> dict[str, Any] | None:
+    """The lemon score decayed to ``now``: the node's and its GPUs' (highest first)."""
+    if score is None:
+        return None
+    s = score.now(now)
+    gpus = sorted(s.gpus.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {"score": round(s.node, 2), "gpus": {k: round(v, 2) for k, v in gpus}}
+
+
+def _lemon_cell(summary: dict[str, Any] | None) -> str:
+    if summary is None:
+        return "-"
+    worst = next(iter(summary["gpus"].items()), None)
+    cell = f"{summary['score']:.2f}"
+    return cell if worst is None else f"{cell} ({worst[0]} {worst[1]:.2f})"
+
+
 def node_summary(body: dict[str, Any], now: float) -> dict[str, Any]:
     """One row of ``gpufleet nodes`` as data (what -o json and -o yaml print)."""
     record, new = nodes.record_of(body, now)
@@ -94,6 +111,7 @@ def node_summary(body: dict[str, Any], now: float) -> dict[str, Any]:
         "incident": None if inc is None else inc.key,
         "cordoned": _cordon(body),
         "pool": record.pool,
+        "lemon": lemon_summary(record.lemon, now),
     }
 
 
@@ -103,6 +121,7 @@ NODE_COLUMNS = (
     Column("SINCE"),
     Column("REASON", cut=80),
     Column("STEP"),
+    Column("LEMON"),
     Column("INCIDENT", wide=True),
     Column("CORDONED", wide=True),
     Column("POOL", wide=True),
@@ -118,6 +137,7 @@ def _node_cells(row: dict[str, Any], since: float) -> list[str]:
         _ago(since, time.time()),
         row["reason"],
         "-" if step is None else f"{step['step']} (attempt {step['attempt']})",
+        _lemon_cell(row["lemon"]),
         row["incident"] or "-",
         row["cordoned"],
         row["pool"],
@@ -130,8 +150,9 @@ def nodes_table(
     out: Annotated[bool, typer.Option("--out", help="Only nodes not in production.")] = False,
     output: OutputOpt = Format.TABLE,
 ) -> None:
-    """A table of nodes: state, since when, why, and the current remediation step
-    (-o wide adds the incident, the cordon, the pool and the time of the change).
+    """A table of nodes: state, since when, why, the current remediation step and the
+    lemon score (decayed to now, with the worst GPU's; -o wide adds the incident, the
+    cordon, the pool and the time of the change).
 
     Example:
 
@@ -201,6 +222,7 @@ def node_detail_data(body: dict[str, Any], rems: list[Any], now: float) -> dict[
             for t in record.history
         ],
         "incident": _incident(record.incident),
+        "lemon": lemon_summary(record.lemon, now),
         "conditions": evidence,
         "remediations": [
             {
@@ -226,6 +248,10 @@ def _draw_detail(d: dict[str, Any], wide: bool) -> list[RenderableType]:
         out.append(Text("(gpufleet has not written a record for this node yet)"))
     taints = ", ".join(f"{t['key']}:{t['effect']}" for t in d["taints"]) or "none"
     out.append(Text(f"cordoned: {_CORDON_TEXT[d['cordoned']]}   taints: {taints}"))
+    lem = d["lemon"]
+    if lem is not None:
+        gpus = ", ".join(f"{k} {v:.2f}" for k, v in lem["gpus"].items()) or "none"
+        out.append(Text(f"lemon score: {lem['score']:.2f}   GPUs: {gpus}"))
     out.append(
         table(
             ("WHEN", "FROM", "TO", "TRIGGER", Column("REASON", cut=70)),

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.domain import events as ev
-from gpufleet.domain import operator, well_known
+from gpufleet.domain import lemon, operator, well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.faults import FaultEvent
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step, severity
@@ -191,10 +191,9 @@ def _move(
 def _prune(record: NodeRecord, policy: Policy, now: float) -> NodeRecord:
     keep = policy_window(policy)
     occ = tuple(o for o in record.occurrences if now - o.at < keep)
-    inc = tuple(t for t in record.incidents if now - t < policy.lemon.window_seconds)
-    if occ == record.occurrences and inc == record.incidents:
+    if occ == record.occurrences:
         return record
-    return replace(record, occurrences=occ, incidents=inc)
+    return replace(record, occurrences=occ)
 
 
 def policy_window(policy: Policy) -> float:
@@ -208,6 +207,28 @@ def _remember(record: NodeRecord, fault: FaultEvent) -> NodeRecord:
     if occ in record.occurrences:
         return record
     return replace(record, occurrences=(*record.occurrences, occ))
+
+
+def _scored(
+    record: NodeRecord, fault: FaultEvent, policy: Policy, now: float, *, out: bool
+) -> NodeRecord:
+    """``record`` with ``fault`` added to its lemon score (domain.lemon).
+
+    ``out``: the fault takes the node out. An application fault that does (its
+    repeats escalated to a node action) counts as hardware: repeats of a
+    program's error on one GPU point at the GPU.
+    """
+    cls = lemon.fault_class(fault)
+    if out and cls is lemon.FaultClass.APPLICATION:
+        cls = lemon.FaultClass.HARDWARE
+    score = lemon.add(
+        record.lemon,
+        weight=policy.lemon.weights.of(cls),
+        scope=fault.evidence.scope(),
+        now=now,
+        half_life_seconds=policy.lemon.half_life_seconds,
+    )
+    return replace(record, lemon=score)
 
 
 def respond(rule: Rule, fault: FaultEvent, record: NodeRecord, now: float) -> tuple[Response, str]:
@@ -255,9 +276,12 @@ def _on_fault(ctx: _Ctx, event: ev.FaultObserved) -> _Plan:
     book = _remember(ctx.record, fault)
     response, why = respond(rule, fault, book, ctx.now)
     desc = f"{fault.describe()}: {fault.evidence.summary()}".rstrip(": ")
-    ctx = replace(ctx, record=book)
     if response is Response.IGNORE:
-        return _noop(ctx, why)
+        return _noop(replace(ctx, record=book), why)
+    if book is not ctx.record and book.state is S.PRODUCTION and response.step is None:
+        # Restarted or logged while it serves: counts now; an isolation counts in _isolate.
+        book = _scored(book, fault, ctx.policy, ctx.now, out=False)
+    ctx = replace(ctx, record=book)
     if response is Response.LOG or (
         response is Response.RESTART_JOB and book.state is not S.PRODUCTION
     ):
@@ -300,17 +324,17 @@ def _isolate(ctx: _Ctx, fault: FaultEvent, rule: Rule, step: Step, why: str, des
     policy = ctx.policy
     reasons = [why]
     plan = step
-    lemon = len(book.incidents) + 1 >= policy.lemon.incidents
-    if (
-        lemon
-        and policy.lemon.then.step is not None
-        and severity(policy.lemon.then.step) > severity(step)
-    ):
-        plan = policy.lemon.then.step
-        reasons.append(
-            f"lemon: {len(book.incidents) + 1} incidents within {policy.lemon.window_days:g} days"
-            f" -> {plan}"
-        )
+    scored = _scored(book, fault, policy, ctx.now, out=True)
+    verdict = lemon.judge(
+        scored.lemon,
+        now=ctx.now,
+        threshold=policy.lemon.threshold,
+        gpu_threshold=policy.lemon.gpu_threshold,
+    )
+    then = policy.lemon.then.step
+    if verdict.lemon and then is not None and severity(then) > severity(step):
+        plan = then
+        reasons.append(f"lemon: {verdict.why} -> {plan} instead of another repair")
     incident = Incident(
         key=fault.key,
         description=desc,
@@ -329,9 +353,8 @@ def _isolate(ctx: _Ctx, fault: FaultEvent, rule: Rule, step: Step, why: str, des
         fleet_size=ctx.fleet.size,
     )
     applied = replace(
-        book,
+        scored,
         incident=incident,
-        incidents=(*book.incidents, ctx.now),
         pending=None,
         pending_step=None,
     )
@@ -724,9 +747,7 @@ def _on_replaced(ctx: _Ctx, event: ev.HardwareReplaced) -> _Plan:
         why = operator.refusal(r, event) or f"hardware replacement ignored in {r.state}"
         return _noop(ctx, why)
     rec, t = _move(ctx, r, S.PROVISIONING, Trigger.HARDWARE_REPLACED, event.reason)
-    rec = replace(
-        rec, incident=None, occurrences=(), incidents=(), pending=None, pending_step=None
-    )
+    rec = replace(rec, incident=None, occurrences=(), lemon=None, pending=None, pending_step=None)
     return _Plan(applied=rec, held=r, reasons=("new hardware starts a new history",), transition=t)
 
 

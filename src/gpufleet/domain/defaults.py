@@ -157,9 +157,21 @@ ladder:
   - {step: power-cycle, timeoutSeconds: 1800, attempts: 1}
   - {step: reimage,     timeoutSeconds: 3600, attempts: 1, onFailure: triage}
 
+# A decayed, class-weighted score per node and per GPU (docs/policy.md, "Lemons"):
+# three GPU hardware incidents within about a week, or two on one GPU within
+# about four days, send the node to triage instead of another repair cycle.
 lemon:
-  incidents: 3
-  windowDays: 7
+  threshold: 2.5
+  gpuThreshold: 1.8
+  halfLifeDays: 14
+  weights:                    # what one fault of each class adds (docs/policy.md)
+    hardware: 1.0
+    link: 0.5
+    performance: 0.5
+    software: 0.5
+    environment: 0.1
+    informational: 0.1
+    application: 0
   then: triage
 
 safety:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpufleet.domain import well_known, xids
+from gpufleet.domain import lemon, well_known, xids
 from gpufleet.domain.faults import FAULTS, Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import LadderStep, Policy, Response, Rule, Scope
@@ -87,10 +87,7 @@ def explain(
         repeat_takes_node_out=rule.repeat is not None and rule.repeat.then.takes_node_out,
         isolation=_isolation(policy, rule) if out_rule else [],
         ladder=_ladder(policy, rule) if out_rule else [],
-        lemon=(
-            f"{policy.lemon.incidents} incidents within {policy.lemon.window_days:g} days "
-            f"send the node to {policy.lemon.then}"
-        ),
+        lemon=_lemon_text(policy, event),
         safety=_safety(policy) if out_rule else [],
         note=rule.note,
     )
@@ -120,6 +117,18 @@ def _isolation(policy: Policy, rule: Rule) -> list[str]:
         f"drain: {drain} (timeout {policy.drain.timeout_seconds:g}s)",
         f"Slurm: drain '{well_known.slurm_reason('<fault>')}', jobs requeue {rule.requeue}",
     ]
+
+
+def _lemon_text(policy: Policy, event: FaultEvent) -> str:
+    """What this fault adds to the node's lemon score, and when the score decides."""
+    lem = policy.lemon
+    cls = lemon.fault_class(event)
+    return (
+        f"counts as {cls} ({lem.weights.of(cls):g}; application faults that take the node "
+        f"out count as hardware); a score of {lem.threshold:g}, or {lem.gpu_threshold:g} on "
+        f"one GPU, halving every {lem.half_life_days:g} days, sends the node to {lem.then} "
+        "at its next incident"
+    )
 
 
 def _ladder(policy: Policy, rule: Rule) -> list[str]:

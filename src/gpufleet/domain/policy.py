@@ -25,6 +25,7 @@ from pydantic.alias_generators import to_camel
 from gpufleet.domain import nvlink5, xids, yamldoc
 from gpufleet.domain.faults import FaultEvent, FaultKind, fault_key
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step
+from gpufleet.domain.lemon import LemonWeights
 from gpufleet.domain.slurm_reasons import SlurmReasons
 from gpufleet.domain.stragglers import StragglerRule
 
@@ -189,16 +190,25 @@ class LadderStep(_Model):
 
 
 class Lemon(_Model):
-    """A node with ``incidents`` incidents in ``window_days`` is a lemon."""
+    """When a node is a lemon: its decayed, class-weighted score (domain.lemon).
 
-    incidents: int = Field(default=3, ge=2)
-    window_days: float = Field(default=7, gt=0)
+    Every fault that takes a node out of production, or restarts or is logged
+    while it serves, adds its class's weight to the node's score (and to its
+    GPU's, for a GPU fault); the score halves every ``half_life_days``. When a
+    new incident finds the node's score at ``threshold`` (or one GPU's at
+    ``gpu_threshold``), the node goes to ``then`` instead of another repair cycle.
+    """
+
+    threshold: float = Field(default=2.5, gt=0)
+    gpu_threshold: float = Field(default=1.8, gt=0)
+    half_life_days: float = Field(default=14, gt=0)
+    weights: LemonWeights = LemonWeights()
     then: Response = Response.TRIAGE
 
     @property
-    def window_seconds(self) -> float:
-        """The window in seconds."""
-        return self.window_days * 86400.0
+    def half_life_seconds(self) -> float:
+        """The half-life in seconds."""
+        return self.half_life_days * 86400.0
 
 
 class Budget(_Model):

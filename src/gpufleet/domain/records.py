@@ -2,8 +2,8 @@
 
 A :class:`NodeRecord` is everything :func:`~gpufleet.domain.decide` needs to
 know about one node's past: its state and why, the open incident and its
-ladder progress, recent fault occurrences (for repeat rules) and incident
-times (for lemon detection). The controller stores it on the Node as an
+ladder progress, recent fault occurrences (for repeat rules) and its lemon
+score (:mod:`gpufleet.domain.lemon`). The controller stores it on the Node as an
 annotation (Kubernetes is the database); the simulator keeps it in memory.
 
 :class:`FleetView` is the part of the fleet a single decision needs: pool
@@ -24,6 +24,7 @@ from pydantic import TypeAdapter
 
 from gpufleet.domain.faults import FaultEvent
 from gpufleet.domain.ladder import Step
+from gpufleet.domain.lemon import LemonScore
 from gpufleet.domain.policy import DrainMode, RequeueMode, SlurmSilence, TaintEffect
 from gpufleet.domain.safety import BreakerState
 from gpufleet.domain.states import OUT_OF_SERVICE, NodeState, Transition
@@ -99,8 +100,9 @@ class NodeRecord:
     pool: str = "default"
     incident: Incident | None = None
     occurrences: tuple[Occurrence, ...] = ()
-    incidents: tuple[float, ...] = ()
-    """When each incident opened (lemon detection)."""
+    lemon: LemonScore | None = None
+    """The node's and its GPUs' decayed, class-weighted fault score (None: no
+    fault counted since the hardware was new)."""
     pending: FaultEvent | None = None
     """A fault whose isolation a safety rail withheld: kept (even after its
     condition clears) and retried on every Tick until it is acted on or an

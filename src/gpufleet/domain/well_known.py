@@ -45,6 +45,13 @@ action was taken; ``False`` once a later check verified it."""
 ANNOTATION_REMEDIATION = "gpufleet.io/remediation"
 """Node annotation, set by the lifecycle controller: the name of the node's
 current NodeRemediation object."""
+ANNOTATION_LEMON_SCORE = "gpufleet.io/lemon-score"
+"""Node annotation, set by the lifecycle controller: the node's lemon score
+(``2.41``) as of the last write of its record (the score decays; ``gpufleet nodes``
+shows today's value); absent while no fault was counted."""
+ANNOTATION_LEMON_GPUS = "gpufleet.io/lemon-gpus"
+"""Node annotation, set by the lifecycle controller: the GPUs with a lemon score,
+highest first (``gpu3=1.90,gpu0=0.51``), as of the same write."""
 ANNOTATION_FAULTS_SEEN = "gpufleet.io/faults-seen"
 """Node annotation, set by the lifecycle controller: per problem condition type,
 the time of the latest occurrence already fed to ``decide`` (JSON), so a

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.domain import agent_requests, conditions, events, well_known
+from gpufleet.domain import agent_requests, conditions, events, lemon, well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.operator import Received, receive
@@ -222,6 +222,7 @@ def node_patch(
         well_known.ANNOTATION_RECORD: record_to_json(record),
         well_known.ANNOTATION_REASON: record.reason[:500],
     }
+    ann.update(lemon_annotations(record))
     if seen is not None:
         ann[well_known.ANNOTATION_FAULTS_SEEN] = json.dumps(dict(seen), separators=(",", ":"))
     patch_spec: Json = {}
@@ -282,6 +283,17 @@ def node_patch(
     if patch_spec:
         patch["spec"] = patch_spec
     return patch
+
+
+def lemon_annotations(record: NodeRecord) -> dict[str, str | None]:
+    """The lemon score annotations for a record (None removes one: new hardware)."""
+    score = record.lemon
+    if score is None:
+        return {well_known.ANNOTATION_LEMON_SCORE: None, well_known.ANNOTATION_LEMON_GPUS: None}
+    return {
+        well_known.ANNOTATION_LEMON_SCORE: f"{score.node:.2f}",
+        well_known.ANNOTATION_LEMON_GPUS: lemon.gpu_text(score) or None,
+    }
 
 
 def apply_merge_patch(body: Mapping[str, Any], patch: Mapping[str, Any]) -> Json:

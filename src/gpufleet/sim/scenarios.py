@@ -41,9 +41,23 @@ def with_overrides(model: Model, overrides: Mapping[str, Any]) -> Model:
     return Model.model_validate(data)
 
 
-NO_LEMON_POLICY_YAML = DEFAULT_POLICY_YAML.replace(
-    "lemon:\n  incidents: 3\n", "lemon:\n  incidents: 1000000\n"
-)
+_LEMON_THRESHOLDS = "lemon:\n  threshold: 2.5\n  gpuThreshold: 1.8\n"
+
+
+def lemon_policy_yaml(threshold: float, gpu_threshold: float, half_life_days: float) -> str:
+    """The default policy with other lemon thresholds and half-life."""
+    text = DEFAULT_POLICY_YAML.replace(
+        _LEMON_THRESHOLDS,
+        f"lemon:\n  threshold: {threshold:g}\n  gpuThreshold: {gpu_threshold:g}\n",
+    ).replace("  halfLifeDays: 14\n", f"  halfLifeDays: {half_life_days:g}\n")
+    if text.count(f"  halfLifeDays: {half_life_days:g}\n") != 1 or (
+        _LEMON_THRESHOLDS not in DEFAULT_POLICY_YAML
+    ):
+        raise AssertionError("the default policy's lemon block changed: update sim.scenarios")
+    return text
+
+
+NO_LEMON_POLICY_YAML = lemon_policy_yaml(1e6, 1e6, 14)
 """The default policy with lemon detection switched off."""
 
 

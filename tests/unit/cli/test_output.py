@@ -94,6 +94,7 @@ def test_a_node_summary_is_what_gpufleet_nodes_prints_as_data() -> None:
         "incident": "xid-79",
         "cordoned": "gpufleet",
         "pool": "default",
+        "lemon": None,
     }
     json.dumps(row)  # JSON-ready as it is
 
@@ -268,3 +269,18 @@ def test_table_cuts_long_text_only_in_table_mode() -> None:
     assert len(narrow.columns) == 2 and len(wide.columns) == 3
     assert narrow.columns[1]._cells[0].plain == "x" * 17 + "..."  # type: ignore[attr-defined]
     assert wide.columns[1]._cells[0].plain == "x" * 50  # type: ignore[attr-defined]
+
+
+def test_gpufleet_nodes_shows_the_lemon_score_decayed_to_now() -> None:
+    from gpufleet.domain import lemon
+
+    body = _node_body()
+    record = nodes_cmd.nodes.record_of(body, T0)[0]
+    score = lemon.add(None, weight=2.0, scope="gpu3", now=T0, half_life_seconds=86400.0)
+    body["metadata"]["annotations"][well_known.ANNOTATION_RECORD] = record_to_json(
+        replace(record, lemon=score)
+    )
+    row = nodes_cmd.node_summary(body, T0 + 86400.0)
+    assert row["lemon"] == {"score": 1.0, "gpus": {"gpu3": 1.0}}
+    assert nodes_cmd._lemon_cell(row["lemon"]) == "1.00 (gpu3 1.00)"
+    assert nodes_cmd.node_detail_data(body, [], T0 + 2 * 86400.0)["lemon"]["score"] == 0.5

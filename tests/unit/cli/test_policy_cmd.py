@@ -69,7 +69,7 @@ def test_validate_reports_every_problem_and_fails(tmp_path: Path) -> None:
     good.write_text(DEFAULT_POLICY_YAML)
     bad = tmp_path / "bad.yaml"
     bad.write_text(
-        DEFAULT_POLICY_YAML.replace("incidents: 3", "incidents: -1").replace(
+        DEFAULT_POLICY_YAML.replace("threshold: 2.5", "threshold: -1").replace(
             "  - match: {xid: 92}", "  - match: {xid: 0}"
         )
     )
@@ -78,7 +78,7 @@ def test_validate_reports_every_problem_and_fails(tmp_path: Path) -> None:
     r = runner.invoke(app, ["policy", "validate", str(good), str(bad)])
     assert r.exit_code == 1
     assert "2 problem(s)" in r.output
-    assert "match.xid" in r.output and "lemon.incidents" in r.output
+    assert "match.xid" in r.output and "lemon.threshold" in r.output
     assert "line " in r.output
     r = runner.invoke(app, ["policy", "validate", str(tmp_path / "missing.yaml")])
     assert r.exit_code == 1 and "cannot read" in r.output

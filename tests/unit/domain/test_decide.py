@@ -163,32 +163,44 @@ def test_in_progress_step_is_never_issued_twice() -> None:
         assert not [a for a in d.actions if a.kind is ActionKind.RUN_STEP]
 
 
+def _repaired(f: object, node: str, code: int, t: float, gpu: int) -> None:
+    f.send(node, xid(node, code, at=t, gpu=gpu), now=t)  # type: ignore[attr-defined]
+    f.send(node, ev.DrainCompleted(), now=t + 1)  # type: ignore[attr-defined]
+    f.send(node, ev.StepCompleted(Step.REBOOT, succeeded=True), now=t + 2)  # type: ignore[attr-defined]
+    f.send(node, ev.ChecksCompleted(passed=True), now=t + 3)  # type: ignore[attr-defined]
+
+
 def test_lemon_node_goes_to_triage() -> None:
+    """Three GPU hardware incidents on three GPUs a day apart: score 1 + 0.95 + 0.91 >= 2.5."""
     f = make_fleet(10)
     day = 86400.0
     for i in range(2):
-        t = i * day
-        f.send("n1", xid("n1", 79, at=t), now=t)
-        f.send("n1", ev.DrainCompleted(), now=t + 1)
-        f.send("n1", ev.StepCompleted(Step.REBOOT, succeeded=True), now=t + 2)
-        f.send("n1", ev.ChecksCompleted(passed=True), now=t + 3)
+        _repaired(f, "n1", 79, i * day, gpu=i)
         assert f.state("n1") is S.PRODUCTION
-    d = f.send("n1", xid("n1", 79, at=2 * day), now=2 * day)
-    assert any("lemon: 3 incidents" in r for r in d.reasons)
+    d = f.send("n1", xid("n1", 79, at=2 * day, gpu=2), now=2 * day)
+    assert any(r.startswith("lemon: lemon score 2.8") and "triage" in r for r in d.reasons)
+    assert f.records["n1"].incident.plan is Step.TRIAGE
     f.send("n1", ev.DrainCompleted(), now=2 * day + 1)
     assert f.state("n1") is S.TRIAGE
 
 
-def test_incidents_older_than_the_lemon_window_are_forgotten() -> None:
+def test_one_gpu_failing_twice_within_days_is_a_lemon() -> None:
+    f = make_fleet(10)
+    day = 86400.0
+    _repaired(f, "n1", 79, 0.0, gpu=3)
+    d = f.send("n1", xid("n1", 79, at=day, gpu=3), now=day)
+    assert any("lemon score of gpu3 1.95 >= 1.8" in r for r in d.reasons)
+    assert f.records["n1"].incident.plan is Step.TRIAGE
+
+
+def test_incidents_weeks_apart_decay_below_the_threshold() -> None:
     f = make_fleet(10)
     week = 7 * 86400.0
     for i in range(3):
-        t = i * week
-        f.send("n1", xid("n1", 79, at=t), now=t)
-        f.send("n1", ev.DrainCompleted(), now=t + 1)
-        f.send("n1", ev.StepCompleted(Step.REBOOT, succeeded=True), now=t + 2)
-        f.send("n1", ev.ChecksCompleted(passed=True), now=t + 3)
+        _repaired(f, "n1", 79, i * week, gpu=i)
     assert f.state("n1") is S.PRODUCTION
+    score = f.records["n1"].lemon
+    assert score is not None and 2.2 < score.node < 2.25  # 1 + 0.71 + 0.5
 
 
 def test_budget_holds_then_tick_retries_when_a_node_returns() -> None:
@@ -355,7 +367,7 @@ def test_direct_rma_and_triage_rules() -> None:
     assert f.send("n1", ev.OperatorReturn("x"), now=2).transition is None
     d = f.send("n1", ev.HardwareReplaced("baseboard swapped"), now=3)
     assert f.state("n1") is S.PROVISIONING and d.transition is not None
-    assert f.records["n1"].incidents == () and f.records["n1"].occurrences == ()
+    assert f.records["n1"].lemon is None and f.records["n1"].occurrences == ()
 
 
 def test_day0_day1_burn_in_and_mismatch() -> None:

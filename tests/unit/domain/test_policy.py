@@ -39,16 +39,16 @@ def test_fleetpolicy_object_is_accepted() -> None:
     text = (
         f"apiVersion: gpufleet.io/v1alpha1\nkind: FleetPolicy\nmetadata: {{name: x}}\nspec:\n{spec}"
     )
-    assert load_policy(text).lemon.incidents == 3
+    assert load_policy(text).lemon.threshold == 2.5
 
 
 def test_wrong_type_is_reported_with_path_and_line() -> None:
-    text = DEFAULT_POLICY_YAML.replace("incidents: 3", "incidents: three")
+    text = DEFAULT_POLICY_YAML.replace("threshold: 2.5", "threshold: high")
     issues = _issues(text)
     assert len(issues) == 1
-    line = DEFAULT_POLICY_YAML.splitlines().index("  incidents: 3") + 1
-    assert issues[0].startswith(f"line {line}: lemon.incidents:")
-    assert "integer" in issues[0]
+    line = DEFAULT_POLICY_YAML.splitlines().index("  threshold: 2.5") + 1
+    assert issues[0].startswith(f"line {line}: lemon.threshold:")
+    assert "number" in issues[0]
 
 
 def test_unknown_xid_is_valid_with_a_warning_and_its_rule_applies() -> None:
@@ -85,14 +85,14 @@ def test_negative_window_is_rejected() -> None:
 def test_every_problem_is_reported_at_once() -> None:
     text = _with(
         """
-        lemon: {incidents: 1, windowDays: -1}
+        lemon: {threshold: 0, halfLifeDays: -1}
         drain: {mode: yank}
         """
     )
     issues = _issues(text)
     assert len(issues) == 3
     joined = "\n".join(issues)
-    assert "lemon.incidents" in joined and "lemon.windowDays" in joined
+    assert "lemon.threshold" in joined and "lemon.halfLifeDays" in joined
     assert "drain.mode" in joined and "'wait', 'evict' or 'delete-after-timeout'" in joined
 
 

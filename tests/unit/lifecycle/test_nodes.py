@@ -88,3 +88,18 @@ def test_our_taint_is_put_back_if_someone_removes_it_while_the_node_is_out() -> 
     assert patch["spec"]["taints"] == [
         {"key": well_known.TAINT_UNHEALTHY, "value": "xid-79", "effect": "NoExecute"}
     ]
+
+
+def test_the_lemon_score_is_written_on_the_node_and_removed_with_new_hardware() -> None:
+    from gpufleet.domain import lemon
+
+    score = lemon.add(None, weight=1.0, scope="gpu3", now=0.0, half_life_seconds=86400.0)
+    score = lemon.add(score, weight=0.5, scope="gpu0", now=0.0, half_life_seconds=86400.0)
+    rec = replace(NodeRecord.new("n1", at=0, state=NodeState.PRODUCTION), lemon=score)
+    ann = nodes.node_patch(node("n1"), rec, ())["metadata"]["annotations"]
+    assert ann[well_known.ANNOTATION_LEMON_SCORE] == "1.50"
+    assert ann[well_known.ANNOTATION_LEMON_GPUS] == "gpu3=1.00,gpu0=0.50"
+    fresh = replace(rec, lemon=None)
+    ann = nodes.node_patch(node("n1"), fresh, ())["metadata"]["annotations"]
+    assert ann[well_known.ANNOTATION_LEMON_SCORE] is None
+    assert ann[well_known.ANNOTATION_LEMON_GPUS] is None

@@ -61,10 +61,10 @@ def test_a_bad_model_file_is_refused_with_the_field(tmp_path: Path) -> None:
 
 def test_a_bad_policy_file_is_refused_with_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "policy.yaml"
-    bad.write_text(DEFAULT_POLICY_YAML.replace("incidents: 3", "incidents: 1"))
+    bad.write_text(DEFAULT_POLICY_YAML.replace("threshold: 2.5", "threshold: 0"))
     res = runner.invoke(app, ["sim", "--policy", str(bad), "--days", "1"])
     assert res.exit_code == 2
-    assert "lemon.incidents" in res.output
+    assert "lemon.threshold" in res.output
 
 
 def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
