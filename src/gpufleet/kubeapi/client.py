@@ -59,7 +59,9 @@ class KubeApi:
         except (httpx.HTTPStatusError, kr8s.ServerError) as exc:
             raise _translate(what, exc) from None
         except (httpx.HTTPError, kr8s.APITimeoutError) as exc:
-            raise Unreachable(what, None, f"{type(exc).__name__}: {exc}") from exc
+            server = _server_of(exc)
+            where = f"{what} to {server}" if server else what
+            raise Unreachable(where, None, f"{type(exc).__name__}: {exc}") from exc
         except (ValueError, KeyError, TypeError, AttributeError, OSError, yaml.YAMLError) as exc:
             # kr8s reads the file, then the context's cluster and user: a YAML error,
             # a missing key or a value of the wrong type all mean a malformed kubeconfig.
@@ -298,6 +300,15 @@ def _selectors(label_selector: str, field_selector: str) -> dict[str, str]:
     if field_selector:
         params["fieldSelector"] = field_selector
     return params
+
+
+def _server_of(exc: Exception) -> str:
+    """The apiserver a failed request went to (scheme, host, port), if httpx kept it."""
+    try:
+        url = exc.request.url  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):  # httpx raises RuntimeError when it has no request
+        return ""
+    return f"{url.scheme}://{url.host}:{url.port}" if url.port else f"{url.scheme}://{url.host}"
 
 
 def _translate(what: str, exc: httpx.HTTPStatusError | kr8s.ServerError) -> ApiError:
