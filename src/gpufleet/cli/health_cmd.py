@@ -11,7 +11,7 @@ import httpx
 import typer
 from rich.text import Text
 
-from gpufleet.cli.errors import warn
+from gpufleet.cli.errors import EXIT_NO, EXIT_NO_ANSWER, fail, warn
 from gpufleet.cli.options import Backend, BackendOpt, NodeNameOpt, node_name
 from gpufleet.cli.output import (
     Cell,
@@ -264,8 +264,11 @@ def inject_cmd(
     try:
         resp = httpx.post(url.rstrip("/") + path, json={"fault": fault}, timeout=5.0)
     except httpx.HTTPError as exc:
-        typer.echo(f"cannot reach the agent at {url}: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(resp.text)
+        fail(
+            f"cannot reach the agent at {url}: {type(exc).__name__}: {exc}",
+            hint="is the agent running with --backend simulated --inject-port?",
+            code=EXIT_NO_ANSWER,
+        )
     if resp.status_code != 200:
-        raise typer.Exit(1)
+        fail(f"the agent refused: HTTP {resp.status_code}: {resp.text.strip()}", code=EXIT_NO)
+    typer.echo(resp.text)

@@ -38,6 +38,8 @@ class Env:
     not_a_config: Path
     no_context: Path
     missing: Path
+    closed_port: int
+    """A loopback port nothing listens on (bound for the module, never listening)."""
 
 
 def _kubeconfig(server: str) -> str:
@@ -104,7 +106,15 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         not_a_config.write_text("- just\n- a list\n")
         no_context = tmp / "no-context.kubeconfig"
         no_context.write_text(_kubeconfig(url).replace("current-context: x", "current-context: y"))
-        yield Env(down, run_dir, not_yaml, not_a_config, no_context, tmp / "absent.kubeconfig")
+        yield Env(
+            down,
+            run_dir,
+            not_yaml,
+            not_a_config,
+            no_context,
+            tmp / "absent.kubeconfig",
+            closed.getsockname()[1],
+        )
     finally:
         closed.close()
 
@@ -154,6 +164,11 @@ def _cases(e: Env) -> dict[str, Case]:
         "breaker reset, apiserver down": Case(
             ["breaker", "reset", "--reason", "test", *down], EXIT_NO_ANSWER, unreachable
         ),
+        "health inject, agent down": Case(
+            ["health", "inject", "--url", f"http://127.0.0.1:{e.closed_port}", "xid=79,gpu=3"],
+            EXIT_NO_ANSWER,
+            "cannot reach the agent",
+        ),
         "health check --backend bogus": Case(
             ["health", "check", "--backend", "bogus"], EXIT_INPUT, "'bogus' is not one of"
         ),
@@ -193,7 +208,7 @@ def _cases(e: Env) -> dict[str, Case]:
     }
 
 
-CASE_NAMES = list(_cases(Env(*(Path("/") for _ in range(6)))))
+CASE_NAMES = list(_cases(Env(*(Path("/") for _ in range(6)), closed_port=0)))
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
