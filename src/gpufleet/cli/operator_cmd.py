@@ -25,6 +25,7 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
+from gpufleet.cli import output
 from gpufleet.cli.options import EventNamespaceOpt
 from gpufleet.domain import well_known
 from gpufleet.domain.operator import MAX_REASON, OperatorRequest
@@ -226,7 +227,7 @@ def node_request(
     hardware_replaced: bool = False,
 ) -> None:
     """Write the request, wait for the answer, print it; exit 1 if it was refused."""
-    console = Console(highlight=False)
+    console = output.console()
     text = _reason(reason)
     _carry_out(
         console,
@@ -327,7 +328,7 @@ def breaker_reset(
     event_namespace: str,
 ) -> None:
     """Ask the controller to close the breaker; print its answer; exit 1 if refused."""
-    console = Console(highlight=False)
+    console = output.console()
     text = _reason(reason)
     _carry_out(
         console,
