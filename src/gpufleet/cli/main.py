@@ -16,6 +16,7 @@ from gpufleet.cli import (
     controller_cmd,
     demo_cmd,
     health_cmd,
+    image_cmd,
     local_cmd,
     nodes_cmd,
     policy_cmd,
@@ -71,6 +72,7 @@ app.command("sim")(sim_cmd.sim)
 app.add_typer(health_cmd.app, name="health")
 app.add_typer(agent_cmd.app, name="agent")
 app.add_typer(local_cmd.app, name="local")
+local_cmd.app.add_typer(image_cmd.app, name="image")  # gpufleet local image ...
 app.command("demo")(demo_cmd.demo)
 app.command("status")(status_cmd.status)
 app.command("controller")(controller_cmd.controller)
