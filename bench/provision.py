@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from gpufleet.domain import enrollment, inventory, well_known
+from gpufleet.domain import enrollment, inventory, node_reports, well_known
 from gpufleet.local import kube as local_kube
 from gpufleet.local.cluster import ClusterSpec, running
 from gpufleet.provision import machines
@@ -266,24 +266,10 @@ async def main_async(args: argparse.Namespace, info: Any, url: str) -> None:
             if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
                 break
             await asyncio.sleep(0.05)
-        cond = inventory.hardware_condition(inventory.Hardware("NVIDIA-H100-80GB-HBM3", 8, 8))
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        await kube.patch(
+        hw = node_reports.hardware(inventory.Hardware("NVIDIA-H100-80GB-HBM3", 8, 8))
+        await kube.patch(  # as the agent reports it: an annotation, through status
             f"/api/v1/nodes/{name}/status",
-            json={
-                "status": {
-                    "conditions": [
-                        {
-                            "type": cond.type,
-                            "status": cond.status,
-                            "reason": cond.reason,
-                            "message": cond.message,
-                            "lastTransitionTime": now,
-                            "lastHeartbeatTime": now,
-                        }
-                    ]
-                }
-            },
+            json={"metadata": {"annotations": {hw.key: hw.value}}},
             headers={"Content-Type": "application/strategic-merge-patch+json"},
         )
         while True:

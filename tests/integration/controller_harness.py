@@ -24,7 +24,7 @@ import httpx
 import yaml
 from waiting import wait_for
 
-from gpufleet.domain import conditions, well_known
+from gpufleet.domain import conditions, node_reports, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.policy import default_policy
 from gpufleet.domain.records import NodeRecord, record_from_json
@@ -96,6 +96,11 @@ class Api:
                 ]
             }
         }
+        self.patch(f"/api/v1/nodes/{name}/status", body, kind="strategic-merge")
+
+    def set_annotation(self, name: str, report: node_reports.AnnotationReport) -> None:
+        """What the agent writes: an annotation, through the Node's status subresource."""
+        body = {"metadata": {"annotations": {report.key: report.value}}}
         self.patch(f"/api/v1/nodes/{name}/status", body, kind="strategic-merge")
 
     def events(self, name: str) -> list[dict[str, Any]]:
@@ -205,7 +210,7 @@ def reset_node(api: Api, name: str) -> None:
         },
     )
     ours = set(well_known.CONDITIONS.values()) | {
-        well_known.CONDITION_REQUEST,
+        *node_reports.LEGACY_CONDITIONS,
         well_known.CONDITION_BMC_MISMATCH,
     }
     conds = [c for c in node.get("status", {}).get("conditions", []) if c["type"] not in ours]

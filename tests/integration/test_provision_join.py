@@ -27,7 +27,7 @@ from controller_harness import (
     wait_for,
 )
 
-from gpufleet.domain import enrollment, inventory, well_known
+from gpufleet.domain import enrollment, inventory, node_reports, well_known
 from gpufleet.local import kube as local_kube
 from gpufleet.provision import machines
 from gpufleet.provision.issuer import ServiceSettings
@@ -116,7 +116,7 @@ def join(api: Api, name: str, labels: dict[str, str], observed: inventory.Hardwa
         ),
         timeout=60,
     )
-    api.set_condition(name, inventory.hardware_condition(observed))
+    api.set_annotation(name, node_reports.hardware(observed))
 
 
 def authenticates(info: Any, token: str) -> int:

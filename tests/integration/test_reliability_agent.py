@@ -32,7 +32,7 @@ from controller_harness import (
     wait_for,
 )
 
-from gpufleet.domain import agent_requests, well_known
+from gpufleet.domain import agent_requests, node_reports, well_known
 from gpufleet.domain.faults import Subsystem
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import Detection, default_policy
@@ -127,11 +127,15 @@ class RunningAgent:
             self.hw.close()
 
 
-def request_condition(api: Api, node: str) -> dict[str, Any] | None:
-    for c in api.node(node).get("status", {}).get("conditions") or []:
-        if c["type"] == well_known.CONDITION_REQUEST:
-            return dict(c)
-    return None
+def answer(api: Api, node: str) -> node_reports.Answer | None:
+    """The agent's answer on its Node (annotation gpufleet.io/agent-result)."""
+    return node_reports.answer_of(api.node(node))
+
+
+def refused(api: Api, node: str) -> str:
+    """The refusal on the Node as "<id>: <detail>" ("" while there is none)."""
+    found = answer(api, node)
+    return f"{found.id}: {found.detail}" if found and found.outcome == "refused" else ""
 
 
 def refusal_events(api: Api, node: str) -> list[dict[str, Any]]:
@@ -195,10 +199,8 @@ def test_a_hand_written_gpu_reset_on_a_production_node_with_a_job_is_refused(env
     start_pod(api, node, "forged-job")
     with RunningAgent(info, node).started() as a:
         set_annotations(api, node, request='{"id":"ops-reset-1","kind":"gpu-reset","gpu_index":0}')
-        wait_for("refusal", lambda: (request_condition(api, node) or {}).get("reason") == "Refused")
-        cond = request_condition(api, node)
-        assert cond is not None and cond["status"] == "True"
-        assert cond["message"].startswith("ops-reset-1: refused: the request carries no binding")
+        msg = wait_for("refusal", lambda: refused(api, node))
+        assert msg.startswith("ops-reset-1: refused: the request carries no binding")
         # Forged with a binding for this node's state: still no request in production.
         forged = {
             "id": "ops-reset-2",
@@ -213,7 +215,7 @@ def test_a_hand_written_gpu_reset_on_a_production_node_with_a_job_is_refused(env
             "second refusal",
             lambda: (
                 "ops-reset-2: refused: no request is carried out on a node in production"
-                in (request_condition(api, node) or {}).get("message", "")
+                in refused(api, node)
             ),
         )
         wait_for("RequestRefused Events", lambda: len(refusal_events(api, node)) >= 2)
@@ -223,7 +225,7 @@ def test_a_hand_written_gpu_reset_on_a_production_node_with_a_job_is_refused(env
         assert a.hw.resets == 0
         assert a.requests() == 2
         assert api.get(f"/api/v1/namespaces/{NS}/pods/forged-job")["status"]["phase"] == "Running"
-    print(f"refused: {cond['message']}")
+    print(f"refused: {msg}")
 
 
 def test_a_request_copied_from_another_node_is_refused(env: Any) -> None:
@@ -235,8 +237,7 @@ def test_a_request_copied_from_another_node_is_refused(env: Any) -> None:
     assert other is not None
     with RunningAgent(info, node).started() as a:
         set_annotations(api, node, request=other.encode())
-        wait_for("refusal", lambda: (request_condition(api, node) or {}).get("reason") == "Refused")
-        msg = (request_condition(api, node) or {})["message"]
+        msg = wait_for("refusal", lambda: refused(api, node))
         assert "issued for node guard-empty, not for guard-copied" in msg
         wait_for("RequestRefused Event", lambda: refusal_events(api, node))
         assert a.hw.resets == 0
@@ -273,10 +274,10 @@ def test_a_legitimate_gpu_reset_waits_while_a_pod_runs_on_the_node(env: Any) -> 
         with RunningAgent(info, node).started() as a:
             wait_for(
                 "refusal",
-                lambda: (request_condition(api, node) or {}).get("reason") == "Refused",
+                lambda: refused(api, node),
                 timeout=15,
             )
-            msg = (request_condition(api, node) or {})["message"]
+            msg = refused(api, node)
             assert f"the node has work: 1 pod(s) run on the node ({NS}/late-job)" in msg
             events = wait_for("RequestRefused Event", lambda: refusal_events(api, node))
             assert "late-job" in events[0]["message"]

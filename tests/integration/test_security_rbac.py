@@ -318,7 +318,10 @@ def agent_token(
             admin.request(
                 "PATCH",
                 f"/api/v1/nodes/{name}/status",
-                {"status": {"conditions": [{"type": TEST_CONDITION, "$patch": "delete"}]}},
+                {
+                    "metadata": {"annotations": {"gpufleet.io/agent-result": None}},
+                    "status": {"conditions": [{"type": TEST_CONDITION, "$patch": "delete"}]},
+                },
                 kind="strategic-merge",
             )
         admin.request("DELETE", f"/api/v1/namespaces/{NS}/pods/agent-probe?gracePeriodSeconds=0")
@@ -356,6 +359,20 @@ def test_agent_changes_only_its_own_node(
         "PATCH", f"/api/v1/nodes/{own}", {"spec": {"unschedulable": True}}, kind="merge"
     )
     assert r.status_code == 403, r.text
+    # The apiserver takes a Node's metadata through its status subresource: the agent may
+    # write its own keys there (hardware and request-answer annotations, NVLink topology
+    # labels), and nothing else.
+    mine = {"metadata": {"annotations": {"gpufleet.io/agent-result": '{"id":"t"}'}}}
+    r = agent.request("PATCH", f"/api/v1/nodes/{own}/status", mine, kind="strategic-merge")
+    assert r.status_code == 200, r.text
+    assert r.json()["metadata"]["annotations"]["gpufleet.io/agent-result"] == '{"id":"t"}'
+    for forged in (
+        {"metadata": {"labels": {"gpufleet.io/state": "production"}}},
+        {"metadata": {"annotations": {"gpufleet.io/record": "{}"}}},
+        {"metadata": {"annotations": {"gpufleet.io/bmc-secret": "elsewhere/bmc"}}},
+    ):
+        r = agent.request("PATCH", f"/api/v1/nodes/{own}/status", forged, kind="strategic-merge")
+        assert r.status_code == 403 and "may change only its own labels" in r.text, forged
     # Reading the pods on its node (the "node has work" check) is allowed.
     r = agent.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{own}")
     assert r.status_code == 200 and any(

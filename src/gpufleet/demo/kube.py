@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet.domain import well_known
+from gpufleet.domain import node_reports, well_known
 from gpufleet.kubeapi.errors import ApiError, Conflict
 from gpufleet.kubeapi.resources import Json, Patch
 from gpufleet.kubeapi.secrets import encode_data
@@ -179,7 +179,7 @@ def _reset_node(api: SyncKube, name: str) -> None:
     )
     ours = {
         *well_known.CONDITIONS.values(),
-        well_known.CONDITION_REQUEST,
+        *node_reports.LEGACY_CONDITIONS,
         well_known.CONDITION_SLURM,
     }
     node = api.get(f"/api/v1/nodes/{name}")

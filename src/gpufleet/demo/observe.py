@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from gpufleet.demo.kube import GV, answered, nodes
-from gpufleet.domain import well_known
+from gpufleet.domain import node_reports, well_known
 from gpufleet.kubeapi.errors import ApiError
 from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local.cluster import ClusterInfo
@@ -60,15 +60,14 @@ def _node_state(body: dict[str, Any]) -> _NodeState:
         if str(t["key"]).startswith("gpufleet.io/")
     }
     problems: dict[str, str] = {}
-    request = None
     ready = False
     for c in (body.get("status") or {}).get("conditions") or []:
         if c["type"] == "Ready":
             ready = c["status"] == "True"
         if c["type"] in OWN_CONDITIONS and c["status"] == "True":
             problems[c["type"]] = f"{c.get('reason', '')}: {c.get('message', '')!s}"
-        elif c["type"] == well_known.CONDITION_REQUEST:
-            request = f"{c.get('reason', '')}|{c.get('message', '')}"
+    answer = node_reports.answer_of(body)
+    request = f"{answer.outcome.capitalize()}|{answer.id}: {answer.detail}" if answer else None
     kinds: dict[str, str] = {}
     raw = ann.get(well_known.ANNOTATION_AGENT_REQUEST)
     if raw:

@@ -2,10 +2,10 @@
 
 A Machine's inventory says what should be in the box (GPU model and count,
 InfiniBand HCA count); the node agent says what it finds, in the
-``GpufleetHardware`` condition on its Node. :func:`differences` compares them
-and says each difference in words, which become the reason of the node's
-``triage`` state. The condition message format is encoded and decoded here so
-the agent (writer) and the lifecycle controller (reader) cannot disagree;
+``gpufleet.io/hardware`` annotation on its Node (:mod:`gpufleet.domain.node_reports`).
+:func:`differences` compares them and says each difference in words, which become
+the reason of the node's ``triage`` state. The text format is encoded and decoded
+here so the agent (writer) and the lifecycle controller (reader) cannot disagree;
 decoding never raises (malformed means "not observed yet").
 """
 
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.domain import well_known
-from gpufleet.domain.conditions import ConditionReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +75,9 @@ def decode(message: str) -> Hardware | None:
         return None
 
 
-def hardware_condition(hw: Hardware) -> ConditionReport:
-    """The condition the agent writes once it has looked at its hardware."""
-    return ConditionReport(
-        type=well_known.CONDITION_HARDWARE, status="False", reason="Observed", message=encode(hw)
-    )
-
-
 def observed_on(conditions: Sequence[Mapping[str, Any]]) -> Hardware | None:
-    """The hardware a Node's agent reported (its ``status.conditions``), if any."""
+    """The hardware an older agent reported in the former ``GpufleetHardware`` condition
+    (read as a fallback by :func:`gpufleet.domain.node_reports.hardware_of`)."""
     for cond in conditions:
         if cond.get("type") == well_known.CONDITION_HARDWARE:
             return decode(str(cond.get("message", "")))

@@ -96,8 +96,13 @@ CONDITIONS: Mapping[Subsystem, str] = MappingProxyType(
 which the Slurm syncer sets for a foreign drain the policy calls hardware."""
 
 CONDITION_REQUEST = "GpufleetRequest"
-"""Node condition, set by the agent: the result of the last agent request
-(see :mod:`gpufleet.domain.conditions`). ``True`` means the request failed."""
+"""Former Node condition of the agent's answer to a request, now the annotation
+:data:`ANNOTATION_AGENT_RESULT`; still read from a node whose agent is older
+(:mod:`gpufleet.domain.node_reports`). ``True`` meant the request failed."""
+
+ANNOTATION_AGENT_RESULT = "gpufleet.io/agent-result"
+"""Node annotation, set by the agent (through the status subresource): its answer to
+the last request, JSON ``{"id", "outcome", "detail"}`` (domain.node_reports)."""
 
 ANNOTATION_AGENT_REQUEST = "gpufleet.io/agent-request"
 """Node annotation, set by the lifecycle controller: what the node's agent must
@@ -155,9 +160,11 @@ LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
 """Node label (NVIDIA GPU feature discovery's key): the GPU model, set at boot from
 the Machine's inventory."""
 CONDITION_HARDWARE = "GpufleetHardware"
-"""Node condition, set by the agent: the hardware it observes (GPU model and count,
-InfiniBand HCA count) in its message (:mod:`gpufleet.domain.inventory`). Status
-``False`` (no problem, Node-Problem-Detector convention) once observed."""
+"""Former Node condition of the hardware the agent observes, now the annotation
+:data:`ANNOTATION_HARDWARE`; still read from a node whose agent is older."""
+ANNOTATION_HARDWARE = "gpufleet.io/hardware"
+"""Node annotation, set by the agent (through the status subresource): the hardware it
+observes, GPU model and count and InfiniBand HCA count (domain.inventory's encoding)."""
 PROVISIONER = "gpufleet-provision"
 """The Event source of the provisioning service (audit Events on Machines)."""
 

@@ -14,10 +14,9 @@ Active checks run on a schedule only while the node is idle, and stop
 
 The lifecycle controller asks the agent for work through the Node annotation
 ``gpufleet.io/agent-request`` (run a check profile for verification or
-burn-in, reset a GPU); the agent answers with the ``GpufleetRequest``
-condition (:mod:`gpufleet.domain.conditions`). A request is answered once:
-the condition names the request id, so a restarted agent does not run it
-again.
+burn-in, reset a GPU); the agent answers with the ``gpufleet.io/agent-result``
+annotation (:mod:`gpufleet.domain.node_reports`). A request is answered once:
+the answer names the request id, so a restarted agent does not run it again.
 
 The annotation is not obeyed blindly (decision 0074): before it acts, the
 agent reads its Node again and carries out the request only if it is bound to
@@ -43,7 +42,14 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol, runtime_checkable
 
-from gpufleet.domain import agent_requests, conditions, debounce, inventory, well_known
+from gpufleet.domain import (
+    agent_requests,
+    conditions,
+    debounce,
+    inventory,
+    node_reports,
+    well_known,
+)
 from gpufleet.domain.decide import policy_window, respond
 from gpufleet.domain.faults import FaultEvent, Subsystem
 from gpufleet.domain.policy import Policy, Response
@@ -67,10 +73,14 @@ REQUEST_PROFILES: dict[str, tuple[tuple[str, ...], int]] = {
 
 
 class Reporter(Protocol):
-    """Where conditions and Events go (Kubernetes, or a list in tests)."""
+    """Where conditions, annotations and Events go (Kubernetes, or a list in tests)."""
 
     async def set_conditions(
         self, reports: list[conditions.ConditionReport], now: float
+    ) -> None: ...
+
+    async def set_annotations(
+        self, reports: list[node_reports.AnnotationReport], now: float
     ) -> None: ...
 
     async def event(
@@ -156,7 +166,9 @@ class Agent:
         self._last_write = 0.0
         self._last_active = clock()
         self.last_results: list[Any] = []
-        self._hardware: conditions.ConditionReport | None = None
+        self._hardware: node_reports.AnnotationReport | None = None
+        self._hardware_due: node_reports.AnnotationReport | None = None
+        """The hardware annotation still to write (written with the next publish)."""
         self._recent: list[FaultEvent] = []
         self._found: list[FaultEvent] = []
         """Faults found by scheduled active checks (another thread), for the next poll."""
@@ -236,7 +248,7 @@ class Agent:
         hardware = self.hardware_report()
         if hardware is not None and (hardware != self._hardware or resync):
             self._hardware = hardware
-            changed.append(hardware)
+            self._hardware_due = hardware
         if changed:
             self._last_write = now
         return changed, events
@@ -267,6 +279,12 @@ class Agent:
                 for sub in self.subs.values():  # write again on the next poll
                     if sub.reported in changed:
                         sub.reported = None
+        if self._hardware_due is not None:
+            try:
+                await self.reporter.set_annotations([self._hardware_due], now)
+                self._hardware_due = None
+            except Exception as exc:  # written again on the next poll
+                log.warning("node=%s hardware annotation not written: %s", self.node, exc)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll until ``stop`` is set."""
@@ -307,8 +325,8 @@ class Agent:
             except TimeoutError:
                 pass
 
-    def hardware_report(self) -> conditions.ConditionReport | None:
-        """The ``GpufleetHardware`` condition: GPU model and count, HCA count.
+    def hardware_report(self) -> node_reports.AnnotationReport | None:
+        """The ``gpufleet.io/hardware`` annotation: GPU model and count, HCA count.
 
         The lifecycle controller compares it with the Machine inventory when the
         node joins. No GPU driver or no InfiniBand class counts as zero (a node
@@ -328,7 +346,7 @@ class Agent:
             gpu_count=len(gpus),
             hca_count=len({p.hca for p in ports}),
         )
-        return inventory.hardware_condition(observed)
+        return node_reports.hardware(observed)
 
     # ------------------------------------------------------ controller requests
 
@@ -410,7 +428,7 @@ class Agent:
         if self.reporter is None:
             return
         try:
-            await self.reporter.set_conditions([conditions.refusal(req.id, why)], now)
+            await self.reporter.set_annotations([node_reports.refusal(req.id, why)], now)
         except Exception as exc:
             log.warning("node=%s refusal of %s not written: %s", self.node, req.id, exc)
             self._refused.pop(req.id, None)
@@ -477,7 +495,7 @@ class Agent:
             )
             if self.reporter is not None:
                 try:
-                    await self.reporter.set_conditions([result.condition()], self.clock())
+                    await self.reporter.set_annotations([node_reports.result(result)], self.clock())
                 except Exception as exc:
                     log.warning("node=%s result of %s not written: %s", self.node, req.id, exc)
                     self._handled.discard(req.id)  # answer again on the next change

@@ -1,10 +1,14 @@
-"""Reporting to Kubernetes through :mod:`gpufleet.kubeapi`: Node conditions and Node Events.
+"""Reporting to Kubernetes through :mod:`gpufleet.kubeapi`: Node conditions, the agent's
+two Node annotations, and Node Events.
 
 The agent's only Kubernetes access. Conditions are written with a
 strategic-merge patch on the Node's ``status`` subresource, which merges by
 condition ``type``: the agent touches only its own condition types and
 leaves the kubelet's (or KWOK's) alone. ``lastTransitionTime`` changes only
-when the status does. RBAC: ``deploy/rbac/agent.yaml``.
+when the status does. The annotations (hardware, request answers:
+:mod:`gpufleet.domain.node_reports`) go through the same subresource, the only
+Node write the agent has; admission lets it change those two keys and no other
+metadata. RBAC: ``deploy/rbac/agent.yaml``.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from gpufleet.domain import well_known
-from gpufleet.domain.conditions import ConditionReport, decode_result
+from gpufleet.domain.conditions import ConditionReport
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.faults import FaultEvent
+from gpufleet.domain.node_reports import LEGACY_CONDITIONS, AnnotationReport, answer_of
 from gpufleet.kubeapi import NODES, PODS, KubeApi, KubePort, Patch
 from gpufleet.kubeapi.events import event_body
 
@@ -74,6 +79,24 @@ class KubeReporter:
             NODES,
             self.node,
             {"status": {"conditions": conditions}},
+            status=True,
+            kind=Patch.STRATEGIC,
+        )
+
+    async def set_annotations(self, reports: list[AnnotationReport], now: float) -> None:
+        """Write the agent's annotations; remove the conditions that carried them before."""
+        if not reports:
+            return
+        api = await self._connect()
+        await api.patch(
+            NODES,
+            self.node,
+            {
+                "metadata": {"annotations": {r.key: r.value for r in reports}},
+                "status": {
+                    "conditions": [{"type": t, "$patch": "delete"} for t in LEGACY_CONDITIONS]
+                },
+            },
             status=True,
             kind=Patch.STRATEGIC,
         )
@@ -159,9 +182,7 @@ def _request_view(node: dict[str, Any]) -> tuple[str | None, str | None]:
     annotation = (node.get("metadata", {}).get("annotations") or {}).get(
         well_known.ANNOTATION_AGENT_REQUEST
     )
-    answered = None
-    for c in node.get("status", {}).get("conditions") or []:
-        if c.get("type") == well_known.CONDITION_REQUEST:
-            result = decode_result(c.get("status", ""), c.get("reason", ""), c.get("message", ""))
-            answered = result.id if result else None
+    found = answer_of(node)
+    # A refusal answers nothing: the request is judged again when the node changes.
+    answered = found.id if found is not None and found.outcome != "refused" else None
     return annotation, answered

@@ -2,12 +2,13 @@
 
 A Node that registers in ``provisioning`` names its Machine (label
 ``gpufleet.io/machine``, from the cloud-init provisioning served). Once the
-Node is Ready and its agent has reported the hardware it sees (condition
-``GpufleetHardware``), :func:`registration` compares that with the Machine's
-inventory (:func:`gpufleet.domain.inventory.differences`): a match is
-``Registered`` (burn-in next), a difference ``InventoryMismatch`` with the
-differences in words (triage). It also revokes the boot's join token (the
-node has used it; single use) and records the Node in the Machine's status.
+Node is Ready and its agent has reported the hardware it sees (annotation
+``gpufleet.io/hardware``, :mod:`gpufleet.domain.node_reports`),
+:func:`registration` compares that with the Machine's inventory
+(:func:`gpufleet.domain.inventory.differences`): a match is ``Registered``
+(burn-in next), a difference ``InventoryMismatch`` with the differences in
+words (triage). It also revokes the boot's join token (the node has used it;
+single use) and records the Node in the Machine's status.
 Until the agent has reported, nothing is decided (fail closed).
 
 A Node without the label joined some other way (an admin's kubeadm token, an
@@ -27,7 +28,7 @@ from typing import Any
 
 from gpufleet.api import conditions
 from gpufleet.domain import events as ev
-from gpufleet.domain import inventory, well_known
+from gpufleet.domain import inventory, node_reports, well_known
 from gpufleet.kubeapi import ApiError, KubePort, NotFound
 from gpufleet.kubeapi import machines as kube_machines
 from gpufleet.kubeapi.machines import MACHINES
@@ -86,7 +87,7 @@ async def registration(
         return Registration(
             ev.InventoryMismatch(detail=f"Machine {name} has no valid expected hardware")
         )
-    observed = inventory.observed_on(body.get("status", {}).get("conditions") or [])
+    observed = node_reports.hardware_of(body)
     if observed is None:
         return None  # the agent has not looked yet
     diffs = inventory.differences(expected, observed)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.domain import agent_requests, conditions, events, lemon, well_known
+from gpufleet.domain import agent_requests, conditions, events, lemon, node_reports, well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.operator import Received, receive
@@ -150,15 +150,10 @@ def observe(body: Mapping[str, Any], record: NodeRecord) -> Observation:
     seen = faults_seen(body)
     new_seen = dict(seen)
     out: list[events.Event] = []
-    result: conditions.AgentResult | None = None
+    result = node_reports.result_of(body)  # the agent's answer (annotation; old condition)
     for cond in node_conditions(body):
         ctype = str(cond.get("type", ""))
         status = str(cond.get("status", ""))
-        if ctype == well_known.CONDITION_REQUEST:
-            result = conditions.decode_result(
-                status, str(cond.get("reason", "")), str(cond.get("message", ""))
-            )
-            continue
         if conditions.subsystem_of(ctype) is None:
             continue
         faults = conditions.faults_of(name, ctype, status, str(cond.get("message", "")))

@@ -4,12 +4,12 @@ and only those bound to its node's current decision, on a node without work (007
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
-from gpufleet.domain import agent_requests, conditions, well_known
+from gpufleet.domain import agent_requests, conditions, node_reports, well_known
 from gpufleet.domain.emptiness import SlurmWork
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.records import Incident, NodeRecord, StepAttempt, record_to_json
@@ -94,13 +94,26 @@ def _serve(agent: Agent, annotation: str | None, answered: str | None = None) ->
     asyncio.run(go())
 
 
-def _result(rep: ListReporter) -> conditions.ConditionReport | None:
-    return rep.conditions.get("GpufleetRequest")
+@dataclass(frozen=True)
+class Answered:
+    """The agent's answer annotation, read as ``reason`` and ``message``."""
+
+    reason: str
+    message: str
+
+
+def _result(rep: ListReporter) -> Answered | None:
+    text = rep.annotations.get(node_reports.ANNOTATION_AGENT_RESULT)
+    found = node_reports.decode_answer(text) if text is not None else None
+    if found is None:
+        return None
+    return Answered(found.outcome.capitalize(), f"{found.id}: {found.detail}")
 
 
 def _passed(rep: ListReporter) -> conditions.AgentResult | None:
-    c = _result(rep)
-    return None if c is None else conditions.decode_result(c.status, c.reason, c.message)
+    text = rep.annotations.get(node_reports.ANNOTATION_AGENT_RESULT)
+    found = node_reports.decode_answer(text) if text is not None else None
+    return None if found is None else found.result()
 
 
 def issue(record: NodeRecord, kind: conditions.RequestKind, **kw: Any) -> str:
@@ -149,7 +162,7 @@ def test_a_request_is_answered_once() -> None:
     try:
         annotation = issue(verifying(), "checks", profile="verify")
         _serve(agent, annotation)
-        rep.conditions.clear()
+        rep.annotations.clear()
         _serve(agent, annotation)  # the same annotation seen again: not re-run
         assert _result(rep) is None
         # A fresh agent (after a restart) sees the answered id on the Node: not re-run either.
@@ -170,7 +183,7 @@ def test_unknown_profile_and_garbage_annotation() -> None:
         result = _passed(rep)
         assert result is not None and not result.passed
         assert "unknown check profile 'marathon'" in result.detail
-        rep.conditions.clear()
+        rep.annotations.clear()
         _serve(agent, "not json at all")
         assert _result(rep) is None
     finally:
@@ -246,7 +259,7 @@ def test_no_record_or_no_node_access_refuses() -> None:
     try:
         _serve(plain, issue(remediating(), "gpu-reset"))
         assert hw2.resets == 0
-        assert "cannot read its Node" in lrep.conditions["GpufleetRequest"].message
+        assert "cannot read its Node" in (_result(lrep) or lrep).message  # type: ignore[union-attr]
     finally:
         hw2.close()
 

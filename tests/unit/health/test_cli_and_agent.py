@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
-from gpufleet.domain import conditions
+from gpufleet.domain import conditions, node_reports
 from gpufleet.domain.policy import Detection, default_policy
 from gpufleet.health.agent import Agent, InjectionServer
 from gpufleet.health.backend_sim import SimulatedHardware
@@ -72,10 +72,16 @@ def test_real_backend_without_gpu_says_so() -> None:
 class ListReporter:
     def __init__(self) -> None:
         self.conditions: dict[str, conditions.ConditionReport] = {}
+        self.annotations: dict[str, str] = {}
         self.events: list[str] = []
 
     async def set_conditions(self, reports: list[conditions.ConditionReport], now: float) -> None:
         self.conditions.update({r.type: r for r in reports})
+
+    async def set_annotations(
+        self, reports: list[node_reports.AnnotationReport], now: float
+    ) -> None:
+        self.annotations.update({r.key: r.value for r in reports})
 
     async def event(
         self, fault: object, *, reason: str, message: str, now: float, warning: bool = True

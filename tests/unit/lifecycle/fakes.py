@@ -245,6 +245,11 @@ def node(name: str, *, pool: str = "default", unschedulable: bool = False) -> di
     }
 
 
+def set_annotation(body: dict[str, Any], report: Any) -> None:
+    """What the agent writes for data (domain.node_reports): an annotation."""
+    body["metadata"].setdefault("annotations", {})[report.key] = report.value
+
+
 def set_condition(body: dict[str, Any], cond: Any) -> None:
     conds = [c for c in body["status"].get("conditions", []) if c["type"] != cond.type]
     conds.append(

@@ -18,6 +18,7 @@ def _answer(kube: FakeKube, name: str) -> None:
         kube.nodes[name]["metadata"]["annotations"][well_known.ANNOTATION_AGENT_REQUEST]
     )
     assert request is not None
+    # An agent not upgraded yet answers in the former GpufleetRequest condition: still read.
     set_condition(kube.nodes[name], conditions.AgentResult(request.id, True, "ok").condition())
 
 

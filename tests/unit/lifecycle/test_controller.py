@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from gpufleet.clock import ManualClock
-from gpufleet.domain import conditions, well_known
+from gpufleet.domain import conditions, node_reports, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.policy import default_policy
 from gpufleet.domain.records import record_from_json
 from gpufleet.lifecycle import nodes
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
 
-from .fakes import FakeKube, node, set_condition
+from .fakes import FakeKube, node, set_annotation, set_condition
 
 
 def xid79(name: str, at: float) -> FaultEvent:
@@ -185,7 +185,8 @@ def answer(kube: FakeKube, name: str, passed: bool) -> None:
         kube.nodes[name]["metadata"]["annotations"][well_known.ANNOTATION_AGENT_REQUEST]
     )
     assert request is not None
-    set_condition(kube.nodes[name], conditions.AgentResult(request.id, passed, "ok").condition())
+    result = conditions.AgentResult(request.id, passed, "ok")
+    set_annotation(kube.nodes[name], node_reports.result(result))
 
 
 def test_gpu_reset_and_verification_return_the_node_and_clear_only_our_marks() -> None:

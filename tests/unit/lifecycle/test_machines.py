@@ -7,7 +7,7 @@ import copy
 from typing import Any
 
 from gpufleet.domain import events as ev
-from gpufleet.domain import inventory, well_known
+from gpufleet.domain import inventory, node_reports, well_known
 from gpufleet.lifecycle import machines
 
 from .fakes import FakeKube
@@ -40,13 +40,24 @@ MACHINE = {
 }
 
 
-def node(labelled: bool = True, hw: inventory.Hardware | None = None) -> dict[str, Any]:
+def node(
+    labelled: bool = True, hw: inventory.Hardware | None = None, legacy: bool = False
+) -> dict[str, Any]:
+    """A joining Node; ``hw`` as the agent reports it (``legacy``: as an older agent did,
+    in the former GpufleetHardware condition)."""
     conds: list[dict[str, Any]] = [{"type": "Ready", "status": "True"}]
-    if hw is not None:
-        c = inventory.hardware_condition(hw)
-        conds.append({"type": c.type, "status": c.status, "message": c.message})
+    annotations: dict[str, str] = {}
+    if hw is not None and legacy:
+        text = inventory.encode(hw)
+        conds.append({"type": well_known.CONDITION_HARDWARE, "status": "False", "message": text})
+    elif hw is not None:
+        report = node_reports.hardware(hw)
+        annotations[report.key] = report.value
     labels = {well_known.LABEL_MACHINE: "m1"} if labelled else {}
-    return {"metadata": {"name": "n1", "labels": labels}, "status": {"conditions": conds}}
+    return {
+        "metadata": {"name": "n1", "labels": labels, "annotations": annotations},
+        "status": {"conditions": conds},
+    }
 
 
 def run(api: Api, body: dict[str, Any]) -> machines.Registration | None:
@@ -68,8 +79,20 @@ def test_a_match_registers_records_the_node_revokes_the_token_and_links_the_bmc(
     got = run(api, node(hw=inventory.Hardware("NVIDIA H100 80GB HBM3", 8, 8)))
     assert got is not None and isinstance(got.event, ev.Registered)
     assert api.status["node"] == "n1" and api.status["phase"] == "Joined"
+    [matches] = api.status["conditions"]
+    assert (matches["type"], matches["status"], matches["reason"]) == (
+        "HardwareMatches",
+        "True",
+        "Matches",
+    )
     assert TOKEN not in api.secrets  # the used join token is revoked
     assert got.annotations == {well_known.ANNOTATION_BMC_SECRET: "gpufleet-system/bmc-m1"}
+
+
+def test_an_older_agents_hardware_condition_is_still_read() -> None:
+    """A node whose agent is not upgraded yet reports in the former condition."""
+    got = run(Api(MACHINE), node(hw=inventory.Hardware("NVIDIA-H100-80GB-HBM3", 8, 6), legacy=True))
+    assert got is not None and isinstance(got.event, ev.InventoryMismatch)
 
 
 def test_a_difference_is_a_mismatch_in_words_and_a_missing_machine_too() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufleet.domain import enrollment, inventory
+from gpufleet.domain import enrollment, inventory, node_reports
 from gpufleet.domain.inventory import Hardware
 
 H100 = Hardware("NVIDIA-H100-80GB-HBM3", 8, 8)
@@ -22,17 +22,25 @@ def test_each_difference_is_said_in_words() -> None:
     assert inventory.describe(diffs).startswith("inventory mismatch: GPU model")
 
 
-def test_the_hardware_condition_round_trips_and_garbage_decodes_to_none() -> None:
-    cond = inventory.hardware_condition(Hardware("NVIDIA H100 80GB HBM3", 8, 4))
-    assert cond.type == "GpufleetHardware" and cond.status == "False"
-    assert inventory.decode(cond.message) == Hardware("NVIDIA-H100-80GB-HBM3", 8, 4)
+def test_the_hardware_report_round_trips_and_garbage_decodes_to_none() -> None:
+    report = node_reports.hardware(Hardware("NVIDIA H100 80GB HBM3", 8, 4))
+    assert report.key == "gpufleet.io/hardware"
+    assert inventory.decode(report.value) == Hardware("NVIDIA-H100-80GB-HBM3", 8, 4)
     assert inventory.decode("gpu-model=X gpu-count=eight hca-count=1") is None
     assert inventory.decode("") is None
-    node_conditions = [
-        {"type": "Ready", "status": "True"},
-        {"type": cond.type, "message": cond.message},
-    ]
-    assert inventory.observed_on(node_conditions) == Hardware("NVIDIA-H100-80GB-HBM3", 8, 4)
+    node = {"metadata": {"annotations": {report.key: report.value}}}
+    assert node_reports.hardware_of(node) == Hardware("NVIDIA-H100-80GB-HBM3", 8, 4)
+    # an older agent's condition is read when there is no annotation
+    legacy = {
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "GpufleetHardware", "status": "False", "message": report.value},
+            ]
+        }
+    }
+    assert node_reports.hardware_of(legacy) == Hardware("NVIDIA-H100-80GB-HBM3", 8, 4)
+    assert node_reports.hardware_of({"metadata": {"annotations": {report.key: "junk"}}}) is None
 
 
 def test_token_format_is_kubeadms() -> None:
