@@ -12,8 +12,10 @@ them, so the agent (writer) and the controllers (readers) cannot disagree:
    once).
 2. **Requests to the agent** (annotation ``gpufleet.io/agent-request``, set by
    the lifecycle controller): run a check profile, or reset a GPU.
-3. **Results of requests** (condition ``GpufleetRequest``, set by the agent):
-   which request it answers, whether it passed, and why.
+3. **Results of requests** (annotation ``gpufleet.io/agent-result``, set by the
+   agent: :mod:`gpufleet.domain.node_reports`): which request it answers,
+   whether it passed, and why. The former ``GpufleetRequest`` condition is
+   still encoded and decoded here, to read a node whose agent is older.
 
 Decoding never raises: anything malformed decodes to "nothing", and the
 caller treats that as unknown (fail closed: no action).
@@ -285,7 +287,8 @@ EVENT_REQUEST_REFUSED = "RequestRefused"
 
 
 def refusal(request_id: str, why: str) -> ConditionReport:
-    """The ``GpufleetRequest`` condition of a refused request.
+    """The former ``GpufleetRequest`` condition of a refused request (an older agent's
+    answer; today's agent writes :func:`gpufleet.domain.node_reports.refusal`).
 
     Its reason is neither ``Passed`` nor ``Failed``, so :func:`decode_result`
     answers nothing: the controller does not take a refusal for a failed step
@@ -302,14 +305,15 @@ def refusal(request_id: str, why: str) -> ConditionReport:
 
 @dataclass(frozen=True, slots=True)
 class AgentResult:
-    """The agent's answer to a request, carried by the ``GpufleetRequest`` condition."""
+    """The agent's answer to a request it carried out (passed or failed)."""
 
     id: str
     passed: bool
     detail: str = ""
 
     def condition(self) -> ConditionReport:
-        """The condition that carries this result (``True`` = the request failed)."""
+        """The former condition of this result, as an older agent wrote it (``True`` = the
+        request failed); today's agent writes :func:`gpufleet.domain.node_reports.result`."""
         return ConditionReport(
             type=well_known.CONDITION_REQUEST,
             status="False" if self.passed else "True",
@@ -319,7 +323,7 @@ class AgentResult:
 
 
 def decode_result(status: str, reason: str, message: str) -> AgentResult | None:
-    """Parse the ``GpufleetRequest`` condition; None if it answers nothing."""
+    """Parse the former ``GpufleetRequest`` condition; None if it answers nothing."""
     if reason not in ("Passed", "Failed") or status not in ("True", "False"):
         return None
     rid, _, detail = message.partition(": ")
