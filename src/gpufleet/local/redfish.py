@@ -740,8 +740,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("DELETE")
 
 
-def vm_from_config(entry: Json) -> Vm:
-    """A :class:`Vm` from a BMC entry's ``vm`` object (paths as strings)."""
+def vm_from_config(entry: Json, system_uuid: str = "") -> Vm:
+    """A :class:`Vm` from a BMC entry's ``vm`` object (paths as strings); its SMBIOS
+    UUID is the one its BMC reports."""
     return Vm(
         VmSpec(
             name=str(entry["name"]),
@@ -753,6 +754,7 @@ def vm_from_config(entry: Json) -> Vm:
             serial=str(entry.get("serial", "")),
             forwards=tuple(Forward(int(h), int(g)) for h, g in entry.get("forwards", [])),
             guest_ports=tuple(int(p) for p in entry.get("guest_ports", [])),
+            uuid=system_uuid,
             **({"accel": str(entry["accel"])} if entry.get("accel") else {}),
         )
     )
@@ -764,7 +766,6 @@ def serve(config: Json) -> list[ThreadingHTTPServer]:
     for bmc in config["bmcs"]:
         server = ThreadingHTTPServer(("127.0.0.1", int(bmc["port"])), _Handler)
         server.daemon_threads = True
-        vm = vm_from_config(bmc["vm"]) if bmc.get("vm") else None
         state = BmcState(
             node=bmc["node"],
             boot_hook=bmc.get("boot_hook"),
@@ -772,9 +773,10 @@ def serve(config: Json) -> list[ThreadingHTTPServer]:
             serial=str(bmc.get("serial", "")),
             hostname=str(bmc.get("hostname", "")),
             system_uuid=str(bmc.get("uuid", "")),
-            vm=vm,
-            power_state="Off" if vm is not None else "On",
+            power_state="Off" if bmc.get("vm") else "On",
         )
+        vm = vm_from_config(bmc["vm"], state.system_uuid) if bmc.get("vm") else None
+        state.vm = vm
         if vm is not None and bmc.get("power_on"):
             with state.lock:
                 state.boot()

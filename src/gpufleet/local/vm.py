@@ -83,6 +83,9 @@ class VmSpec:
     memory_mib: int = 1536
     serial: str = ""
     """SMBIOS system serial (``/sys/class/dmi/id/product_serial``); the BMC reports the same."""
+    uuid: str = ""
+    """SMBIOS system UUID (the kubelet reports it as ``nodeInfo.systemUUID``); the BMC
+    reports the same, and the controller checks the two agree before any power action."""
     forwards: tuple[Forward, ...] = ()
     guest_ports: tuple[int, ...] = ()
     """Host loopback ports the guest may reach, at :data:`CLUSTER_ADDRESS`."""
@@ -143,6 +146,7 @@ def argv(spec: VmSpec, qemu: str = QEMU, socat: str = "socat") -> list[str]:
         "-device",
         "virtio-rng-pci",
         *(["-smbios", f"type=1,serial={spec.serial}"] if spec.serial else []),
+        *(["-uuid", spec.uuid] if spec.uuid else []),
     ]
 
 

@@ -102,7 +102,7 @@ def ipxe(config: BootConfig, name: str, mac: str) -> str:
         for a in (
             "initrd=initrd.img",
             "ip=dhcp",
-            f"root=live:{config.image_url}",
+            f"boot=live fetch={config.image_url}",
             f"ds=nocloud-net;s={seed}",
             f"gpufleet.machine={name}",
             config.kernel_args,
@@ -147,8 +147,9 @@ def user_data(config: BootConfig, name: str, spec: MachineSpec, token: str) -> s
                 "token": token,
                 "caCertHashes": [config.ca_hash],
             },
-            "timeout": "5m0s",
         },
+        # v1beta4 keeps the timeouts together (discovery.timeout is v1beta3's).
+        "timeouts": {"discovery": "5m0s"},
         "nodeRegistration": {
             "name": name,
             "kubeletExtraArgs": [

@@ -149,6 +149,7 @@ def test_the_qemu_command_line_isolates_the_machine(tmp_path: Path) -> None:
         state_dir=tmp_path,
         memory_mib=1536,
         serial="SN-vm-node-0000",
+        uuid="6f1c9a52-1d7e-5a53-9a0e-3f0c3d5b8e11",
         forwards=(vm.Forward(40001, 9401),),
         guest_ports=(8080, 6443),
         accel=vm.TCG,
@@ -163,6 +164,8 @@ def test_the_qemu_command_line_isolates_the_machine(tmp_path: Path) -> None:
     assert argv[argv.index("-accel") + 1] == "tcg,thread=multi"
     assert argv[argv.index("-smp") + 1] == "1" and argv[argv.index("-m") + 1] == "1536"
     assert argv[argv.index("-smbios") + 1] == "type=1,serial=SN-vm-node-0000"
+    # The kubelet's systemUUID and the BMC's UUID name the same machine (decision 0073).
+    assert argv[argv.index("-uuid") + 1] == "6f1c9a52-1d7e-5a53-9a0e-3f0c3d5b8e11"
     assert not any(a.startswith("-drive") or a == "-hda" for a in argv)  # no disk
 
 
@@ -199,3 +202,18 @@ def test_the_join_objects_name_the_machines_address_and_kubeadms_groups() -> Non
     autoapprove = by_name["kubeadm:node-autoapprove-bootstrap"]
     assert autoapprove["subjects"][0]["name"] == "system:bootstrappers:kubeadm:default-node-token"
     assert autoapprove["roleRef"]["name"].endswith(":nodeclient")
+
+
+def test_a_missing_node_image_stops_start_up_naming_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpufleet.local import machines
+    from gpufleet.local.processes import ComponentError
+
+    (tmp_path / "vmlinuz").write_bytes(b"x")
+    with pytest.raises(ComponentError, match=r"missing initrd.img, rootfs.squashfs"):
+        machines.boot_dir(tmp_path)
+    monkeypatch.delenv("GPUFLEET_NODE_IMAGE", raising=False)
+    monkeypatch.setenv("GPUFLEET_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ComponentError, match="gpufleet local image build"):
+        machines.boot_dir(None)
