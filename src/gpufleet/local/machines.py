@@ -127,29 +127,20 @@ def prepare_boot_files(run_dir: Path, image: Path) -> BootFiles:
 
 
 def boot_dir(explicit: Path | None) -> Path:
-    """The node image the machines boot: ``explicit``, ``$GPUFLEET_NODE_IMAGE``, or the
-    newest complete entry of the node image cache. Fails naming what is missing."""
+    """The node image the machines boot: ``explicit``, ``$GPUFLEET_NODE_IMAGE``, or this
+    checkout's entry of the node image cache. Fails naming what is missing."""
     import os
 
+    from gpufleet.local import node_image
     from gpufleet.local.processes import ComponentError
 
     if explicit is None and os.environ.get("GPUFLEET_NODE_IMAGE"):
         explicit = Path(os.environ["GPUFLEET_NODE_IMAGE"])
     if explicit is None:
-        cache = Path(os.environ.get("GPUFLEET_CACHE", Path.home() / ".cache" / "gpufleet"))
-        complete = [
-            d
-            for d in (cache / "node-image").glob("*")
-            if d.is_dir() and all((d / f).is_file() for f in BOOT_FILES.values())
-        ]
-        if not complete:
-            raise ComponentError(
-                "machines",
-                None,
-                f"no node image in {cache / 'node-image'}: build it with "
-                "`gpufleet local image build` (minutes; cached afterwards)",
-            )
-        return max(complete, key=lambda d: d.stat().st_mtime)
+        try:
+            return node_image.require().directory
+        except node_image.NodeImageError as exc:
+            raise ComponentError("machines", None, str(exc)) from None
     missing = [f for f in BOOT_FILES.values() if not (explicit / f).is_file()]
     if missing:
         raise ComponentError(
