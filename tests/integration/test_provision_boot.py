@@ -146,6 +146,13 @@ def test_a_known_mac_boots_and_its_token_authenticates_once(env: Any) -> None:
     assert f"s={url}/cloud-init/aa:00:00:00:01:01/" in script.text
     meta = httpx.get(f"{url}/cloud-init/aa:00:00:00:01:01/meta-data")
     assert yaml.safe_load(meta.text)["local-hostname"] == "day0-known"
+    # The seed's other two documents answer at once (cloud-init retries a 404 for 10 s).
+    for seed in ("cloud-init/aa:00:00:00:01:01", "cloud-init/aa:00:00:00:01:01/serial/SN-x"):
+        vendor = httpx.get(f"{url}/{seed}/vendor-data")
+        assert (vendor.status_code, vendor.text) == (200, "")
+        network = httpx.get(f"{url}/{seed}/network-config")
+        assert network.status_code == 200
+        assert yaml.safe_load(network.text) == {"config": "disabled"}
 
     # Without credentials, or with the wrong secret: nothing, and an audit Event.
     data_url = f"{url}/cloud-init/aa:00:00:00:01:01/user-data"
@@ -231,11 +238,15 @@ def test_the_serial_authenticates_only_when_the_bmc_agrees(env: Any) -> None:
 
 def test_an_unknown_mac_gets_a_bare_404_an_event_and_a_metric(env: Any) -> None:
     _info, api, url, _tmp = env
-    for path in ("/ipxe?mac=de:ad:be:ef:00:01", "/cloud-init/de:ad:be:ef:00:01/user-data"):
+    for path in (
+        "/ipxe?mac=de:ad:be:ef:00:01",
+        "/cloud-init/de:ad:be:ef:00:01/user-data",
+        "/cloud-init/de:ad:be:ef:00:01/vendor-data",
+    ):
         r = httpx.get(url + path, headers={"X-Gpufleet-Enrollment": SECRET})
         assert r.status_code == 404 and r.text == "not found\n"
     metrics = httpx.get(f"{url}/metrics").text
-    assert "gpufleet_provision_unknown_mac_total 2.0" in metrics
+    assert "gpufleet_provision_unknown_mac_total 3.0" in metrics
     wait_for(
         "UnknownMachine Event",
         lambda: "UnknownMachine" in audit_reasons(api, "unknown"),

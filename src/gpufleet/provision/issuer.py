@@ -40,6 +40,8 @@ from gpufleet.remediate import redfish
 
 log = logging.getLogger("gpufleet.provision")
 Json = dict[str, Any]
+SEED_EXTRAS = {"vendor-data": "", "network-config": "config: disabled\n"}
+"""The NoCloud seed's other two documents (:meth:`Provisioner.seed_extra`)."""
 TOKEN_NAMESPACE = kube_machines.TOKEN_NAMESPACE
 MACHINES = kube_machines.MACHINES
 
@@ -297,6 +299,20 @@ class Provisioner:
         self.rate_limit(client, mac)
         name, _ = await self.find(mac, endpoint="meta-data", client=client)
         return render.meta_data(name)
+
+    async def seed_extra(self, mac: str, document: str, *, client: str) -> str:
+        """``vendor-data`` or ``network-config`` of the NoCloud seed (no secrets).
+
+        cloud-init's NoCloud datasource fetches both besides meta-data and
+        user-data and retries each 404 ten times a second apart: 20 s of every
+        boot. vendor-data is empty; network-config is disabled, as the node image's
+        own configuration says (systemd-networkd brings up every NIC by DHCP).
+        """
+        if document not in SEED_EXTRAS:
+            raise Refused(404, f"no seed document {document!r}", "not found")
+        self.rate_limit(client, mac)
+        await self.find(mac, endpoint=document, client=client)
+        return SEED_EXTRAS[document]
 
     # ------------------------------------------------------------ cloud-init
 

@@ -8,6 +8,8 @@ Endpoints, all keyed by the booting NIC's MAC:
 - ``GET /cloud-init/{mac}/serial/{serial}/{meta-data,user-data}`` -- the same, with
   the serial in the path instead of a header (the seed URL of the iPXE script: iPXE
   fills in the SMBIOS serial, cloud-init's NoCloud datasource sends no headers);
+- ``GET /cloud-init/{mac}/{vendor-data,network-config}`` (and under ``serial/{serial}/``)
+  -- empty and "disabled": cloud-init asks for both and retries a 404 for 10 s each;
 - ``GET /cloud-init/{mac}/user-data`` -- the kubeadm join with a fresh
   single-use token; the node authenticates with the header
   ``X-Gpufleet-Enrollment: <secret>`` or ``X-Gpufleet-Serial: <serial>``;
@@ -30,7 +32,7 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpufleet.kubeapi import ApiError
-from gpufleet.provision.issuer import Provisioner, Refused
+from gpufleet.provision.issuer import SEED_EXTRAS, Provisioner, Refused
 
 TEXT = "text/plain; charset=utf-8"
 
@@ -127,6 +129,30 @@ def create_app(provisioner: Provisioner, *, boot_dir: Path | None = None) -> Fas
     )
     async def user_data_with_serial(request: Request, mac: str, serial: str) -> Response:
         return await user_data(request, mac, None, serial)
+
+    # cloud-init's NoCloud datasource also fetches vendor-data and network-config and
+    # retries a 404 ten times, a second apart; both carry nothing a node needs.
+    def seed_extra_routes(document: str) -> None:
+        async def seed_extra(request: Request, mac: str) -> Response:
+            return await answer(
+                document,
+                lambda: provisioner.seed_extra(mac, document, client=client_of(request)),
+            )
+
+        async def seed_extra_with_serial(request: Request, mac: str, serial: str) -> Response:
+            return await seed_extra(request, mac)
+
+        summary = f"nocloud {document} (nothing for the node; answered so cloud-init goes on)"
+        for path, endpoint in (
+            (f"/cloud-init/{{mac}}/{document}", seed_extra),
+            (f"/cloud-init/{{mac}}/serial/{{serial}}/{document}", seed_extra_with_serial),
+        ):
+            app.add_api_route(
+                path, endpoint, methods=["GET"], response_class=PlainTextResponse, summary=summary
+            )
+
+    for document in SEED_EXTRAS:
+        seed_extra_routes(document)
 
     if boot_dir is not None:
         from fastapi.staticfiles import StaticFiles
