@@ -5,7 +5,9 @@
 #   2. etcd, Kubernetes control-plane binaries, kubectl and KWOK, built from the
 #      Go module proxy into ~/.cache/gpufleet (skipped when cached), see
 #      scripts/build-go-binaries.sh; then helm (scripts/build-helm.sh) and
-#      promtool (scripts/build-promtool.sh).
+#      promtool (scripts/build-promtool.sh);
+#   3. the node image the real machines boot (`gpufleet local image build`, as
+#      root: about 5 minutes once, then a cache lookup of about a second).
 # Python dependencies are installed by scripts/bootstrap-python.sh.
 # Needs root for apt-get on a fresh machine; fails naming the step that failed.
 set -euo pipefail
@@ -16,9 +18,11 @@ start=$(date +%s)
 # provides /usr/bin/time for the build measurements; openssl and procps are
 # used by the cluster tooling; ca-certificates lets Go reach the module proxy.
 # qemu-system-x86, ipxe-qemu (the NIC's network-boot ROM) and socat (one per
-# forwarded connection) run the local cluster's real machines (--machines).
+# forwarded connection) run the local cluster's real machines (--machines);
+# debootstrap and squashfs-tools build the image they boot.
 packages=(munge slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin
-          time openssl procps ca-certificates qemu-system-x86 ipxe-qemu socat)
+          time openssl procps ca-certificates qemu-system-x86 ipxe-qemu socat
+          debootstrap squashfs-tools)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -45,5 +49,13 @@ PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-go-binaries.sh" >&2
 PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-helm.sh" >&2
 # promtool, for the test that lints every component's /metrics.
 PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-promtool.sh" >&2
+# The node image (after the Go binaries: it carries their kubelet and kubeadm).
+# Not fatal: only the tests with real machines need it, and they say so.
+if [[ $(id -u) -eq 0 ]]; then
+  PATH="$PATH:/usr/local/go/bin" "$root/.venv/bin/gpufleet" local image build >&2 \
+    || echo "bootstrap-system: the node image was not built (above); tests with real machines will fail" >&2
+else
+  echo "bootstrap-system: not root, node image not built (gpufleet local image build needs root)" >&2
+fi
 
 echo "== system dependencies ready ($(( $(date +%s) - start )) s)" >&2
