@@ -117,6 +117,17 @@ rules:
     note: a fatal SXid stalls NVLink traffic until the GPUs and NVSwitches are reset
   - match: {fault: nvswitch-nonfatal}
     action: log
+  - match: {fault: fabric-not-ready}
+    action: reboot
+    note: a GPU outside the NVLink fabric cannot start CUDA; a reboot re-registers it
+  - match: {fault: fabric-degraded}
+    action: reboot
+    drain: wait
+    requeue: let-finish
+  - match: {fault: imex-not-ready}
+    action: reboot
+    drain: wait
+    requeue: let-finish
 
   # --- thermal, kernel
   - match: {fault: thermal-throttle}

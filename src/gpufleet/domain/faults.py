@@ -44,6 +44,9 @@ class FaultKind(StrEnum):
     DCGM_DIAG_FAILED = "dcgm-diag-failed"
     NVSWITCH_FATAL = "nvswitch-fatal"
     NVSWITCH_NONFATAL = "nvswitch-nonfatal"
+    FABRIC_NOT_READY = "fabric-not-ready"
+    FABRIC_DEGRADED = "fabric-degraded"
+    IMEX_NOT_READY = "imex-not-ready"
     SLURM_DRAIN = "slurm-drain"
 
 
@@ -153,6 +156,23 @@ _INFO = (
         FaultKind.NVSWITCH_NONFATAL,
         Subsystem.NVSWITCH,
         "the NVSwitch driver logged a non-fatal SXid (corrected or contained)",
+    ),
+    FaultInfo(
+        FaultKind.FABRIC_NOT_READY,
+        Subsystem.FABRIC,
+        "a GPU is not registered with the NVLink fabric (Fabric Manager not done, or "
+        "registration failed): CUDA cannot start on it",
+    ),
+    FaultInfo(
+        FaultKind.FABRIC_DEGRADED,
+        Subsystem.FABRIC,
+        "the NVLink fabric reports a GPU unhealthy or with degraded bandwidth",
+    ),
+    FaultInfo(
+        FaultKind.IMEX_NOT_READY,
+        Subsystem.FABRIC,
+        "the host's IMEX daemon does not answer READY (multi-node NVLink memory sharing "
+        "is unavailable)",
     ),
     FaultInfo(
         FaultKind.SLURM_DRAIN,

@@ -81,6 +81,9 @@ _KIND_CLASS: Mapping[FaultKind, FaultClass] = MappingProxyType(
         FaultKind.SLURM_DRAIN: FaultClass.SOFTWARE,
         FaultKind.NVSWITCH_FATAL: FaultClass.HARDWARE,
         FaultKind.NVSWITCH_NONFATAL: FaultClass.INFORMATIONAL,
+        FaultKind.FABRIC_NOT_READY: FaultClass.LINK,
+        FaultKind.FABRIC_DEGRADED: FaultClass.LINK,
+        FaultKind.IMEX_NOT_READY: FaultClass.SOFTWARE,
     }
 )
 """The class of every fault kind but ``xid`` (XIDs are classed by the catalogue)."""

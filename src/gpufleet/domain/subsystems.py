@@ -21,6 +21,8 @@ class Subsystem(StrEnum):
     THERMAL = "thermal"
     PERFORMANCE = "performance"
     NVSWITCH = "nvswitch"
+    FABRIC = "fabric"
+    """NVLink fabric registration (Fabric Manager) and the IMEX domain."""
     SLURM = "slurm"
     """Slurm's own health machinery drained the node for a hardware reason
     (reported by the Slurm syncer, not by the agent)."""

@@ -20,6 +20,14 @@ LABEL_STATE = "gpufleet.io/state"
 LABEL_POOL = "gpufleet.io/pool"
 """Node label, set by provisioning or an admin: the node pool (budget scope)."""
 
+LABEL_NVLINK_CLUSTER = "gpufleet.io/nvlink-cluster"
+"""Node label, set by the node agent on multi-node NVLink nodes (GB200 NVL72): the
+NVLink cluster UUID the node's GPUs registered with (removed elsewhere)."""
+LABEL_NVLINK_CLIQUE = "gpufleet.io/nvlink-clique"
+"""Node label, set by the node agent on multi-node NVLink nodes:
+``<cluster UUID>.<clique id>``, the NVLink partition the node's GPUs share; nodes
+with the same value reach each other over NVLink (topology-aware placement)."""
+
 ANNOTATION_RECORD = "gpufleet.io/record"
 """Node annotation, set by the lifecycle controller: the NodeRecord as JSON."""
 ANNOTATION_REASON = "gpufleet.io/reason"
@@ -88,6 +96,7 @@ CONDITIONS: Mapping[Subsystem, str] = MappingProxyType(
         Subsystem.THERMAL: "ThermalProblem",
         Subsystem.PERFORMANCE: "PerformanceProblem",
         Subsystem.NVSWITCH: "NvswitchProblem",
+        Subsystem.FABRIC: "FabricProblem",
         Subsystem.SLURM: "SlurmHealthProblem",
     }
 )

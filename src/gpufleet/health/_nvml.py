@@ -124,6 +124,43 @@ class Nvml:
             if isinstance(state, int):
                 links.append(state)
         raw["nvlink_state"] = links
+        raw.update(self._fabric(h))
+        return raw
+
+    def _fabric(self, h: Any) -> dict[str, Any]:
+        """``nvmlDeviceGetGpuFabricInfoV`` (v3: with the health summary), else the
+        older ``nvmlDeviceGetGpuFabricInfo``. NOT_SUPPORTED is the state "not
+        supported"; any other error is kept (the fabric is then unknown)."""
+        nv = self._nv
+        info: Any
+        try:
+            if hasattr(nv, "c_nvmlGpuFabricInfo_v3_t") and hasattr(
+                nv, "nvmlDeviceGetGpuFabricInfoV"
+            ):
+                info = nv.c_nvmlGpuFabricInfo_v3_t()
+                nv.nvmlDeviceGetGpuFabricInfoV(h, nv.byref(info))
+            elif hasattr(nv, "nvmlDeviceGetGpuFabricInfo"):
+                info = nv.c_nvmlGpuFabricInfo_t()
+                nv.nvmlDeviceGetGpuFabricInfo(h, nv.byref(info))
+            else:
+                return {}
+        except nv.NVMLError as exc:
+            name = _error_name(nv, exc)
+            if name == "NVML_ERROR_NOT_SUPPORTED":
+                return {"fabric_state": 0}
+            return {"fabric_state": name}
+        raw: dict[str, Any] = {
+            "fabric_state": int(info.state),
+            "fabric_status": int(info.status),
+            "fabric_clique_id": int(info.cliqueId),
+            "fabric_cluster_uuid": _uuid(bytes(info.clusterUuid)),
+        }
+        if hasattr(info, "healthMask"):
+            raw["fabric_health_mask"] = int(info.healthMask)
+        if hasattr(info, "healthSummary"):
+            raw["fabric_health_summary"] = int(info.healthSummary)
+        if raw["fabric_status"] != 0:
+            raw["fabric_status"] = _error_name(nv, nv.NVMLError(raw["fabric_status"]))
         return raw
 
 
@@ -133,6 +170,12 @@ def _error_name(nv: Any, exc: Exception) -> str:
         if name.startswith("NVML_ERROR_") and getattr(nv, name) == code:
             return name
     return f"NVML_ERROR({exc})"
+
+
+def _uuid(data: bytes) -> str:
+    """16 bytes as a UUID string (``nvidia-smi``'s ClusterUUID form)."""
+    h = data.hex().ljust(32, "0")[:32]
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _text(value: Any) -> Any:

@@ -181,6 +181,10 @@ class Agent:
         self._refused: dict[str, str] = {}
         """The last refusal reported per request (an unchanged one is not reported again)."""
         self._offered: tuple[str | None, str | None] = (None, None)
+        self._labels: dict[str, str | None] | None = None
+        """The NVLink topology labels last written to the Node."""
+        self._labels_due: dict[str, str | None] | None = None
+        self._labels_retry_at = float("-inf")
 
     # ----------------------------------------------------------------- one poll
 
@@ -198,6 +202,8 @@ class Agent:
     ) -> tuple[list[conditions.ConditionReport], list[tuple[FaultEvent, Response]]]:
         """Poll once; returns changed conditions and new occurrences with their response."""
         snap = self.monitors.poll(now)
+        if snap.labels is not None and snap.labels != self._labels:
+            self._labels_due = snap.labels
         self._read_telemetry(now)
         self._add_found(snap, now)
         if self.metrics is not None:
@@ -285,6 +291,21 @@ class Agent:
                 self._hardware_due = None
             except Exception as exc:  # written again on the next poll
                 log.warning("node=%s hardware annotation not written: %s", self.node, exc)
+        await self._publish_labels()
+
+    async def _publish_labels(self) -> None:
+        """Write the NVLink clique labels when they changed (a reporter without
+        ``set_labels``, as in unit tests, keeps them in memory only)."""
+        due, set_labels = self._labels_due, getattr(self.reporter, "set_labels", None)
+        if due is None or set_labels is None or self.clock() < self._labels_retry_at:
+            return
+        try:
+            await set_labels(due)
+        except Exception as exc:  # tried again after resync_s, not on every poll
+            log.warning("node=%s topology labels not written: %s", self.node, exc)
+            self._labels_retry_at = self.clock() + self.settings.resync_s
+            return
+        self._labels, self._labels_due = due, None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll until ``stop`` is set."""

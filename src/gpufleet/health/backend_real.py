@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpufleet.health import compute, kmsg
+from gpufleet.health import compute, fabric, kmsg, nvml_values
 from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
 
 KMSG = "/dev/kmsg"
@@ -71,6 +71,26 @@ class KmsgReader:
             self._fd = None
 
 
+def _merge_smi_fabric(gpus: list[dict[str, Any]]) -> None:
+    """Fill the fabric keys from ``nvidia-smi -q`` where NVML could not give them
+    (a binding or driver without nvmlDeviceGetGpuFabricInfo). Matched by PCI bus."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return
+    try:
+        proc = subprocess.run([smi, "-q"], capture_output=True, text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        return  # the fabric keys stay absent: judged as unknown by nobody, reported by NVML
+    by_bus = {
+        nvml_values.normalize_bus_id(str(f["pci_bus_id"])): f
+        for f in fabric.parse_smi_fabric(proc.stdout)
+    }
+    for g in gpus:
+        found = by_bus.get(nvml_values.normalize_bus_id(str(g.get("pci_bus_id", ""))))
+        if found is not None and "fabric_state" not in g:
+            g.update({k: v for k, v in found.items() if k.startswith("fabric_")})
+
+
 class RealHardware(Hardware):
     """This machine's GPUs, HCAs and kernel log (implements :class:`Hardware`:
     declared, so mypy checks the methods against it)."""
@@ -105,7 +125,26 @@ class RealHardware(Hardware):
 
     def gpus(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._session().gpus()
+        if any("fabric_state" not in g for g in result):
+            _merge_smi_fabric(result)
         return result
+
+    def imex_status(self) -> str | None:
+        """``nvidia-imex-ctl -c <config> -q`` (``READY`` when the local daemon serves
+        its domain); None when this host runs no IMEX (no node config file)."""
+        if not Path(fabric.IMEX_NODES_CONFIG).exists():
+            return None
+        ctl = shutil.which("nvidia-imex-ctl")
+        if ctl is None:
+            raise HardwareError(
+                f"{fabric.IMEX_NODES_CONFIG} exists but nvidia-imex-ctl is not installed"
+            )
+        argv = [ctl, "-c", fabric.IMEX_CONFIG, "-q"]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise HardwareError(f"{' '.join(argv)} did not answer in 10s") from exc
+        return (proc.stdout + proc.stderr).strip() or f"no output (exit {proc.returncode})"
 
     def kernel_lines(self) -> list[str]:
         return self._kmsg.read()

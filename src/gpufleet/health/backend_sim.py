@@ -38,6 +38,8 @@ from gpufleet.domain.faults import FaultKind
 from gpufleet.health import compute, kmsg, sysfs
 from gpufleet.health.hardware import Hardware, HardwareError
 
+SIM_FABRICS = ("hgx", "nvl72", "none")
+NVSWITCH_BUSES = ("c3", "c4", "c5", "c6")
 GPU_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 HCA_BUSES = ("0c", "1f", "47", "4e", "8c", "9f", "c6", "cd")
 NOMINAL = {"gemm_tflops": 750.0, "hbm_gbps": 3000.0, "busbw_gbps": 450.0}
@@ -140,6 +142,9 @@ class SimGpu:
     hbm_factor: float = 1.0
     sdc: bool = False
     dcgm_fail: bool = False
+    fabric_state: int = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+    fabric_status: int | str = 0  # NVML_SUCCESS
+    fabric_degraded: bool = False
 
     def raw(self) -> dict[str, Any]:
         return {
@@ -233,9 +238,24 @@ class SimulatedHardware(Hardware):
         gpus: int = 8,
         hcas: int = 8,
         publish_dir: Path | None = None,
+        fabric: str = "hgx",
+        nvlink_cluster: str = "9c6f5af3-53bf-49b5-a436-b66766c413c3",
+        clique: int = 1,
     ) -> None:
+        """``fabric``: ``hgx`` (NVSwitch in one node, as HGX H100: registration
+        completes, no cluster UUID, no IMEX), ``nvl72`` (a multi-node NVLink
+        domain, as GB200 NVL72: ``nvlink_cluster`` and ``clique`` are the GPUs'
+        registration, and the host runs IMEX) or ``none`` (no fabric, as PCIe GPUs)."""
+        if fabric not in SIM_FABRICS:
+            raise ValueError(f"fabric={fabric!r}: choose one of {', '.join(SIM_FABRICS)}")
         self.node = node
         self.publish_dir = publish_dir
+        self.fabric = fabric
+        self._cluster = (
+            nvlink_cluster if fabric == "nvl72" else "00000000-0000-0000-0000-000000000000"
+        )
+        self._clique = clique if fabric == "nvl72" else 0
+        self._imex = "READY"
         self._lock = threading.Lock()
         self._gpus = [SimGpu(i, GPU_BUSES[i % len(GPU_BUSES)]) for i in range(gpus)]
         self._hcas = [SimHca(f"mlx5_{i}", HCA_BUSES[i % len(HCA_BUSES)]) for i in range(hcas)]
@@ -259,7 +279,29 @@ class SimulatedHardware(Hardware):
         if self._hang:  # injected "hang": never returns, like NVML on a wedged GPU
             threading.Event().wait()
         with self._lock:
-            return [g.raw() for g in self._gpus if g.present]
+            return [{**g.raw(), **self._fabric_raw(g)} for g in self._gpus if g.present]
+
+    def _fabric_raw(self, g: SimGpu) -> dict[str, Any]:
+        """NVML's GpuFabricInfo v3 of one GPU, as the real backend reads it."""
+        if self.fabric == "none":
+            return {"fabric_state": 0}
+        registered = g.fabric_state == 3 and g.fabric_status == 0
+        return {
+            "fabric_state": g.fabric_state,
+            "fabric_status": g.fabric_status,
+            "fabric_clique_id": self._clique if registered else 0,
+            "fabric_cluster_uuid": self._cluster
+            if registered
+            else "00000000-0000-0000-0000-000000000000",
+            "fabric_health_mask": 1 if g.fabric_degraded else 2,
+            "fabric_health_summary": (2 if g.fabric_degraded else 1)
+            if self.fabric == "nvl72"
+            else 0,
+        }
+
+    def imex_status(self) -> str | None:
+        with self._lock:
+            return self._imex if self.fabric == "nvl72" else None
 
     def kernel_lines(self) -> list[str]:
         with self._lock:
@@ -366,6 +408,7 @@ class SimulatedHardware(Hardware):
             ]
             self._busy = False
             self._nccl_factor = 1.0
+            self._imex = "READY"
             self.injected.clear()
             self._write_sysfs()
 
@@ -451,6 +494,34 @@ class SimulatedHardware(Hardware):
             self._gpu(spec).sdc = True
         elif k == K.DCGM_DIAG_FAILED:
             self._gpu(spec).dcgm_fail = True
+        elif k in (K.NVSWITCH_FATAL, K.NVSWITCH_NONFATAL):
+            sw, link = spec.int("switch", 0), spec.int("link", 12)
+            bus = NVSWITCH_BUSES[sw % len(NVSWITCH_BUSES)]
+            sxid, severity, text = (
+                (24007, "Fatal", "sourcetrack timeout error")
+                if k == K.NVSWITCH_FATAL
+                else (20009, "Non-fatal", "RX Short Error Rate")
+            )
+            self._log(
+                f"nvidia-nvswitch{sw}: SXid (PCI:0000:{bus}:00.0): {spec.int('sxid', sxid):05d}, "
+                f"{severity}, Link {link:02d} {text}"
+            )
+        elif k == K.FABRIC_NOT_READY:
+            if self.fabric == "none":
+                raise InjectionError("this simulated node has no NVLink fabric (fabric=none)")
+            g = self._gpu(spec)
+            if spec.params.get("state", "failed") == "in-progress":
+                g.fabric_state = 2
+            else:
+                g.fabric_status = "NVML_ERROR_INSUFFICIENT_RESOURCES"
+        elif k == K.FABRIC_DEGRADED:
+            if self.fabric == "none":
+                raise InjectionError("this simulated node has no NVLink fabric (fabric=none)")
+            self._gpu(spec).fabric_degraded = True
+        elif k == K.IMEX_NOT_READY:
+            if self.fabric != "nvl72":
+                raise InjectionError("this simulated node runs no IMEX (only fabric=nvl72 does)")
+            self._imex = spec.params.get("answer", "NOT_READY")
         elif k == "kmsg-garbage":
             self._kernel.append("6,17,garbage;NVRM: Xid (PCI:0000:3a")
             self._kernel.append("NVRM: Xid (PCI:zz:zz): seventy-nine")

@@ -62,6 +62,18 @@ PASSIVE: dict[str, tuple[frozenset[FaultKind], Subsystem | None, str]] = {
         Subsystem.KERNEL,
         "no soft lockup or hung task",
     ),
+    "nvswitch": (
+        frozenset({FaultKind.NVSWITCH_FATAL, FaultKind.NVSWITCH_NONFATAL}),
+        Subsystem.KERNEL,
+        "no NVSwitch SXid in the kernel log",
+    ),
+    "fabric": (
+        frozenset(
+            {FaultKind.FABRIC_NOT_READY, FaultKind.FABRIC_DEGRADED, FaultKind.IMEX_NOT_READY}
+        ),
+        Subsystem.FABRIC,
+        "NVLink fabric registered and healthy; IMEX READY where the host runs it",
+    ),
 }
 ACTIVE = ("gemm", "sdc", "hbm", "allreduce", "dcgm")
 ALL = (*PASSIVE, *ACTIVE)

@@ -45,6 +45,14 @@ class Hardware(Protocol):
         """
         ...
 
+    def imex_status(self) -> str | None:
+        """The local IMEX daemon's answer to ``nvidia-imex-ctl -q`` (``READY``);
+        None when this host runs no IMEX daemon.
+
+        Raises :class:`HardwareError` when IMEX is configured but cannot be asked.
+        """
+        ...
+
     def dcgm_diag(self, level: int, timeout_s: float) -> str | None:
         """The JSON output of ``dcgmi diag -r <level> -j``; None when DCGM is absent."""
         ...

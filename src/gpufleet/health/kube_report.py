@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpufleet.domain import well_known
@@ -99,6 +99,21 @@ class KubeReporter:
             },
             status=True,
             kind=Patch.STRATEGIC,
+        )
+
+    async def set_labels(self, labels: Mapping[str, str | None]) -> None:
+        """Set (or, for None, remove) the agent's own Node labels: the NVLink
+        topology ones (:data:`~gpufleet.domain.well_known.LABEL_NVLINK_CLIQUE`).
+        Through the status subresource, the only part of Nodes the agent may patch."""
+        if not labels:
+            return
+        api = await self._connect()
+        await api.patch(
+            NODES,
+            self.node,
+            {"metadata": {"labels": dict(labels)}},
+            status=True,
+            kind=Patch.MERGE,
         )
 
     async def event(

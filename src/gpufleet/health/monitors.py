@@ -16,7 +16,7 @@ went *down* (HCA reset, counter cleared) is a new baseline, not a fault.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,12 +24,18 @@ from gpufleet.domain.debounce import Observation
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.profiles import SkuProfile
 from gpufleet.domain.subsystems import AGENT_SUBSYSTEMS
-from gpufleet.health import kmsg, nvml_values, sysfs
+from gpufleet.health import fabric, kmsg, nvml_values, sysfs
 from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
 
 log = logging.getLogger(__name__)
 
-GPU_SUBSYSTEMS = (Subsystem.GPU, Subsystem.NVLINK, Subsystem.THERMAL, Subsystem.PCIE)
+GPU_SUBSYSTEMS = (
+    Subsystem.GPU,
+    Subsystem.NVLINK,
+    Subsystem.THERMAL,
+    Subsystem.PCIE,
+    Subsystem.FABRIC,
+)
 INSTANT_KINDS = frozenset(
     {
         FaultKind.XID,
@@ -37,6 +43,8 @@ INSTANT_KINDS = frozenset(
         FaultKind.KERNEL_HUNG_TASK,
         FaultKind.IB_LINK_FLAP,
         FaultKind.IB_SYMBOL_ERRORS,
+        FaultKind.NVSWITCH_FATAL,
+        FaultKind.NVSWITCH_NONFATAL,
     }
 )
 
@@ -52,6 +60,8 @@ class Snapshot:
     kernel_unparsed: int = 0
     errors: dict[str, str] = field(default_factory=dict)
     """Source → why it could not be read."""
+    labels: dict[str, str | None] | None = None
+    """NVLink topology labels for the Node (None: leave them as they are)."""
 
     def faults(self) -> list[FaultEvent]:
         """Every fault of this poll (state and instant)."""
@@ -197,6 +207,7 @@ class PassiveMonitors:
             }
             for r in readings:
                 put(nvml_values.gpu_faults(r, self.profile, node=self.node, now=now))
+            self._fabric(raw, now, snap, put, unreadable)
             if visible < self.profile.gpus_per_node:
                 put(
                     [
@@ -250,6 +261,30 @@ class PassiveMonitors:
                 unreadable_reason=why,
             )
         return snap
+
+    def _fabric(
+        self,
+        raw: list[dict[str, object]],
+        now: float,
+        snap: Snapshot,
+        put: Callable[[Iterable[FaultEvent]], None],
+        unreadable: dict[Subsystem, str],
+    ) -> None:
+        """Fabric Manager registration, IMEX where it applies, and the clique labels."""
+        gpus = [f for f in (fabric.from_raw(g) for g in raw) if f is not None]
+        why = fabric.unreadable(gpus)
+        if why is not None:
+            unreadable[Subsystem.FABRIC] = why
+            return
+        imex = None
+        if any(g.multi_node for g in gpus):
+            try:
+                imex = self.hw.imex_status()
+            except HardwareError as exc:
+                snap.errors["imex"] = str(exc)
+                unreadable[Subsystem.FABRIC] = f"IMEX: {exc}"
+        put(fabric.faults(gpus, node=self.node, now=now, imex=imex))
+        snap.labels = fabric.topology_labels(gpus)
 
     def _hca_pcie(self, ports: list[sysfs.IbPort], now: float) -> list[FaultEvent]:
         out: list[FaultEvent] = []
