@@ -182,7 +182,7 @@ def _preflight(timeout: float, base_port: int, absent: bool) -> str:
         return "gpufleet preflight: one node, nothing to check"
     found = preflight.run(gang, timeout_s=timeout, absent=absent)
     where = f"job={gang.job_id} rank={gang.rank}/{gang.world} seconds={found.seconds:.2f}"
-    if found.ok or not found.ran or not found.bad:
+    if found.ok or gang.rank != 0 or not found.ran or not found.bad:
         return f"gpufleet preflight: {where} ok={found.ok} {found.detail}".rstrip()
     try:
         done = preflight.requeue_without(gang, found.bad)
