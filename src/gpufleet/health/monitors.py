@@ -249,7 +249,10 @@ class PassiveMonitors:
         else:
             snap.ports = ports
             put(ib_faults(ports, self._counters, self.profile, node=self.node, now=now))
-            put(self._hca_pcie(ports, now))
+            put(self._hca_pcie(ports, now, unreadable))
+            blind = [f"{p.hca}/{p.port}" for p in ports if p.state is None]
+            if blind:
+                unreadable[Subsystem.INFINIBAND] = "state unreadable: " + ", ".join(blind[:8])
 
         for s, (state, instant) in obs.items():
             why = unreadable.get(s, "")
@@ -286,7 +289,10 @@ class PassiveMonitors:
         put(fabric.faults(gpus, node=self.node, now=now, imex=imex))
         snap.labels = fabric.topology_labels(gpus)
 
-    def _hca_pcie(self, ports: list[sysfs.IbPort], now: float) -> list[FaultEvent]:
+    def _hca_pcie(
+        self, ports: list[sysfs.IbPort], now: float, unreadable: dict[Subsystem, str]
+    ) -> list[FaultEvent]:
+        """HCA PCIe links; a link whose width cannot be read leaves PCIe unknown."""
         out: list[FaultEvent] = []
         seen: set[str] = set()
         for p in ports:
@@ -294,6 +300,8 @@ class PassiveMonitors:
                 continue
             seen.add(p.pci_address)
             link = sysfs.read_pci_link(Path(self.hw.sysfs_root), p.pci_address)
+            if link is None or link.width is None or link.max_width is None:
+                unreadable.setdefault(Subsystem.PCIE, f"HCA {p.hca} PCIe link unreadable")
             if link is not None and link.degraded:
                 out.append(
                     FaultEvent(

@@ -108,3 +108,19 @@ def test_active_checks_do_not_start_while_busy_or_while_busy_is_unreadable() -> 
             assert by_name[name].status is CheckStatus.UNKNOWN
             assert text in by_name[name].reason
         assert "gpu-count" in by_name  # passive checks still run
+
+
+def test_an_unreadable_port_state_or_hca_link_is_unknown_not_healthy() -> None:
+    hw = SimulatedHardware(gpus=8, hcas=2)
+    try:
+        ib = hw.sysfs_root / "sys/class/infiniband"
+        (ib / "mlx5_1/ports/1/state").unlink()
+        pci = (ib / "mlx5_0/device").resolve()
+        (pci / "current_link_width").write_text("garbage\n")
+        snap = PassiveMonitors(hw, H100, node="n").poll(1.0)
+    finally:
+        hw.close()
+    port = snap.observations[Subsystem.INFINIBAND]
+    assert not port.readable and "mlx5_1/1" in port.unreadable_reason
+    pcie = snap.observations[Subsystem.PCIE]
+    assert not pcie.readable and "mlx5_0" in pcie.unreadable_reason
