@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.domain import events as ev
-from gpufleet.domain import lemon, operator, well_known
+from gpufleet.domain import lemon, operator, spares, well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.faults import FaultEvent
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step, severity
@@ -579,7 +579,29 @@ def _to_production(ctx: _Ctx, trigger: Trigger, reason: str) -> _Plan:
     rec, t = _move(ctx, r, S.PRODUCTION, trigger, reason)
     rec = replace(rec, incident=None, pending=None, pending_step=None, checks_started_at=None)
     actions = (Action(ActionKind.UNTAINT), Action(ActionKind.UNCORDON))
-    return _Plan(applied=rec, held=r, actions=actions, reasons=(reason,), transition=t)
+    reasons: tuple[str, ...] = (reason,)
+    if spares.becomes_spare(rec, ctx.fleet, ctx.policy):
+        rec = replace(rec, spare=True)
+        pool = ctx.fleet.pool(rec.pool)
+        wanted = ctx.policy.spares.wanted(pool.size)
+        reasons = (*reasons, f"kept as a hot spare ({pool.spares + 1} of {wanted} in the pool)")
+    return _Plan(applied=rec, held=r, actions=actions, reasons=reasons, transition=t)
+
+
+def _on_spare_promoted(ctx: _Ctx, event: ev.SparePromoted) -> _Plan:
+    """A spare takes the place of a node that left production: it may take work now.
+
+    Nothing on the node is disrupted (work is allowed, not removed), but pause and
+    dry-run still mean no change at all.
+    """
+    r = ctx.record
+    if not r.is_spare:
+        return _noop(ctx, f"spare promotion ignored: not a spare ({r.state})")
+    if ctx.policy.paused or ctx.policy.dry_run:
+        why = "paused" if ctx.policy.paused else "dry-run"
+        return _noop(ctx, f"spare not promoted ({why}): {event.reason}")
+    rec = replace(r, spare=False)
+    return _Plan(applied=rec, held=r, reasons=(f"promoted from the spare pool: {event.reason}",))
 
 
 def _on_tick(ctx: _Ctx, event: ev.Tick) -> _Plan:
@@ -867,5 +889,6 @@ _HANDLERS: dict[type, Callable[[_Ctx, Any], _Plan]] = {
     ev.OperatorTriage: _on_operator_triage,
     ev.OperatorDismiss: _on_dismiss,
     ev.HardwareReplaced: _on_replaced,
+    ev.SparePromoted: _on_spare_promoted,
     ev.Tick: _on_tick,
 }

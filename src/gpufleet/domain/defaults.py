@@ -185,6 +185,13 @@ lemon:
     application: 0
   then: triage
 
+# Hot spares per node pool (docs/policy.md, "Hot spares"): verified nodes kept out of
+# training work, promoted the moment a node of the pool leaves production.
+spares:
+  percent: 1                  # floor(pool size * 1%): none in pools under 100 nodes
+  minNodes: 0
+  maxNodes: 50
+
 safety:
   budget:    {maxNodes: 50, maxPercent: 10, minNodes: 1}
   breaker:   {maxNodes: 20, maxPercent: 10, minNodes: 2, windowSeconds: 600, cooldownSeconds: 1800}

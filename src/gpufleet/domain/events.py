@@ -119,6 +119,14 @@ class HardwareReplaced:
 
 
 @dataclass(frozen=True, slots=True)
+class SparePromoted:
+    """A node left production elsewhere in the pool: this hot spare takes its place
+    (chosen by :func:`gpufleet.domain.spares.promotions`)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed: check timeouts and retry withheld actions."""
 
@@ -138,6 +146,7 @@ Event = (
     | OperatorTriage
     | OperatorDismiss
     | HardwareReplaced
+    | SparePromoted
     | Tick
 )
 """Everything :func:`gpufleet.domain.decide` accepts."""

@@ -90,6 +90,21 @@ _KIND_CLASS: Mapping[FaultKind, FaultClass] = MappingProxyType(
 
 _LINK_SUBSYSTEMS = frozenset({Subsystem.NVLINK, Subsystem.PCIE, Subsystem.INFINIBAND})
 
+_SUBSYSTEM_CLASS: Mapping[Subsystem, FaultClass] = MappingProxyType(
+    {
+        Subsystem.GPU: FaultClass.HARDWARE,
+        Subsystem.NVSWITCH: FaultClass.HARDWARE,
+        Subsystem.NVLINK: FaultClass.LINK,
+        Subsystem.PCIE: FaultClass.LINK,
+        Subsystem.INFINIBAND: FaultClass.LINK,
+        Subsystem.PERFORMANCE: FaultClass.PERFORMANCE,
+        Subsystem.KERNEL: FaultClass.SOFTWARE,
+        Subsystem.SLURM: FaultClass.SOFTWARE,
+        Subsystem.THERMAL: FaultClass.ENVIRONMENT,
+    }
+)
+"""A fault kind missing from the table above counts by its subsystem (link otherwise)."""
+
 
 def fault_class(fault: FaultEvent) -> FaultClass:
     """The class a fault counts in.
@@ -107,7 +122,10 @@ def fault_class(fault: FaultEvent) -> FaultClass:
         if info.xid_class is XidClass.APPLICATION:
             return FaultClass.APPLICATION
         return FaultClass.INFORMATIONAL
-    return _KIND_CLASS[fault.kind]
+    found = _KIND_CLASS.get(fault.kind)
+    if found is not None:
+        return found
+    return _SUBSYSTEM_CLASS.get(fault.subsystem, FaultClass.LINK)
 
 
 class LemonWeights(BaseModel):

@@ -211,6 +211,26 @@ class Lemon(_Model):
         return self.half_life_days * 86400.0
 
 
+class Spares(_Model):
+    """Hot spares: verified nodes of each pool kept out of training work (domain.spares).
+
+    A pool of ``size`` nodes keeps ``floor(size * percent / 100)`` spares, at least
+    ``min_nodes`` and at most ``max_nodes`` (and never the whole pool). A node becomes
+    a spare when it enters production (burn-in or verification passed) while its
+    pool is short of spares; a spare is promoted as soon as a node of its pool
+    leaves production.
+    """
+
+    percent: float = Field(default=1.0, ge=0, le=100)
+    min_nodes: int = Field(default=0, ge=0)
+    max_nodes: int = Field(default=50, ge=0)
+
+    def wanted(self, pool_size: int) -> int:
+        """Spares a pool of ``pool_size`` nodes keeps."""
+        by_percent = math.floor(pool_size * self.percent / 100.0 + 1e-9)
+        return max(0, min(self.max_nodes, max(self.min_nodes, by_percent), pool_size - 1))
+
+
 class Budget(_Model):
     """The most nodes of one pool that automation may hold out at once."""
 
@@ -313,6 +333,7 @@ class Policy(_Model):
     """What an XID missing from the catalogue does."""
     ladder: tuple[LadderStep, ...] = ()
     lemon: Lemon = Lemon()
+    spares: Spares = Spares()
     safety: Safety = Safety()
     drain: Drain = Drain()
     checks: Checks = Checks()

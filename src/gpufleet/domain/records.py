@@ -112,6 +112,9 @@ class NodeRecord:
     on this even after the occurrences that justified it age out of the window."""
     checks_started_at: float | None = None
     """When the current burn-in run started."""
+    spare: bool = False
+    """A hot spare: in production, verified, kept out of training work until promoted
+    (domain.spares). Only a node in production is one."""
     history: tuple[Transition, ...] = ()
 
     @classmethod
@@ -128,9 +131,18 @@ class NodeRecord:
         return cls(name=name, state=state, since=at, reason=reason, pool=pool)
 
     def moved(self, t: Transition) -> NodeRecord:
-        """This record after a transition (history kept to HISTORY_LIMIT)."""
+        """This record after a transition (history kept to HISTORY_LIMIT); a node
+        that leaves production stops being a spare."""
         history = (*self.history, t)[-HISTORY_LIMIT:]
-        return replace(self, state=t.target, since=t.at, reason=t.reason, history=history)
+        spare = self.spare and t.target is NodeState.PRODUCTION
+        return replace(
+            self, state=t.target, since=t.at, reason=t.reason, history=history, spare=spare
+        )
+
+    @property
+    def is_spare(self) -> bool:
+        """A hot spare now (in production and marked)."""
+        return self.spare and self.state is NodeState.PRODUCTION
 
 
 _RECORD = TypeAdapter(NodeRecord)
@@ -152,6 +164,8 @@ class PoolView:
 
     size: int
     out_of_service: int = 0
+    spares: int = 0
+    """Hot spares (in production, kept out of training work)."""
 
 
 _NO_POOLS: Mapping[str, PoolView] = MappingProxyType({})
@@ -186,11 +200,17 @@ class FleetView:
         """Count pools and out-of-service nodes from node records."""
         sizes: dict[str, int] = {}
         out: dict[str, int] = {}
+        spares: dict[str, int] = {}
         for r in records:
             sizes[r.pool] = sizes.get(r.pool, 0) + 1
             if r.state in OUT_OF_SERVICE:
                 out[r.pool] = out.get(r.pool, 0) + 1
-        pools = {p: PoolView(size=n, out_of_service=out.get(p, 0)) for p, n in sizes.items()}
+            if r.is_spare:
+                spares[r.pool] = spares.get(r.pool, 0) + 1
+        pools = {
+            p: PoolView(size=n, out_of_service=out.get(p, 0), spares=spares.get(p, 0))
+            for p, n in sizes.items()
+        }
         return cls(
             pools=MappingProxyType(pools),
             breaker=breaker or BreakerState(),
@@ -207,16 +227,23 @@ class FleetView:
             pools = dict(self.pools)
             p = pools.get(after.pool, PoolView(size=0))
             out = p.out_of_service + int(after.state in OUT_OF_SERVICE)
-            pools[after.pool] = PoolView(size=p.size + 1, out_of_service=out)
+            pools[after.pool] = PoolView(
+                size=p.size + 1, out_of_service=out, spares=p.spares + int(after.is_spare)
+            )
             return replace(self, pools=MappingProxyType(pools))
         was = before.state in OUT_OF_SERVICE
         now = after.state in OUT_OF_SERVICE
-        if was == now and before.pool == after.pool:
+        if was == now and before.is_spare == after.is_spare and before.pool == after.pool:
             return self
         pools = dict(self.pools)
-        for name, delta in ((before.pool, -int(was)), (after.pool, int(now))):
+        for name, delta, spare in (
+            (before.pool, -int(was), -int(before.is_spare)),
+            (after.pool, int(now), int(after.is_spare)),
+        ):
             p = pools.get(name, PoolView(size=0))
-            pools[name] = PoolView(size=p.size, out_of_service=p.out_of_service + delta)
+            pools[name] = PoolView(
+                size=p.size, out_of_service=p.out_of_service + delta, spares=p.spares + spare
+            )
         return replace(self, pools=MappingProxyType(pools))
 
 

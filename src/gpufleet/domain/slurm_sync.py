@@ -13,8 +13,8 @@ state, flags, drain reason). :func:`sync_node` turns the pair into one
    DOWN base state alone), never anyone else's; a foreign drain or DOWN state
    is reported to Kubernetes (condition + annotation) and otherwise left alone.
 3. **Kubernetes out => Slurm drained.** A node not in ``production``,
-   cordoned, with a gpufleet problem condition, or lent to a Kubernetes Pod is
-   drained with reason ``gpufleet: <why>``. Where the lifecycle controller
+   cordoned, with a gpufleet problem condition, lent to a Kubernetes Pod, or
+   kept as a hot spare is drained with reason ``gpufleet: <why>``. Where the lifecycle controller
    runs (the Node carries its record), a problem condition on a node still in
    ``production`` does not drain it by itself: the controller may be holding
    it back (disruption budget, circuit breaker, pause, dry-run), and Slurm
@@ -53,6 +53,10 @@ from gpufleet.domain.states import NodeState
 LENT_REASON = "lent to kubernetes"
 """Drain reason text (after the prefix) of a node lent to a Kubernetes Pod."""
 
+SPARE_REASON = "spare"
+"""Drain reason text (after the prefix) of a hot spare (domain.spares): idle and
+verified, out of every partition's work until promoted, when the syncer resumes it."""
+
 MAX_REASON_LEN = 120
 """Slurm keeps reasons as free text; long ones are cut so ``sinfo -R`` stays readable."""
 
@@ -89,6 +93,9 @@ class KubeView:
     Slurm work report to that incident (domain.emptiness)."""
     managed: bool = False
     """The lifecycle controller keeps a record on this Node: its state decides."""
+    spare: bool = False
+    """A hot spare (label ``gpufleet.io/spare=true``): kept out of Slurm's work until
+    the controller promotes it (domain.spares)."""
 
     @property
     def known(self) -> bool:
@@ -176,6 +183,8 @@ def out_reason(view: KubeView) -> str | None:
         return text
     if view.state is not None and view.state is not NodeState.PRODUCTION:
         return f"state {view.state.value}"
+    if view.spare:
+        return SPARE_REASON
     if view.cordoned:
         return "cordoned by gpufleet" if view.cordoned_by_us else "cordoned"
     return None

@@ -19,6 +19,12 @@ LABEL_STATE = "gpufleet.io/state"
 """Node label, set by the lifecycle controller: the NodeState value."""
 LABEL_POOL = "gpufleet.io/pool"
 """Node label, set by provisioning or an admin: the node pool (budget scope)."""
+LABEL_SPARE = "gpufleet.io/spare"
+"""Node label, set by the lifecycle controller: ``"true"`` on a hot spare (a verified
+node in production kept out of training work until it is promoted; domain.spares)."""
+TAINT_SPARE = "gpufleet.io/spare"
+"""Taint (NoSchedule), set by the lifecycle controller on a hot spare: no new
+Kubernetes work lands on it until it is promoted (it is removed then)."""
 
 LABEL_NVLINK_CLUSTER = "gpufleet.io/nvlink-cluster"
 """Node label, set by the node agent on multi-node NVLink nodes (GB200 NVL72): the

@@ -72,6 +72,7 @@ class Acting(ControllerCore):
         for occ in record.occurrences:
             if occ not in before.occurrences:
                 m.faults.labels(fault=occ.key).inc()
+        self._spare_pool_after(body, before, record)
         self._ensure_drain(record)
         incident = record.incident or before.incident
         if incident is not None and any(d.record != before for d in decisions):
@@ -81,6 +82,16 @@ class Acting(ControllerCore):
         if self.fleet.dirty_breaker:
             self._schedule_status_save()
         self._update_gauges()
+
+    def _spare_pool_after(self, body: Json, before: NodeRecord, record: NodeRecord) -> None:
+        """Events for a node that joined or left the spare pool; promote spares for a
+        node that left production."""
+        if record.is_spare and not before.is_spare:
+            self._event(body, "Normal", "SpareReserved", "kept as a hot spare: " + record.reason)
+        elif before.is_spare and record.state is S.PRODUCTION and not record.spare:
+            self._event(body, "Normal", "SparePromoted", "promoted from the spare pool")
+        if before.state is S.PRODUCTION and record.state is not S.PRODUCTION:
+            self._promote_spares(f"{record.name} left production: {record.reason}")
 
     def _act(self, body: Json, record: NodeRecord, a: Action, now: float) -> None:
         name = record.name

@@ -28,6 +28,7 @@ Where each part lives (one concept per module, combined here; docs/decisions/008
 - :mod:`~gpufleet.lifecycle.bmc_tasks`: the BMC step tasks and their results;
 - :mod:`~gpufleet.lifecycle.remediation_sync`: the NodeRemediation object;
 - :mod:`~gpufleet.lifecycle.ticks`: the periodic retry;
+- :mod:`~gpufleet.lifecycle.spare_pool`: hot spares promoted when a node leaves production;
 - :mod:`~gpufleet.lifecycle.policy`: the FleetPolicy, its status, the breaker reset;
 - :mod:`~gpufleet.lifecycle.events`: the Events people read.
 """
@@ -42,6 +43,7 @@ from gpufleet.lifecycle.events import Events
 from gpufleet.lifecycle.policy import PolicyKeeping
 from gpufleet.lifecycle.reconcile import NodePass
 from gpufleet.lifecycle.remediation_sync import RemediationSync
+from gpufleet.lifecycle.spare_pool import SparePool
 from gpufleet.lifecycle.ticks import Ticks
 
 __all__ = ["Controller", "ControllerSettings"]
@@ -54,6 +56,7 @@ class Controller(
     BmcTasks,
     RemediationSync,
     Ticks,
+    SparePool,
     PolicyKeeping,
     Events,
     ControllerCore,

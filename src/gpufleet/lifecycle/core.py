@@ -98,6 +98,8 @@ class ControllerCore:
         self._held_said: dict[str, str] = {}
         """Per node, the last hold announced by an Event (a hold retried every tick is
         announced once, not 30 times a minute)."""
+        self._promoting: set[str] = set()
+        """Hot spares whose promotion is under way (spare_pool)."""
         self._slurm_heard: dict[str, tuple[str | None, float]] = {}
         """Per draining node: the last Slurm report seen and when (monotonic, this process)."""
         self._drain_said: dict[str, str] = {}
@@ -184,6 +186,10 @@ class ControllerCore:
 
     def _ensure_drain(self, record: NodeRecord) -> None:
         """Start the node's drain task if it should run and does not (drain_loop)."""
+        raise NotImplementedError
+
+    def _promote_spares(self, why: str) -> None:
+        """Promote the hot spares the pools need now (spare_pool)."""
         raise NotImplementedError
 
     def _run_bmc_step(self, body: Mapping[str, Any], step: Step) -> Coroutine[Any, Any, None]:

@@ -258,6 +258,13 @@ def node_patch(
                 "effect": str(inc.taint),
             }
         )
+    # A hot spare's taint follows its record (domain.spares); gone once it is promoted.
+    spare = record.is_spare
+    has_spare_taint = any(t.get("key") == well_known.TAINT_SPARE for t in new_taints)
+    if spare and not has_spare_taint:
+        new_taints.append({"key": well_known.TAINT_SPARE, "value": "true", "effect": "NoSchedule"})
+    elif not spare and has_spare_taint:
+        new_taints = [t for t in new_taints if t.get("key") != well_known.TAINT_SPARE]
     if new_taints != taints:
         patch_spec["taints"] = new_taints or None
     request = agent_request(record, actions)
@@ -269,7 +276,10 @@ def node_patch(
         ann[well_known.ANNOTATION_AGENT_REQUEST] = None
     patch: Json = {
         "metadata": {
-            "labels": {well_known.LABEL_STATE: record.state.value},
+            "labels": {
+                well_known.LABEL_STATE: record.state.value,
+                well_known.LABEL_SPARE: "true" if spare else None,
+            },
             "annotations": ann,
         }
     }

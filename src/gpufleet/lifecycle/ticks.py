@@ -42,6 +42,7 @@ class Ticks(ControllerCore):
             self._ensure_drain(record)
             await self.feed(name, ev.Tick())
         self._resume_bmc_steps()  # after the Ticks: a step they timed out is not resumed
+        self._promote_spares("the pool's training capacity is short")
         if self.fleet.dirty_breaker:
             self._schedule_status_save()
         self._update_gauges()

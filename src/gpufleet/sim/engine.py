@@ -27,6 +27,7 @@ from enum import IntEnum
 import numpy as np
 
 from gpufleet.domain import events as ev
+from gpufleet.domain import spares as spare_pool
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.apply import apply_decision
 from gpufleet.domain.decide import decide
@@ -155,10 +156,17 @@ class Simulator:
         self._norm = self.n / sum(raw)
         self.mult = [x * self._norm for x in raw]
         self._rebuild_weights()
+        # The policy's hot spares come from the nodes beyond the job's (domain.spares).
+        hot = min(policy.spares.wanted(self.n), self.spares)
         self.records = [
-            NodeRecord.new(f"node-{i:05d}", at=0.0, state=S.PRODUCTION, reason="in service")
+            replace(
+                NodeRecord.new(f"node-{i:05d}", at=0.0, state=S.PRODUCTION, reason="in service"),
+                spare=i >= self.n - hot,
+            )
             for i in range(self.n)
         ]
+        self.promotions = 0
+        self.spare_set = {i for i, r in enumerate(self.records) if r.is_spare}
         self.fleet = FleetView.of(self.records)
         self.gen = [0] * self.n
         self.fault = [-1] * self.n
@@ -288,6 +296,10 @@ class Simulator:
         if len(after.history) > 1:  # reports keep counts, not per-node logs: flat memory
             after = replace(after, history=after.history[-1:])
         self.records[i] = after
+        if after.is_spare:
+            self.spare_set.add(i)
+        else:
+            self.spare_set.discard(i)
         self.fleet = apply_decision(self.fleet, before, d, now=self.now, policy=self.policy)
         if d.hold is not None:
             self.held += 1
@@ -341,8 +353,21 @@ class Simulator:
     def _left(self, i: int, source: NodeState, target: NodeState) -> None:
         if source is S.PRODUCTION:
             self.idle.discard(i)
+            self._promote_spares(f"{self.records[i].name} left production")
             if i in self.job.nodes:
                 self._job_release(i)
+
+    def _promote_spares(self, why: str) -> None:
+        """The controller's rule: the spares the pool must give up now step in."""
+        # spare_pool.promotions() with the counts the simulator keeps (one pool), not a
+        # pass over every record: the same shortfall and the same choice.
+        serving = self.state_count[S.PRODUCTION] - len(self.spare_set)
+        missing = spare_pool.shortfall(self.n, serving, self.policy)
+        for name in spare_pool.choose((self.records[k].name for k in self.spare_set), missing):
+            j = int(name.rsplit("-", 1)[1])
+            self._decide(j, ev.SparePromoted(why))
+            if not self.records[j].spare:
+                self.promotions += 1
 
     def _entered(self, i: int, state: NodeState) -> None:
         rem = self.model.remediation
@@ -781,7 +806,8 @@ class Simulator:
         want = self.job_nodes - len(j.nodes)
         if want <= 0:
             return
-        for i in sorted(self.idle)[:want] if want < len(self.idle) else sorted(self.idle):
+        ready = sorted(i for i in self.idle if not self.records[i].spare)
+        for i in ready[:want]:
             if i not in self.diag_pending:
                 j.nodes.add(i)
         self.idle.difference_update(j.nodes)
@@ -861,6 +887,8 @@ class Simulator:
             gpus=self.job_nodes * self.model.fleet.gpus_per_node,
             job_nodes=self.job_nodes,
             spare_nodes=self.spares,
+            hot_spares=sum(1 for r in self.records if r.is_spare),
+            spare_promotions=self.promotions,
             days=self.days,
             seed=self.seed,
             checkpoint_interval_seconds=self.interval,

@@ -91,6 +91,10 @@ class RunResult:
     """Decisions a safety rail held back (retried later)."""
     human_actions: int
     timeline: dict[str, list[float]] = field(repr=False)
+    hot_spares: int = 0
+    """Hot spares in the pool at the end (the policy's ``spares``; domain.spares)."""
+    spare_promotions: int = 0
+    """Times a hot spare was promoted because a node left production."""
 
     @property
     def wall(self) -> float:

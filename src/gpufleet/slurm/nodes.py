@@ -94,6 +94,8 @@ def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:
         requeue=incident.requeue if incident is not None else None,
         incident_opened_at=incident.opened_at if incident is not None else None,
         managed=bool(annotations_of(node).get(well_known.ANNOTATION_RECORD)),
+        spare=((node.get("metadata") or {}).get("labels") or {}).get(well_known.LABEL_SPARE)
+        == "true",
     )
 
 

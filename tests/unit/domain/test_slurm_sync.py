@@ -279,3 +279,16 @@ def test_a_managed_node_held_back_by_the_controller_is_not_drained_for_its_probl
     assert decision.verb is Verb.DRAIN and "GpuProblem Xid79" in (decision.drain_reason or "")
     unmanaged = KubeView(state=NodeState.PRODUCTION, problems=problem)
     assert sync_node(unmanaged, idle).verb is Verb.DRAIN
+
+
+def test_a_hot_spare_is_drained_as_spare_and_resumed_when_promoted() -> None:
+    spare = ss.KubeView(state=NodeState.PRODUCTION, managed=True, spare=True)
+    d = ss.sync_node(spare, ss.SlurmView(state="idle"))
+    assert d.verb is ss.Verb.DRAIN and d.drain_reason == "gpufleet: spare"
+    drained = ss.SlurmView(state="idle", flags=frozenset({"DRAIN"}), reason="gpufleet: spare")
+    assert ss.sync_node(spare, drained).verb is ss.Verb.NOTHING
+    promoted = ss.KubeView(state=NodeState.PRODUCTION, managed=True)
+    assert ss.sync_node(promoted, drained).verb is ss.Verb.RESUME
+    # A spare that faults is drained for its problem, not as a spare.
+    faulty = ss.KubeView(state=NodeState.DRAINING, managed=True, spare=True)
+    assert ss.out_reason(faulty) == "state draining"

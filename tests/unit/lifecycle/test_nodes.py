@@ -103,3 +103,16 @@ def test_the_lemon_score_is_written_on_the_node_and_removed_with_new_hardware() 
     ann = nodes.node_patch(node("n1"), fresh, ())["metadata"]["annotations"]
     assert ann[well_known.ANNOTATION_LEMON_SCORE] is None
     assert ann[well_known.ANNOTATION_LEMON_GPUS] is None
+
+
+def test_a_spare_carries_its_label_and_taint_until_promoted() -> None:
+    spare = replace(NodeRecord.new("n1", at=0, state=NodeState.PRODUCTION), spare=True)
+    body = node("n1")
+    patch = nodes.node_patch(body, spare, ())
+    assert patch["metadata"]["labels"][well_known.LABEL_SPARE] == "true"
+    taint = {"key": well_known.TAINT_SPARE, "value": "true", "effect": "NoSchedule"}
+    assert patch["spec"]["taints"] == [taint]
+    body = nodes.apply_merge_patch(body, patch)
+    promoted = nodes.node_patch(body, replace(spare, spare=False), ())
+    assert promoted["metadata"]["labels"][well_known.LABEL_SPARE] is None
+    assert promoted["spec"]["taints"] is None

@@ -85,3 +85,17 @@ def test_a_step_slower_than_its_policy_timeout_escalates() -> None:
     hbm = r.handled["gpu-hbm"]
     assert "gpu-reset" not in hbm
     assert hbm.get("reboot", 0) > 0
+
+
+def test_hot_spares_come_from_the_policy_and_step_in_when_nodes_leave() -> None:
+    """The policy's pool (1% of 443 nodes: 4) is kept out of the job and promoted through
+    decide(); promotion is immediate, so the pool's mark alone changes no outcome."""
+    model = default_model()
+    with_pool = simulate(model, default_policy(), gpus=3504, days=30, seed=3)
+    no_pool = default_policy().model_copy(
+        update={"spares": default_policy().spares.model_copy(update={"percent": 0.0})}
+    )
+    without = simulate(model, no_pool, gpus=3504, days=30, seed=3)
+    assert with_pool.spare_promotions > 0 and 0 < with_pool.hot_spares <= 4
+    assert without.spare_promotions == 0 and without.hot_spares == 0
+    assert with_pool.ettr == without.ettr

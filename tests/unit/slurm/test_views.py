@@ -163,3 +163,10 @@ def test_crd_schema_is_structural() -> None:
     assert "$ref" not in text and "anyOf" not in text and '"title"' not in text
     with pytest.raises(ValueError):
         crd.SlurmClusterSpec.model_validate({"nodePools": [], "partitions": []})
+
+
+def test_kube_view_reads_the_spare_label() -> None:
+    labels = {well_known.LABEL_STATE: "production", well_known.LABEL_SPARE: "true"}
+    assert nodes.kube_view(node_json(labels=labels)).spare  # type: ignore[union-attr]
+    labels[well_known.LABEL_SPARE] = "false"
+    assert not nodes.kube_view(node_json(labels=labels)).spare  # type: ignore[union-attr]

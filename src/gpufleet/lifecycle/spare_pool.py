@@ -1,0 +1,37 @@
+"""The hot spare pool: promote spares the moment a node of their pool leaves production.
+
+Which spares step in is the domain's choice (:func:`gpufleet.domain.spares.promotions`,
+the same the simulator makes); here each chosen spare gets a ``SparePromoted`` event
+through the ordinary node pass, so the promotion is recorded on its Node (record,
+``gpufleet.io/spare`` label and taint removed in one guarded write) before the Slurm
+syncer, watching the label, resumes it. A promotion already under way is not
+started twice; the periodic tick asks again, so one lost to a conflict or a
+restart is made on the next tick.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from gpufleet.domain import events as ev
+from gpufleet.domain import spares
+from gpufleet.lifecycle.core import ControllerCore, log
+
+
+class SparePool(ControllerCore):
+    """``_promote_spares``: one SparePromoted per spare the pool must give up now."""
+
+    def _promote_spares(self, why: str) -> None:
+        promoting = self._promoting
+        chosen = spares.promotions(self.fleet.records.values(), self.effective_policy())
+        for name in chosen:
+            if name in promoting:
+                continue
+            promoting.add(name)
+            log.info("node=%s promoting the hot spare: %s", name, why)
+            task = self._spawn(self.feed(name, ev.SparePromoted(why)), f"promote {name}")
+            task.add_done_callback(functools.partial(_forget, promoting, name))
+
+
+def _forget(promoting: set[str], name: str, _task: object) -> None:
+    promoting.discard(name)
