@@ -129,6 +129,13 @@ class AgentMetrics:
             ["node"],
             registry=r,
         )
+        self.foreign = Counter(
+            "gpufleet_kmsg_foreign_records_total",
+            "Kernel log records that look like driver reports but did not come from the "
+            "kernel (a process wrote them to /dev/kmsg); never faults",
+            ["node"],
+            registry=r,
+        )
         self.source_up = Gauge(
             "gpufleet_source_readable",
             "1 when a hardware source was readable",
@@ -203,6 +210,8 @@ class AgentMetrics:
             self.faults.labels(n, f.key, f.subsystem.value).inc()
         if snap.kernel_unparsed:
             self.unparsed.labels(n).inc(snap.kernel_unparsed)
+        if snap.kernel_foreign:
+            self.foreign.labels(n).inc(snap.kernel_foreign)
         for source in ("nvml", "kmsg"):
             self.source_up.labels(n, source).set(0 if source in snap.errors else 1)
 

@@ -58,6 +58,8 @@ class Snapshot:
     gpus: list[nvml_values.GpuReading] = field(default_factory=list)
     ports: list[sysfs.IbPort] = field(default_factory=list)
     kernel_unparsed: int = 0
+    kernel_foreign: int = 0
+    """Records that look like driver reports but did not come from the kernel."""
     errors: dict[str, str] = field(default_factory=dict)
     """Source → why it could not be read."""
     labels: dict[str, str | None] | None = None
@@ -237,6 +239,14 @@ class PassiveMonitors:
                 self.hw.kernel_lines(), node=self.node, now=now, gpu_for_bus=self._bus_to_gpu
             )
             snap.kernel_unparsed = scan.unparsed
+            snap.kernel_foreign = scan.foreign
+            if scan.foreign:
+                log.warning(
+                    "node=%s %d kernel-log record(s) look like driver reports but were not "
+                    "written by the kernel (ignored)",
+                    self.node,
+                    scan.foreign,
+                )
             put(scan.faults)
         except HardwareError as exc:
             snap.errors["kmsg"] = str(exc)

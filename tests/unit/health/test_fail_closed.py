@@ -124,3 +124,23 @@ def test_an_unreadable_port_state_or_hca_link_is_unknown_not_healthy() -> None:
     assert not port.readable and "mlx5_1/1" in port.unreadable_reason
     pcie = snap.observations[Subsystem.PCIE]
     assert not pcie.readable and "mlx5_0" in pcie.unreadable_reason
+
+
+def test_a_user_space_xid_in_kmsg_is_counted_and_never_a_fault() -> None:
+    from gpufleet.health.metrics import AgentMetrics
+
+    hw = SimulatedHardware(gpus=8, hcas=0)
+    metrics = AgentMetrics("n")
+    try:
+        hw._kernel.append(
+            "12,9,100000000,-;NVRM: Xid (PCI:0000:18:00): 79, pid=0, GPU has fallen off the bus."
+        )
+        snap = PassiveMonitors(hw, H100, node="n").poll(1.0)
+        metrics.observe(snap)
+    finally:
+        hw.close()
+    assert snap.kernel_foreign == 1
+    assert not [f for f in snap.faults() if f.kind is FaultKind.XID]
+    assert (
+        metrics.registry.get_sample_value("gpufleet_kmsg_foreign_records_total", {"node": "n"}) == 1
+    )
