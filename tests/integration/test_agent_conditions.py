@@ -80,3 +80,52 @@ def test_injected_xid_becomes_gpu_problem_within_2s_and_clears(local_cluster: An
          f"involvedObject.name={node},reason=Xid79", "-o", "json"],
         env=info.kube_env(), capture_output=True, text=True, check=True, timeout=10)
     assert json.loads(events.stdout)["items"], "no Xid79 Event on the Node"
+
+
+def test_nvl72_node_gets_its_clique_labels_and_a_fabric_condition(local_cluster: Any) -> None:
+    """A GB200 NVL72 tray (simulated NVML fabric values) is labelled with its NVLink
+    domain; an IMEX daemon that stops answering READY raises FabricProblem."""
+    info = local_cluster
+    node = info.node_names[-1]
+    hw = SimulatedHardware(node=node, fabric="nvl72", clique=4)
+    policy = default_policy().model_copy(
+        update={"detection": Detection(raise_after_seconds=0, clear_after_seconds=1.0)}
+    )
+    agent = Agent(hw, bundled().get("h100-sxm"), policy, node=node,
+                  reporter=KubeReporter(node, kubeconfig=str(info.kubeconfig)),
+                  settings=AgentSettings(interval_s=0.2))
+    cluster = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
+
+    def labels() -> dict[str, str]:
+        return dict(node_json(info, node)["metadata"].get("labels") or {})
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        try:
+            await wait_for_async(
+                "the NVLink clique labels",
+                lambda: labels().get("gpufleet.io/nvlink-clique") == f"{cluster}.4", 10)
+            assert labels()["gpufleet.io/nvlink-cluster"] == cluster
+            hw.inject("imex-not-ready")
+            await wait_for_async(
+                "FabricProblem=True",
+                lambda: (condition(info, node, "FabricProblem") or {}).get("status") == "True", 5)
+            c = condition(info, node, "FabricProblem")
+            assert c is not None and c["reason"] == "ImexNotReady" and "NOT_READY" in c["message"]
+            hw.recover()  # leave the Node as other tests expect it
+            await wait_for_async(
+                "FabricProblem=False again",
+                lambda: (condition(info, node, "FabricProblem") or {}).get("status") == "False", 5)
+        finally:
+            stop.set()
+            await task
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        hw.close()
+        subprocess.run(
+            [str(info.kubectl), "label", "node", node, "gpufleet.io/nvlink-cluster-",
+             "gpufleet.io/nvlink-clique-"],
+            env=info.kube_env(), capture_output=True, text=True, check=False, timeout=10)
