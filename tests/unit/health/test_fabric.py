@@ -195,3 +195,17 @@ def test_the_agent_writes_the_clique_labels_once_and_retries_a_failure_after_res
             well_known.LABEL_NVLINK_CLIQUE: "9c6f5af3-53bf-49b5-a436-b66766c413c3.7",
         }
     ]
+
+
+def test_a_gb200_tray_is_judged_with_its_own_profile() -> None:
+    """Four GPUs per GB200 compute tray: the H100 default would call half of them missing."""
+    from gpufleet.health import skus
+
+    profile = skus.choose(skus.load(None), sku=None, gpu_names=["NVIDIA GB200"])
+    assert profile.name == "gb200" and profile.gpus_per_node == 4
+    hw = SimulatedHardware(gpus=4, hcas=0, fabric="nvl72")
+    try:
+        snap = PassiveMonitors(hw, profile, node="n").poll(1.0)
+    finally:
+        hw.close()
+    assert not [f for f in snap.faults() if f.kind is FaultKind.GPU_MISSING]
