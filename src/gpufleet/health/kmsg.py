@@ -55,10 +55,11 @@ _DMESG_ISO = re.compile(
     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d+(?:[+-]\d\d:?\d\d|Z)\s(?P<text>.*)$"
 )
 _JOURNAL = re.compile(
-    r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\S+)\s+\S+\s+"
+    r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT\S+)\s+\S+\s+"
     r"(?P<ident>[^\s:\[]+)(?:\[\d+\])?:\s(?P<text>.*)$"
 )
 _BARE_KERNEL = re.compile(r"^kernel:\s(?P<text>.*)$")
+_ISO_JOURNAL_HOST = re.compile(r"^[\w.-]+ kernel: ")
 _KMSG_DICT = re.compile(r"^ [A-Z0-9_]+=")
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?" + _BUS + r"(?:\s+GPU-I:(?P<gi>\d+))?(?:\s+GPU-CI:(?P<ci>\d+))?\):"
@@ -129,7 +130,11 @@ def parse_record(line: str) -> KernelRecord | None:
         return KernelRecord(m["text"])
     m = _DMESG_ISO.match(line)
     if m:
-        return KernelRecord(m["text"], kernel=m["facility"] in (None, "kern"))
+        text = m["text"]
+        host = _ISO_JOURNAL_HOST.match(text)  # journalctl -o short-iso-precise
+        if host:
+            text = text[host.end() :]
+        return KernelRecord(text, kernel=m["facility"] in (None, "kern"))
     m = _JOURNAL.match(line)
     if m:
         return KernelRecord(m["text"], kernel=m["ident"] == "kernel")

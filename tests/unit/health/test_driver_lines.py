@@ -136,3 +136,31 @@ def test_no_line_crashes_the_parser_and_every_fault_carries_its_report(lines: li
             assert "SXid (" in text
         else:
             assert "soft lockup" in text or "blocked for more than" in text
+
+
+# One real line (https://github.com/NVIDIA/open-gpu-kernel-modules/issues/1150) in every
+# form a log reaches an operator in; the prefixes follow dmesg(1) and journalctl(1).
+_LINE = "NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149"
+
+
+@pytest.mark.parametrize(
+    ("line", "kernel"),
+    [
+        (f"4,1201,812345678,-;{_LINE}", True),  # /dev/kmsg
+        (f"[ 1843.308145] {_LINE}", True),  # dmesg
+        (f"[Mon May 18 10:41:07 2026] {_LINE}", True),  # dmesg -T
+        (f"2026-05-18T10:41:07,308145+00:00 {_LINE}", True),  # dmesg --time-format iso
+        (f"kern  :warn  : 2026-05-18T10:41:07,308145+00:00 {_LINE}", True),  # dmesg -x iso
+        (f"May 18 10:41:07 gpu-7 kernel: {_LINE}", True),  # journalctl -k, kern.log
+        (f"May 18 10:41:07.308145 gpu-7 kernel: {_LINE}", True),  # -o short-precise
+        (f"2026-05-18T10:41:07+0000 gpu-7 kernel: {_LINE}", True),  # -o short-iso
+        (f"2026-05-18T10:41:07.308145+0000 gpu-7 kernel: {_LINE}", True),  # short-iso-precise
+        (f"12,1201,812345678,-;{_LINE}", False),  # written to /dev/kmsg by a process
+        (f"May 18 10:41:07 gpu-7 python3[4242]: {_LINE}", False),  # another program
+        (f"user  :warn  : 2026-05-18T10:41:07,308145+00:00 {_LINE}", False),  # dmesg -x, user
+    ],
+)
+def test_every_log_form_of_one_line(line: str, kernel: bool) -> None:
+    scan = kmsg.scan([line], node="n1", now=1.0)
+    assert [f.key for f in scan.faults] == (["xid-45"] if kernel else [])
+    assert (scan.foreign, scan.unparsed) == ((0, 0) if kernel else (1, 0))
