@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufleet.domain import xids
+from gpufleet.domain import nvlink5, xids
 from gpufleet.domain.faults import FaultKind
 from gpufleet.health import compute, kmsg, sysfs
 from gpufleet.health.hardware import Hardware, HardwareError
@@ -74,6 +74,28 @@ workload, two failures of the check program itself, with which the bounds of
 ``gpufleet health check --slurm`` are tested (``hang``: the next hardware read
 never returns, as NVML does on a wedged GPU; ``crash``: the check code raises),
 and ``nic-down``: the node never joins a job's gang preflight (a broken NIC)."""
+
+
+NVLINK5_DEFAULT = {
+    144: ("SAW_MVB", "Fatal", "0x00000021", "0x00000002"),
+    145: ("RLW_REMAP", "Fatal", "0x00000082", "0x00000040"),
+    146: ("TLW_CTRL", "Fatal", "0x00000123", "0x00000004"),
+    147: ("TREX", "Nonfatal", "0x00000184", "0x00000001"),
+    148: ("NVLPW_CTRL", "Nonfatal", "0x00000005", "0x80000000"),
+    149: ("NETIR_LINK_EVT", "Fatal", "0x025001c6", "0x00000000"),
+    150: ("MSE_WATCHDOG", "Fatal", "0x00000000", "0x00000000"),
+}
+"""A fatal (or, for 147/148, the only) case of each NVLink5 XID in NVIDIA's decode:
+sub-unit, severity, intrInfo, error status. ``unit=``, ``severity=``, ``intr=`` and
+``status=`` override them (``xid=145,unit=RLW_RXPIPE,severity=Nonfatal,status=0x8``)."""
+
+
+def _nvlink5_text(code: int, spec: FaultSpec) -> str:
+    unit, severity, intr, status = NVLINK5_DEFAULT[code]
+    p = spec.params
+    head = f"{p.get('unit', unit)} {p.get('severity', severity)} XC0 i0"
+    regs = f"{p.get('intr', intr)} {p.get('status', status)}" + " 0x00000000" * 4
+    return f"{head} Link {spec.int('link', 1):02d} ({regs})"
 
 
 class InjectionError(ValueError):
@@ -444,6 +466,9 @@ class SimulatedHardware(Hardware):
                     f"NVRM: Xid ({bus}): 154, GPU recovery action changed from 0x0 "
                     f"(None) to {RECOVERY_TEXT[action]}"
                 )
+                return
+            if code in nvlink5.FAMILY:  # printed without pid and name (GB200 drivers)
+                self._log(f"NVRM: Xid ({bus}): {code}, {_nvlink5_text(code, spec)}")
                 return
             info = xids.XIDS.get(code)
             text = XID_TEXT.get(code, info.meaning if info else "Unknown error")

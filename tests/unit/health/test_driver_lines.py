@@ -164,3 +164,22 @@ def test_every_log_form_of_one_line(line: str, kernel: bool) -> None:
     scan = kmsg.scan([line], node="n1", now=1.0)
     assert [f.key for f in scan.faults] == (["xid-45"] if kernel else [])
     assert (scan.foreign, scan.unparsed) == ((0, 0) if kernel else (1, 0))
+
+
+def test_simulated_nvlink5_xids_follow_the_decode() -> None:
+    from gpufleet.health.backend_sim import SimulatedHardware
+
+    hw = SimulatedHardware(hcas=0)
+    try:
+        hw.inject("xid=145,gpu=2")  # RLW_REMAP 0x40: fatal
+        hw.inject("xid=145,gpu=2,unit=RLW_RXPIPE,severity=Nonfatal,status=0x00000008")
+        hw.inject("xid=149,gpu=2,intr=0x026001c6")  # NETIR_LINK_EVT reason 0x26: ignore
+        faults = kmsg.scan(hw.kernel_lines(), node="n1", now=1.0).faults
+    finally:
+        hw.close()
+    policy = default_policy()
+    assert [policy.rule_for(f).action for f in faults] == [
+        Response.GPU_RESET,
+        Response.LOG,
+        Response.LOG,
+    ]
