@@ -382,7 +382,7 @@ def test_agent_changes_only_its_own_node(
     assert r.status_code == 200, r.text
     assert not set(topology) & set(r.json()["metadata"].get("labels") or {})
     for forged in (
-        {"metadata": {"labels": {"gpufleet.io/state": "production"}}},
+        {"metadata": {"labels": {"gpufleet.io/state": "forged-by-the-agent"}}},
         {"metadata": {"annotations": {"gpufleet.io/record": "{}"}}},
         {"metadata": {"annotations": {"gpufleet.io/bmc-secret": "elsewhere/bmc"}}},
     ):
