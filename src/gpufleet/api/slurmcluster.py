@@ -107,6 +107,33 @@ class Topology(_Model):
     spine_label: LabelKey = "network.topology.kubernetes.io/spine"
 
 
+class HealthChecks(_Model):
+    """``gpufleet health check`` as Slurm's HealthCheckProgram, Prolog and Epilog
+    (docs/slurm.md, "Slurm's own health checks"): the slurmd image needs gpufleet."""
+
+    enabled: bool = False
+    gpufleet: str = Field(
+        default="/usr/local/bin/gpufleet",
+        pattern=VALUE,
+        max_length=256,
+        description="The gpufleet executable in the slurmd image.",
+    )
+    checks: list[Word] = Field(
+        default_factory=lambda: ["gpu-count", "gpu-xid", "gpu-memory", "nvlink", "pcie"],
+        description="Checks run by each hook (fast passive ones: a prolog runs per job).",
+    )
+    timeout_seconds: int = Field(default=20, ge=1, le=120)
+    health_interval_seconds: int = Field(
+        default=300, ge=0, le=86400, description="HealthCheckInterval; 0: no HealthCheckProgram."
+    )
+    prolog: bool = True
+    epilog: bool = True
+    preflight: bool = Field(
+        default=False, description="Gang all-reduce across a multi-node job's nodes (prolog)."
+    )
+    preflight_timeout_seconds: int = Field(default=30, ge=5, le=120)
+
+
 class SlurmClusterSpec(_Model):
     cluster_name: str = Field(default="gpufleet", pattern=r"^[a-z0-9_-]+$", max_length=40)
     controller_host: str = Field(
@@ -122,6 +149,7 @@ class SlurmClusterSpec(_Model):
     preemption: Preemption = Field(default_factory=Preemption)
     accounting: Accounting = Field(default_factory=Accounting)
     topology: Topology = Field(default_factory=Topology)
+    health_checks: HealthChecks = Field(default_factory=HealthChecks)
     extra_config: list[Annotated[str, Field(pattern=LINE, max_length=1024)]] = Field(
         default_factory=list,
         description="Lines appended to slurm.conf as they are (one directive each, no newline).",

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from gpufleet.domain import slurm_hooks
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.processes import ComponentError, ManagedProcess
 
@@ -354,3 +355,36 @@ def restd_ok(layout: SlurmLayout, token: str) -> bool:
         timeout=2,
     )
     return resp.status_code == 200
+
+
+def enable_health_hooks(conf: Path, hook_dir: Path, cfg: slurm_hooks.HookConfig) -> str:
+    """Run ``gpufleet health check`` as this cluster's HealthCheckProgram, Prolog and Epilog.
+
+    Writes the scripts into ``hook_dir`` and their directives into ``conf``
+    (``SchedulerParameters`` gains ``nohold_on_prolog_fail``); the caller runs
+    ``scontrol reconfigure``. Returns the previous text of ``conf``, to put back
+    with :func:`restore_conf`: the local cluster's slurm.conf is shared by every
+    test, so only the tests (and the bench) that measure the hooks turn them on.
+    """
+    hook_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, str] = {}
+    for mode in slurm_hooks.MODES:
+        path = hook_dir / f"gpufleet-{mode}"
+        path.write_text(slurm_hooks.script(cfg, mode))
+        path.chmod(0o755)
+        paths[mode] = str(path)
+    before = conf.read_text()
+    lines = []
+    for line in before.splitlines():
+        key, _, value = line.partition("=")
+        if key == "SchedulerParameters":
+            line = f"{key}={','.join(slurm_hooks.scheduler_parameters(value.split(',')))}"
+        lines.append(line)
+    lines += slurm_hooks.conf_lines(cfg, paths)
+    conf.write_text("\n".join(lines) + "\n")
+    return before
+
+
+def restore_conf(conf: Path, text: str) -> None:
+    """Put back the slurm.conf :func:`enable_health_hooks` returned (then reconfigure)."""
+    conf.write_text(text)

@@ -26,7 +26,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpufleet.api.slurmcluster import HOST, LINE, VALUE, WORD, NodePool, SlurmClusterSpec
+from gpufleet.domain import slurm_hooks
 from gpufleet.slurm import hostlist
+
+HOOK_DIR = "/etc/slurm"
+"""Where slurmd sees the ConfigMap (the chart mounts it executable, for the hooks)."""
 
 _ALLOWED = {
     WORD: "letters, digits, '_', '.', '-'",
@@ -177,6 +181,10 @@ def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]
         ]
     if spec.topology.enabled:
         lines.append("TopologyPlugin=topology/tree")
+    hooks = hook_config(spec)
+    if hooks is not None:
+        lines.append(f"SchedulerParameters={','.join(slurm_hooks.scheduler_parameters([]))}")
+        lines += slurm_hooks.conf_lines(hooks, hook_paths())
     by_name = {p.name: p for p in spec.node_pools}
     for pool_name, members in pools.items():
         pool = by_name[pool_name]
@@ -258,7 +266,32 @@ def render_all(spec: SlurmClusterSpec, nodes: Sequence[NodeInfo]) -> dict[str, s
     }
     if spec.topology.enabled:
         data["topology.conf"] = render_topology_conf(spec, selected)
+    hooks = hook_config(spec)
+    if hooks is not None:
+        for mode in slurm_hooks.MODES:
+            data[f"gpufleet-{mode}"] = slurm_hooks.script(hooks, mode)
     return data
+
+
+def hook_config(spec: SlurmClusterSpec) -> slurm_hooks.HookConfig | None:
+    """The health hooks the spec asks for (None when ``healthChecks.enabled`` is false)."""
+    h = spec.health_checks
+    if not h.enabled:
+        return None
+    return slurm_hooks.HookConfig(
+        gpufleet=_safe("spec.healthChecks.gpufleet", h.gpufleet, VALUE),
+        checks=tuple(_safe("spec.healthChecks.checks", c) for c in h.checks),
+        timeout_s=h.timeout_seconds,
+        health_interval_s=h.health_interval_seconds,
+        prolog=h.prolog,
+        epilog=h.epilog,
+        preflight=h.preflight,
+        preflight_timeout_s=h.preflight_timeout_seconds,
+    )
+
+
+def hook_paths() -> dict[str, str]:
+    return {mode: f"{HOOK_DIR}/gpufleet-{mode}" for mode in slurm_hooks.MODES}
 
 
 def config_hash(data: Mapping[str, str]) -> str:

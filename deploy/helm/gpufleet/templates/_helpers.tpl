@@ -15,6 +15,7 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 - name: slurm-config
   configMap:
     name: {{ include "gpufleet.slurmConfig" . }}
+    defaultMode: 0755   # the gpufleet-{health,prolog,epilog} hooks are programs
 - name: munge-key
   secret:
     secretName: {{ .Release.Name }}-munge-key
