@@ -72,6 +72,12 @@ def run_syncer(
     ),
     hold_taint: bool = typer.Option(True, help="Taint managed nodes gpufleet.io/slurm=held."),
     dry_run: bool = typer.Option(False, help="Decide and log; write nothing."),
+    policy_file: Path | None = typer.Option(
+        None,
+        "--policy",
+        help="Policy YAML whose slurm.reasons judge drains set by others "
+        "(default: the built-in policy; give the FleetPolicy's spec).",
+    ),
     metrics_port: int = typer.Option(
         0, help="Port of the Prometheus /metrics endpoint; 0 (the default) turns it off."
     ),
@@ -88,6 +94,7 @@ def run_syncer(
             --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --slurm-conf /etc/slurm/slurm.conf \\
             --preempt-priority 1000000 --metrics-port 29402
     """
+    from gpufleet.cli.policy_cmd import load_or_exit
     from gpufleet.kubeapi import KubeApi
     from gpufleet.slurm.metrics import SyncerMetrics
     from gpufleet.slurm.syncer import Syncer, SyncSettings
@@ -100,6 +107,7 @@ def run_syncer(
         hold_taint=hold_taint,
         preempt_priority=preempt_priority,
         dry_run=dry_run,
+        reasons=load_or_exit(policy_file).slurm,
     )
 
     metrics = SyncerMetrics()
