@@ -60,6 +60,17 @@ def _print_usage(info: local_cluster.ClusterInfo, name_args: str) -> None:
             highlight=False,
         )
     out.print(f"  logs:        {info.logs_dir}", highlight=False)
+    if info.machines:
+        out.print(
+            f"  machines:    {len(info.machines)} powered on; gpufleet provision serve on "
+            f"{info.provision_url}",
+            highlight=False,
+        )
+        for m in info.machines.values():
+            out.print(
+                f"    {m.name}  MAC {m.mac}  BMC {info.bmcs[m.name].url}  console {m.console_log}",
+                highlight=False,
+            )
     out.print(
         f'\nPoint kubectl and sinfo at it (or run: eval "$(gpufleet local env{name_args})"):',
         highlight=False,
@@ -80,6 +91,23 @@ def up(
     run_dir: RunDirOpt = None,
     no_slurm: bool = typer.Option(False, "--no-slurm", help="Do not start Slurm."),
     no_bmcs: bool = typer.Option(False, "--no-bmcs", help="Do not start the Redfish BMCs."),
+    machines: int = typer.Option(
+        0,
+        "--machines",
+        min=0,
+        max=8,
+        help="Real machines beside the KWOK nodes: qemu VMs that network-boot the node image "
+        "through gpufleet provision and join with kubeadm (needs `gpufleet local image build`).",
+    ),
+    machine_memory: int = typer.Option(
+        1536, "--machine-memory", min=512, max=2048, help="MiB of memory per machine."
+    ),
+    node_image: Path | None = typer.Option(
+        None,
+        "--node-image",
+        help="Boot directory of the machines (vmlinuz, initrd.img, rootfs.squashfs); "
+        "default: the node image cache.",
+    ),
     foreground: bool = typer.Option(
         False,
         "--foreground",
@@ -89,6 +117,11 @@ def up(
     """Start a local cluster and leave it running in the background.
 
     Example: gpufleet local up --nodes 4 --gpus-per-node 8
+
+    With one real machine (a qemu VM, powered on through its BMC; it joins within
+    a few minutes, its console is logs/machine-vm-node-0000.console.log):
+
+        gpufleet local up --nodes 2 --machines 1
     """
     spec = local_cluster.ClusterSpec(
         nodes=nodes,
@@ -96,6 +129,9 @@ def up(
         run_dir=local_run_dir(name, run_dir),
         slurm=not no_slurm,
         redfish=not no_bmcs,
+        machines=machines,
+        machine_memory_mib=machine_memory,
+        node_image=node_image,
     )
     cluster = local_cluster.LocalCluster(spec, progress=lambda msg: console.print(f"  {msg}"))
     console.print(f"Starting a local cluster with {nodes} nodes x {gpus_per_node} GPUs ...")
