@@ -91,7 +91,7 @@ def main() -> None:
     print("\n### Lemon rule: 16384 GPUs, full scenario\n")
     print(header("lemon rule"))
     rules = [
-        ("default: score 2.5 (GPU 1.8), half-life 14 days", FULL),
+        ("default: score 2.5 (GPU 2.0), half-life 14 days", FULL),
         (
             "strict: score 1.5 (GPU 1.5), half-life 28 days",
             Scenario("lemon-strict", "", {}, LEMON_STRICT_POLICY_YAML),

@@ -169,11 +169,11 @@ ladder:
   - {step: reimage,     timeoutSeconds: 3600, attempts: 1, onFailure: triage}
 
 # A decayed, class-weighted score per node and per GPU (docs/policy.md, "Lemons"):
-# three GPU hardware incidents within about a week, or two on one GPU within
-# about four days, send the node to triage instead of another repair cycle.
+# three GPU hardware incidents within about a week, or two on one GPU with more
+# trouble on that GPU, send the node to triage instead of another repair cycle.
 lemon:
   threshold: 2.5
-  gpuThreshold: 1.8
+  gpuThreshold: 2.0
   halfLifeDays: 14
   weights:                    # what one fault of each class adds (docs/policy.md)
     hardware: 1.0

@@ -200,7 +200,7 @@ class Lemon(_Model):
     """
 
     threshold: float = Field(default=2.5, gt=0)
-    gpu_threshold: float = Field(default=1.8, gt=0)
+    gpu_threshold: float = Field(default=2.0, gt=0)
     half_life_days: float = Field(default=14, gt=0)
     weights: LemonWeights = LemonWeights()
     then: Response = Response.TRIAGE

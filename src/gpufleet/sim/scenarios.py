@@ -41,7 +41,7 @@ def with_overrides(model: Model, overrides: Mapping[str, Any]) -> Model:
     return Model.model_validate(data)
 
 
-_LEMON_THRESHOLDS = "lemon:\n  threshold: 2.5\n  gpuThreshold: 1.8\n"
+_LEMON_THRESHOLDS = "lemon:\n  threshold: 2.5\n  gpuThreshold: 2.0\n"
 
 
 def lemon_policy_yaml(threshold: float, gpu_threshold: float, half_life_days: float) -> str:
@@ -59,6 +59,12 @@ def lemon_policy_yaml(threshold: float, gpu_threshold: float, half_life_days: fl
 
 NO_LEMON_POLICY_YAML = lemon_policy_yaml(1e6, 1e6, 14)
 """The default policy with lemon detection switched off."""
+
+_SPARES = "spares:\n  percent: 1 "
+if _SPARES not in DEFAULT_POLICY_YAML:
+    raise AssertionError("the default policy's spares block changed: update sim.scenarios")
+NO_LEMON_NO_SPARES_POLICY_YAML = NO_LEMON_POLICY_YAML.replace(_SPARES, "spares:\n  percent: 0 ")
+"""No lemon detection and no hot spares (the baselines without spares)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +96,7 @@ REACTIVE = Scenario(
     "reactive",
     "no monitors: a job failure sends a person to find and repair the node; no spares",
     _NO_AUTOMATION,
-    NO_LEMON_POLICY_YAML,
+    NO_LEMON_NO_SPARES_POLICY_YAML,
 )
 PASSIVE = Scenario(
     "passive+auto",
@@ -101,7 +107,7 @@ PASSIVE = Scenario(
         "detection.active_checks.enabled": False,
         "fleet.spare_percent": 0.0,
     },
-    NO_LEMON_POLICY_YAML,
+    NO_LEMON_NO_SPARES_POLICY_YAML,
 )
 FULL = Scenario(
     "full",

@@ -184,12 +184,22 @@ def test_lemon_node_goes_to_triage() -> None:
     assert f.state("n1") is S.TRIAGE
 
 
-def test_one_gpu_failing_twice_within_days_is_a_lemon() -> None:
+def test_two_incidents_alone_are_repaired_again() -> None:
     f = make_fleet(10)
     day = 86400.0
     _repaired(f, "n1", 79, 0.0, gpu=3)
     d = f.send("n1", xid("n1", 79, at=day, gpu=3), now=day)
-    assert any("lemon score of gpu3 1.95 >= 1.8" in r for r in d.reasons)
+    assert not any(r.startswith("lemon") for r in d.reasons)
+    assert f.records["n1"].incident.plan is Step.REBOOT  # gpu3 at 1.95, under 2.0
+
+
+def test_one_gpu_with_two_incidents_and_more_trouble_is_a_lemon() -> None:
+    f = make_fleet(10)
+    day = 86400.0
+    _repaired(f, "n1", 79, 0.0, gpu=3)
+    f.send("n1", xid("n1", 92, at=day - 60, gpu=3), now=day - 60)  # logged: informational
+    d = f.send("n1", xid("n1", 79, at=day, gpu=3), now=day)
+    assert any("lemon score of gpu3 2.05 >= 2" in r for r in d.reasons)  # node: 2.05 < 2.5
     assert f.records["n1"].incident.plan is Step.TRIAGE
 
 
