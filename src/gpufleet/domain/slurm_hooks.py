@@ -11,6 +11,8 @@ the two ``scontrol`` calls of a drain by 5 s, the gang preflight by
 ``PrologEpilogTimeout`` is set above that sum as Slurm's own backstop: should
 gpufleet itself ever hang past its bound, slurmd kills the prolog, which
 requeues the job (``nohold_on_prolog_fail``) instead of holding it forever.
+``BatchStartTimeout`` (Slurm's default is 10 s, prolog included, after which the
+job is requeued as if its node had failed) is raised to the same value.
 """
 
 from __future__ import annotations
@@ -103,8 +105,13 @@ def conf_lines(cfg: HookConfig, paths: Mapping[str, str]) -> list[str]:
     if cfg.epilog:
         lines.append(f"Epilog={paths['epilog']}")
     if cfg.prolog or cfg.epilog:
-        backstop = max(bound_s(cfg, m) for m in ("prolog", "epilog")) + BACKSTOP_MARGIN_S
-        lines.append(f"PrologEpilogTimeout={math.ceil(backstop)}")
+        backstop = math.ceil(max(bound_s(cfg, m) for m in MODES) + BACKSTOP_MARGIN_S)
+        lines.append(f"PrologEpilogTimeout={backstop}")
+    if cfg.prolog:
+        # slurmctld gives a batch job BatchStartTimeout (default 10 s) to start, prolog
+        # included, then calls it a node failure and requeues it: a prolog that may
+        # take its full bound needs that much.
+        lines.append(f"BatchStartTimeout={backstop}")
     return lines
 
 

@@ -180,6 +180,17 @@ GANG_ELEMENTS = 256 * 1024
 GANG_ROUNDS = 3
 
 
+def _reachable(addr: str, port: int, until: float) -> bool:
+    """Whether a TCP connection to ``addr:port`` opens before ``until`` (epoch seconds)."""
+    while time.time() < until:
+        try:
+            with socket.create_connection((addr, port), timeout=1.0):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
 def gang_allreduce(
     *, rank: int, world: int, nodes: list[str], addr: str, port: int, deadline: float
 ) -> dict[str, Any]:
@@ -189,7 +200,8 @@ def gang_allreduce(
     sets ``arrived/<rank>``, joins the process group (NCCL with CUDA, else
     gloo), all-reduces ``GANG_ROUNDS`` times a tensor of ``rank + 1`` and sets
     ``sum/<rank>`` to ``ok`` or ``wrong``. Rank 0 names the ranks whose answer
-    is missing or wrong at the deadline (wall-clock seconds since the epoch, set
+    is missing or wrong at the deadline; rank 1 names rank 0 when its rendezvous
+    cannot be reached (wall-clock seconds since the epoch, set
     by the parent before torch was imported; one second is kept for collecting).
     """
     import datetime
@@ -198,13 +210,29 @@ def gang_allreduce(
     import torch.distributed as dist
 
     started = time.monotonic()
+    if rank != 0 and not _reachable(addr, port, deadline - 1.0):
+        # Rank 0's node cannot be reached: rank 1 names it (only one rank acts).
+        return {
+            "ok": False,
+            "bad": [nodes[0]] if rank == 1 else [],
+            "seconds": time.monotonic() - started,
+            "detail": f"rendezvous on {nodes[0]} ({addr}:{port}) unreachable",
+        }
     wait = datetime.timedelta(seconds=max(1.0, deadline - time.time() - 1.0))
     try:
         store = dist.TCPStore(  # type: ignore[attr-defined]
             addr, port, world, rank == 0, timeout=wait, wait_for_workers=False
         )
     except Exception as exc:
-        return {"ok": False, "ran": rank != 0, "seconds": 0.0, "detail": f"rendezvous: {exc}"}
+        if rank == 0:  # the port is taken, say: no verdict, the job runs
+            return {"ok": False, "ran": False, "seconds": 0.0, "detail": f"rendezvous: {exc}"}
+        # Rank 0's node cannot be reached: rank 1 names it (only one rank acts).
+        return {
+            "ok": False,
+            "bad": [nodes[0]] if rank == 1 else [],
+            "seconds": time.monotonic() - started,
+            "detail": f"rendezvous on {nodes[0]} unreachable: {type(exc).__name__}",
+        }
     store.set(f"arrived/{rank}", "1")
     verdict = "wrong"
     detail = ""

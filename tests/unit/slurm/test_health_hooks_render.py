@@ -42,6 +42,7 @@ def test_enabled_hooks_render_directives_and_scripts() -> None:
         slurm_hooks.bound_s(render.hook_config(spec(enabled=True, preflight=True)), "prolog") == 80
     )  # type: ignore[arg-type]
     assert "PrologEpilogTimeout=110" in conf
+    assert "BatchStartTimeout=110" in conf  # Slurm's 10 s would requeue a slow prolog's job
     prolog = data["gpufleet-prolog"]
     assert prolog.startswith("#!/bin/sh\n")
     assert "exec /usr/local/bin/gpufleet health check --slurm prolog --timeout 20" in prolog
