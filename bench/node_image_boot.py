@@ -70,6 +70,7 @@ echo "GPUFLEET-CHECK multi-user=$(systemctl is-active multi-user.target)" \
   "pause=$(ctr -n k8s.io images ls -q | grep -c '^gpufleet.local/pause:')" \
   "agent-install=$s agent=$(/opt/gpufleet/venv/bin/gpufleet --version 2>/dev/null | tr ' ' _)" \
   "agent-unit=$(systemctl is-active gpufleet-agent.service)" \
+  "hostname=$(hostname) listening=$(ss -Hltun | awk '{print $5}' | sort -u | tr '\n' ,)" \
   "mem=$mem uptime=$(cut -d' ' -f1 /proc/uptime)s" > /dev/console
 """
 
