@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_support import Kube, RunningSyncer, Slurm, wait_for
+from slurm_support import Kube, RunningSyncer, Slurm
+from waiting import wait_for
 
 from gpufleet.domain import conditions, slurm_hooks, well_known
 from gpufleet.domain.faults import FaultKind
