@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.text import Text
 
+from gpufleet.cli.errors import EXIT_NO, fail
+from gpufleet.cli.output import Column, Format, JsonOpt, OutputOpt, chosen, emit, table
 from gpufleet.local import node_image
 
 app = typer.Typer(
@@ -51,8 +53,7 @@ def build(
             ),
         )
     except node_image.NodeImageError as exc:
-        console.print(f"error: {exc}", highlight=False, markup=False)
-        raise typer.Exit(1) from None
+        fail(str(exc), hint="see docs/provisioning.md#the-node-image", code=EXIT_NO)
     image = report.image
     verb = "built" if report.built else "cached"
     sizes = ", ".join(f"{name} {_mib(size)}" for name, size in image.sizes().items())
@@ -61,47 +62,60 @@ def build(
     console.print(f"  {sizes}", highlight=False)
 
 
+FILE_COLUMNS = (
+    Column("FILE"),
+    Column("SIZE", justify="right"),
+    Column("SHA256", wide=True),
+)
+
+
 @app.command()
-def show(
-    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
-) -> None:
+def show(output: OutputOpt = Format.TABLE, as_json: JsonOpt = False) -> None:
     """Where this checkout's node image is, its key, sizes and how it was built.
 
     Exits 1 when it has not been built (the key it would have is printed).
+    -o json or yaml prints the manifest (inputs, files, versions, build steps).
 
     Example:
 
         gpufleet local image show
-        gpufleet local image show --json | jq .files
+        gpufleet local image show -o json | jq .files
     """
+    fmt = chosen(output, as_json)
     start = time.perf_counter()
     try:
         key = node_image.Inputs.of_checkout().key()
     except node_image.NodeImageError as exc:
-        console.print(f"error: {exc}", highlight=False, markup=False)
-        raise typer.Exit(1) from None
+        fail(str(exc))
     image = node_image.find(key)
     lookup_ms = (time.perf_counter() - start) * 1000
     if image is None:
-        console.print(
-            f"no node image {key} in {node_image.cache_root()}: run `gpufleet local image build`",
-            highlight=False,
+        fail(
+            f"no node image {key} in {node_image.cache_root()}",
+            hint="build it with: sudo .venv/bin/gpufleet local image build",
+            code=EXIT_NO,
         )
-        raise typer.Exit(1)
-    if as_json:
-        typer.echo(json.dumps({"directory": str(image.directory), **image.manifest}, indent=2))
-        return
     m = image.manifest
-    out = Console()
-    out.print(f"key:        {image.key}", highlight=False)
-    out.print(f"directory:  {image.directory}", highlight=False)
-    for name, size in image.sizes().items():
-        out.print(f"  {name:<16} {_mib(size):>12}", highlight=False)
-    out.print(f"kernel:     {m.get('kernel', '?')}", highlight=False)
-    versions = m.get("versions", {})
-    if isinstance(versions, dict):
-        out.print(
-            "packages:   " + ", ".join(f"{k} {v}" for k, v in versions.items()), highlight=False
-        )
-    out.print(f"built:      {m.get('built_at', '?')} in {m.get('build_seconds', '?')} s")
-    out.print(f"lookup:     {lookup_ms:.0f} ms (key from the checkout, manifest and sizes checked)")
+    files = m.get("files", {})
+    assert isinstance(files, dict)
+
+    def draw(wide: bool) -> list[RenderableType]:
+        versions = m.get("versions", {})
+        lines = [
+            f"key:        {image.key}",
+            f"directory:  {image.directory}",
+            f"kernel:     {m.get('kernel', '?')}",
+        ]
+        if isinstance(versions, dict):
+            lines.append("packages:   " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+        lines += [
+            f"built:      {m.get('built_at', '?')} in {m.get('build_seconds', '?')} s",
+            f"lookup:     {lookup_ms:.0f} ms (key from the checkout, manifest and sizes checked)",
+        ]
+        rows = [
+            (name, _mib(int(info["bytes"])), str(info.get("sha256", "")))
+            for name, info in files.items()
+        ]
+        return [Text("\n".join(lines)), table(FILE_COLUMNS, rows, wide=wide)]
+
+    emit(fmt, {"directory": str(image.directory), **m}, draw)
