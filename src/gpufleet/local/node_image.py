@@ -50,6 +50,8 @@ IMAGE_FILES = ("vmlinuz", "initrd.img", "rootfs.squashfs")
 MANIFEST = "manifest.json"
 PAUSE_REFERENCE = "gpufleet.local/pause:1.0"
 """The sandbox image containerd starts every pod with (files/etc/containerd/config.toml)."""
+KEEP_ENTRIES = 3
+"""Images kept in the cache (about 280 MiB each): the newest, the one just built included."""
 KEY_SCHEMA = 1
 """Bumped when the meaning of the key's inputs changes."""
 
@@ -357,6 +359,26 @@ def publish(staging: Path, final: Path) -> None:
         os.close(fd)
 
 
+def prune(root: Path, keep: int, current: str) -> list[Path]:
+    """Delete all but the ``keep`` newest entries under ``root`` (``current`` always stays)."""
+    entries = sorted(
+        (p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    kept = [p for p in entries if p.name == current]
+    removed = []
+    for path in entries:
+        if path.name == current:
+            continue
+        if len(kept) < keep:
+            kept.append(path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 Builder = Callable[[Path, Inputs, Progress], dict[str, object]]
 """Fills a staging directory with IMAGE_FILES; returns extra manifest fields."""
 
@@ -398,6 +420,8 @@ def build(
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        for old in prune(root, KEEP_ENTRIES, key):
+            progress(f"removed an older node image: {old.name}")
     image = _complete(root / key, key)
     assert image is not None
     recorded = image.manifest.get("steps", [])

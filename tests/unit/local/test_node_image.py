@@ -200,3 +200,24 @@ def test_the_host_mirror_is_read_from_apt_sources(tmp_path: Path) -> None:
     assert node_image.host_mirror([deb822]) == "http://mirror.example/debian"
     assert node_image.host_mirror([one_line]) == "http://other.example/debian"
     assert node_image.host_mirror([tmp_path / "absent"]) == node_image.DEFAULT_MIRROR
+
+
+def test_the_cache_keeps_the_newest_entries_and_always_the_new_one(tmp_path: Path) -> None:
+    root = tmp_path / "node-image"
+    suites = ["a", "b", "c", "d"]
+    lines: list[str] = []
+    for i, suite in enumerate(suites):
+        node_image.build(
+            inputs=_inputs(suite=suite), root=root, builder=_fake_builder([]),
+            progress=lines.append,
+        )  # fmt: skip
+        entry = root / _inputs(suite=suite).key()
+        os.utime(entry, (1000 + i, 1000 + i))  # build order, whatever the clock's resolution
+    kept = sorted(p.name for p in root.iterdir() if p.is_dir())
+    assert kept == sorted(_inputs(suite=s).key() for s in suites[-node_image.KEEP_ENTRIES :])
+    assert any(_inputs(suite="a").key() in line for line in lines)
+    # Built again, the pruned key is back, and the oldest other entry goes.
+    again = _inputs(suite="a")
+    node_image.build(inputs=again, root=root, builder=_fake_builder([]), progress=print)
+    kept = sorted(p.name for p in root.iterdir() if p.is_dir())
+    assert kept == sorted(_inputs(suite=s).key() for s in ("a", "c", "d"))
