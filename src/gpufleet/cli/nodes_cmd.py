@@ -112,6 +112,7 @@ def node_summary(body: dict[str, Any], now: float) -> dict[str, Any]:
         "cordoned": _cordon(body),
         "pool": record.pool,
         "lemon": lemon_summary(record.lemon, now),
+        "spare": record.is_spare,
     }
 
 
@@ -133,7 +134,9 @@ def _node_cells(row: dict[str, Any], since: float) -> list[str]:
     step = row["step"]
     return [
         row["name"],
-        row["state"] + ("" if row["managed"] else " (unmanaged)"),
+        row["state"]
+        + (" (spare)" if row["spare"] else "")
+        + ("" if row["managed"] else " (unmanaged)"),
         _ago(since, time.time()),
         row["reason"],
         "-" if step is None else f"{step['step']} (attempt {step['attempt']})",
@@ -150,9 +153,9 @@ def nodes_table(
     out: Annotated[bool, typer.Option("--out", help="Only nodes not in production.")] = False,
     output: OutputOpt = Format.TABLE,
 ) -> None:
-    """A table of nodes: state, since when, why, the current remediation step and the
-    lemon score (decayed to now, with the worst GPU's; -o wide adds the incident, the
-    cordon, the pool and the time of the change).
+    """A table of nodes: state (``production (spare)`` for a hot spare), since when, why,
+    the current remediation step and the lemon score (decayed to now, with the worst
+    GPU's; -o wide adds the incident, the cordon, the pool and the time of the change).
 
     Example:
 

@@ -95,6 +95,7 @@ def test_a_node_summary_is_what_gpufleet_nodes_prints_as_data() -> None:
         "cordoned": "gpufleet",
         "pool": "default",
         "lemon": None,
+        "spare": False,
     }
     json.dumps(row)  # JSON-ready as it is
 
@@ -284,3 +285,13 @@ def test_gpufleet_nodes_shows_the_lemon_score_decayed_to_now() -> None:
     assert row["lemon"] == {"score": 1.0, "gpus": {"gpu3": 1.0}}
     assert nodes_cmd._lemon_cell(row["lemon"]) == "1.00 (gpu3 1.00)"
     assert nodes_cmd.node_detail_data(body, [], T0 + 2 * 86400.0)["lemon"]["score"] == 0.5
+
+
+def test_gpufleet_nodes_marks_a_hot_spare() -> None:
+    body = _node_body()
+    record = nodes_cmd.nodes.record_of(body, T0)[0]
+    spare = replace(record, state=NodeState.PRODUCTION, incident=None, spare=True)
+    body["metadata"]["annotations"][well_known.ANNOTATION_RECORD] = record_to_json(spare)
+    row = nodes_cmd.node_summary(body, T0)
+    assert row["spare"] is True
+    assert nodes_cmd._node_cells(row, T0)[1] == "production (spare)"
