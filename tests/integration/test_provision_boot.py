@@ -122,7 +122,7 @@ def test_import_rejects_a_malformed_file_with_the_line_and_creates_nothing(env: 
         + csv_row("day0-bad-b", "aa:00:00:00:0a:zz", "SN-b", "http://127.0.0.1:1")
     )
     done = gpufleet("machines", "import", str(bad), "--kubeconfig", str(info.kubeconfig))
-    assert done.returncode == 1
+    assert done.returncode == 2  # wrong input (docs/cli.md)
     assert f"{bad}:3: " in done.stderr and "not a MAC address" in done.stderr
     assert api.http.get(f"{GV}/machines/day0-bad-a").status_code == 404
 
@@ -350,7 +350,8 @@ def test_render_shows_what_a_machine_would_get_without_issuing(env: Any) -> None
     unknown = gpufleet(
         "provision", "render", "--mac", "de:ad:be:ef:00:09", "--kubeconfig", str(info.kubeconfig)
     )
-    assert unknown.returncode == 1 and "would get 404" in unknown.stderr
+    # No such object: exit 2, as for any object the apiserver does not hold (docs/cli.md).
+    assert unknown.returncode == 2 and "would get 404" in unknown.stderr
 
 
 def test_the_ca_hash_is_kubeadms(env: Any) -> None:
