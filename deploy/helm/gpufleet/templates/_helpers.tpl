@@ -50,6 +50,7 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 - {key: gpufleet.io/slurm, operator: Exists}
 - {key: gpufleet.io/unhealthy, operator: Exists}
 - {key: gpufleet.io/unverified, operator: Exists}
+- {key: gpufleet.io/spare, operator: Exists}
 - {key: node.kubernetes.io/unschedulable, operator: Exists, effect: NoSchedule}
 {{- end -}}
 {{- /* The BMC Secrets' namespace; never the release's, which holds the munge and JWT keys. */ -}}
