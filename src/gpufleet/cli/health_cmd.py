@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,7 @@ def check(
         args += ["--sku", sku] if sku else []
         args += ["--allow-busy"] if allow_busy else []
         args += ["--profiles", str(profiles_file)] if profiles_file is not None else []
-        result = slurm_hook.run_hook(slurm, node, slurm_hook.child_argv(args), timeout_s=timeout)
+        result = slurm_hook.run_hook(slurm, node, _checks_once(args), timeout_s=timeout)
         typer.echo(slurm_hook.log_line(slurm, node, result), err=True)
         if preflight and slurm is slurm_hook.Mode.PROLOG and result.exit_code == 0:
             absent = backend == Backend.SIMULATED and any(
@@ -172,6 +173,17 @@ def check(
     raise typer.Exit(int(status))
 
 
+def _checks_once(args: list[str]) -> Callable[[], object]:
+    """This command without --slurm, printing JSON (run in the hook's forked child)."""
+
+    def body() -> object:
+        from gpufleet.cli.main import app
+
+        return app(args=["health", "check", "-o", "json", *args], standalone_mode=False)
+
+    return body
+
+
 def _preflight(timeout: float, base_port: int, absent: bool) -> str:
     """The gang preflight of a multi-node job (never fails the prolog); one log line."""
     try:
@@ -182,7 +194,7 @@ def _preflight(timeout: float, base_port: int, absent: bool) -> str:
         return "gpufleet preflight: one node, nothing to check"
     found = preflight.run(gang, timeout_s=timeout, absent=absent)
     where = f"job={gang.job_id} rank={gang.rank}/{gang.world} seconds={found.seconds:.2f}"
-    if found.ok or gang.rank != 0 or not found.ran or not found.bad:
+    if found.ok or not found.ran or not found.bad:
         return f"gpufleet preflight: {where} ok={found.ok} {found.detail}".rstrip()
     try:
         done = preflight.requeue_without(gang, found.bad)

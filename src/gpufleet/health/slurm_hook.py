@@ -22,8 +22,9 @@ or printed no verdict, a failed drain. gpufleet's own failure is never a
 verdict on the node, so it never drains a node and never fails a job; it is
 logged on stderr (slurmd's log) for people to see.
 
-The checks run in a child process (``gpufleet health check --json``), so a
-check stuck in a system call (NVML on a wedged GPU) can be killed. The whole
+The checks run in a child process (a fork of ``gpufleet health check`` that
+prints its JSON verdict), so a check stuck in a system call (NVML on a wedged
+GPU) can be killed. The whole
 run takes at most ``timeout_s`` for the checks plus :data:`SCONTROL_TIMEOUT_S`
 for each of the two ``scontrol`` calls of a drain.
 
@@ -36,11 +37,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -109,6 +112,74 @@ def run_checks(argv: Sequence[str], timeout_s: float) -> Outcome:
         )
     spent = time.monotonic() - started
     return parse_verdict(out.decode(errors="replace"), err.decode(errors="replace"), spent)
+
+
+def run_in_fork(body: Callable[[], object], timeout_s: float) -> Outcome:
+    """Run ``body`` (which prints the checks' JSON verdict) in a forked child, bounded.
+
+    Like :func:`run_checks`, but the child is a fork of this process, which has
+    already started Python and imported gpufleet: a prolog pays for that once,
+    not twice. The child gets its own session; at the bound the session is killed.
+    """
+    started = time.monotonic()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 0
+        try:
+            os.setsid()
+            os.close(out_r)
+            os.close(err_r)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            # whatever sys.stdout was (a test's capture), the verdict goes to the pipe
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            body()
+        except SystemExit:
+            pass
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    open_fds = [out_r, err_r]
+    deadline = started + timeout_s
+    while open_fds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select(open_fds, [], [], left)
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if data:
+                chunks[fd].append(data)
+            else:
+                open_fds.remove(fd)
+    timed_out = bool(open_fds)
+    if timed_out:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    os.close(out_r)
+    os.close(err_r)
+    spent = time.monotonic() - started
+    if timed_out:
+        return Outcome(
+            CheckStatus.UNKNOWN, f"the checks did not finish within {timeout_s:g}s", spent
+        )
+    out = b"".join(chunks[out_r]).decode(errors="replace")
+    err = b"".join(chunks[err_r]).decode(errors="replace")
+    return parse_verdict(out, err, spent)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -190,14 +261,15 @@ def exit_code(mode: Mode, status: CheckStatus) -> int:
 def run_hook(
     mode: Mode,
     node: str,
-    check_argv: Sequence[str],
+    checks: Sequence[str] | Callable[[], object],
     *,
     timeout_s: float,
     drain: bool = True,
     scontrol: str = "scontrol",
 ) -> HookResult:
-    """Run the checks bounded; drain on CRITICAL; the exit code for Slurm."""
-    outcome = run_checks(check_argv, timeout_s)
+    """Run the checks bounded (a command, or a function run in a fork); drain on
+    CRITICAL; the exit code for Slurm."""
+    outcome = run_in_fork(checks, timeout_s) if callable(checks) else run_checks(checks, timeout_s)
     drained, note = False, ""
     if outcome.status is CheckStatus.CRITICAL and drain:
         drained, note = drain_node(node, drain_reason(outcome.summary), scontrol)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,29 @@ def test_the_reason_is_one_line_and_bounded() -> None:
     reason = slurm_hook.drain_reason("gemm: slow\n" + "x" * 500)
     assert reason.startswith("gpufleet: health gemm: slow x")
     assert "\n" not in reason and len(reason) == slurm_hook.MAX_REASON_LEN
+
+
+def test_in_a_fork_a_verdict_is_read_a_hang_is_killed_and_a_crash_is_unknown(
+    tmp_path: Path,
+) -> None:
+    scontrol, calls = fake_scontrol(tmp_path)
+
+    def failing() -> None:
+        doc = {"status": "fail", "checks": [{"name": "gpu-count", "status": "fail", "reason": "7"}]}
+        print(json.dumps(doc))
+
+    def hanging() -> None:
+        time.sleep(600)
+
+    def crashing() -> None:
+        raise RuntimeError("bug in a check")
+
+    r = slurm_hook.run_hook(Mode.PROLOG, "n1", failing, timeout_s=30, scontrol=scontrol)
+    assert r.outcome.status is CheckStatus.CRITICAL and r.drained and r.exit_code == 1
+    r = slurm_hook.run_hook(Mode.PROLOG, "n1", hanging, timeout_s=1, scontrol=scontrol)
+    assert r.outcome.status is CheckStatus.UNKNOWN and "within 1s" in r.outcome.summary
+    assert r.exit_code == 0 and not r.drained
+    r = slurm_hook.run_hook(Mode.PROLOG, "n1", crashing, timeout_s=30, scontrol=scontrol)
+    assert r.outcome.status is CheckStatus.UNKNOWN and "bug in a check" in r.outcome.summary
+    assert r.exit_code == 0 and not r.drained
+    assert len(calls.read_text().splitlines()) == 2  # only the failing run read and drained
