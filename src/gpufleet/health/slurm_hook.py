@@ -284,8 +284,3 @@ def log_line(mode: Mode, node: str, result: HookResult) -> str:
         f"seconds={o.seconds:.2f} exit={result.exit_code}: {o.summary}"
     )
     return f"{text} ({result.note})" if result.note else text
-
-
-def child_argv(args: Sequence[str]) -> list[str]:
-    """The command that runs the checks once (this program, without ``--slurm``)."""
-    return [sys.executable, "-m", "gpufleet.cli.main", "health", "check", "-o", "json", *args]
