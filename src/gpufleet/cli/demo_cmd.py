@@ -62,7 +62,9 @@ def demo(
     ok = False
     try:
         with terminate_on_signals():
-            demo_ = Demo.start(nodes=nodes, run_dir=path, console=out)
+            demo_ = Demo.start(
+                nodes=nodes, run_dir=path, console=out, machines=SCENARIOS[scenario].machines
+            )
             ready = time.monotonic()
             demo_.run(scenario)
             ok = True

@@ -95,12 +95,19 @@ class Fleet:
         nodes: int,
         run_dir: Path,
         progress: Callable[[str], None],
+        machines: int = 0,
     ) -> Fleet:
         spec = ClusterSpec(nodes=nodes, run_dir=run_dir)
         ports = Ports.pick(spec.node_names())
         hooks = {n: f"http://127.0.0.1:{p}/recover" for n, p in ports.inject.items()}
         spec = ClusterSpec(
-            nodes=nodes, run_dir=run_dir, bmc_boot_hooks=hooks, bmc_boot_seconds=BOOT_SECONDS
+            nodes=nodes,
+            run_dir=run_dir,
+            bmc_boot_hooks=hooks,
+            bmc_boot_seconds=BOOT_SECONDS,
+            # A scenario powers its machines on through their BMCs.
+            machines=machines,
+            machine_power_on=False,
         )
         cluster = LocalCluster(spec, progress=progress)
         info = cluster.start()

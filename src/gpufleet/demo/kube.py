@@ -103,6 +103,8 @@ def install(api: SyncKube) -> None:
 def add_bmc_secrets(api: SyncKube, info: ClusterInfo) -> None:
     """One Secret per node with its BMC's endpoint and credentials, named by the Node."""
     for node, bmc in info.bmcs.items():
+        if node in info.machines:
+            continue  # a real machine's Node does not exist yet; its Machine names its BMC
         api.patch(
             f"/api/v1/nodes/{node}",
             {

@@ -87,6 +87,11 @@ class Ctx:
             self.tl.poll()
             time.sleep(0.2)
 
+    def inject_url(self, url: str, node: str, fault: str, text: str) -> Entry:
+        """Inject through an agent's fault-injection API at ``url`` (a real machine's)."""
+        httpx.post(f"{url}/inject", json={"fault": fault}, timeout=10).raise_for_status()
+        return self.tl.note("fault", f"{node}: fault injected: {text} [{fault}]", node)
+
     def inject(self, node: str, fault: str, text: str) -> Entry:
         self.fleet.inject(node, fault)
         return self.tl.note("fault", f"{node}: fault injected: {text} [{fault}]", node)
@@ -638,6 +643,130 @@ def new_machine(ctx: Ctx) -> None:
     )
 
 
+def real_machine(ctx: Ctx) -> None:
+    """A real machine (a qemu VM of the local cluster) is powered on through its BMC,
+    network-boots the node image, joins with kubeadm and its single-use token, passes
+    burn-in; an XID 79 on it is remediated by a reimage through the BMC."""
+    fleet, tl, api = ctx.fleet, ctx.tl, ctx.fleet.api
+    info = fleet.info
+    name, machine = next(iter(info.machines.items()))
+    bmc = info.bmcs[name]
+    tl.note(
+        "demo",
+        f"{name}: a qemu VM (1 vCPU, {machine.memory_mib} MiB, no disk, MAC {machine.mac}); "
+        f"its console: {machine.console_log}",
+        name,
+    )
+    _bmc_reset(bmc, "On")
+    power_on = tl.note("power-on", f"{name}: ComputerSystem.Reset On through its BMC", name)
+    boot_timeout = 900
+    added = ctx.wait(
+        "node-added",
+        f"{name} network-booted and joined (kubeadm join, real kubelet)",
+        "provision",
+        boot_timeout,
+        node=name,
+    )
+    ctx.wait("node-ready", f"{name} Ready", "kube-controller-manager", boot_timeout, node=name)
+    prod = ctx.wait(
+        "state",
+        f"{name}: hardware matches the Machine, burn-in passed, production",
+        "controller",
+        boot_timeout,
+        node=name,
+        match=lambda e: e.data.get("state") == "production",
+    )
+    status = api.get(f"{kube.GV}/{well_known.MACHINE_PLURAL}/{name}").get("status") or {}
+    token_id = str(status.get("tokenId") or "")
+    secret = f"/api/v1/namespaces/kube-system/secrets/{enrollment.secret_name(token_id)}"
+    _until(ctx, lambda: not api.exists(secret), "the used token's Secret deleted", "controller")
+    tl.note(
+        "demo",
+        f"Machine {name}: phase {status.get('phase')}, token {token_id} used once and its "
+        "Secret deleted",
+        name,
+    )
+    first = _bmc_system(bmc)
+    fault = ctx.inject_url(machine.inject_url, name, "xid=79,gpu=3", "XID 79 on GPU 3")
+    ctx.wait(
+        "state",
+        f"{name} taken out for the reimage",
+        "controller",
+        120,
+        node=name,
+        match=lambda e: e.data.get("state") not in (None, "production"),
+        after=fault.t,
+    )
+    _until_long(
+        ctx,
+        lambda: (
+            _bmc_system(bmc)["Oem"]["Gpufleet"]["BootCount"] > first["Oem"]["Gpufleet"]["BootCount"]
+        ),
+        "the BMC power-cycling the machine into a network boot",
+        "controller",
+        300,
+    )
+    boot = _bmc_system(bmc)["Oem"]["Gpufleet"]
+    tl.note(
+        "bmc",
+        f"{name}: BMC reset {boot['LastResetType']}, boot {boot['BootCount']} from "
+        f"{boot['LastBootSource']} (a stateless machine: a fresh root from the network)",
+        name,
+    )
+    back = ctx.wait(
+        "state",
+        f"{name} rejoined with a new token and back in production",
+        "controller",
+        boot_timeout,
+        node=name,
+        match=lambda e: e.data.get("state") == "production",
+        after=fault.t,
+    )
+    status = api.get(f"{kube.GV}/{well_known.MACHINE_PLURAL}/{name}").get("status") or {}
+    tl.note(
+        "demo",
+        f"Machine {name}: {status.get('tokensIssued')} tokens issued in all, the last "
+        f"{status.get('tokenId')}; console: {machine.console_log}",
+        name,
+    )
+    ctx.figures.update(
+        machine=name,
+        console=machine.console_log,
+        node_s=added.t - power_on.t,
+        production_s=prod.t - power_on.t,
+        reimage_to_production_s=back.t - fault.t,
+    )
+
+
+def _bmc_reset(bmc: Any, reset_type: str) -> None:
+    r = httpx.post(
+        f"{bmc.system_url}/Actions/ComputerSystem.Reset",
+        json={"ResetType": reset_type},
+        auth=(bmc.user, bmc.password),
+        timeout=10,
+    )
+    r.raise_for_status()
+
+
+def _bmc_system(bmc: Any) -> dict[str, Any]:
+    data: dict[str, Any] = httpx.get(
+        bmc.system_url, auth=(bmc.user, bmc.password), timeout=10
+    ).json()
+    return data
+
+
+def _until_long(
+    ctx: Ctx, check: Callable[[], bool], what: str, component: str, timeout: float
+) -> None:
+    """Poll ``check`` (and the timeline) for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise StepMissed(what, timeout, component, ctx.log(component))
+        ctx.tl.poll()
+        time.sleep(0.5)
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -645,6 +774,8 @@ class Scenario:
     run: Callable[[Ctx], None]
     rule_actions: dict[str, str] = field(default_factory=dict)
     active_every_s: float = 0.0
+    machines: int = 0
+    """Real machines the fleet needs (qemu VMs; ``gpufleet local up --machines``)."""
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -705,6 +836,15 @@ SCENARIOS: dict[str, Scenario] = {
             "a new machine joins: iPXE -> cloud-init with a single-use join token -> Node -> "
             "hardware checked against the inventory -> burn-in -> production",
             new_machine,
+        ),
+        Scenario(
+            "real-machine",
+            "a real machine (a qemu VM): BMC power-on -> PXE -> iPXE -> kernel, initrd and root "
+            "image over HTTP -> cloud-init -> kubeadm join with a single-use token -> burn-in -> "
+            "production; an XID 79 on it -> reimage through its BMC -> network boot -> production",
+            real_machine,
+            rule_actions={"xid79": "reimage"},
+            machines=1,
         ),
     )
 }
