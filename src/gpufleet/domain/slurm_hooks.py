@@ -59,6 +59,9 @@ class HookConfig:
     """Local cluster only: ``<dir>/inject-<node>`` holds simulated faults for that node."""
     log_file: str | None = None
     """Append each run's one-line outcome here (Slurm 22.05 keeps no prolog output)."""
+    slurm_conf: str | None = None
+    """Exported as ``SLURM_CONF`` for the hook's ``scontrol`` calls: slurmd passes it to
+    a prolog but not to ``HealthCheckProgram`` (measured on 22.05); None: the default path."""
 
 
 def bound_s(cfg: HookConfig, mode: str) -> float:
@@ -79,6 +82,8 @@ def script(cfg: HookConfig, mode: str) -> str:
         argv += ["--preflight", "--preflight-timeout", f"{cfg.preflight_timeout_s:g}"]
     command = " ".join(shlex.quote(a) for a in argv)
     lines = ["#!/bin/sh", "# gpufleet: node checks as Slurm runs them (docs/slurm.md)."]
+    if cfg.slurm_conf is not None:
+        lines.append(f"export SLURM_CONF={shlex.quote(cfg.slurm_conf)}")
     if cfg.inject_dir is not None:
         f = shlex.quote(cfg.inject_dir) + '/inject-"$SLURMD_NODENAME"'
         lines.append(f'inject=""; [ -f {f} ] && inject="--inject $(cat {f})"')

@@ -14,6 +14,7 @@ run-directory sweep in :mod:`gpufleet.local.processes`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import socket
@@ -367,6 +368,8 @@ def enable_health_hooks(conf: Path, hook_dir: Path, cfg: slurm_hooks.HookConfig)
     test, so only the tests (and the bench) that measure the hooks turn them on.
     """
     hook_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.slurm_conf is None:
+        cfg = dataclasses.replace(cfg, slurm_conf=str(conf))
     paths: dict[str, str] = {}
     for mode in slurm_hooks.MODES:
         path = hook_dir / f"gpufleet-{mode}"

@@ -26,5 +26,7 @@ def test_hooks_are_added_and_the_conf_is_restored_exactly(tmp_path: Path) -> Non
         script = tmp_path / "hooks" / f"gpufleet-{mode}"
         assert os.access(script, os.X_OK)
         assert f"--slurm {mode}" in script.read_text()
+        # HealthCheckProgram runs without SLURM_CONF in its environment
+        assert f"export SLURM_CONF={conf}" in script.read_text()
     slurm.restore_conf(conf, before)
     assert conf.read_text() == original
