@@ -22,10 +22,11 @@ preflight names a node for one job; whether the node is broken is for the node
 checks and the agent to decide. If the check itself cannot run (torch missing,
 the port taken), the job runs as if there were no preflight.
 
-Only rank 0 acts, so a job is requeued once however many ranks failed. If
-rank 0's own node is the one that cannot be reached, it names the ranks that
-did not arrive (with two nodes, the other one): a wrong name costs that job
-one more requeue, never a drain.
+Rank 0 names the ranks that did not arrive or answer; if rank 0's node
+cannot be reached at all, rank 1 names it. Only those two act, so a job is
+requeued once or twice, never per rank. When two nodes cannot see each other
+both may be named: a wrong name costs that job a node it could have used,
+never a drain.
 """
 
 from __future__ import annotations
