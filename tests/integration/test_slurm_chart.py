@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpufleet.api.slurmcluster import SlurmClusterSpec
 from gpufleet.local.cluster import ClusterInfo
 
 pytestmark = pytest.mark.integration
@@ -81,6 +82,9 @@ def test_rendered_manifests_pass_server_side_dry_run(
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     kinds = {d["kind"] for d in docs}
     assert {"StatefulSet", "DaemonSet", "Deployment", "Secret", "SlurmCluster"} <= kinds
+    # The operator must accept what the chart renders (helm once printed 1000000 as 1e+06).
+    for cluster in (d for d in docs if d["kind"] == "SlurmCluster"):
+        SlurmClusterSpec.model_validate(cluster["spec"])
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     rest = [d for d in docs if d["kind"] != "CustomResourceDefinition"]
     # CRDs and the namespace for real (a dry run cannot create a type or a namespace
