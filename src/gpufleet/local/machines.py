@@ -70,9 +70,10 @@ class BootFiles:
 
 
 def prepare_boot_files(run_dir: Path, image: Path) -> BootFiles:
-    """``<run_dir>/boot``: links to the node image's files and a wheel of this gpufleet
-    (the image has the agent's dependencies, not gpufleet: it changes with every commit)."""
+    """``<run_dir>/boot``: the node image's files and a wheel of this gpufleet (the image
+    has the agent's dependencies, not gpufleet: it changes with every commit)."""
     import hashlib
+    import os
     import shutil
     import subprocess
     import tempfile
@@ -83,9 +84,14 @@ def prepare_boot_files(run_dir: Path, image: Path) -> BootFiles:
     out = run_dir / "boot"
     out.mkdir(parents=True, exist_ok=True)
     for name in BOOT_FILES.values():
-        link = out / name
-        link.unlink(missing_ok=True)
-        link.symlink_to(image / name)
+        # A hard link (a copy across filesystems): the cluster keeps booting its image
+        # even when the cache entry is replaced by a rebuild while it runs.
+        target = out / name
+        target.unlink(missing_ok=True)
+        try:
+            os.link(image / name, target)
+        except OSError:
+            shutil.copyfile(image / name, target)
     root = repo_root()
     if root is None:
         raise ComponentError(
