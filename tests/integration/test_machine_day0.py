@@ -1,0 +1,211 @@
+"""Day 0 on a real machine: a qemu VM of the local cluster network-boots the node image
+through ``gpufleet provision``, joins with its single-use token (real kubeadm, real
+kubelet TLS bootstrap), runs the agent on simulated GPUs, passes burn-in and reaches
+production; an XID 79 on it ends in a reimage through its BMC (re-armed, one-time PXE,
+power cycle of the VM), a network boot with a fresh root and production again; the used
+tokens are refused.
+
+Bounded waits only; the durations are measured by bench/machine_boot.py, not asserted.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from controller_harness import GV, Api, bmc_counters, policy_spec, put_policy, running
+from waiting import wait_for
+
+from gpufleet.domain import well_known
+from gpufleet.local import processes
+from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.machines, pytest.mark.timeout(1200)]
+
+MACHINE = "vm-node-0000"
+POLICY = "machines"
+BOOT_TIMEOUT = 900.0
+"""Power-on to production under software emulation on 2 shared cores: about 4-5 minutes
+idle, twice that under a load average of 8 (docs/provisioning.md); generous, because a
+slow run must not fail, only a broken one."""
+
+
+class TokenWatch:
+    """Every join token issued to a machine, read from its Secret before the controller
+    deletes it (the test is cluster admin; a node never sees another's token)."""
+
+    def __init__(self, info: ClusterInfo, machine: str) -> None:
+        self.api = Api(info)  # its own connection: an httpx client is not shared by threads
+        self.machine = machine
+        self.tokens: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TokenWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        selector = f"{well_known.LABEL_MACHINE}%3D{self.machine}"
+        while not self._stop.wait(0.2):
+            with contextlib.suppress(httpx.HTTPError, AssertionError):
+                items = self.api.get(
+                    f"/api/v1/namespaces/kube-system/secrets?labelSelector={selector}"
+                )["items"]
+                for item in items:
+                    data = {k: base64.b64decode(v).decode() for k, v in item["data"].items()}
+                    token = f"{data['token-id']}.{data['token-secret']}"
+                    if token not in self.tokens:
+                        self.tokens.append(token)
+
+
+@pytest.fixture(scope="module")
+def day0(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInfo, Api, TokenWatch]]:
+    spec = ClusterSpec(nodes=1, slurm=False, machines=1, machine_power_on=False)
+    logs = tmp_path_factory.mktemp("machine-day0")
+    with processes.terminate_on_signals(), LocalCluster(spec) as info:
+        api = Api(info)
+        policy = policy_spec()
+        # After a reimage the machine boots again before it can be verified: minutes
+        # under software emulation, not the two minutes the KWOK tests allow.
+        policy["checks"]["verificationTimeoutSeconds"] = int(BOOT_TIMEOUT)
+        for entry in policy["ladder"]:
+            entry["timeoutSeconds"] = int(BOOT_TIMEOUT)
+        for rule in policy["rules"]:
+            if rule["match"].get("xid") == 79:
+                rule["action"] = "reimage"  # a stateless machine: a reboot is a reimage
+        put_policy(api, POLICY, policy)
+        with TokenWatch(info, MACHINE) as tokens, running(info, logs, policy=POLICY):
+            power(info, "On")
+            try:
+                yield info, api, tokens
+            finally:
+                console = Path(info.machines[MACHINE].console_log)
+                if console.exists():  # where a failure shows first
+                    print(console.read_text(errors="replace")[-6000:])
+
+
+def power(info: ClusterInfo, reset_type: str) -> None:
+    bmc = info.bmcs[MACHINE]
+    r = httpx.post(
+        f"{bmc.system_url}/Actions/ComputerSystem.Reset",
+        json={"ResetType": reset_type},
+        auth=(bmc.user, bmc.password),
+        timeout=10,
+    )
+    assert r.status_code == 204, r.text
+
+
+def node_ready(api: Api, name: str) -> dict[str, Any] | None:
+    r = api.http.get(f"/api/v1/nodes/{name}")
+    if r.status_code != 200:
+        return None
+    node: dict[str, Any] = r.json()
+    ready = any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in node.get("status", {}).get("conditions") or []
+    )
+    return node if ready else None
+
+
+def state(api: Api, name: str) -> str | None:
+    """The Node's lifecycle state; None while there is no Node (a machine still booting)."""
+    r = api.http.get(f"/api/v1/nodes/{name}")
+    if r.status_code != 200:
+        return None
+    value = (r.json()["metadata"].get("labels") or {}).get(well_known.LABEL_STATE)
+    return str(value) if value else None
+
+
+def review(info: ClusterInfo, token: str) -> int:
+    """What the apiserver answers a request authenticated with ``token``."""
+    return httpx.post(
+        f"{info.apiserver_url}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        headers={"Authorization": f"Bearer {token}"},
+        verify=ssl.create_default_context(cafile=str(info.ca_file)),
+        timeout=10,
+    ).status_code
+
+
+def signed_for(api: Api, token_id: str) -> bool:
+    """Whether cluster-info still carries the JWS for this token (kubeadm join's discovery
+    needs it: without it the join stops before it trusts the cluster)."""
+    data = api.get("/api/v1/namespaces/kube-public/configmaps/cluster-info")["data"]
+    return f"jws-kubeconfig-{token_id}" in data
+
+
+def test_a_machine_network_boots_joins_and_reaches_production(day0: Any) -> None:
+    info, api, tokens = day0
+    node = wait_for("the machine's Node Ready", lambda: node_ready(api, MACHINE), BOOT_TIMEOUT)
+    # A real kubelet registered it (no KWOK), with the inventory's labels.
+    assert "kwok.x-k8s.io/node" not in (node["metadata"].get("annotations") or {})
+    assert node["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.")
+    labels = node["metadata"]["labels"]
+    assert labels[well_known.LABEL_MACHINE] == MACHINE
+    assert labels[well_known.LABEL_POOL] == "machines"
+    wait_for("production", lambda: state(api, MACHINE) == "production", BOOT_TIMEOUT)
+    machine = api.get(f"{GV}/machines/{MACHINE}")["status"]
+    assert machine["node"] == MACHINE and machine["phase"] == "Joined"
+    assert machine["armed"] is False and machine["tokensIssued"] == 1
+
+    # The token was used once: its Secret is gone, the apiserver refuses it, and
+    # cluster-info no longer carries its signature (a second kubeadm join stops there).
+    assert len(tokens.tokens) == 1
+    token = tokens.tokens[0]
+    token_id = token.split(".")[0]
+    wait_for("used token refused", lambda: review(info, token) == 401, 60)
+    wait_for("its cluster-info signature removed", lambda: not signed_for(api, token_id), 60)
+    # A boot that asks again gets no token (the Machine is disarmed).
+    mac = info.machines[MACHINE].mac
+    again = httpx.get(
+        f"{info.provision_url}/cloud-init/{mac}/user-data",
+        headers={"X-Gpufleet-Serial": info.machines[MACHINE].serial},
+        timeout=10,
+    )
+    assert again.status_code == 409
+
+
+def test_xid_79_reimages_the_machine_through_its_bmc(day0: Any) -> None:
+    info, api, tokens = day0
+    wait_for("production", lambda: state(api, MACHINE) == "production", BOOT_TIMEOUT)
+    before = bmc_counters(info, MACHINE)
+    issued = len(tokens.tokens)
+    console = Path(info.machines[MACHINE].console_log)
+    console_before = console.stat().st_size
+    r = httpx.post(
+        f"{info.machines[MACHINE].inject_url}/inject", json={"fault": "xid=79,gpu=3"}, timeout=10
+    )
+    assert r.status_code == 200, r.text
+
+    wait_for("reimage started", lambda: state(api, MACHINE) != "production", 120)
+    wait_for(
+        "one-time PXE boot through the BMC",
+        lambda: bmc_counters(info, MACHINE)["BootCount"] > before["BootCount"],
+        180,
+    )
+    after = bmc_counters(info, MACHINE)
+    assert after["LastBootSource"] == "Pxe"
+    assert after["ResetCount"] > before["ResetCount"]
+    wait_for("a second token issued", lambda: len(tokens.tokens) > issued, BOOT_TIMEOUT)
+    wait_for("production again", lambda: state(api, MACHINE) == "production", BOOT_TIMEOUT)
+    assert node_ready(api, MACHINE) is not None
+    machine = api.get(f"{GV}/machines/{MACHINE}")["status"]
+    assert machine["tokensIssued"] == 2 and machine["armedBy"] == well_known.CONTROLLER
+    # The machine really booted again: its console shows the new boot.
+    assert b"Linux version" in console.read_bytes()[console_before:]
+    # The first token stays refused. (The second one is revoked only by its expiry: the
+    # controller revokes a token when a provisioning Node registers, and a reimaged Node
+    # rejoins in verifying; docs/provisioning.md, known limits.)
+    assert review(info, tokens.tokens[0]) == 401
