@@ -249,16 +249,12 @@ def controller_crash(ctx: Ctx) -> None:
     node = nodes[-1]
     fault = ctx.inject(node, "xid=79,gpu=3", "XID 79 on GPU 3 (policy: power cycle)")
     ctx.wait("bmc-reset", f"{node}'s power cycle", "controller", 45, node=node)
-    ctx.wait(
-        "state",
-        f"{node} verifying",
-        "controller",
-        30,
-        node=node,
-        match=lambda e: e.data.get("state") == "verifying",
-    )
+    # Killed while the machine reboots: the power cycle is done, the step is not. (Its
+    # verification is over in less than one look at the fleet, too short to aim at.)
     ctx.fleet.kill_controller()
-    ctx.tl.note("demo", "controller killed with SIGKILL in the middle of the remediation")
+    ctx.tl.note(
+        "demo", "controller killed with SIGKILL after the power cycle, while the machine reboots"
+    )
     ctx.tl.idle(2)
     ctx.fleet.start_controller()
     ctx.tl.note("demo", "controller restarted; it carries on from the Node's record")
