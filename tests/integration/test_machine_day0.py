@@ -205,7 +205,7 @@ def test_xid_79_reimages_the_machine_through_its_bmc(day0: Any) -> None:
     assert machine["tokensIssued"] == 2 and machine["armedBy"] == well_known.CONTROLLER
     # The machine really booted again: its console shows the new boot.
     assert b"Linux version" in console.read_bytes()[console_before:]
-    # The first token stays refused. (The second one is revoked only by its expiry: the
-    # controller revokes a token when a provisioning Node registers, and a reimaged Node
-    # rejoins in verifying; docs/provisioning.md, known limits.)
+    # Both tokens are refused: the first since the first join, the second since the Node
+    # was Ready again (the reimaged machine rejoins its Node, past provisioning).
     assert review(info, tokens.tokens[0]) == 401
+    wait_for("the reimage boot's token refused", lambda: review(info, tokens.tokens[1]) == 401, 60)

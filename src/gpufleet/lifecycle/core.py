@@ -103,6 +103,8 @@ class ControllerCore:
         self._slurm_heard: dict[str, tuple[str | None, float]] = {}
         """Per draining node: the last Slurm report seen and when (monotonic, this process)."""
         self._drain_said: dict[str, str] = {}
+        self._rejoin_checked: dict[str, str] = {}
+        """Per Node with a Machine: the Ready transition whose join token was looked at."""
         """Per draining node: what the last DrainWaiting Event said (without numbers)."""
         self._policy_generation: tuple[Any, Any] = (None, None)
         self._saved_budget: dict[str, Any] | None = None

@@ -8,7 +8,9 @@ Node is Ready and its agent has reported the hardware it sees (annotation
 (:func:`gpufleet.domain.inventory.differences`): a match is ``Registered``
 (burn-in next), a difference ``InventoryMismatch`` with the differences in
 words (triage). It also revokes the boot's join token (the node has used it;
-single use) and records the Node in the Machine's status.
+single use) and records the Node in the Machine's status. A reimaged machine
+rejoins its existing Node (past ``provisioning``): :func:`revoke_rejoined_token`
+revokes that boot's token once the Node is Ready again.
 Until the agent has reported, nothing is decided (fail closed).
 
 A Node without the label joined some other way (an admin's kubeadm token, an
@@ -24,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from gpufleet.api import conditions
@@ -148,6 +151,57 @@ async def _delete_token(client: KubePort, node: str, token_id: str) -> None:
             log.info("node=%s join token %s revoked (used)", node, token_id)
     except ApiError as exc:
         log.warning("node=%s join token %s not revoked: %s", node, token_id, exc)
+
+
+def ready_since(body: Mapping[str, Any]) -> str | None:
+    """When the Node last became Ready (its Ready condition's lastTransitionTime), if Ready."""
+    for c in (body.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("status") == "True":
+            return str(c.get("lastTransitionTime") or "") or None
+    return None
+
+
+def _instant(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+
+
+async def revoke_rejoined_token(client: KubePort, body: Mapping[str, Any]) -> bool:
+    """Revoke the join token of a machine that booted again and rejoined under its old Node.
+
+    :func:`registration` revokes the token of a first join (the Node registers in
+    ``provisioning``); a reimaged machine rejoins its existing Node, which is past
+    ``provisioning``, so nothing else would revoke the new token before it expires.
+    The token counts as used when the Node became Ready after it was issued: the
+    machine's kubelet could only have rejoined with it (the Machine is disarmed, so no
+    later boot got another). Returns whether a token Secret was deleted; any doubt
+    (no Machine, times unreadable, the apiserver failing) revokes nothing, and the
+    token still expires on its own.
+    """
+    name = machine_of(body)
+    since = _instant(ready_since(body))
+    if name is None or since is None:
+        return False
+    node = str(body["metadata"]["name"])
+    try:
+        machine = await client.get(MACHINES, name)
+    except ApiError as exc:
+        log.warning("node=%s Machine %s not read, its join token is kept: %s", node, name, exc)
+        return False
+    status = machine.get("status") or {}
+    token, issued = status.get("tokenId"), _instant(status.get("tokenIssuedAt"))
+    if not token or status.get("armed") or issued is None or since < issued:
+        return False
+    try:
+        revoked = await kube_machines.revoke_token(client, str(token))
+    except ApiError as exc:
+        log.warning("node=%s join token %s not revoked: %s", node, token, exc)
+        return False
+    if revoked:
+        log.info("node=%s join token %s revoked (used by the rejoin)", node, token)
+    return revoked
 
 
 async def rearm_for_reimage(client: KubePort, body: Mapping[str, Any], now: float) -> None:

@@ -84,6 +84,15 @@ class NodePass(ControllerCore):
             "node=%s gave up after %d conflicting writes", name, self.settings.conflict_retries
         )
 
+    async def _revoke_after_rejoin(self, name: str, body: Json) -> None:
+        """A reimaged machine's token, once its Node is Ready again: looked at once per
+        Ready transition (one Machine read per rejoin, not one per reconcile)."""
+        since = machines.ready_since(body)
+        if since is None or self._rejoin_checked.get(name) == since:
+            return
+        await machines.revoke_rejoined_token(self.client, body)
+        self._rejoin_checked[name] = since
+
     async def _process(self, body: Json, extra: Sequence[ev.Event]) -> None:
         name = nodes.name_of(body)
         self.bodies[name] = body
@@ -96,6 +105,8 @@ class NodePass(ControllerCore):
             joined = await machines.registration(self.client, body, now)  # waits for the agent
             if joined is not None:
                 events.append(joined.event)
+        elif machines.machine_of(body) is not None:
+            await self._revoke_after_rejoin(name, body)
         before = record
         decisions: list[Decision] = []
         policy = self.effective_policy()

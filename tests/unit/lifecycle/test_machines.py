@@ -103,3 +103,51 @@ def test_a_difference_is_a_mismatch_in_words_and_a_missing_machine_too() -> None
     assert api.status["phase"] == "Mismatch"
     missing = run(Api(None), node(hw=inventory.Hardware("x", 8, 8)))
     assert missing is not None and isinstance(missing.event, ev.InventoryMismatch)
+
+
+def rejoined(ready_at: str) -> dict[str, Any]:
+    """The reimaged machine's existing Node, Ready again since ``ready_at``."""
+    body = node()
+    body["status"]["conditions"] = [
+        {"type": "Ready", "status": "True", "lastTransitionTime": ready_at}
+    ]
+    return body
+
+
+def reimaged(armed: bool = False) -> dict[str, Any]:
+    machine = copy.deepcopy(MACHINE)
+    machine["status"] = {
+        "armed": armed,
+        "tokenId": "abcdef",
+        "tokenIssuedAt": "2026-11-24T10:00:00Z",
+    }
+    return machine
+
+
+def test_a_reimaged_machines_token_is_revoked_once_its_node_is_ready_again() -> None:
+    api = Api(reimaged())
+    revoked = asyncio.run(machines.revoke_rejoined_token(api, rejoined("2026-11-24T10:02:30Z")))
+    assert revoked and TOKEN not in api.secrets
+
+
+def test_a_token_is_kept_if_the_node_was_ready_before_it_or_the_machine_is_armed() -> None:
+    """Ready since before the token: the machine has not rejoined with it yet (the Node
+    stayed Ready through a quick reboot, or the boot is still under way): kept, it
+    expires on its own. An armed Machine has no token claimed by a boot."""
+    for machine, ready_at in (
+        (reimaged(), "2026-11-24T09:59:00Z"),
+        (reimaged(armed=True), "2026-11-24T10:02:30Z"),
+    ):
+        api = Api(machine)
+        assert not asyncio.run(machines.revoke_rejoined_token(api, rejoined(ready_at)))
+        assert TOKEN in api.secrets
+
+
+def test_no_machine_or_no_ready_time_revokes_nothing() -> None:
+    api = Api(None)
+    assert not asyncio.run(machines.revoke_rejoined_token(api, rejoined("2026-11-24T10:02:30Z")))
+    api = Api(reimaged())
+    body = rejoined("2026-11-24T10:02:30Z")
+    body["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    assert not asyncio.run(machines.revoke_rejoined_token(api, body))
+    assert TOKEN in api.secrets
