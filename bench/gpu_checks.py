@@ -39,12 +39,19 @@ def main() -> int:
             return 3
         out["nvml"] = raw
         readings = [r for r in (nvml_values.parse_gpu(g) for g in raw) if r is not None]
-        profile = skus.choose(skus.bundled(), sku=args.sku or None,
-                              gpu_names=[r.name or "" for r in readings])
+        profile = skus.choose(
+            skus.bundled(), sku=args.sku or None, gpu_names=[r.name or "" for r in readings]
+        )
         out["profile"] = profile.name
         t0 = time.perf_counter()
-        results = checks.run_checks(hw, profile, args.checks.split(","), node=host,
-                                    iters=args.iters, dcgm_level=args.dcgm_level)
+        results = checks.run_checks(
+            hw,
+            profile,
+            args.checks.split(","),
+            node=host,
+            iters=args.iters,
+            dcgm_level=args.dcgm_level,
+        )
         out["total_seconds"] = round(time.perf_counter() - t0, 3)
         out["checks"] = [r.as_json() for r in results]
         by = {r.name: r for r in results}

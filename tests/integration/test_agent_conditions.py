@@ -22,7 +22,11 @@ pytestmark = pytest.mark.integration
 def node_json(info: Any, node: str) -> dict[str, Any]:
     out = subprocess.run(
         [str(info.kubectl), "get", "node", node, "-o", "json"],
-        env=info.kube_env(), capture_output=True, text=True, check=True, timeout=10,
+        env=info.kube_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
     )
     doc: dict[str, Any] = json.loads(out.stdout)
     return doc
@@ -42,9 +46,14 @@ def test_injected_xid_becomes_gpu_problem_within_2s_and_clears(local_cluster: An
     policy = default_policy().model_copy(
         update={"detection": Detection(raise_after_seconds=0, clear_after_seconds=1.0)}
     )
-    agent = Agent(hw, bundled().get("h100-sxm"), policy, node=node,
-                  reporter=KubeReporter(node, kubeconfig=str(info.kubeconfig)),
-                  settings=AgentSettings(interval_s=0.2))
+    agent = Agent(
+        hw,
+        bundled().get("h100-sxm"),
+        policy,
+        node=node,
+        reporter=KubeReporter(node, kubeconfig=str(info.kubeconfig)),
+        settings=AgentSettings(interval_s=0.2),
+    )
 
     async def scenario() -> tuple[float, float]:
         stop = asyncio.Event()
@@ -52,11 +61,15 @@ def test_injected_xid_becomes_gpu_problem_within_2s_and_clears(local_cluster: An
         try:
             await wait_for_async(
                 "GpuProblem=False at the start",
-                lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "False", 10)
+                lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "False",
+                10,
+            )
             hw.inject("xid=79,gpu=3")
             raised = await wait_for_async(
                 "GpuProblem=True",
-                lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "True", 2.0)
+                lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "True",
+                2.0,
+            )
             c = condition(info, node, "GpuProblem")
             assert c is not None and c["reason"] == "Xid79"
             assert "GPU 3" in c["message"] and '"xid":79' in c["message"]
@@ -64,7 +77,9 @@ def test_injected_xid_becomes_gpu_problem_within_2s_and_clears(local_cluster: An
             hw.recover()
             cleared = await wait_for_async(
                 "GpuProblem=False again",
-                lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "False", 5.0)
+                lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "False",
+                5.0,
+            )
             return raised, cleared
         finally:
             stop.set()
@@ -76,9 +91,23 @@ def test_injected_xid_becomes_gpu_problem_within_2s_and_clears(local_cluster: An
         hw.close()
     print(f"condition raised after {raised:.2f}s, cleared {cleared:.2f}s after recovery")
     events = subprocess.run(
-        [str(info.kubectl), "get", "events", "-n", "default", "--field-selector",
-         f"involvedObject.name={node},reason=Xid79", "-o", "json"],
-        env=info.kube_env(), capture_output=True, text=True, check=True, timeout=10)
+        [
+            str(info.kubectl),
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            f"involvedObject.name={node},reason=Xid79",
+            "-o",
+            "json",
+        ],
+        env=info.kube_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    )
     assert json.loads(events.stdout)["items"], "no Xid79 Event on the Node"
 
 
@@ -91,9 +120,14 @@ def test_nvl72_node_gets_its_clique_labels_and_a_fabric_condition(local_cluster:
     policy = default_policy().model_copy(
         update={"detection": Detection(raise_after_seconds=0, clear_after_seconds=1.0)}
     )
-    agent = Agent(hw, bundled().get("h100-sxm"), policy, node=node,
-                  reporter=KubeReporter(node, kubeconfig=str(info.kubeconfig)),
-                  settings=AgentSettings(interval_s=0.2))
+    agent = Agent(
+        hw,
+        bundled().get("h100-sxm"),
+        policy,
+        node=node,
+        reporter=KubeReporter(node, kubeconfig=str(info.kubeconfig)),
+        settings=AgentSettings(interval_s=0.2),
+    )
     cluster = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
 
     def labels() -> dict[str, str]:
@@ -105,18 +139,24 @@ def test_nvl72_node_gets_its_clique_labels_and_a_fabric_condition(local_cluster:
         try:
             await wait_for_async(
                 "the NVLink clique labels",
-                lambda: labels().get("gpufleet.io/nvlink-clique") == f"{cluster}.4", 10)
+                lambda: labels().get("gpufleet.io/nvlink-clique") == f"{cluster}.4",
+                10,
+            )
             assert labels()["gpufleet.io/nvlink-cluster"] == cluster
             hw.inject("imex-not-ready")
             await wait_for_async(
                 "FabricProblem=True",
-                lambda: (condition(info, node, "FabricProblem") or {}).get("status") == "True", 5)
+                lambda: (condition(info, node, "FabricProblem") or {}).get("status") == "True",
+                5,
+            )
             c = condition(info, node, "FabricProblem")
             assert c is not None and c["reason"] == "ImexNotReady" and "NOT_READY" in c["message"]
             hw.recover()  # leave the Node as other tests expect it
             await wait_for_async(
                 "FabricProblem=False again",
-                lambda: (condition(info, node, "FabricProblem") or {}).get("status") == "False", 5)
+                lambda: (condition(info, node, "FabricProblem") or {}).get("status") == "False",
+                5,
+            )
         finally:
             stop.set()
             await task
@@ -126,6 +166,17 @@ def test_nvl72_node_gets_its_clique_labels_and_a_fabric_condition(local_cluster:
     finally:
         hw.close()
         subprocess.run(
-            [str(info.kubectl), "label", "node", node, "gpufleet.io/nvlink-cluster-",
-             "gpufleet.io/nvlink-clique-"],
-            env=info.kube_env(), capture_output=True, text=True, check=False, timeout=10)
+            [
+                str(info.kubectl),
+                "label",
+                "node",
+                node,
+                "gpufleet.io/nvlink-cluster-",
+                "gpufleet.io/nvlink-clique-",
+            ],
+            env=info.kube_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        )

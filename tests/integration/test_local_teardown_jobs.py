@@ -66,9 +66,7 @@ def test_down_ends_the_slurmstepd_of_a_running_batch_job() -> None:
         deadline = time.monotonic() + 60
         ours: dict[int, str] = {}
         while time.monotonic() < deadline and not ours:
-            ours = {
-                p: c for p, c in _stepds().items() if p not in before and f"[{job_id}." in c
-            }
+            ours = {p: c for p, c in _stepds().items() if p not in before and f"[{job_id}." in c}
             time.sleep(0.2)
         assert ours, f"no slurmstepd for job {job_id} appeared"
     finally:

@@ -127,11 +127,13 @@ def test_triage_then_return_with_the_user_and_reason_on_record(env: Any) -> None
         assert all(e["type"] == "Normal" for e in answered)
         wait_for(
             "status budget back to 0",
-            lambda: (api.get(f"{GV}/fleetpolicies/op-verbs").get("status") or {})
-            .get("budget", {})
-            .get("operator", {})
-            .get("outOfService")
-            == 0,
+            lambda: (
+                (api.get(f"{GV}/fleetpolicies/op-verbs").get("status") or {})
+                .get("budget", {})
+                .get("operator", {})
+                .get("outOfService")
+                == 0
+            ),
             timeout=10,
         )
 
@@ -158,10 +160,12 @@ def test_an_illegal_verb_is_refused_with_an_event_and_a_nonzero_exit(env: Any) -
         api.patch(f"{GV}/fleetpolicies/op-illegal", {"spec": spec})
         wait_for(
             "paused policy in use",
-            lambda: (api.get(f"{GV}/fleetpolicies/op-illegal").get("status") or {}).get(
-                "observedGeneration"
-            )
-            == api.get(f"{GV}/fleetpolicies/op-illegal")["metadata"]["generation"],
+            lambda: (
+                (api.get(f"{GV}/fleetpolicies/op-illegal").get("status") or {}).get(
+                    "observedGeneration"
+                )
+                == api.get(f"{GV}/fleetpolicies/op-illegal")["metadata"]["generation"]
+            ),
         )
         out = gpufleet(info, "node", "maintenance", node, "--reason", "firmware")
         assert out.returncode == 1 and "the policy is paused" in out.stdout, out.stdout
@@ -217,12 +221,12 @@ def test_breaker_reset_closes_it_saves_status_and_posts_an_event(env: Any) -> No
         wait_for("a few ticks", lambda: True)
         assert api.state(second) == "production"
         # A malformed request is refused, not applied, and removed.
-        api.patch(
-            path, {"metadata": {"annotations": {well_known.ANNOTATION_BREAKER_RESET: "{}"}}}
-        )
+        api.patch(path, {"metadata": {"annotations": {well_known.ANNOTATION_BREAKER_RESET: "{}"}}})
         wait_for(
             "malformed reset removed",
-            lambda: well_known.ANNOTATION_BREAKER_RESET
-            not in (api.get(path)["metadata"].get("annotations") or {}),
+            lambda: (
+                well_known.ANNOTATION_BREAKER_RESET
+                not in (api.get(path)["metadata"].get("annotations") or {})
+            ),
         )
     assert json.dumps(api.get(path)["status"]["breaker"]).count('"open": false') == 1

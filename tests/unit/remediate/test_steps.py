@@ -50,7 +50,11 @@ def test_the_mark_is_written_after_the_identity_and_before_the_one_post() -> Non
     journal = Journal(bmc)
     assert run(Step.REBOOT, bmc, journal).endswith("GracefulRestart")
     assert bmc.calls == [
-        "identity", "evidence", "mark GracefulRestart", "reset GracefulRestart", "wait On"
+        "identity",
+        "evidence",
+        "mark GracefulRestart",
+        "reset GracefulRestart",
+        "wait On",
     ]
     assert bmc.resets == 1 and journal.marks[0].baseline.last_reset_time == "t0"
 
