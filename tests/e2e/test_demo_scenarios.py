@@ -111,6 +111,35 @@ def test_inference_pod_takes_a_node_from_slurm_and_the_job_completes(demo: Demo)
     job_completed_with_bounded_loss(r)
 
 
+def test_a_slurm_health_check_drain_is_repaired_and_an_admin_drain_is_left_alone(
+    demo: Demo,
+) -> None:
+    r = demo.run("slurm-health-drain")
+    node, held = r.figures["faulty"], r.figures["held"]
+    order(
+        r,
+        ("slurm-drain", held),
+        ("fault", node),
+        ("slurm-drain", node),
+        ("condition", node),
+        ("cordon", node),
+        ("bmc-reset", node),
+        ("agent-result", node),
+        ("uncordon", node),
+        ("slurm-resume", node),
+    )
+    drains = kinds(r, "slurm-drain", node)
+    assert "NHC:" in drains[0] and any("gpufleet:" in d for d in drains[1:]), drains
+    assert len(kinds(r, "bmc-reset", node)) == 1
+    # the administrator's drain: still there when the repair was over, never taken over,
+    # the node never cordoned; only the administrator's own resume ends it
+    assert r.figures["held_reason"] == "maintenance by alice: reseat the PSU"
+    assert len(kinds(r, "slurm-drain", held)) == 1
+    assert not kinds(r, "cordon", held) and not kinds(r, "bmc-reset", held)
+    order(r, ("slurm-resume", node), ("demo", held), ("slurm-resume", held))
+    assert len(kinds(r, "slurm-resume", held)) == 1
+
+
 def test_ib_flaps_take_the_node_out_on_the_third(demo: Demo) -> None:
     r = demo.run("ib-flap")
     node = r.figures["faulty"]

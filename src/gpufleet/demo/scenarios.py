@@ -9,6 +9,7 @@ to look at when it does not come. It returns the figures of its summary.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -453,6 +454,103 @@ def straggler(ctx: Ctx) -> None:
     ctx.figures["faulty"] = node
 
 
+NHC_REASON = "NHC: check_hw_ib: mlx5_0 port 1 DOWN"
+"""What LBNL NHC writes when an InfiniBand port is down (its ``die`` drains the node)."""
+ADMIN_REASON = "maintenance by alice: reseat the PSU"
+"""A person's hold: no pattern of the policy knows it, so it is ``admin``."""
+
+
+def _scontrol(ctx: Ctx, *args: str) -> str:
+    out = subprocess.run(
+        ["scontrol", *args],
+        env=ctx.fleet.info.slurm_env(),
+        capture_output=True,
+        text=True,
+        timeout=15,
+        check=True,
+    )
+    return out.stdout
+
+
+def _drain_reason(ctx: Ctx, node: str) -> str | None:
+    """The node's drain reason as Slurm has it now (None: not drained)."""
+    return ctx.tl.observer.slurm_nodes.get(node, ("", None))[1]
+
+
+def slurm_health_drain(ctx: Ctx) -> None:
+    """A drain by Slurm's own health check feeds the repair loop; a person's drain does not.
+
+    The drain is made as LBNL NHC makes it (``scontrol update ... state=drain reason="NHC:
+    ..."``), so nothing of gpufleet's is involved until the syncer reads it from Slurm.
+    """
+    sick, held = ctx.fleet.info.node_names[0], ctx.fleet.info.node_names[1]
+    try:
+        _scontrol(ctx, "update", f"nodename={held}", "state=drain", f"reason={ADMIN_REASON}")
+        ctx.tl.note("demo", f"{held}: an administrator drains it in Slurm ({ADMIN_REASON!r})", held)
+        ctx.wait("slurm-drain", f"{held} drained in Slurm", "slurmctld", 15, node=held)
+        _scontrol(ctx, "update", f"nodename={sick}", "state=drain", f"reason={NHC_REASON}")
+        fault = ctx.tl.note(
+            "fault",
+            f"{sick}: Slurm's health check (LBNL NHC) drains it: "
+            f"scontrol update state=drain reason={NHC_REASON!r}",
+            sick,
+        )
+        cond = ctx.wait(
+            "condition",
+            f"the syncer reporting the drain on {sick} as a hardware fault",
+            "syncer",
+            15,
+            node=sick,
+            after=fault.t,
+        )
+        cordon = ctx.wait("cordon", f"{sick} cordoned and tainted", "controller", 15, node=sick)
+        ctx.wait(
+            "slurm-drain",
+            f"the syncer taking {sick}'s drain over (gpufleet: ...)",
+            "syncer",
+            20,
+            node=sick,
+            match=lambda e: "gpufleet:" in e.text,
+        )
+        ctx.wait(
+            "bmc-reset", f"{sick}'s BMC reset (the ladder's reboot)", "controller", 45, node=sick
+        )
+        name, agent_log = ctx.agent(sick)
+        ctx.tl.wait(
+            "agent-result",
+            what=f"verification of {sick}",
+            timeout=60,
+            component=name,
+            log=agent_log,
+            node=sick,
+            match=lambda e: e.data.get("kind") == "checks verify" and e.data["passed"],
+        )
+        prod = ctx.wait(
+            "state",
+            f"{sick} back in production",
+            "controller",
+            30,
+            node=sick,
+            match=lambda e: e.data.get("state") == "production",
+        )
+        back = ctx.wait("slurm-resume", f"{sick} resumed in Slurm", "syncer", 30, node=sick)
+        ctx.figures["detect_s"] = cond.t - fault.t
+        ctx.figures["isolate_s"] = cordon.t - fault.t
+        ctx.figures["node_back_s"] = max(prod.t, back.t) - fault.t
+        ctx.figures["faulty"] = sick
+        # the syncer polls every 0.5 s: two seconds more is four looks at the admin's drain
+        ctx.tl.idle(2)
+        ctx.figures["held"] = held
+        ctx.figures["held_reason"] = _drain_reason(ctx, held)
+    finally:
+        # the administrator is done: the demo fleet is shared by the scenarios that follow
+        _scontrol(ctx, "update", f"nodename={held}", "state=resume")
+        if (_drain_reason(ctx, sick) or "").startswith("NHC:"):
+            _scontrol(ctx, "update", f"nodename={sick}", "state=resume")
+    done = ctx.tl.note("demo", f"{held}: the administrator resumes it (maintenance done)", held)
+    ctx.wait("slurm-resume", f"{held} resumed in Slurm", "slurmctld", 15, node=held, after=done.t)
+
+
 NEW_MACHINE = "gpu-node-0100"
 NEW_MAC = "aa:bb:cc:00:01:00"
 ENROLLMENT_SECRET = "demo-enrollment-secret-0100"
@@ -820,6 +918,14 @@ SCENARIOS: dict[str, Scenario] = {
             "compute per step in the job's telemetry, report the slow node, and the third "
             "report takes it out; the job resumes on healthy nodes at full speed",
             straggler,
+        ),
+        Scenario(
+            "slurm-health-drain",
+            "Slurm's own health check (an LBNL NHC drain) takes a node out: the syncer reports "
+            "it as a hardware fault, the controller reboots it via the BMC, verification, back "
+            "in production and resumed in Slurm; an administrator's drain on another node is "
+            "left alone",
+            slurm_health_drain,
         ),
         Scenario(
             "preemption-by-inference-pod",
