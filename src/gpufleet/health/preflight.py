@@ -38,7 +38,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-SCONTROL_TIMEOUT_S = 5.0
+from gpufleet.health.slurm_hook import run_scontrol
+
 PORT_SPAN = 1000
 
 
@@ -76,14 +77,7 @@ class Result:
 
 
 def _scontrol(args: Sequence[str], scontrol: str) -> str:
-    done = subprocess.run(
-        [scontrol, *args],
-        capture_output=True,
-        text=True,
-        timeout=SCONTROL_TIMEOUT_S,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    done = run_scontrol(args, scontrol)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         raise RuntimeError(f"scontrol {' '.join(args)}: {last}")

@@ -213,7 +213,9 @@ def drain_reason(summary: str) -> str:
     return f"{HEALTH_CHECK_PREFIX} {text}"[:MAX_REASON_LEN]
 
 
-def _scontrol(args: Sequence[str], scontrol: str) -> subprocess.CompletedProcess[str]:
+def run_scontrol(args: Sequence[str], scontrol: str) -> subprocess.CompletedProcess[str]:
+    """One ``scontrol`` call, bounded by :data:`SCONTROL_TIMEOUT_S`, never reading stdin
+    (the hook and the gang preflight call Slurm only through this)."""
     return subprocess.run(
         [scontrol, *args],
         capture_output=True,
@@ -227,7 +229,7 @@ def _scontrol(args: Sequence[str], scontrol: str) -> subprocess.CompletedProcess
 def drain_node(node: str, reason: str, scontrol: str = "scontrol") -> tuple[bool, str]:
     """Drain ``node`` unless it is drained already; (drained now, what happened)."""
     try:
-        shown = _scontrol(["show", "node", node, "-o"], scontrol)
+        shown = run_scontrol(["show", "node", node, "-o"], scontrol)
         if shown.returncode != 0:
             return False, f"cannot read node {node}: {_last_line(shown.stderr)}"
         state = next(
@@ -235,7 +237,7 @@ def drain_node(node: str, reason: str, scontrol: str = "scontrol") -> tuple[bool
         )
         if "DRAIN" in state.upper().split("+"):
             return False, f"node {node} is drained already ({state})"
-        done = _scontrol(
+        done = run_scontrol(
             ["update", f"nodename={node}", "state=DRAIN", f"reason={reason}"], scontrol
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
