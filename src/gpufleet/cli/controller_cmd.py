@@ -23,7 +23,7 @@ def controller(
     ] = EVENT_NAMESPACE,
     metrics_port: Annotated[
         int, typer.Option(help="Port of the Prometheus /metrics endpoint; 0 turns it off.")
-    ] = 29401,
+    ] = 29441,
     metrics_address: Annotated[
         str,
         typer.Option(help="Address /metrics listens on (0.0.0.0 for a Prometheus off the host)."),
@@ -47,7 +47,7 @@ def controller(
 
     Example:
 
-        gpufleet controller --kubeconfig ~/.kube/config --policy-name default --metrics-port 29401
+        gpufleet controller --kubeconfig ~/.kube/config --policy-name default --metrics-port 29441
     """
     logs.configure(verbose)
     # Imported here: kopf and the controller take a second to import, which

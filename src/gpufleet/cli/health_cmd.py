@@ -72,7 +72,12 @@ def check(
         20.0, "--preflight-timeout", min=1.0, max=120.0, help="Seconds the all-reduce may take."
     ),
     preflight_port: int = typer.Option(
-        29400, "--preflight-port", min=1024, max=64535, help="Rendezvous port base (+ job % 1000)."
+        29600,
+        "--preflight-port",
+        min=1024,
+        max=64535,
+        help="Rendezvous port base (+ job % 1000); the default range 29600-30599 misses "
+        "torchrun's 29400, torch's MASTER_PORT 29500 and the agent's metrics port 29440.",
     ),
     allow_busy: bool = typer.Option(
         False,

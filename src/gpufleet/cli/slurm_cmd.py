@@ -92,7 +92,7 @@ def run_syncer(
 
         gpufleet syncer run --slurmrestd-url http://127.0.0.1:6820 \\
             --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --slurm-conf /etc/slurm/slurm.conf \\
-            --preempt-priority 1000000 --metrics-port 29402
+            --preempt-priority 1000000 --metrics-port 29442
     """
     from gpufleet.cli.policy_cmd import load_or_exit
     from gpufleet.kubeapi import KubeApi

@@ -21,7 +21,7 @@ from gpufleet.health import sysfs
 from gpufleet.health.monitors import Snapshot
 from gpufleet.health.results import CheckResult
 
-DEFAULT_PORT = 29400
+DEFAULT_PORT = 29440
 """The agent's /metrics port: outside the 9100-9999 range the Prometheus port list has
 filled (9400 is dcgm-exporter's), and below Linux's ephemeral ports (decision 0099)."""
 

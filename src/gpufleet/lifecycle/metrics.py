@@ -15,8 +15,8 @@ from gpufleet.domain.states import NodeState
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2, 5, 10, 30)
 _STEP_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 
-DEFAULT_PORT = 29401
-"""The controller's /metrics port (the agent's is 29400, the syncer's 29402; decision 0099)."""
+DEFAULT_PORT = 29441
+"""The controller's /metrics port (the agent's is 29440, the syncer's 29442; decision 0099)."""
 
 
 class Metrics:

@@ -26,9 +26,9 @@ the operator's ``status.nodesByState`` (:func:`gpufleet.slurm.operator.state_buc
 Any other base state Slurm reports (``future``, ``error``...) is exported while
 a node is in it."""
 
-DEFAULT_PORT = 29402
-"""The port the chart gives the syncer's /metrics (the agent's is 29400, the controller's
-29401; decision 0099). The syncer serves none unless ``--metrics-port`` is given."""
+DEFAULT_PORT = 29442
+"""The port the chart gives the syncer's /metrics (the agent's is 29440, the controller's
+29441; decision 0099). The syncer serves none unless ``--metrics-port`` is given."""
 
 ERROR_OPS = ("poll", "read", "drain", "resume", "requeue")
 """``op`` label values of ``gpufleet_syncer_slurm_errors_total``."""
