@@ -280,8 +280,10 @@ class ControllerProcess:
         peering: str = "",
         priority: int = 0,
         wait_policy: bool = True,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.wait_policy = wait_policy
+        self.extra_args = extra_args
         self.info = info
         self.policy = policy
         self.port = free_port()
@@ -307,6 +309,7 @@ class ControllerProcess:
             "--peering",
             self.peering,
             *(["--verbose"] if os.environ.get("GPUFLEET_CONTROLLER_DEBUG") else []),
+            *self.extra_args,
         ]
         if self.priority:
             args += ["--priority", str(self.priority)]

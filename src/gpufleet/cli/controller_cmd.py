@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -41,14 +42,49 @@ def controller(
     tick: Annotated[
         float, typer.Option(min=0.1, help="Seconds between retries of held decisions.")
     ] = 2.0,
+    ticket_webhook: Annotated[
+        str | None,
+        typer.Option(
+            help="URL RMA tickets are POSTed to when a node reaches triage or rma, and "
+            "closed at (docs/schemas/rma-ticket.schema.json); unset: no tickets."
+        ),
+    ] = None,
+    ticket_auth_file: Annotated[
+        Path | None,
+        typer.Option(help="File holding the webhook's Authorization header value (a Secret)."),
+    ] = None,
+    ticket_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds to wait for one webhook answer.")
+    ] = 10.0,
+    ticket_retry: Annotated[
+        float, typer.Option(min=0.1, help="Pause before a failed ticket call is retried.")
+    ] = 5.0,
+    ticket_retry_max: Annotated[
+        float, typer.Option(min=0.1, help="Longest pause between retries of a ticket call.")
+    ] = 300.0,
+    evidence_namespace: Annotated[
+        str | None,
+        typer.Option(help="Namespace of the evidence ConfigMaps; default: the event namespace."),
+    ] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run the lifecycle controller: faults -> cordon, drain, remediation ladder, verification.
 
+    With --ticket-webhook, a node that reaches triage or rma gets an evidence bundle
+    (a ConfigMap) and a ticket opened through the webhook, retried until acknowledged;
+    ``gpufleet machines rearm`` closes it (docs/operations.md, "RMA tickets").
+
     Example:
 
         gpufleet controller --kubeconfig ~/.kube/config --policy-name default --metrics-port 29441
+
+        gpufleet controller --ticket-webhook https://tickets.example.com/gpufleet \\
+            --ticket-auth-file /etc/gpufleet/ticket/authorization
     """
+    if ticket_webhook is not None and not ticket_webhook.startswith(("http://", "https://")):
+        raise typer.BadParameter(
+            f"must be an http(s) URL, got {ticket_webhook!r}", param_hint="--ticket-webhook"
+        )
     logs.configure(verbose)
     # Imported here: kopf and the controller take a second to import, which
     # every other gpufleet command would pay at start-up.
@@ -56,7 +92,16 @@ def controller(
     from gpufleet.lifecycle.operator import RunOptions, run
 
     settings = ControllerSettings(
-        policy_name=policy_name, dry_run=dry_run, tick_s=tick, event_namespace=namespace
+        policy_name=policy_name,
+        dry_run=dry_run,
+        tick_s=tick,
+        event_namespace=namespace,
+        ticket_webhook=ticket_webhook,
+        ticket_auth_file=str(ticket_auth_file) if ticket_auth_file else None,
+        ticket_timeout_s=ticket_timeout,
+        ticket_retry_s=ticket_retry,
+        ticket_retry_max_s=max(ticket_retry_max, ticket_retry),
+        evidence_namespace=evidence_namespace,
     )
     options = RunOptions(
         kubeconfig=kubeconfig_arg(kubeconfig),

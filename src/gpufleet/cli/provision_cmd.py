@@ -277,17 +277,42 @@ def rearm_cmd(
     name: Annotated[str, typer.Argument(help="The Machine to re-arm.")],
     reason: Annotated[str, typer.Option(help="Why (recorded in its status and an Event).")],
     kubeconfig: KubeconfigOpt = None,
+    close_ticket: Annotated[
+        bool,
+        typer.Option(
+            "--close-ticket/--keep-ticket",
+            help="Also close the RMA ticket of the machine's Node (the hardware was "
+            "replaced); --keep-ticket re-arms only.",
+        ),
+    ] = True,
 ) -> None:
     """Let a machine's next boot get a new join token (and revoke the previous one).
 
+    After a hardware replacement this also closes the RMA ticket gpufleet opened for
+    the machine's Node: the lifecycle controller sends the close to the ticket
+    webhook (retried until acknowledged) and clears the ticket record
+    (docs/operations.md, "RMA tickets"). The node itself returns with
+    ``gpufleet node return NODE --hardware-replaced``.
+
     Example:
 
-        gpufleet machines rearm gpu-node-0100 --reason "reinstalled after RMA"
+        gpufleet machines rearm gpu-node-0100 --reason "chassis replaced under RMA 4711"
     """
 
-    async def go() -> None:
+    async def go() -> tuple[str, str] | None:
+        from gpufleet.cli.operator_cmd import whoami
+        from gpufleet.kubeapi.tickets import request_close
+
         api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
         await rearm(api, name, by="admin", reason=reason, now=time.time())
+        if not close_ticket:
+            return None
+        machine = await api.get(MACHINES, name)
+        who = await whoami(api, kubeconfig)
+        return await request_close(api, machine, by=who, reason=reason, now=time.time())
 
-    asyncio.run(go())
+    closing = asyncio.run(go())
     typer.echo(f"{name} re-armed: its next boot gets a new token")
+    if closing is not None:
+        node, key = closing
+        typer.echo(f"RMA ticket {key} of node {node}: close requested (the controller sends it)")

@@ -201,3 +201,18 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 """Label on objects the lifecycle controller creates (NodeRemediations), value
 :data:`CONTROLLER`: ``gpufleet status`` counts only those (with the Node pointing
 back through :data:`ANNOTATION_REMEDIATION`) as gpufleet's remediations."""
+
+# --- The RMA hand-off (docs/operations.md "RMA tickets", decisions 0108, 0109) ---
+
+ANNOTATION_RMA_TICKET = "gpufleet.io/rma-ticket"
+"""Node annotation, set by the lifecycle controller only: the ticket opened for the node's
+hand-off to people (triage, rma) as JSON (:class:`gpufleet.domain.rma.Ticket`): its key,
+state (opening, open, closing, closed), attempts, next attempt time, the receiver's ticket
+id and the evidence ConfigMap. Written before every webhook call."""
+ANNOTATION_RMA_CLOSE = "gpufleet.io/rma-close"
+"""Node annotation, set by ``gpufleet machines rearm``: ``{by, reason, at}`` as JSON, the
+hardware was replaced; the lifecycle controller closes the node's ticket and removes it."""
+LABEL_EVIDENCE = "gpufleet.io/evidence"
+"""Label on the evidence ConfigMaps the lifecycle controller stores (value ``rma``)."""
+LABEL_EVIDENCE_NODE = "gpufleet.io/node"
+"""Label on an evidence ConfigMap: the Node it is about."""

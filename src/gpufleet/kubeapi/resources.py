@@ -40,6 +40,7 @@ PODS = Resource("pods")
 SECRETS = Resource("secrets")
 EVENTS = Resource("events")
 NAMESPACES = Resource("namespaces")
+CONFIGMAPS = Resource("configmaps")
 CRDS = Resource("customresourcedefinitions", "apiextensions.k8s.io/v1")
 PRIORITY_CLASSES = Resource("priorityclasses", "scheduling.k8s.io/v1")
 

@@ -73,6 +73,7 @@ class Acting(ControllerCore):
             if occ not in before.occurrences:
                 m.faults.labels(fault=occ.key).inc()
         self._spare_pool_after(body, before, record)
+        self._tickets_check(name)
         self._ensure_drain(record)
         incident = record.incident or before.incident
         if incident is not None and any(d.record != before for d in decisions):

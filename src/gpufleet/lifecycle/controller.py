@@ -29,6 +29,7 @@ Where each part lives (one concept per module, combined here; docs/decisions/008
 - :mod:`~gpufleet.lifecycle.remediation_sync`: the NodeRemediation object;
 - :mod:`~gpufleet.lifecycle.ticks`: the periodic retry;
 - :mod:`~gpufleet.lifecycle.spare_pool`: hot spares promoted when a node leaves production;
+- :mod:`~gpufleet.lifecycle.tickets`: the RMA hand-off (evidence bundle, ticket webhook);
 - :mod:`~gpufleet.lifecycle.policy`: the FleetPolicy, its status, the breaker reset;
 - :mod:`~gpufleet.lifecycle.events`: the Events people read.
 """
@@ -44,6 +45,7 @@ from gpufleet.lifecycle.policy import PolicyKeeping
 from gpufleet.lifecycle.reconcile import NodePass
 from gpufleet.lifecycle.remediation_sync import RemediationSync
 from gpufleet.lifecycle.spare_pool import SparePool
+from gpufleet.lifecycle.tickets import Tickets
 from gpufleet.lifecycle.ticks import Ticks
 
 __all__ = ["Controller", "ControllerSettings"]
@@ -57,6 +59,7 @@ class Controller(
     RemediationSync,
     Ticks,
     SparePool,
+    Tickets,
     PolicyKeeping,
     Events,
     ControllerCore,

@@ -59,6 +59,19 @@ class ControllerSettings:
     """Pauses between attempts of one BMC request."""
     status_save_delay_s: float = 0.5
     """The FleetPolicy status (breaker, budget) is saved at most this often."""
+    ticket_webhook: str | None = None
+    """Where RMA tickets are opened and closed (POST, docs/schemas/rma-ticket.schema.json);
+    None: no tickets, no evidence bundles (docs/decisions/0108)."""
+    ticket_auth_file: str | None = None
+    """A file whose content is the webhook's ``Authorization`` header (a mounted Secret)."""
+    ticket_timeout_s: float = 10.0
+    """Longest wait for one webhook answer."""
+    ticket_retry_s: float = 5.0
+    """Pause after a ticket call's first failure; it doubles with each failure..."""
+    ticket_retry_max_s: float = 300.0
+    """...up to this (the call is retried until the receiver acknowledges it)."""
+    evidence_namespace: str | None = None
+    """Where evidence bundles (ConfigMaps) are stored; None: the event namespace."""
 
 
 def _paused_default() -> Policy:
@@ -98,6 +111,12 @@ class ControllerCore:
         self._held_said: dict[str, str] = {}
         """Per node, the last hold announced by an Event (a hold retried every tick is
         announced once, not 30 times a minute)."""
+        self._ticketing: set[str] = set()
+        """Nodes whose ticket task runs (tickets): one call at a time per node."""
+        self._ticket_said: dict[str, str] = {}
+        """Per node, the last dry-run ticket Event (said once, not every tick)."""
+        self._plans: dict[str, Json] = {}
+        """MaintenancePlans as the watch last delivered them (maintenance)."""
         self._promoting: set[str] = set()
         """Hot spares whose promotion is under way (spare_pool)."""
         self._slurm_heard: dict[str, tuple[str | None, float]] = {}
@@ -192,6 +211,10 @@ class ControllerCore:
 
     def _promote_spares(self, why: str) -> None:
         """Promote the hot spares the pools need now (spare_pool)."""
+        raise NotImplementedError
+
+    def _tickets_check(self, name: str) -> None:
+        """Start the node's RMA ticket work if its ticket needs any now (tickets)."""
         raise NotImplementedError
 
     def _run_bmc_step(self, body: Mapping[str, Any], step: Step) -> Coroutine[Any, Any, None]:

@@ -83,6 +83,12 @@ class Metrics:
             "Distinct nodes with an isolating fault in the breaker window.",
             registry=r,
         )
+        self.tickets = Counter(
+            "gpufleet_rma_ticket_calls_total",
+            "RMA ticket webhook calls, by event (opened, closed) and result (ok, failed).",
+            ["event", "result"],
+            registry=r,
+        )
         self.policy_valid = Gauge(
             "gpufleet_policy_valid", "1 if the FleetPolicy in use is valid.", registry=r
         )

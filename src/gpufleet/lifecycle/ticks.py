@@ -33,6 +33,7 @@ class Ticks(ControllerCore):
             self.fleet.breaker = refreshed
             self.fleet.dirty_breaker = True
         for name, record in list(self.fleet.records.items()):
+            self._tickets_check(name)  # a ticket call due again (backoff), or after a restart
             if record.state in IDLE and record.pending is None:
                 if record.state is S.PROVISIONING and record.name in self.bodies:
                     body = self.bodies[name]
