@@ -48,7 +48,13 @@ def cells(api: Api, path: str) -> dict[str, Any]:
 def test_every_kind_is_listed_by_kubectl_get_gpufleet(api: Api) -> None:
     resources = api.get(GV)["resources"]
     kinds = {r["kind"] for r in resources if "gpufleet" in (r.get("categories") or [])}
-    assert kinds == {"FleetPolicy", "NodeRemediation", "Machine", "SlurmCluster"}
+    assert kinds == {
+        "FleetPolicy",
+        "NodeRemediation",
+        "Machine",
+        "SlurmCluster",
+        "MaintenancePlan",
+    }
 
 
 def test_a_new_machine_shows_phase_and_armed(api: Api) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from gpufleet.api import fleetpolicy, machine, noderemediation, slurmcluster
+from gpufleet.api import fleetpolicy, machine, maintenanceplan, noderemediation, slurmcluster
 from gpufleet.api.schema import Json
 
 DIRS = ("deploy/crds", "deploy/helm/gpufleet/crds")
@@ -26,7 +26,7 @@ def manifests() -> dict[str, Json]:
     """File name -> CRD manifest, for every custom resource."""
     return {
         f"{module.NAMES.plural}.yaml": module.crd_manifest()
-        for module in (fleetpolicy, noderemediation, machine, slurmcluster)
+        for module in (fleetpolicy, noderemediation, machine, slurmcluster, maintenanceplan)
     }
 
 

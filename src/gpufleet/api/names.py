@@ -44,5 +44,8 @@ MACHINE = Names("Machine", well_known.MACHINE_PLURAL, ("gfm",), categories=("gpu
 SLURM_CLUSTER = Names(
     "SlurmCluster", "slurmclusters", ("slurm",), namespaced=True, categories=("gpufleet",)
 )
+MAINTENANCE_PLAN = Names(
+    "MaintenancePlan", "maintenanceplans", ("mplan",), categories=("gpufleet",)
+)
 
-ALL = (FLEET_POLICY, NODE_REMEDIATION, MACHINE, SLURM_CLUSTER)
+ALL = (FLEET_POLICY, NODE_REMEDIATION, MACHINE, SLURM_CLUSTER, MAINTENANCE_PLAN)

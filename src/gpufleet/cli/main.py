@@ -18,6 +18,7 @@ from gpufleet.cli import (
     health_cmd,
     image_cmd,
     local_cmd,
+    maintenance_cmd,
     nodes_cmd,
     policy_cmd,
     provision_cmd,
@@ -79,6 +80,7 @@ app.command("controller")(controller_cmd.controller)
 app.command("nodes")(nodes_cmd.nodes_table)
 app.add_typer(nodes_cmd.node_app, name="node")
 app.add_typer(breaker_cmd.app, name="breaker")
+app.add_typer(maintenance_cmd.app, name="maintenance")
 app.add_typer(provision_cmd.app, name="provision")
 app.add_typer(provision_cmd.machines_app, name="machines")
 app.command("version")(version_cmd.version)

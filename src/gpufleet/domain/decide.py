@@ -703,7 +703,15 @@ def _simple(
 def _on_maintenance(ctx: _Ctx, event: ev.MaintenanceRequested) -> _Plan:
     r = ctx.record
     if r.state is S.PRODUCTION:
-        inc = Incident(key="maintenance", description=event.reason, opened_at=ctx.now, plan=None)
+        inc = Incident(
+            key=event.key,
+            description=event.reason,
+            opened_at=ctx.now,
+            plan=event.step,  # a plan's reboot or reimage runs as the incident's one rung
+            drain_mode=event.drain_mode or ctx.policy.drain.mode,
+        )
+        if event.requeue is not None:
+            inc = replace(inc, requeue=event.requeue)
         rec, t = _move(
             ctx, replace(r, incident=inc), S.DRAINING, Trigger.MAINTENANCE_REQUESTED, event.reason
         )
@@ -712,7 +720,8 @@ def _on_maintenance(ctx: _Ctx, event: ev.MaintenanceRequested) -> _Plan:
             Action(
                 ActionKind.DRAIN,
                 detail=event.reason,
-                drain_mode=ctx.policy.drain.mode,
+                drain_mode=inc.drain_mode,
+                requeue=event.requeue,
                 timeout_seconds=ctx.policy.drain.timeout_seconds,
             ),
         )

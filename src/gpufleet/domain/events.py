@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from gpufleet.domain.faults import FaultEvent
 from gpufleet.domain.ladder import Step
+from gpufleet.domain.policy import DrainMode, RequeueMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +70,19 @@ class InventoryMismatch:
 
 @dataclass(frozen=True, slots=True)
 class MaintenanceRequested:
-    """An operator wants the node out (drained first)."""
+    """An operator, or a MaintenancePlan, wants the node out (drained first).
+
+    A plan's request (:mod:`gpufleet.domain.maintenance`) names its incident
+    (``key``), how jobs leave (``requeue``, ``drain_mode``) and the BMC ``step``
+    that carries the change out once the node is drained (``reboot``,
+    ``reimage``); without a step the node waits in ``maintenance``.
+    """
 
     reason: str
+    step: Step | None = None
+    key: str = "maintenance"
+    requeue: RequeueMode | None = None
+    drain_mode: DrainMode | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,3 +216,6 @@ LABEL_EVIDENCE = "gpufleet.io/evidence"
 """Label on the evidence ConfigMaps the lifecycle controller stores (value ``rma``)."""
 LABEL_EVIDENCE_NODE = "gpufleet.io/node"
 """Label on an evidence ConfigMap: the Node it is about."""
+ANNOTATION_IMAGE_VERSION = "gpufleet.io/image-version"
+"""Node annotation, set by the lifecycle controller when a MaintenancePlan's reimage of
+the node was verified: the image version the plan asked for (domain.maintenance)."""

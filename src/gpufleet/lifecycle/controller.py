@@ -29,6 +29,7 @@ Where each part lives (one concept per module, combined here; docs/decisions/008
 - :mod:`~gpufleet.lifecycle.remediation_sync`: the NodeRemediation object;
 - :mod:`~gpufleet.lifecycle.ticks`: the periodic retry;
 - :mod:`~gpufleet.lifecycle.spare_pool`: hot spares promoted when a node leaves production;
+- :mod:`~gpufleet.lifecycle.maintenance`: MaintenancePlans rolled out in batches (each tick);
 - :mod:`~gpufleet.lifecycle.tickets`: the RMA hand-off (evidence bundle, ticket webhook);
 - :mod:`~gpufleet.lifecycle.policy`: the FleetPolicy, its status, the breaker reset;
 - :mod:`~gpufleet.lifecycle.events`: the Events people read.
@@ -41,6 +42,7 @@ from gpufleet.lifecycle.bmc_tasks import BmcTasks
 from gpufleet.lifecycle.core import ControllerCore, ControllerSettings
 from gpufleet.lifecycle.drain_loop import Drains
 from gpufleet.lifecycle.events import Events
+from gpufleet.lifecycle.maintenance import MaintenancePlans
 from gpufleet.lifecycle.policy import PolicyKeeping
 from gpufleet.lifecycle.reconcile import NodePass
 from gpufleet.lifecycle.remediation_sync import RemediationSync
@@ -59,6 +61,7 @@ class Controller(
     RemediationSync,
     Ticks,
     SparePool,
+    MaintenancePlans,
     Tickets,
     PolicyKeeping,
     Events,

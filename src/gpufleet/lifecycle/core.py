@@ -213,6 +213,10 @@ class ControllerCore:
         """Promote the hot spares the pools need now (spare_pool)."""
         raise NotImplementedError
 
+    async def _run_plans(self) -> None:
+        """Move every MaintenancePlan on: batches, progress, status (maintenance)."""
+        raise NotImplementedError
+
     def _tickets_check(self, name: str) -> None:
         """Start the node's RMA ticket work if its ticket needs any now (tickets)."""
         raise NotImplementedError

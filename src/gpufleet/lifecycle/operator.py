@@ -24,6 +24,7 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
+from gpufleet.api import maintenanceplan
 from gpufleet.domain import well_known
 from gpufleet.kubeapi import KubeApi
 from gpufleet.lifecycle import crds
@@ -85,6 +86,13 @@ def build_registry(ctl: Controller, options: RunOptions) -> kopf.OperatorRegistr
             ctl.on_node_deleted(body["metadata"]["name"])
             return
         await ctl.on_node(dict(body))
+
+    @kopf.on.event(well_known.GROUP, well_known.VERSION, maintenanceplan.PLURAL, registry=registry)
+    async def plan_event(type: str, body: kopf.Body, **_: Any) -> None:
+        if type == "DELETED":
+            ctl.on_plan_deleted(body["metadata"]["name"])
+            return
+        ctl.on_plan(dict(body))
 
     def is_ours(name: str, **_: Any) -> bool:
         return name == policy_name

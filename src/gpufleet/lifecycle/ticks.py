@@ -44,6 +44,7 @@ class Ticks(ControllerCore):
             await self.feed(name, ev.Tick())
         self._resume_bmc_steps()  # after the Ticks: a step they timed out is not resumed
         self._promote_spares("the pool's training capacity is short")
+        await self._run_plans()
         if self.fleet.dirty_breaker:
             self._schedule_status_save()
         self._update_gauges()

@@ -26,7 +26,13 @@ def test_committed_crds_are_the_generated_ones(directory: str) -> None:
 
 def test_one_file_per_kind() -> None:
     kinds = {m["spec"]["names"]["kind"] for m in crds.manifests().values()}
-    assert kinds == {"FleetPolicy", "NodeRemediation", "Machine", "SlurmCluster"}
+    assert kinds == {
+        "FleetPolicy",
+        "NodeRemediation",
+        "Machine",
+        "SlurmCluster",
+        "MaintenancePlan",
+    }
 
 
 def _spec(manifest: dict[str, Any]) -> dict[str, Any]:

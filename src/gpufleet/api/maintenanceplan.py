@@ -1,0 +1,175 @@
+"""``MaintenancePlan``: roll a reimage, a reboot or a drain-verify-return across nodes.
+
+``spec`` says what, where and how fast (:class:`MaintenancePlanSpec`); the
+lifecycle controller (``gpufleet.lifecycle.maintenance``) picks the batches with
+:func:`gpufleet.domain.maintenance.next_batch`, asks for each node through the
+ordinary decision path, and writes ``status``: counts, one entry per node,
+the plan's phase and conditions (docs/operations.md, docs/decisions/0110).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpufleet.api.names import API_VERSION, MAINTENANCE_PLAN
+from gpufleet.api.schema import AGE, CONDITIONS, Json, column, crd, structural
+from gpufleet.domain import maintenance, well_known
+from gpufleet.domain.policy import DrainMode, RequeueMode
+
+NAMES = MAINTENANCE_PLAN
+KIND = NAMES.kind
+PLURAL = NAMES.plural
+
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+DEFAULT_DOMAIN_LABEL = well_known.LABEL_IB_LEAF
+
+
+class MaintenancePlanSpec(BaseModel):
+    """What to change, on which nodes, how many at once, and when to stop."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+    node_selector: dict[str, str] = Field(
+        alias="nodeSelector",
+        description="Node labels that must all match (as a Pod's nodeSelector); "
+        "{} selects every node",
+    )
+    action: maintenance.Action = Field(
+        description="reimage (to spec.image, through the BMC), reboot (through the BMC), or "
+        "noop (drain, hold in maintenance, verify, return)"
+    )
+    image: str | None = Field(
+        default=None,
+        description="The image version a reimage installs (recorded on each verified node)",
+        json_schema_extra={"maxLength": 253},
+    )
+    max_unavailable: int = Field(
+        default=1,
+        ge=1,
+        alias="maxUnavailable",
+        description="Nodes of the plan out at once (one batch); the pool's disruption budget "
+        "bounds it too",
+    )
+    failure_domain_label: str = Field(
+        default=DEFAULT_DOMAIN_LABEL,
+        alias="failureDomainLabel",
+        description="Node label naming the failure domain (rack, leaf); nodes without it share one",
+    )
+    max_per_domain: int = Field(
+        default=1, ge=1, alias="maxPerDomain", description="Nodes of one failure domain per batch"
+    )
+    max_failures: int = Field(
+        default=1,
+        ge=1,
+        alias="maxFailures",
+        description="The plan stops once this many nodes failed (verification or triage)",
+    )
+    requeue: RequeueMode = Field(
+        default=RequeueMode.LET_FINISH,
+        description="Slurm jobs on a node: let-finish (the node waits for them) or now (requeue)",
+    )
+    drain_mode: DrainMode = Field(
+        default=DrainMode.EVICT,
+        alias="drainMode",
+        description="How pods leave (evict respects PodDisruptionBudgets)",
+    )
+    paused: bool = Field(default=False, description="Start no new node (nodes out finish)")
+    abort: bool = Field(
+        default=False, description="Stop for good: no new node starts, nodes out finish"
+    )
+
+    @field_validator("node_selector")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+                raise ValueError(f"not a label: {key}={value}")
+        return v
+
+    @field_validator("failure_domain_label")
+    @classmethod
+    def _label_key(cls, v: str) -> str:
+        if not _LABEL_KEY.match(v):
+            raise ValueError(f"not a label key: {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _image_for_reimage(self) -> MaintenancePlanSpec:
+        if self.action is maintenance.Action.REIMAGE and not self.image:
+            raise ValueError("a reimage needs spec.image (the image version to install)")
+        return self
+
+    def rollout(self) -> maintenance.Rollout:
+        return maintenance.Rollout(
+            max_unavailable=self.max_unavailable,
+            max_per_domain=self.max_per_domain,
+            max_failures=self.max_failures,
+            paused=self.paused,
+            aborted=self.abort,
+        )
+
+
+def manifest(name: str, spec: MaintenancePlanSpec) -> Json:
+    """A MaintenancePlan object to create."""
+    body: dict[str, Any] = spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": body}
+
+
+_NODE_STATUS: Json = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "phase": {"type": "string", "enum": [p.value for p in maintenance.NodePhase]},
+        "domain": {"type": "string"},
+        "startedAt": {"type": "number", "nullable": True},
+        "message": {"type": "string"},
+        "imageVersion": {"type": "string"},
+    },
+}
+
+STATUS_SCHEMA: Json = {
+    "type": "object",
+    "properties": {
+        "phase": {"type": "string", "enum": [p.value for p in maintenance.PlanPhase]},
+        "message": {"type": "string"},
+        "total": {"type": "integer"},
+        "succeeded": {"type": "integer"},
+        "failed": {"type": "integer"},
+        "inProgress": {"type": "integer"},
+        "pending": {"type": "integer"},
+        "progress": {"type": "string", "description": "finished/total, e.g. 3/8"},
+        "nodes": {"type": "array", "items": _NODE_STATUS},
+        "observedGeneration": {"type": "integer"},
+        "conditions": CONDITIONS,
+    },
+}
+"""Written by the controller (``gpufleet.lifecycle.maintenance``), only when it changes."""
+
+
+def spec_schema() -> Json:
+    return structural(MaintenancePlanSpec.model_json_schema(by_alias=True))
+
+
+def crd_manifest() -> Json:
+    return crd(
+        NAMES,
+        spec=spec_schema(),
+        status=STATUS_SCHEMA,
+        description="A rollout of a reimage, reboot or drain-verify-return across nodes, "
+        "in batches bounded by the disruption budget and failure domains.",
+        columns=[
+            column("Action", "string", ".spec.action"),
+            column("Image", "string", ".spec.image"),
+            column("Phase", "string", ".status.phase"),
+            column("Progress", "string", ".status.progress"),
+            column("Failed", "integer", ".status.failed"),
+            AGE,
+        ],
+        spec_required=True,
+    )

@@ -1,0 +1,307 @@
+"""Rolling maintenance: which nodes of a MaintenancePlan start next, and how far each got.
+
+A MaintenancePlan rolls a change (reimage to an image version, a reboot, or
+only drain-verify-return) across the nodes its selector picks. The controller
+asks two things of this module, and the answers are the same whoever asks:
+
+* :func:`node_phase`: where one node of the plan is, read from its record
+  (the ``maintenance-requested`` transition that names the plan, then the way
+  back to production, or a failed verification, triage or rma). Nothing about
+  progress is kept in the controller, so a restarted one carries on.
+* :func:`next_batch`: which nodes start now. Strict batches: nothing starts
+  while a node of the plan is still in progress, so every node of a batch is
+  verified before the next batch; a batch never exceeds ``max_unavailable``,
+  the budget room of a node's pool, nor ``max_per_domain`` nodes of one
+  failure domain (rack or leaf label). A paused, aborted or stopped plan
+  (failed nodes reached ``max_failures``) starts nothing.
+
+Each started node is then asked for through ``decide`` (:func:`request`), so
+the rails (pause, dry-run, breaker, budget, rate limit) gate it as they gate
+every change (docs/decisions/0110).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpufleet.domain import events as ev
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.policy import Budget, DrainMode, RequeueMode
+from gpufleet.domain.records import NodeRecord
+from gpufleet.domain.states import NodeState, Trigger
+
+S = NodeState
+
+KEY_PREFIX = "maintenance:"
+"""Incident key of a plan's node: ``maintenance:<plan>``."""
+REASON_PREFIX = "maintenance plan "
+"""Every request of a plan says ``maintenance plan <plan>: ...``: the transition that
+starts a node names its plan."""
+START_SLACK_S = 1.0
+"""A node's start transition is looked for from this long before the time the plan
+recorded for it (the decision's clock reads after the plan's)."""
+
+
+class Action(StrEnum):
+    """What a plan does to each node once it is drained."""
+
+    REIMAGE = "reimage"
+    """One-time network boot through the BMC to the plan's image version."""
+    REBOOT = "reboot"
+    """Restart through the BMC (a stateless node boots its image again)."""
+    NOOP = "noop"
+    """Drain, hold in ``maintenance``, verify, return: for work done by hand or by
+    tools outside gpufleet while the node is out."""
+
+
+STEP_OF: Mapping[Action, Step | None] = {
+    Action.REIMAGE: Step.REIMAGE,
+    Action.REBOOT: Step.REBOOT,
+    Action.NOOP: None,
+}
+
+
+class NodePhase(StrEnum):
+    """One node's place in a plan (``status.nodes[].phase``)."""
+
+    PENDING = "Pending"
+    """Not started."""
+    REQUESTED = "Requested"
+    """Asked for; the controller has not taken it out yet (a rail may hold it)."""
+    DRAINING = "Draining"
+    UPDATING = "Updating"
+    """The change is being made (BMC step, or the node waits in maintenance)."""
+    VERIFYING = "Verifying"
+    SUCCEEDED = "Succeeded"
+    """Verified and back in production."""
+    FAILED = "Failed"
+    """Verification failed, or the node went to triage or rma: the ladder has it."""
+
+
+IN_PROGRESS = frozenset(
+    {NodePhase.REQUESTED, NodePhase.DRAINING, NodePhase.UPDATING, NodePhase.VERIFYING}
+)
+FINISHED = frozenset({NodePhase.SUCCEEDED, NodePhase.FAILED})
+
+
+class PlanPhase(StrEnum):
+    """The plan as a whole (``status.phase``)."""
+
+    PROGRESSING = "Progressing"
+    PAUSED = "Paused"
+    STOPPED = "Stopped"
+    """``max_failures`` nodes failed: nothing more starts."""
+    ABORTED = "Aborted"
+    COMPLETED = "Completed"
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """How fast a plan goes and when it stops (the plan's spec, as the domain needs it)."""
+
+    max_unavailable: int = 1
+    """Nodes of the plan in progress at once (a batch)."""
+    max_per_domain: int = 1
+    """Nodes of one failure domain in one batch."""
+    max_failures: int = 1
+    """The plan stops once this many nodes failed."""
+    paused: bool = False
+    aborted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A node the selector picked, as the batch choice sees it."""
+
+    name: str
+    pool: str
+    domain: str
+    """Value of the failure-domain label ("" without one: all such nodes share a domain)."""
+    state: NodeState
+    phase: NodePhase
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The nodes to start now, and a sentence saying why not more."""
+
+    start: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where one node is: its phase and a sentence (the record's reason)."""
+
+    phase: NodePhase
+    message: str = ""
+
+
+def incident_key(plan: str) -> str:
+    return KEY_PREFIX + plan
+
+
+def reason(plan: str, action: Action, image: str | None) -> str:
+    """The text of the plan's request (and of the node's transition to draining)."""
+    what = f"reimage to {image}" if action is Action.REIMAGE and image else str(action)
+    return f"{REASON_PREFIX}{plan}: {what}"
+
+
+def request(
+    plan: str,
+    action: Action,
+    *,
+    image: str | None = None,
+    requeue: RequeueMode = RequeueMode.LET_FINISH,
+    drain_mode: DrainMode = DrainMode.EVICT,
+) -> ev.MaintenanceRequested:
+    """The event that takes one node of the plan out (decided like any other)."""
+    return ev.MaintenanceRequested(
+        reason(plan, action, image),
+        step=STEP_OF[action],
+        key=incident_key(plan),
+        requeue=requeue,
+        drain_mode=drain_mode,
+    )
+
+
+def completion(plan: str) -> ev.MaintenanceCompleted:
+    """The event that ends a ``noop`` node's stay in maintenance (verification next)."""
+    return ev.MaintenanceCompleted(f"{REASON_PREFIX}{plan}: done")
+
+
+def awaits_completion(record: NodeRecord, plan: str) -> bool:
+    """Whether the node waits in ``maintenance`` for this plan's completion."""
+    inc = record.incident
+    return record.state is S.MAINTENANCE and inc is not None and inc.key == incident_key(plan)
+
+
+def node_phase(
+    record: NodeRecord | None, plan: str, stored: NodePhase, started_at: float | None
+) -> Progress:
+    """Where a node of ``plan`` is now.
+
+    ``stored`` and ``started_at`` are what the plan's status says (a finished
+    phase never changes again). ``record`` is the node's record (None: the Node
+    is gone or has no record: it cannot be maintained, which fails it if it was
+    started and leaves it pending otherwise).
+    """
+    if stored in FINISHED:
+        return Progress(stored)
+    if record is None:
+        if started_at is None:
+            return Progress(NodePhase.PENDING, "the Node has no gpufleet record")
+        return Progress(NodePhase.FAILED, "the Node is gone")
+    ours = record.incident is not None and record.incident.key == incident_key(plan)
+    start = _start_index(record, plan, started_at, ours=ours)
+    if start is None:
+        if started_at is None:
+            return Progress(NodePhase.PENDING)
+        return Progress(NodePhase.REQUESTED, "asked for; not taken out yet")
+    after = record.history[start + 1 :]
+    for t in after:
+        if t.trigger is Trigger.VERIFICATION_FAILED:
+            return Progress(
+                NodePhase.FAILED, f"verification failed; the ladder goes on: {t.reason}"
+            )
+        if t.target in (S.TRIAGE, S.RMA):
+            return Progress(NodePhase.FAILED, f"{t.target}: {t.reason}")
+    if record.state in (S.TRIAGE, S.RMA):
+        return Progress(NodePhase.FAILED, record.reason)
+    if record.state is S.PRODUCTION and after:
+        return Progress(NodePhase.SUCCEEDED, record.reason)
+    return Progress(_PHASE_OF.get(record.state, NodePhase.UPDATING), record.reason)
+
+
+_PHASE_OF: Mapping[NodeState, NodePhase] = {
+    S.DRAINING: NodePhase.DRAINING,
+    S.REMEDIATING: NodePhase.UPDATING,
+    S.MAINTENANCE: NodePhase.UPDATING,
+    S.VERIFYING: NodePhase.VERIFYING,
+}
+
+
+def _start_index(
+    record: NodeRecord, plan: str, started_at: float | None, *, ours: bool
+) -> int | None:
+    """Index in the history of the transition that took the node out for this plan.
+
+    The latest such transition counts; one before ``started_at`` is another run of
+    a plan of the same name, unless the node is still in our incident (a start
+    made before the plan's status recorded it: a crash between the two).
+    """
+    prefix = f"{REASON_PREFIX}{plan}:"
+    for i in range(len(record.history) - 1, -1, -1):
+        t = record.history[i]
+        if t.trigger is Trigger.MAINTENANCE_REQUESTED and t.reason.startswith(prefix):
+            if ours or (started_at is not None and t.at >= started_at - START_SLACK_S):
+                return i
+            return None
+    return None
+
+
+def plan_phase(rollout: Rollout, phases: Iterable[NodePhase]) -> PlanPhase:
+    """The plan's phase from its nodes' phases."""
+    counts = Counter(phases)
+    if counts[NodePhase.FAILED] >= rollout.max_failures:
+        return PlanPhase.STOPPED
+    if rollout.aborted:
+        return PlanPhase.ABORTED
+    if all(p in FINISHED for p in counts.elements()):
+        return PlanPhase.COMPLETED
+    if rollout.paused:
+        return PlanPhase.PAUSED
+    return PlanPhase.PROGRESSING
+
+
+def budget_room(
+    budget: Budget, pool_size: int, out_of_service: int, in_maintenance: int = 0
+) -> int:
+    """How many more nodes of a pool may go out: the budget's allowance less the nodes
+    out of service and those held in ``maintenance`` (not counted by the budget, but
+    out all the same)."""
+    return max(0, budget.allowed(pool_size) - out_of_service - in_maintenance)
+
+
+def next_batch(rollout: Rollout, candidates: Sequence[Candidate], room: Mapping[str, int]) -> Batch:
+    """The nodes to start now (none while a batch is in progress).
+
+    ``room`` is each pool's :func:`budget_room`; a pool it does not name has none.
+    Nodes are taken by name; a node not in production waits (automation or a person
+    has it) and is taken once it is back.
+    """
+    phases = [c.phase for c in candidates]
+    stage = plan_phase(rollout, phases)
+    if stage is PlanPhase.STOPPED:
+        failed = sum(1 for p in phases if p is NodePhase.FAILED)
+        return Batch((), f"stopped: {failed} node(s) failed (maxFailures {rollout.max_failures})")
+    if stage is PlanPhase.ABORTED:
+        return Batch((), "aborted: nothing more starts")
+    if stage is PlanPhase.COMPLETED:
+        return Batch((), "completed")
+    if stage is PlanPhase.PAUSED:
+        return Batch((), "paused: nothing more starts")
+    busy = [c for c in candidates if c.phase in IN_PROGRESS]
+    if busy:
+        return Batch((), f"batch in progress: {len(busy)} node(s) not verified yet")
+    pending = sorted((c for c in candidates if c.phase is NodePhase.PENDING), key=lambda c: c.name)
+    ready = [c for c in pending if c.state is S.PRODUCTION]
+    if not ready:
+        return Batch((), f"waiting: {len(pending)} node(s) not in production")
+    left = dict(room)
+    per_domain: Counter[str] = Counter()
+    chosen: list[str] = []
+    for c in ready:
+        if len(chosen) >= rollout.max_unavailable:
+            break
+        if left.get(c.pool, 0) <= 0 or per_domain[c.domain] >= rollout.max_per_domain:
+            continue
+        chosen.append(c.name)
+        left[c.pool] = left.get(c.pool, 0) - 1
+        per_domain[c.domain] += 1
+    if not chosen:
+        return Batch((), "waiting: no budget room in the nodes' pools")
+    return Batch(tuple(chosen), f"starting {len(chosen)} node(s)")

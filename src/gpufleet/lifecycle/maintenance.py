@@ -1,0 +1,283 @@
+"""MaintenancePlans: roll a reimage, a reboot or a drain-verify-return across nodes, in batches.
+
+On every tick, for each MaintenancePlan the watch delivered (``on_plan``):
+
+1. the selected nodes and where each is (:func:`gpufleet.domain.maintenance.node_phase`,
+   read from the node's record: a restarted controller carries on);
+2. a node of a ``noop`` plan waiting in ``maintenance`` gets ``MaintenanceCompleted``
+   (verification next); a node asked for but not taken out yet (a rail held it) is
+   asked again;
+3. the next batch (:func:`gpufleet.domain.maintenance.next_batch`): recorded in the
+   plan's status *first*, then asked for with ``MaintenanceRequested`` through the
+   ordinary node pass, so pause, dry-run, the breaker and the budget gate it;
+4. a verified reimage records the image version on the Node;
+5. the status, written only when it changed (docs/decisions/0110).
+
+Pause and abort start nothing new; nodes already out finish their cycle (they
+are never left cordoned without their record's reason). A plan stops by itself
+once ``maxFailures`` nodes failed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpufleet.api import conditions as cr_conditions
+from gpufleet.api import maintenanceplan as api
+from gpufleet.domain import maintenance as mt
+from gpufleet.domain import well_known
+from gpufleet.domain.states import NodeState
+from gpufleet.kubeapi import NODES, ApiError, NotFound, custom
+from gpufleet.lifecycle.core import ControllerCore, Json, log
+
+PLANS = custom(api.PLURAL)
+P = mt.NodePhase
+
+
+class MaintenancePlans(ControllerCore):
+    """``on_plan`` keeps the watched plans; ``_run_plans`` moves each one on (every tick)."""
+
+    def on_plan(self, body: Mapping[str, Any]) -> None:
+        """A MaintenancePlan changed (watch event): kept for the next tick."""
+        self._plans[str(body["metadata"]["name"])] = dict(body)
+
+    def on_plan_deleted(self, name: str) -> None:
+        """A deleted plan starts nothing more; nodes it took out finish their cycle."""
+        self._plans.pop(name, None)
+
+    async def _run_plans(self) -> None:
+        for name in sorted(self._plans):
+            body = self._plans.get(name)
+            if body is None:
+                continue
+            try:
+                await self._run_plan(name, body)
+            except ApiError as exc:
+                log.warning("maintenanceplan=%s not moved on: %s", name, exc)
+
+    async def _run_plan(self, name: str, body: Json) -> None:
+        now = self.clock.now()
+        try:
+            spec = api.MaintenancePlanSpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            problem = "; ".join(e["msg"] for e in exc.errors()[:3])
+            await self._save_plan_status(name, body, _invalid(body, problem, now))
+            return
+        rollout = spec.rollout()
+        old = (body.get("status") or {}).get("nodes") or []
+        stored = {str(n.get("name")): n for n in old if n.get("name")}
+        entries: dict[str, dict[str, Any]] = {}
+        selected = set(self._selected(spec))
+        for node in sorted(selected | set(stored)):
+            prev = stored.get(node, {})
+            started = prev.get("startedAt")
+            started = float(started) if isinstance(started, int | float) else None
+            phase = P(prev.get("phase", P.PENDING))
+            if phase is P.PENDING and started is None and node not in selected:
+                continue  # never started and no longer selected: not the plan's
+            progress = mt.node_phase(self.fleet.records.get(node), name, phase, started)
+            said = progress.message if phase not in mt.FINISHED else prev.get("message", "")
+            entries[node] = {
+                "name": node,
+                "phase": progress.phase.value,
+                "domain": self._domain(node, spec.failure_domain_label),
+                "startedAt": started,
+                "message": said[:300],
+            }
+            if prev.get("imageVersion"):
+                entries[node]["imageVersion"] = prev["imageVersion"]
+        stage = mt.plan_phase(rollout, (P(e["phase"]) for e in entries.values()))
+        holding = stage in (mt.PlanPhase.PAUSED, mt.PlanPhase.ABORTED, mt.PlanPhase.STOPPED)
+        for e in entries.values():
+            if holding and e["phase"] == P.REQUESTED:  # asked, never taken out: not started
+                e.update(phase=P.PENDING.value, startedAt=None, message=f"not started ({stage})")
+        await self._finish_noop_nodes(name, entries)
+        await self._record_versions(spec, entries)
+        why = await self._start_batch(name, body, spec, rollout, entries, now)
+        await self._save_plan_status(name, body, _status(body, rollout, entries, why, now))
+
+    # ----------------------------------------------------------------- steps
+
+    def _selected(self, spec: api.MaintenancePlanSpec) -> list[str]:
+        wanted = spec.node_selector.items()
+        found = []
+        for node, nbody in self.bodies.items():
+            labels = (nbody.get("metadata") or {}).get("labels") or {}
+            if all(labels.get(k) == v for k, v in wanted):
+                found.append(node)
+        return found
+
+    def _domain(self, node: str, label: str) -> str:
+        labels = ((self.bodies.get(node) or {}).get("metadata") or {}).get("labels") or {}
+        return str(labels.get(label, ""))
+
+    async def _finish_noop_nodes(self, name: str, entries: Mapping[str, Json]) -> None:
+        for node in entries:
+            record = self.fleet.records.get(node)
+            if record is not None and mt.awaits_completion(record, name):
+                log.info("node=%s maintenance plan %s: done, verifying", node, name)
+                await self.feed(node, mt.completion(name))
+
+    async def _record_versions(
+        self, spec: api.MaintenancePlanSpec, entries: Mapping[str, dict[str, Any]]
+    ) -> None:
+        """A verified reimage: the image version asked goes on the Node (once)."""
+        if spec.action is not mt.Action.REIMAGE or not spec.image:
+            return
+        for node, e in entries.items():
+            if e["phase"] != P.SUCCEEDED or e.get("imageVersion") == spec.image:
+                continue
+            annotations = ((self.bodies.get(node) or {}).get("metadata") or {}).get(
+                "annotations"
+            ) or {}
+            if annotations.get(well_known.ANNOTATION_IMAGE_VERSION) != spec.image:
+                patch = {
+                    "metadata": {"annotations": {well_known.ANNOTATION_IMAGE_VERSION: spec.image}}
+                }
+                try:
+                    await self.client.patch(NODES, node, patch)
+                except NotFound:
+                    continue
+                except ApiError as exc:
+                    log.warning("node=%s image version not recorded yet: %s", node, exc)
+                    e["phase"] = P.VERIFYING.value  # not finished until it is recorded
+                    continue
+            e["imageVersion"] = spec.image
+
+    async def _start_batch(
+        self,
+        name: str,
+        body: Json,
+        spec: api.MaintenancePlanSpec,
+        rollout: mt.Rollout,
+        entries: dict[str, dict[str, Any]],
+        now: float,
+    ) -> str:
+        """Ask again for held nodes; start the next batch. Returns why not more."""
+        request = mt.request(
+            name, spec.action, image=spec.image, requeue=spec.requeue, drain_mode=spec.drain_mode
+        )
+        for node, e in entries.items():
+            if e["phase"] == P.REQUESTED:
+                await self.feed(node, request)
+        policy = self.effective_policy()
+        if policy.paused or policy.dry_run:
+            return "the FleetPolicy is " + ("paused" if policy.paused else "in dry-run")
+        candidates = []
+        for node, e in entries.items():
+            record = self.fleet.records.get(node)
+            if record is None:
+                continue
+            candidates.append(
+                mt.Candidate(node, record.pool, e["domain"], record.state, P(e["phase"]))
+            )
+        batch = mt.next_batch(rollout, candidates, self._budget_room())
+        if not batch.start:
+            return batch.why
+        for node in batch.start:
+            entries[node].update(phase=P.REQUESTED.value, startedAt=now, message="asked for")
+        # Write-ahead: the plan says it started them before they are asked for.
+        await self._save_plan_status(name, body, _status(body, rollout, entries, batch.why, now))
+        for node in batch.start:
+            log.info("node=%s maintenance plan %s: %s", node, name, request.reason)
+            await self.feed(node, request)
+            record = self.fleet.records.get(node)
+            progress = mt.node_phase(record, name, P.REQUESTED, now)
+            entries[node].update(phase=progress.phase.value, message=progress.message[:300])
+        return batch.why
+
+    def _budget_room(self) -> dict[str, int]:
+        budget = self.effective_policy().safety.budget
+        held = Counter(
+            r.pool for r in self.fleet.records.values() if r.state is NodeState.MAINTENANCE
+        )
+        return {
+            pool: mt.budget_room(budget, view.size, view.out_of_service, held[pool])
+            for pool, view in self.fleet.view().pools.items()
+        }
+
+    async def _save_plan_status(self, name: str, body: Json, status: Json) -> None:
+        """One merge patch of the status, only when it differs from what is stored."""
+        if body.get("status") == status:
+            return
+        try:
+            written = await self.client.patch(PLANS, name, {"status": status}, status=True)
+        except NotFound:
+            self._plans.pop(name, None)
+            return
+        if name in self._plans:
+            self._plans[name] = written
+        body["status"] = written.get("status")
+
+
+# ------------------------------------------------------------------- status
+
+
+def _conditions(body: Json, now: float, *items: tuple[str, bool, str, str]) -> list[Json]:
+    """The plan's conditions with each (type, true?, reason, message) set (api.conditions:
+    merged by type, lastTransitionTime kept while the status holds)."""
+    out: list[Json] = list((body.get("status") or {}).get("conditions") or [])
+    generation = (body.get("metadata") or {}).get("generation")
+    for type_, value, reason, message in items:
+        out = cr_conditions.set_condition(
+            out,
+            type_,
+            "True" if value else "False",
+            reason,
+            message,
+            now=now,
+            observed_generation=generation,
+        )
+    return out
+
+
+def _status(
+    body: Json, rollout: mt.Rollout, entries: Mapping[str, Json], why: str, now: float
+) -> Json:
+    phases = Counter(P(e["phase"]) for e in entries.values())
+    stage = mt.plan_phase(rollout, phases.elements())
+    total = sum(phases.values())
+    finished = sum(phases[p] for p in mt.FINISHED)
+    busy = sum(phases[p] for p in mt.IN_PROGRESS)
+    conditions = _conditions(
+        body,
+        now,
+        ("Valid", True, "Valid", "the spec is valid"),
+        ("Progressing", stage is mt.PlanPhase.PROGRESSING or busy > 0, stage.value, why),
+        (
+            "Complete",
+            stage is mt.PlanPhase.COMPLETED,
+            stage.value,
+            f"{phases[P.SUCCEEDED]} succeeded, {phases[P.FAILED]} failed of {total}",
+        ),
+        (
+            "Stopped",
+            stage is mt.PlanPhase.STOPPED,
+            stage.value,
+            f"{phases[P.FAILED]} failed (maxFailures {rollout.max_failures})",
+        ),
+    )
+    return {
+        "phase": stage.value,
+        "message": why,
+        "total": total,
+        "succeeded": phases[P.SUCCEEDED],
+        "failed": phases[P.FAILED],
+        "inProgress": busy,
+        "pending": phases[P.PENDING],
+        "progress": f"{finished}/{total}",
+        "nodes": [{k: v for k, v in entries[n].items() if v is not None} for n in sorted(entries)],
+        "observedGeneration": (body.get("metadata") or {}).get("generation", 0),
+        "conditions": conditions,
+    }
+
+
+def _invalid(body: Json, problem: str, now: float) -> Json:
+    status = dict(body.get("status") or {})
+    status["message"] = f"invalid spec: {problem}"
+    status["conditions"] = _conditions(body, now, ("Valid", False, "Invalid", problem))
+    return status

@@ -1,0 +1,239 @@
+"""Rolling maintenance (domain.maintenance): batch choice and node progress, through decide()."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufleet.domain import events as ev
+from gpufleet.domain import maintenance as mt
+from gpufleet.domain.actions import ActionKind
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.policy import Policy, RequeueMode, default_policy
+from gpufleet.domain.records import NodeRecord
+from gpufleet.domain.states import OUT_OF_SERVICE, NodeState
+
+from .conftest import Fleet, make_fleet
+
+S = NodeState
+P = mt.NodePhase
+
+
+def cand(
+    name: str, domain: str = "", phase: P = P.PENDING, state: S = S.PRODUCTION
+) -> mt.Candidate:
+    return mt.Candidate(name=name, pool="default", domain=domain, state=state, phase=phase)
+
+
+def test_a_batch_takes_one_node_per_domain_within_max_unavailable_and_the_budget() -> None:
+    nodes = [cand("a1", "r1"), cand("a2", "r1"), cand("b1", "r2"), cand("c1", "r3")]
+    batch = mt.next_batch(mt.Rollout(max_unavailable=2), nodes, {"default": 5})
+    assert batch.start == ("a1", "b1")
+    batch = mt.next_batch(mt.Rollout(max_unavailable=5), nodes, {"default": 2})
+    assert batch.start == ("a1", "b1")
+    batch = mt.next_batch(mt.Rollout(max_unavailable=5, max_per_domain=2), nodes, {"default": 9})
+    assert batch.start == ("a1", "a2", "b1", "c1")
+    assert mt.next_batch(mt.Rollout(), nodes, {}).start == ()
+
+
+def test_nothing_starts_while_a_node_of_the_batch_is_not_verified() -> None:
+    nodes = [cand("a", "r1", P.VERIFYING), cand("b", "r2")]
+    batch = mt.next_batch(mt.Rollout(max_unavailable=4), nodes, {"default": 4})
+    assert batch.start == () and "in progress" in batch.why
+
+
+def test_paused_aborted_and_stopped_plans_start_nothing() -> None:
+    nodes = [cand("a"), cand("b", phase=P.FAILED), cand("c")]
+    assert mt.next_batch(mt.Rollout(paused=True, max_failures=2), nodes, {"default": 9}).start == ()
+    assert (
+        mt.next_batch(mt.Rollout(aborted=True, max_failures=2), nodes, {"default": 9}).start == ()
+    )
+    stopped = mt.next_batch(mt.Rollout(max_failures=1), nodes, {"default": 9})
+    assert stopped.start == () and stopped.why.startswith("stopped")
+    assert mt.plan_phase(mt.Rollout(max_failures=1), [P.PENDING, P.FAILED]) is mt.PlanPhase.STOPPED
+    assert mt.plan_phase(mt.Rollout(max_failures=2), [P.SUCCEEDED, P.FAILED]) is (
+        mt.PlanPhase.COMPLETED
+    )
+
+
+def test_nodes_not_in_production_wait() -> None:
+    nodes = [cand("a", state=S.REMEDIATING), cand("b", state=S.TRIAGE)]
+    batch = mt.next_batch(mt.Rollout(), nodes, {"default": 9})
+    assert batch.start == () and "not in production" in batch.why
+
+
+def test_the_room_counts_nodes_held_in_maintenance() -> None:
+    budget = default_policy().safety.budget
+    allowed = budget.allowed(20)
+    assert mt.budget_room(budget, 20, 0) == allowed
+    assert mt.budget_room(budget, 20, allowed - 1, in_maintenance=1) == 0
+
+
+def test_a_reimage_node_goes_out_reimages_verifies_and_returns() -> None:
+    f = make_fleet(4)
+    req = mt.request("fw", mt.Action.REIMAGE, image="v2")
+    d = f.send("n1", req, now=10)
+    assert f.state("n1") is S.DRAINING
+    assert d.actions[1].kind is ActionKind.DRAIN and d.actions[1].requeue is RequeueMode.LET_FINISH
+    rec = f.records["n1"]
+    assert rec.incident is not None and rec.incident.key == "maintenance:fw"
+    assert rec.incident.requeue is RequeueMode.LET_FINISH
+    assert mt.node_phase(rec, "fw", P.REQUESTED, 10).phase is P.DRAINING
+    d = f.send("n1", ev.DrainCompleted(), now=20)
+    assert [(a.kind, a.step) for a in d.actions] == [(ActionKind.RUN_STEP, Step.REIMAGE)]
+    assert mt.node_phase(f.records["n1"], "fw", P.DRAINING, 10).phase is P.UPDATING
+    f.send("n1", ev.StepCompleted(Step.REIMAGE, succeeded=True), now=30)
+    assert mt.node_phase(f.records["n1"], "fw", P.UPDATING, 10).phase is P.VERIFYING
+    f.send("n1", ev.ChecksCompleted(passed=True), now=40)
+    assert f.state("n1") is S.PRODUCTION
+    assert mt.node_phase(f.records["n1"], "fw", P.VERIFYING, 10).phase is P.SUCCEEDED
+
+
+def test_a_failed_verification_fails_the_node_and_the_ladder_keeps_it() -> None:
+    f = make_fleet(4)
+    f.send("n1", mt.request("fw", mt.Action.REBOOT), now=10)
+    f.send("n1", ev.DrainCompleted(), now=20)
+    f.send("n1", ev.StepCompleted(Step.REBOOT, succeeded=True), now=30)
+    f.send("n1", ev.ChecksCompleted(passed=False, detail="gemm low"), now=40)
+    progress = mt.node_phase(f.records["n1"], "fw", P.VERIFYING, 10)
+    assert progress.phase is P.FAILED and "verification failed" in progress.message
+    assert f.state("n1") is S.REMEDIATING  # the ladder's next rung, not left cordoned
+
+
+def test_a_noop_node_waits_in_maintenance_until_the_plan_completes_it() -> None:
+    f = make_fleet(4)
+    f.send("n1", mt.request("fw", mt.Action.NOOP), now=10)
+    f.send("n1", ev.DrainCompleted(), now=20)
+    assert f.state("n1") is S.MAINTENANCE
+    assert mt.awaits_completion(f.records["n1"], "fw")
+    assert not mt.awaits_completion(f.records["n1"], "other")
+    f.send("n1", mt.completion("fw"), now=30)
+    assert f.state("n1") is S.VERIFYING
+
+
+def test_phase_before_and_after_a_start() -> None:
+    f = make_fleet(2)
+    assert mt.node_phase(f.records["n0"], "fw", P.PENDING, None).phase is P.PENDING
+    assert mt.node_phase(f.records["n0"], "fw", P.REQUESTED, 5).phase is P.REQUESTED
+    assert mt.node_phase(None, "fw", P.REQUESTED, 5).phase is P.FAILED
+    assert mt.node_phase(None, "fw", P.SUCCEEDED, 5).phase is P.SUCCEEDED
+    # An earlier run of a plan of the same name does not count for a later start.
+    for e, t in ((mt.request("fw", mt.Action.NOOP), 1), (ev.DrainCompleted(), 2)):
+        f.send("n0", e, now=t)
+    f.send("n0", mt.completion("fw"), now=3)
+    f.send("n0", ev.ChecksCompleted(passed=True), now=4)
+    assert mt.node_phase(f.records["n0"], "fw", P.REQUESTED, 100).phase is P.REQUESTED
+    assert mt.node_phase(f.records["n0"], "fw", P.REQUESTED, 1).phase is P.SUCCEEDED
+
+
+# ----------------------------------------------------------- a whole rollout
+
+
+def _room(f: Fleet, policy: Policy) -> dict[str, int]:
+    view = f.view
+    maint = Counter(r.pool for r in f.records.values() if r.state is S.MAINTENANCE)
+    return {
+        name: mt.budget_room(policy.safety.budget, p.size, p.out_of_service, maint[name])
+        for name, p in view.pools.items()
+    }
+
+
+def _advance(f: Fleet, plan: str, node: str, now: float, passes: bool) -> None:
+    r = f.records[node]
+    if r.state is S.DRAINING:
+        f.send(node, ev.DrainCompleted(), now)
+    elif r.state is S.REMEDIATING and r.incident is not None and r.incident.current:
+        f.send(node, ev.StepCompleted(r.incident.current, succeeded=True), now)
+    elif r.state is S.MAINTENANCE and mt.awaits_completion(r, plan):
+        f.send(node, mt.completion(plan), now)
+    elif r.state is S.VERIFYING:
+        f.send(node, ev.ChecksCompleted(passed=passes), now)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    domains=st.lists(st.sampled_from(["r1", "r2", "r3", ""]), min_size=1, max_size=12),
+    budget=st.integers(min_value=1, max_value=4),
+    max_unavailable=st.integers(min_value=1, max_value=4),
+    max_per_domain=st.integers(min_value=1, max_value=2),
+    max_failures=st.integers(min_value=1, max_value=3),
+    action=st.sampled_from(list(mt.Action)),
+    failing=st.sets(st.integers(min_value=0, max_value=11), max_size=3),
+)
+def test_a_rollout_respects_budget_and_domains_and_ends_every_node(
+    domains: list[str],
+    budget: int,
+    max_unavailable: int,
+    max_per_domain: int,
+    max_failures: int,
+    action: mt.Action,
+    failing: set[int],
+) -> None:
+    base = default_policy()
+    safety = base.safety.model_copy(
+        update={
+            "budget": base.safety.budget.model_copy(
+                update={"max_nodes": budget, "min_nodes": budget}
+            )
+        }
+    )
+    policy = base.model_copy(update={"safety": safety})
+    f = make_fleet(len(domains), policy)
+    domain_of = {f"n{i}": d for i, d in enumerate(domains)}
+    rollout = mt.Rollout(
+        max_unavailable=max_unavailable, max_per_domain=max_per_domain, max_failures=max_failures
+    )
+    stored = {n: P.PENDING for n in domain_of}
+    started: dict[str, float | None] = dict.fromkeys(domain_of)
+    verified_once: set[str] = set()
+    now = 100.0
+    allowed = policy.safety.budget.allowed(len(domains))
+    for _ in range(400):
+        now += 1.0
+        for n in domain_of:
+            stored[n] = mt.node_phase(f.records[n], "p", stored[n], started[n]).phase
+        busy = [n for n in domain_of if stored[n] in mt.IN_PROGRESS]
+        assert len(busy) <= max_unavailable
+        assert max(Counter(domain_of[n] for n in busy).values(), default=0) <= max_per_domain
+        out = sum(
+            1 for r in f.records.values() if r.state in OUT_OF_SERVICE or r.state is S.MAINTENANCE
+        )
+        assert out <= allowed
+        cands = [
+            mt.Candidate(n, "default", domain_of[n], f.records[n].state, stored[n])
+            for n in domain_of
+        ]
+        phase = mt.plan_phase(rollout, stored.values())
+        if phase in (mt.PlanPhase.COMPLETED, mt.PlanPhase.STOPPED) and not busy:
+            break
+        for n in mt.next_batch(rollout, cands, _room(f, policy)).start:
+            started[n] = now
+            stored[n] = P.REQUESTED
+            f.send(n, mt.request("p", action), now + 0.1)
+        for i, n in enumerate(domain_of):
+            first = n not in verified_once and f.records[n].state is S.VERIFYING
+            if first:
+                verified_once.add(n)
+            _advance(f, "p", n, now + 0.2, passes=not (first and i in failing))
+    final = mt.plan_phase(rollout, stored.values())
+    failed = sum(1 for p in stored.values() if p is P.FAILED)
+    if final is mt.PlanPhase.STOPPED:
+        assert failed >= max_failures
+    else:
+        assert final is mt.PlanPhase.COMPLETED
+        assert all(p in mt.FINISHED for p in stored.values())
+        assert failed == sum(1 for i in failing if i < len(domains))
+    for n, p in stored.items():
+        if p is P.SUCCEEDED:
+            assert f.records[n].state is S.PRODUCTION
+
+
+def test_records_round_trip_the_plan_fields() -> None:
+    from gpufleet.domain.records import record_from_json, record_to_json
+
+    f = make_fleet(1)
+    f.send("n0", mt.request("fw", mt.Action.REIMAGE, image="v9"), now=1)
+    rec: NodeRecord = f.records["n0"]
+    assert record_from_json(record_to_json(rec)) == rec
