@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REL = "rbactest"
 NS = "gpufleet-rbac-test"
 BMC_NS = "gpufleet-rbac-bmc"
+EVIDENCE_NS = "gpufleet-rbac-evidence"
 SA = {
     name: f"system:serviceaccount:{NS}:gpufleet-{name}"
     for name in ("agent", "controller", "provisioning", "slurm-syncer")
@@ -102,7 +103,10 @@ def admin(local_cluster: ClusterInfo) -> Client:
 def applied(local_cluster: ClusterInfo, admin: Client) -> Iterator[list[dict[str, Any]]]:
     """The chart's RBAC, admission policies, BMC namespace and Slurm key Secrets, applied."""
     kubectl, env = str(local_cluster.kubectl), local_cluster.kube_env()
-    docs = render(NS, REL, "--set", f"bmcSecretsNamespace={BMC_NS}", "--include-crds")
+    docs = render(
+        NS, REL, "--set", f"bmcSecretsNamespace={BMC_NS}",
+        "--set", f"controller.tickets.evidenceNamespace={EVIDENCE_NS}", "--include-crds",
+    )  # fmt: skip
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     objs = [d for d in docs if d["kind"] in APPLIED_KINDS]
     run(
@@ -127,7 +131,7 @@ def applied(local_cluster: ClusterInfo, admin: Client) -> Iterator[list[dict[str
             [kubectl, "delete", "--ignore-not-found", "-f", "-"],
             env=env, input=yaml.safe_dump_all(cluster_scoped), capture_output=True, text=True,
         )  # fmt: skip
-        for ns in (NS, BMC_NS):
+        for ns in (NS, BMC_NS, EVIDENCE_NS):
             subprocess.run(
                 [kubectl, "delete", "namespace", ns, "--wait=false"], env=env, capture_output=True
             )
@@ -212,6 +216,13 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("controller", "list", "secrets", "kube-system", "", False),
     ("controller", "delete", "secrets", "kube-system", "bootstrap-token-abcdef", True),
     ("controller", "get", "configmaps", NS, "", False),
+    ("controller", "create", "configmaps", EVIDENCE_NS, "", True),
+    ("controller", "get", "configmaps", EVIDENCE_NS, "", True),
+    ("controller", "delete", "configmaps", EVIDENCE_NS, "", True),
+    ("controller", "list", "configmaps", EVIDENCE_NS, "", False),
+    ("controller", "create", "configmaps", NS, "", False),
+    ("controller", "create", "configmaps", "kube-system", "", False),
+    ("controller", "list", "events", "default", "", True),
     # provisioning service
     ("provisioning", "list", "machines.gpufleet.io", "", "", True),
     ("provisioning", "watch", "machines.gpufleet.io", "", "", True),
@@ -564,6 +575,19 @@ def test_bmc_namespace_may_not_be_the_release_namespace() -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert r.returncode != 0 and "must be a namespace of its own" in r.stderr
+
+
+@pytest.mark.parametrize("namespace", ["gpufleet-system", "kube-system"])
+def test_evidence_namespace_may_not_be_the_release_namespace(namespace: str) -> None:
+    helm = helm_binary()
+    assert helm is not None
+    r = subprocess.run(
+        [helm, "template", REL, str(CHART), "-n", "gpufleet-system",
+         "--set", f"controller.tickets.evidenceNamespace={namespace}"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode != 0 and "evidenceNamespace" in r.stderr
+    assert "must be a namespace of its own" in r.stderr
 
 
 @pytest.mark.parametrize(

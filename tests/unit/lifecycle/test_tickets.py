@@ -1,0 +1,93 @@
+"""The ticket work of the controller against an in-memory API, where no webhook is called:
+dry-run says once what it would send and writes nothing; pause holds everything; without a
+webhook nothing happens at all. (Calls, retries and restarts: tests/integration/test_rma_ticket.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gpufleet.clock import ManualClock
+from gpufleet.domain import events as ev
+from gpufleet.domain import well_known
+from gpufleet.domain.policy import default_policy
+from gpufleet.lifecycle.controller import Controller, ControllerSettings
+
+from .fakes import FakeKube, node
+
+WEBHOOK = "http://127.0.0.1:9/never-called"
+
+
+async def _in_triage(settings: ControllerSettings, **policy: Any) -> tuple[FakeKube, Controller]:
+    """n0 taken to triage by a controller without tickets; then the controller of the test
+    (webhook set, the policy given) starts on the same objects, as after a restart."""
+    kube = FakeKube()
+    for i in range(4):
+        kube.add_node(node(f"n{i}"))
+    first = Controller(kube, ControllerSettings(), clock=ManualClock())
+    first.policy = default_policy()
+    first.policy_seen = True
+    await first.prime()
+    for body in list(kube.nodes.values()):
+        await first.on_node(body)
+    await first.feed("n0", ev.OperatorTriage("NCCL hangs"))
+    await first.feed("n0", ev.DrainCompleted())
+    await _settle(first)
+    assert first.fleet.records["n0"].state.value == "triage"
+    await first.close()
+    ctl = Controller(kube, settings, clock=ManualClock())
+    ctl.policy = default_policy().model_copy(update=policy)
+    ctl.policy_seen = True
+    await ctl.prime()
+    return kube, ctl
+
+
+async def _settle(ctl: Controller) -> None:
+    async with asyncio.timeout(30):
+        while ctl._tasks:
+            await asyncio.wait(set(ctl._tasks))
+
+
+def _ticket_events(kube: FakeKube) -> list[dict[str, Any]]:
+    return [e for e in kube.events if str(e.get("reason", "")).startswith("Ticket")]
+
+
+def test_dry_run_says_once_what_it_would_open_and_writes_nothing() -> None:
+    async def go() -> None:
+        kube, ctl = await _in_triage(ControllerSettings(ticket_webhook=WEBHOOK), dry_run=True)
+        for _ in range(5):
+            await ctl.tick_all()
+            await _settle(ctl)
+        annotations = kube.nodes["n0"]["metadata"]["annotations"]
+        assert well_known.ANNOTATION_RMA_TICKET not in annotations
+        said = _ticket_events(kube)
+        assert [e["reason"] for e in said] == ["TicketWouldOpen"]
+        assert "n0/operator/" in said[0]["message"] and "nothing sent" in said[0]["message"]
+        assert "n0" not in ctl._ticketing
+
+    asyncio.run(go())
+
+
+def test_pause_holds_the_ticket_and_nothing_is_written() -> None:
+    async def go() -> None:
+        kube, ctl = await _in_triage(ControllerSettings(ticket_webhook=WEBHOOK), paused=True)
+        for _ in range(3):
+            await ctl.tick_all()
+            await _settle(ctl)
+        annotations = kube.nodes["n0"]["metadata"]["annotations"]
+        assert well_known.ANNOTATION_RMA_TICKET not in annotations
+        assert _ticket_events(kube) == []
+
+    asyncio.run(go())
+
+
+def test_without_a_webhook_there_is_no_ticket() -> None:
+    async def go() -> None:
+        kube, ctl = await _in_triage(ControllerSettings())
+        await ctl.tick_all()
+        await _settle(ctl)
+        annotations = kube.nodes["n0"]["metadata"]["annotations"]
+        assert well_known.ANNOTATION_RMA_TICKET not in annotations
+        assert _ticket_events(kube) == []
+
+    asyncio.run(go())
