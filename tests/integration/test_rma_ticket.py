@@ -36,7 +36,9 @@ from controller_harness import (
 
 from gpufleet.domain import conditions, rma, well_known
 from gpufleet.domain import rma_payload as payloads
+from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
+from gpufleet.kubeapi.events import event_body
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +46,7 @@ NODES = ["rma-00", "rma-01"]
 POOL = "rma"
 POLICIES = ("rma-tickets", "rma-restart")
 KMSG = "NVRM: Xid (PCI:0000:1b:00): 79, pid=0, name=python, GPU has fallen off the bus."
+KMSG_EVENT = "NVRM: Xid (PCI:0000:1b:00): 45, pid=4242, name=python, Ch 00000010"
 
 
 class Receiver:
@@ -168,6 +171,25 @@ def _fault(api: Api, node: str) -> None:
     api.set_condition(node, conditions.problem(Subsystem.PCIE, [fault]))
 
 
+def _agent_event(api: Api, node: str, message: str) -> None:
+    """A Warning Event about the Node, as the agent posts one for a fault it saw."""
+    uid = api.node(node)["metadata"]["uid"]
+    now = time.time()
+    body = event_body(
+        involved={"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
+        type_="Warning",
+        reason="Xid45",
+        message=message,
+        component=well_known.AGENT,
+        instance=node,
+        namespace="default",
+        first=rfc3339(now),
+        name=f"{node}.{int(now * 1e6):x}",
+        host=node,
+    )
+    api.post("/api/v1/namespaces/default/events", body)
+
+
 def _ticket(api: Api, node: str) -> rma.Ticket | None:
     ann = api.node(node)["metadata"].get("annotations") or {}
     return rma.decode_ticket(ann.get(well_known.ANNOTATION_RMA_TICKET))
@@ -222,6 +244,7 @@ def test_one_ticket_through_a_failing_receiver_and_rearm_closes_it(env: Any) -> 
     receiver.script = ["500", "500", "500"]
     with running(info, logs, policy=POLICIES[0], extra_args=_controller_args(receiver)) as ctl:
         wait_for("node adopted", lambda: api.state(node) == "production")
+        _agent_event(api, node, f"GPU 3: {KMSG_EVENT}")
         _fault(api, node)
         wait_for("triage", lambda: api.state(node) == "triage", timeout=30)
         ticket = wait_for(
@@ -245,7 +268,8 @@ def test_one_ticket_through_a_failing_receiver_and_rearm_closes_it(env: Any) -> 
         assert cm["metadata"]["labels"][well_known.LABEL_EVIDENCE_NODE] == node
         bundle = json.loads(cm["data"]["bundle.json"])
         assert bundle == body["bundle"]  # every attempt carried the stored bundle
-        assert any(KMSG in line for line in bundle["kernelLog"])
+        assert any(KMSG in line for line in bundle["kernelLog"])  # from the condition
+        assert any(KMSG_EVENT in line for line in bundle["kernelLog"])  # from the agent's Event
         assert bundle["incident"]["key"] == "xid-79"
         assert [f["scope"] for f in bundle["faults"]] == ["gpu3"]
         assert bundle["machine"]["serial"] == "SN-RMA-00"
