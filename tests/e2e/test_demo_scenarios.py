@@ -214,3 +214,27 @@ def test_new_machine_boots_joins_passes_burn_in_and_reaches_production(demo: Dem
     assert any("checks burn-in: passed" in t for t in kinds(r, "agent-result", node))
     assert r.figures["machine_phase"] == "Joined"
     assert r.figures["node_s"] < r.figures["burn_in_s"] < r.figures["production_s"]
+
+
+def test_a_maintenance_plan_rolls_over_the_fleet_in_batches_around_a_slurm_job(
+    demo: Demo,
+) -> None:
+    r = demo.run("maintenance")
+    nodes = demo.fleet.info.node_names
+    status = r.figures["plan"]
+    assert status["phase"] == "Completed" and status["failed"] == 0
+    assert status["succeeded"] == status["total"] == len(nodes)
+    for node in nodes:
+        assert len(kinds(r, "bmc-reset", node)) == 1, node
+    # The job's node: drained in Slurm while the job ran, rebooted only after it ended.
+    order(r, ("slurm-drain", nodes[0]), ("job-completed", None), ("bmc-reset", nodes[0]))
+    # Batches: the first is nodes 0 and 2 (node 1 shares node 0's leaf; the budget is 2);
+    # the second starts only once both are back in production.
+    first = {e.node: e.t for e in r.entries if e.kind == "bmc-reset"}
+    back = max(
+        e.t
+        for e in r.entries
+        if e.kind == "state" and e.node in (nodes[0], nodes[2]) and "-> production" in e.text
+    )
+    assert first[nodes[1]] > back and first[nodes[3]] > back
+    assert first[nodes[2]] < first[nodes[0]]

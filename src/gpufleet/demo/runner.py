@@ -174,6 +174,12 @@ def print_summary(console: Console, r: ScenarioResult) -> None:
     if "out" in f:
         table.add_row("nodes taken out / budget", f"{len(f['out'])} / {f['budget']}")
         table.add_row("circuit breaker", "open" if f.get("breaker_open") else "closed")
+    plan = f.get("plan")
+    if plan is not None:
+        table.add_row(
+            "maintenance plan",
+            f"{plan.get('phase')} {plan.get('progress')}, {plan.get('failed')} failed",
+        )
     work = f.get("work")
     if work is not None:
         table.add_row(

@@ -872,6 +872,97 @@ class Scenario:
     """Real machines the fleet needs (qemu VMs; ``gpufleet local up --machines``)."""
 
 
+MAINTENANCE_PLAN = "demo-driver-rollout"
+ROLLOUT_LABEL = "demo.gpufleet.io/rollout"
+
+
+def maintenance(ctx: Ctx) -> None:
+    """A MaintenancePlan reboots every node (a driver update), two at a time (the budget)
+    and never two of one InfiniBand leaf; a Slurm job holds its node until it ends: that
+    node is drained in Slurm at once but rebooted only after the job, and the next batch
+    starts only when every node of this one is verified and back."""
+    api, info = ctx.fleet.api, ctx.fleet.info
+    nodes = list(info.node_names)
+    leaves = {n: f"leaf-{i // 2 + 1}" for i, n in enumerate(nodes)}
+    plans = f"/apis/{well_known.GROUP}/{well_known.VERSION}/maintenanceplans"
+    for node, leaf in leaves.items():
+        labels = {well_known.LABEL_IB_LEAF: leaf, ROLLOUT_LABEL: "yes"}
+        api.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": labels}})
+    budget = {"maxNodes": 2, "minNodes": 2, "maxPercent": 100}
+    api.patch(
+        f"/apis/{well_known.GROUP}/{well_known.VERSION}/fleetpolicies/{policy.POLICY_NAME}",
+        {"spec": {"safety": {"budget": budget}}},
+    )
+    ctx.tl.note("demo", f"leaves: {', '.join(f'{n}={v}' for n, v in leaves.items())}; budget 2")
+    try:
+        out = subprocess.run(
+            ["sbatch", "--parsable", "--output=/dev/null", "-w", nodes[0], "--wrap=sleep 8"],
+            env=info.slurm_env(),
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=True,
+        )
+        job_id = int(out.stdout.strip().split(";")[0])
+        ctx.tl.note("demo", f"sbatch -w {nodes[0]} --wrap 'sleep 8' -> job {job_id}")
+        ctx.wait("job-running", "the job running", "slurmctld", 30)
+        api.create(
+            plans,
+            {
+                "apiVersion": f"{well_known.GROUP}/{well_known.VERSION}",
+                "kind": "MaintenancePlan",
+                "metadata": {"name": MAINTENANCE_PLAN},
+                "spec": {
+                    "nodeSelector": {ROLLOUT_LABEL: "yes"},
+                    "action": "reboot",
+                    "maxUnavailable": 4,
+                    "maxPerDomain": 1,
+                    "maxFailures": 1,
+                },
+            },
+        )
+        ctx.tl.note(
+            "demo",
+            f"gpufleet maintenance create {MAINTENANCE_PLAN} --action reboot "
+            f"-l {ROLLOUT_LABEL}=yes --max-unavailable 4 (leaf label {well_known.LABEL_IB_LEAF})",
+        )
+        ctx.wait("slurm-drain", f"{nodes[0]} drained in Slurm", "syncer", 20, node=nodes[0])
+        done = ctx.wait("job-completed", "the job finishing on its own", "slurmctld", 30)
+        for node in nodes:
+            reset = ctx.wait(
+                "bmc-reset", f"{node} rebooted via its BMC", "controller", 60, node=node
+            )
+            if node == nodes[0] and reset.t < done.t:
+                raise RuntimeError(f"{node} was rebooted while its Slurm job ran")
+            ctx.wait(
+                "state",
+                f"{node} verified and back in production",
+                "controller",
+                60,
+                node=node,
+                after=reset.t,
+                match=lambda e: e.data.get("state") == "production",
+            )
+
+        def completed() -> bool:
+            status = api.get(f"{plans}/{MAINTENANCE_PLAN}").get("status") or {}
+            ctx.figures["plan"] = status
+            return status.get("phase") == "Completed"
+
+        _until(ctx, completed, f"{MAINTENANCE_PLAN} Completed", "controller")
+        status = ctx.figures["plan"]
+        ctx.tl.note(
+            "demo",
+            f"{MAINTENANCE_PLAN}: {status.get('phase')} {status.get('progress')}, "
+            f"{status.get('failed')} failed",
+        )
+    finally:
+        api.delete(f"{plans}/{MAINTENANCE_PLAN}")
+        gone: dict[str, str | None] = {well_known.LABEL_IB_LEAF: None, ROLLOUT_LABEL: None}
+        for node in nodes:
+            api.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": gone}})
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -947,6 +1038,13 @@ SCENARIOS: dict[str, Scenario] = {
             real_machine,
             rule_actions={"xid79": "reimage"},
             machines=1,
+        ),
+        Scenario(
+            "maintenance",
+            "a MaintenancePlan reboots every node, two at a time and one per InfiniBand leaf; "
+            "a running Slurm job's node is drained and waits for the job; each batch is "
+            "verified before the next",
+            maintenance,
         ),
     )
 }
