@@ -17,7 +17,7 @@ from gpufleet.cli import operator_cmd
 from gpufleet.cli.errors import fail
 from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
-from gpufleet.domain import conditions, lemon, well_known
+from gpufleet.domain import conditions, lemon, rma, well_known
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.records import Incident
 from gpufleet.kubeapi import NODES, KubeApi, NotFound, custom
@@ -227,6 +227,7 @@ def node_detail_data(body: dict[str, Any], rems: list[Any], now: float) -> dict[
         "incident": _incident(record.incident),
         "lemon": lemon_summary(record.lemon, now),
         "conditions": evidence,
+        "ticket": _ticket(body),
         "remediations": [
             {
                 "name": r["metadata"]["name"],
@@ -237,6 +238,37 @@ def node_detail_data(body: dict[str, Any], rems: list[Any], now: float) -> dict[
             for r in rems
         ],
     }
+
+
+def _ticket(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The node's RMA ticket as the controller records it (docs/operations.md, RMA tickets)."""
+    ann = (body.get("metadata") or {}).get("annotations") or {}
+    t = rma.decode_ticket(ann.get(well_known.ANNOTATION_RMA_TICKET))
+    if t is None:
+        return None
+    return {
+        "key": t.key,
+        "state": t.state.value,
+        "ticketId": t.ticket_id,
+        "attempts": t.attempts,
+        "nextAttempt": _when(t.next_at) if t.next_at else None,
+        "lastError": t.last_error or None,
+        "evidence": t.evidence,
+        "closeRequested": well_known.ANNOTATION_RMA_CLOSE in ann,
+    }
+
+
+def _ticket_text(t: dict[str, Any]) -> str:
+    text = f"RMA ticket: {t['key']} {t['state']}"
+    if t["ticketId"]:
+        text += f" (ticket {t['ticketId']})"
+    if t["state"] in ("opening", "closing") and t["attempts"]:
+        text += f", {t['attempts']} attempts, next {t['nextAttempt'] or 'now'}"
+    if t["lastError"]:
+        text += f", last error: {t['lastError']}"
+    if t["evidence"]:
+        text += f", evidence: configmap {t['evidence']}"
+    return text
 
 
 _CORDON_TEXT = {"no": "no", "gpufleet": "yes (gpufleet)", "other": "yes (not gpufleet: left alone)"}
@@ -291,6 +323,8 @@ def _draw_detail(d: dict[str, Any], wide: bool) -> list[RenderableType]:
             title="Conditions",
         )
     )
+    if d["ticket"] is not None:
+        out.append(Text(_ticket_text(d["ticket"])))
     if d["remediations"]:
         out.append(
             table(
@@ -311,7 +345,8 @@ def node_detail(
     kubeconfig: KubeconfigOpt = None,
     output: OutputOpt = Format.TABLE,
 ) -> None:
-    """One node's history and evidence: transitions, the incident and its steps, conditions.
+    """One node's history and evidence: transitions, the incident and its steps, conditions,
+    and its RMA ticket (state, the receiver's id, attempts, the evidence ConfigMap).
 
     Example:
 
