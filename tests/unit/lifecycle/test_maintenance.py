@@ -1,0 +1,159 @@
+"""MaintenancePlans in the controller, against an in-memory API: batches through the node
+pass, the plan's status written only when it changes, nothing started under a paused policy."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gpufleet.api import maintenanceplan
+from gpufleet.domain import conditions, node_reports, well_known
+from gpufleet.domain.policy import Budget, Safety
+from gpufleet.kubeapi import Patch, Resource
+from gpufleet.lifecycle.controller import Controller
+
+from .fakes import FakeKube, set_annotation
+from .test_controller import make, record, settle
+
+RACK = "example.com/rack"
+
+
+class CountingKube(FakeKube):
+    """Counts the writes of a MaintenancePlan's status."""
+
+    plan_writes = 0
+
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Any,
+        *,
+        namespace: str | None = None,
+        status: bool = False,
+        kind: Patch = Patch.MERGE,
+    ) -> Any:
+        if resource.plural == maintenanceplan.PLURAL and status:
+            self.plan_writes += 1
+        return await super().patch(
+            resource, name, patch, namespace=namespace, status=status, kind=kind
+        )
+
+
+async def setup(spec: dict[str, Any], **policy: Any) -> tuple[CountingKube, Controller]:
+    kube, ctl, _ = await make(4, **policy)
+    counting = CountingKube()
+    counting.__dict__.update(kube.__dict__)
+    ctl.client = counting
+    for i, name in enumerate(sorted(counting.nodes)):
+        counting.nodes[name]["metadata"]["labels"][RACK] = f"r{i // 2}"
+        await ctl.on_node(counting.nodes[name])
+    body = {"metadata": {"name": "p", "generation": 1}, "spec": spec}
+    counting.custom[(maintenanceplan.PLURAL, "p")] = body
+    ctl.on_plan(body)
+    return counting, ctl
+
+
+def plan_status(kube: FakeKube) -> dict[str, Any]:
+    status: dict[str, Any] = kube.custom[(maintenanceplan.PLURAL, "p")].get("status") or {}
+    return status
+
+
+async def passes(ctl: Controller, n: int = 3) -> None:
+    for _ in range(n):
+        await ctl._run_plans()
+        await settle(ctl)
+
+
+def verify(kube: FakeKube, ctl: Controller, name: str) -> Any:
+    ann = kube.nodes[name]["metadata"]["annotations"]
+    request = conditions.decode_request(ann[well_known.ANNOTATION_AGENT_REQUEST])
+    assert request is not None
+    set_annotation(kube.nodes[name], node_reports.result(conditions.AgentResult(request.id, True)))
+    return ctl.on_node(kube.nodes[name])
+
+
+SPEC = {"nodeSelector": {}, "action": "noop", "failureDomainLabel": RACK, "maxUnavailable": 4}
+
+
+def test_a_noop_plan_takes_one_node_per_rack_within_the_budget_and_completes() -> None:
+    async def go() -> None:
+        budget = Budget(max_nodes=2, min_nodes=2, max_percent=100.0)
+        kube, ctl = await setup(SPEC, safety=Safety(budget=budget))
+        await passes(ctl)
+        states = {n: record(kube, n).state.value for n in sorted(kube.nodes)}
+        assert states == {
+            "n0": "verifying",
+            "n1": "production",
+            "n2": "verifying",
+            "n3": "production",
+        }
+        status = plan_status(kube)
+        assert (status["inProgress"], status["pending"], status["phase"]) == (2, 2, "Progressing")
+        for name in ("n0", "n2"):
+            await verify(kube, ctl, name)
+        await passes(ctl)
+        for name in ("n1", "n3"):
+            assert record(kube, name).state.value == "verifying"
+            await verify(kube, ctl, name)
+        await passes(ctl)
+        status = plan_status(kube)
+        assert (status["phase"], status["progress"], status["succeeded"]) == ("Completed", "4/4", 4)
+        assert all(record(kube, n).state.value == "production" for n in kube.nodes)
+        await ctl.close()
+
+    asyncio.run(go())
+
+
+def test_the_status_is_written_only_when_it_changes() -> None:
+    async def go() -> None:
+        kube, ctl = await setup(SPEC)
+        await passes(ctl)
+        assert plan_status(kube)["inProgress"] == 1  # the default budget: 1 of 4
+        before = kube.plan_writes
+        await passes(ctl, 5)
+        assert kube.plan_writes == before, "a pass with nothing new wrote the status"
+        await verify(kube, ctl, "n0")
+        await passes(ctl, 1)
+        assert kube.plan_writes > before
+        await ctl.close()
+
+    asyncio.run(go())
+
+
+def test_a_paused_fleet_policy_or_plan_starts_nothing() -> None:
+    async def go() -> None:
+        kube, ctl = await setup(SPEC, paused=True)
+        await passes(ctl)
+        assert plan_status(kube)["pending"] == 4
+        assert "paused" in plan_status(kube)["message"]
+        assert all(record(kube, n).state.value == "production" for n in kube.nodes)
+        await ctl.close()
+        kube, ctl = await setup({**SPEC, "paused": True})
+        await passes(ctl)
+        assert plan_status(kube)["phase"] == "Paused"
+        assert all(record(kube, n).state.value == "production" for n in kube.nodes)
+        await ctl.close()
+
+    asyncio.run(go())
+
+
+def test_an_aborted_plan_lets_the_node_out_finish_and_starts_no_other() -> None:
+    async def go() -> None:
+        kube, ctl = await setup(SPEC)
+        await passes(ctl)
+        assert record(kube, "n0").state.value == "verifying"
+        body = kube.custom[(maintenanceplan.PLURAL, "p")]
+        body["spec"] = {**SPEC, "abort": True}
+        ctl.on_plan(body)
+        await passes(ctl)
+        assert plan_status(kube)["phase"] == "Aborted"
+        await verify(kube, ctl, "n0")  # the node out finishes its cycle
+        await passes(ctl)
+        assert all(record(kube, n).state.value == "production" for n in kube.nodes)
+        assert not any(kube.nodes[n]["spec"].get("unschedulable") for n in kube.nodes)
+        status = plan_status(kube)
+        assert (status["succeeded"], status["pending"], status["phase"]) == (1, 3, "Aborted")
+        await ctl.close()
+
+    asyncio.run(go())
