@@ -64,11 +64,14 @@ class Receiver:
         self.tickets: dict[str, str] = {}  # idempotency key of an opening -> ticket id
         self.closed: dict[str, str] = {}  # ticket key -> the ticket id the close named
         self.invalid: list[str] = []
+        self.auth: set[str] = set()  # Authorization headers seen
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with receiver.lock:
+                    receiver.auth.add(self.headers.get("Authorization", ""))
                 code, answer = receiver.handle(self.headers.get("Idempotency-Key", ""), body)
                 data = json.dumps(answer).encode()
                 self.send_response(code)
@@ -141,9 +144,12 @@ def env(
         )
 
 
-def _controller_args(receiver: Receiver) -> tuple[str, ...]:
+def _controller_args(receiver: Receiver, logs: Path) -> tuple[str, ...]:
+    auth = logs / "ticket-authorization"
+    auth.write_text("Bearer rma-test-token\n")  # as a mounted Secret holds it
     return (
         "--ticket-webhook", receiver.url,
+        "--ticket-auth-file", str(auth),
         "--ticket-retry", "0.3",
         "--ticket-retry-max", "1",
         "--ticket-timeout", "5",
@@ -242,7 +248,8 @@ def test_one_ticket_through_a_failing_receiver_and_rearm_closes_it(env: Any) -> 
     _policy(api, POLICIES[0])
     _machine(api, node, serial="SN-RMA-00")
     receiver.script = ["500", "500", "500"]
-    with running(info, logs, policy=POLICIES[0], extra_args=_controller_args(receiver)) as ctl:
+    args = _controller_args(receiver, logs)
+    with running(info, logs, policy=POLICIES[0], extra_args=args) as ctl:
         wait_for("node adopted", lambda: api.state(node) == "production")
         _agent_event(api, node, f"GPU 3: {KMSG_EVENT}")
         _fault(api, node)
@@ -258,6 +265,7 @@ def test_one_ticket_through_a_failing_receiver_and_rearm_closes_it(env: Any) -> 
         assert [b["attempt"] for _, b in opens] == [1, 2, 3, 4]
         assert receiver.opened_tickets(node) == {ticket.ticket_id}
         assert receiver.invalid == []
+        assert receiver.auth == {"Bearer rma-test-token"}
         assert ticket.key.startswith(f"{node}/xid-79/")
 
         # The evidence: stored, referenced, and what a vendor asks for.
@@ -328,7 +336,7 @@ def test_a_lost_answer_and_a_restart_still_open_exactly_one_ticket(env: Any) -> 
     # The receiver creates the ticket but its answer is lost; then it is down.
     receiver.script = ["lost"] + ["500"] * 1000
     first = ControllerProcess(
-        info, logs, policy=POLICIES[1], extra_args=_controller_args(receiver)
+        info, logs, policy=POLICIES[1], extra_args=_controller_args(receiver, logs)
     ).start()
     try:
         wait_for("node adopted", lambda: api.state(node) == "production")
@@ -346,7 +354,8 @@ def test_a_lost_answer_and_a_restart_still_open_exactly_one_ticket(env: Any) -> 
     with receiver.lock:
         receiver.script.clear()  # the receiver recovers
 
-    with running(info, logs, policy=POLICIES[1], extra_args=_controller_args(receiver)) as ctl:
+    args = _controller_args(receiver, logs)
+    with running(info, logs, policy=POLICIES[1], extra_args=args) as ctl:
         after = wait_for(
             "ticket open after the restart",
             lambda: _ticket_in(api, node, rma.TicketState.OPEN),
