@@ -140,8 +140,12 @@ class Tickets(ControllerCore):
     ) -> bool:
         """Store what the ticket became (and drop the evidence of a ticket left behind)."""
         name = nodes.name_of(body)
-        if ticket is not None and ticket.evidence and (wanted is None or wanted.key != ticket.key):
-            await self._drop_evidence(name, ticket.evidence)
+        if ticket is not None and (wanted is None or wanted.key != ticket.key):
+            # The stored reference, else the ConfigMap an opening attempt may have stored
+            # before a crash kept its name from the record (the name is derived: the same).
+            ns, cm = self._evidence_namespace(), payloads.evidence_name(ticket.key, name)
+            if ticket.evidence or ticket.sent:
+                await self._drop_evidence(name, ticket.evidence or f"{ns}/{cm}")
         if not await self._write_ticket(name, wanted, clear_close=clear_close):
             return False
         if (
