@@ -199,7 +199,8 @@ def node_phase(
     start = _start_index(record, plan, started_at, ours=ours)
     if start is None:
         if started_at is None:
-            return Progress(NodePhase.PENDING)
+            waits = "" if record.state is S.PRODUCTION else f"waits: the node is in {record.state}"
+            return Progress(NodePhase.PENDING, waits)
         return Progress(NodePhase.REQUESTED, "asked for; not taken out yet")
     after = record.history[start + 1 :]
     for t in after:

@@ -92,9 +92,21 @@ class MaintenancePlans(ControllerCore):
                 entries[node]["imageVersion"] = prev["imageVersion"]
         stage = mt.plan_phase(rollout, (P(e["phase"]) for e in entries.values()))
         holding = stage in (mt.PlanPhase.PAUSED, mt.PlanPhase.ABORTED, mt.PlanPhase.STOPPED)
-        for e in entries.values():
-            if holding and e["phase"] == P.REQUESTED:  # asked, never taken out: not started
+        for node, e in entries.items():
+            if e["phase"] != P.REQUESTED:
+                continue
+            # Asked, never taken out: not started after all when the plan holds, or when the
+            # node left production meanwhile (a fault, a person): asked again, it could be
+            # taken from triage; it waits for production like any pending node.
+            record = self.fleet.records.get(node)
+            if holding:
                 e.update(phase=P.PENDING.value, startedAt=None, message=f"not started ({stage})")
+            elif record is not None and record.state is not NodeState.PRODUCTION:
+                e.update(
+                    phase=P.PENDING.value,
+                    startedAt=None,
+                    message=f"not started: the node left production ({record.state})",
+                )
         await self._finish_noop_nodes(name, entries)
         await self._record_versions(spec, entries)
         why = await self._start_batch(name, body, spec, rollout, entries, now)

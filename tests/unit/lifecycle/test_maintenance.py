@@ -9,6 +9,8 @@ from typing import Any
 from gpufleet.api import maintenanceplan
 from gpufleet.domain import conditions, node_reports, well_known
 from gpufleet.domain.policy import Budget, Safety
+from gpufleet.domain.records import NodeRecord, record_to_json
+from gpufleet.domain.states import NodeState
 from gpufleet.kubeapi import Patch, Resource
 from gpufleet.lifecycle.controller import Controller
 
@@ -154,6 +156,29 @@ def test_an_aborted_plan_lets_the_node_out_finish_and_starts_no_other() -> None:
         assert not any(kube.nodes[n]["spec"].get("unschedulable") for n in kube.nodes)
         status = plan_status(kube)
         assert (status["succeeded"], status["pending"], status["phase"]) == (1, 3, "Aborted")
+        await ctl.close()
+
+    asyncio.run(go())
+
+
+def test_a_node_asked_for_that_left_production_meanwhile_is_not_taken_from_triage() -> None:
+    async def go() -> None:
+        kube, ctl = await setup({**SPEC, "nodeSelector": {RACK: "r0"}}, paused=True)
+        body = kube.nodes["n1"]
+        triaged = NodeRecord.new("n1", at=ctl.clock.now(), state=NodeState.TRIAGE, reason="x")
+        body["metadata"]["annotations"][well_known.ANNOTATION_RECORD] = record_to_json(triaged)
+        body["metadata"]["labels"][well_known.LABEL_STATE] = "triage"
+        await ctl.on_node(body)
+        plan = kube.custom[(maintenanceplan.PLURAL, "p")]
+        plan["status"] = {"nodes": [{"name": "n1", "phase": "Requested", "startedAt": 1.0}]}
+        ctl.policy = ctl.policy.model_copy(update={"paused": False})
+        ctl.on_plan(plan)
+        await passes(ctl)
+        entry = next(n for n in plan_status(kube)["nodes"] if n["name"] == "n1")
+        assert entry["phase"] == "Pending" and "in triage" in entry["message"]
+        assert "startedAt" not in entry
+        assert record(kube, "n1").state is NodeState.TRIAGE
+        assert record(kube, "n0").state is not NodeState.PRODUCTION  # n0 is taken instead
         await ctl.close()
 
     asyncio.run(go())
