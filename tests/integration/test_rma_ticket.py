@@ -1,7 +1,8 @@
 """The RMA hand-off on the real cluster: a node that reaches triage gets an evidence bundle
 (a ConfigMap) and exactly one ticket through a webhook receiver that fails and recovers,
 even when it loses an answer and the controller is killed between attempts; ``gpufleet
-machines rearm`` closes it; a node that leaves the hand-off has it closed and forgotten.
+machines rearm`` closes it; a move from triage to rma updates it; a node that leaves the
+hand-off has it closed and forgotten.
 
 Real apiserver and controller process; the receiver is a plain HTTP server on 127.0.0.1
 that deduplicates by the Idempotency-Key header, as a ticketing system must. The nodes
@@ -290,13 +291,23 @@ def test_one_ticket_through_a_failing_receiver_and_rearm_closes_it(env: Any) -> 
         assert ctl.metric(failed) == 3.0
         assert ctl.metric('gpufleet_rma_ticket_calls_total{event="opened",result="ok"}') == 1.0
 
-        # Triage -> rma is the same hand-off: no second ticket.
+        # Triage -> rma is the same hand-off: the ticket is updated, not opened again.
         out = gpufleet(info, "node", "rma", node, "--reason", "vendor case 4711")
         assert out.returncode == 0, out.stdout + out.stderr
         wait_for("rma", lambda: api.state(node) == "rma")
+        wait_for("update sent", lambda: receiver.calls(node, "updated"), timeout=15)
+        told = wait_for(
+            "ticket open again", lambda: _ticket_in(api, node, rma.TicketState.OPEN), timeout=15
+        )
+        assert told.reported == "rma" and told.ticket_id == ticket.ticket_id
         ctl.wait_ticks(3)
+        (update_key, update_body), *more = receiver.calls(node, "updated")
+        assert more == [] and update_key == f"{ticket.key}#updated-rma"
+        assert update_body["node"]["state"] == "rma"
+        assert update_body["ticketId"] == ticket.ticket_id
         assert len(receiver.calls(node, "opened")) == 4
-        assert _ticket(api, node) == ticket
+        assert receiver.opened_tickets(node) == {ticket.ticket_id}
+        wait_for("TicketUpdated Event", lambda: "TicketUpdated" in _reasons(api, node))
 
         # The hardware was replaced: re-arming the Machine closes the ticket.
         out = gpufleet(info, "machines", "rearm", node, "--reason", "GPU board replaced")

@@ -262,7 +262,7 @@ def _ticket_text(t: dict[str, Any]) -> str:
     text = f"RMA ticket: {t['key']} {t['state']}"
     if t["ticketId"]:
         text += f" (ticket {t['ticketId']})"
-    if t["state"] in ("opening", "closing") and t["attempts"]:
+    if t["state"] in ("opening", "updating", "closing") and t["attempts"]:
         text += f", {t['attempts']} attempts, next {t['nextAttempt'] or 'now'}"
     if t["lastError"]:
         text += f", last error: {t['lastError']}"

@@ -11,7 +11,8 @@ hand-off. This module decides, without I/O:
   :class:`Ticket`), written *before* every attempt (the attempt count and the time
   of the next try), so a restart, a 5xx or a timeout neither opens a second ticket
   nor loses one (docs/decisions/0109);
-- what the ticket must become now (:func:`advance`): opened, closed, forgotten;
+- what the ticket must become now (:func:`advance`): opened, updated (triage to rma),
+  closed, forgotten;
 - the bounded backoff between attempts (:func:`retry_delay`).
 
 The lifecycle controller carries these out (``gpufleet.lifecycle.tickets``); the
@@ -43,6 +44,8 @@ class TicketState(StrEnum):
     attempt sends the same idempotency key, so the receiver opens one ticket."""
     OPEN = "open"
     """The receiver acknowledged it (2xx)."""
+    UPDATING = "updating"
+    """The node moved within the hand-off (triage to rma): the receiver is to be told."""
     CLOSING = "closing"
     """The close is to be delivered."""
     CLOSED = "closed"
@@ -73,6 +76,14 @@ class Ticket:
     """Why the last attempt failed (empty after a success)."""
     close_reason: str = ""
     close_by: str = ""
+    reported: str = ""
+    """The node state the last opening or update attempt sent (``triage``, ``rma``)."""
+
+
+LIVE = frozenset({TicketState.OPENING, TicketState.OPEN, TicketState.UPDATING})
+"""States of a ticket the receiver holds open (or is about to)."""
+PENDING = frozenset({TicketState.OPENING, TicketState.UPDATING, TicketState.CLOSING})
+"""States with a call to deliver."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +124,10 @@ def handoff_since(record: NodeRecord) -> float:
     return since
 
 
-def idempotency_key(ticket_key_: str, event: str) -> str:
-    """What the receiver deduplicates a delivery by: one per ticket and event (opened or
-    closed), the same on every attempt."""
-    return f"{ticket_key_}#{event}"
+def idempotency_key(ticket_key_: str, event: str, state: str = "") -> str:
+    """What the receiver deduplicates a delivery by: one per ticket and event (opened,
+    updated to a state, closed), the same on every attempt."""
+    return f"{ticket_key_}#{event}" + (f"-{state}" if event == "updated" and state else "")
 
 
 def retry_delay(attempt: int, *, base_s: float, max_s: float) -> float:
@@ -156,6 +167,7 @@ def advance(ticket: Ticket | None, record: NodeRecord, close: CloseRequest | Non
 
     - a node in the hand-off without a ticket gets one to open;
     - a close request closes the open ticket (one never sent is just closed);
+    - a node that moved within the hand-off (triage to rma) has the receiver told;
     - a node that left the hand-off, or began a new incident in it, has its ticket
       closed first, then forgotten (and a new one opened for the new incident);
     - a closed ticket of the current hand-off stays, so nothing is opened twice.
@@ -169,7 +181,7 @@ def advance(ticket: Ticket | None, record: NodeRecord, close: CloseRequest | Non
             return _closing(fresh, close.reason, close.by)
         return fresh
     current = ticket.key == key
-    live = ticket.state in (TicketState.OPENING, TicketState.OPEN)
+    live = ticket.state in LIVE
     if live and close is not None:
         return _closing(ticket, close.reason, close.by)
     if live and not current:
@@ -181,32 +193,37 @@ def advance(ticket: Ticket | None, record: NodeRecord, close: CloseRequest | Non
         return _closing(ticket, why, "gpufleet-controller")
     if ticket.state is TicketState.CLOSED and not current:
         return Ticket(key=key, state=TicketState.OPENING) if key is not None else None
+    if ticket.state is TicketState.OPEN and ticket.reported != record.state.value:
+        return replace(ticket, state=TicketState.UPDATING, attempts=0, next_at=0.0)
     return ticket
 
 
 def due(ticket: Ticket | None, now: float) -> bool:
     """Whether a delivery is to be attempted now."""
-    return (
-        ticket is not None
-        and ticket.state in (TicketState.OPENING, TicketState.CLOSING)
-        and ticket.next_at <= now
-    )
+    return ticket is not None and ticket.state in PENDING and ticket.next_at <= now
 
 
-def attempted(ticket: Ticket, now: float, *, base_s: float, max_s: float) -> Ticket:
+def attempted(
+    ticket: Ticket, now: float, *, base_s: float, max_s: float, state: str = ""
+) -> Ticket:
     """The record to store *before* an attempt: counted, and the next try scheduled
-    (so a crash during the call retries after the backoff, not at once)."""
+    (so a crash during the call retries after the backoff, not at once). ``state`` is the
+    node state the call reports (kept as :attr:`Ticket.reported` by openings and updates)."""
     n = ticket.attempts + 1
+    reports = ticket.state in (TicketState.OPENING, TicketState.UPDATING)
     return replace(
         ticket,
         attempts=n,
         next_at=now + retry_delay(n, base_s=base_s, max_s=max_s),
         sent=ticket.sent or ticket.state is TicketState.OPENING,
+        reported=state if reports and state else ticket.reported,
     )
 
 
 def delivered(ticket: Ticket, now: float, ticket_id: str | None) -> Ticket:
     """The record after the receiver acknowledged the attempt."""
+    if ticket.state is TicketState.UPDATING:
+        return replace(ticket, state=TicketState.OPEN, attempts=0, next_at=0.0, last_error="")
     if ticket.state is TicketState.OPENING:
         return replace(
             ticket,
@@ -229,7 +246,9 @@ def failed(ticket: Ticket, error: str) -> Ticket:
 
 def event_of(ticket: Ticket) -> str:
     """The webhook event an attempt of this ticket sends."""
-    return "closed" if ticket.state is TicketState.CLOSING else "opened"
+    if ticket.state is TicketState.CLOSING:
+        return "closed"
+    return "updated" if ticket.state is TicketState.UPDATING else "opened"
 
 
 # ------------------------------------------------------------------ annotations
@@ -251,6 +270,7 @@ def encode_ticket(ticket: Ticket) -> str:
         "lastError": ticket.last_error or None,
         "closeReason": ticket.close_reason or None,
         "closeBy": ticket.close_by or None,
+        "reported": ticket.reported or None,
     }
     data.update({k: v for k, v in optional.items() if v is not None})
     return json.dumps(data, separators=(",", ":"))
@@ -292,6 +312,7 @@ def decode_ticket(text: str | None) -> Ticket | None:
         last_error=_opt_str(data.get("lastError")) or "",
         close_reason=_opt_str(data.get("closeReason")) or "",
         close_by=_opt_str(data.get("closeBy")) or "",
+        reported=_opt_str(data.get("reported")) or "",
     )
 
 

@@ -146,12 +146,13 @@ class CloseInfo(_Model):
 
 
 class TicketPayload(_Model):
-    """One webhook call: a ticket opened or closed."""
+    """One webhook call: a ticket opened, updated (the node moved from triage to rma), or
+    closed."""
 
     schema_: Literal["gpufleet.io/rma-ticket/v1"] = Field(
         default="gpufleet.io/rma-ticket/v1", alias="schema"
     )
-    event: Literal["opened", "closed"]
+    event: Literal["opened", "updated", "closed"]
     idempotency_key: str = Field(
         description="The same on every attempt of this call (also the Idempotency-Key header)"
     )
@@ -352,6 +353,30 @@ def opened(
         incident=incident_info(record),
         evidence=evidence,
         bundle=bundle,
+    )
+
+
+def updated(
+    ticket: rma.Ticket,
+    record: NodeRecord,
+    *,
+    machine: MachineInfo | None,
+    evidence: EvidenceRef | None,
+    now: float,
+) -> TicketPayload:
+    """The payload that tells the receiver the node moved within the hand-off (its new state
+    is ``node.state``; the idempotency key names it, so each move is delivered once)."""
+    return TicketPayload(
+        event="updated",
+        idempotency_key=rma.idempotency_key(ticket.key, "updated", ticket.reported),
+        ticket_key=ticket.key,
+        ticket_id=ticket.ticket_id,
+        attempt=max(1, ticket.attempts),
+        sent_at=rfc3339(now),
+        node=node_info(record),
+        machine=machine,
+        incident=incident_info(record),
+        evidence=evidence,
     )
 
 

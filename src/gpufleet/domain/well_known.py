@@ -207,7 +207,7 @@ back through :data:`ANNOTATION_REMEDIATION`) as gpufleet's remediations."""
 ANNOTATION_RMA_TICKET = "gpufleet.io/rma-ticket"
 """Node annotation, set by the lifecycle controller only: the ticket opened for the node's
 hand-off to people (triage, rma) as JSON (:class:`gpufleet.domain.rma.Ticket`): its key,
-state (opening, open, closing, closed), attempts, next attempt time, the receiver's ticket
+state (opening, open, updating, closing, closed), attempts, next attempt time, the receiver's ticket
 id and the evidence ConfigMap. Written before every webhook call."""
 ANNOTATION_RMA_CLOSE = "gpufleet.io/rma-close"
 """Node annotation, set by ``gpufleet machines rearm``: ``{by, reason, at}`` as JSON, the

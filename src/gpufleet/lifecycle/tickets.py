@@ -39,6 +39,8 @@ from gpufleet.remediate.ticket_webhook import TicketWebhook
 
 _ROUNDS = 4
 """Passes of one task: the ticket record settles in at most two writes, then one call."""
+_VERBS = {"opened": "open", "updated": "update", "closed": "close"}
+"""The verb of each webhook event (dry-run's Events: TicketWouldOpen, ...)."""
 MAX_AGENT_EVENTS = 50
 """The agent's Events on the node read for the kernel log excerpt (the newest)."""
 
@@ -88,7 +90,7 @@ class Tickets(ControllerCore):
 
     def _say_dry_run(self, body: Mapping[str, Any], wanted: rma.Ticket | None) -> None:
         """One Event per ticket and event that dry-run keeps from being sent."""
-        if wanted is None or wanted.state not in (rma.TicketState.OPENING, rma.TicketState.CLOSING):
+        if wanted is None or wanted.state not in rma.PENDING:
             return
         name = nodes.name_of(body)
         event = rma.event_of(wanted)
@@ -96,11 +98,11 @@ class Tickets(ControllerCore):
         if self._ticket_said.get(name) == said:
             return
         self._ticket_said[name] = said
-        verb = "open" if event == "opened" else "close"
+        verb = _VERBS[event]
         self._event(
             body,
             "Normal",
-            "TicketWouldOpen" if event == "opened" else "TicketWouldClose",
+            f"TicketWould{verb.capitalize()}",
             f"dry-run: would {verb} RMA ticket {wanted.key} (nothing sent, no evidence stored)",
         )
 
@@ -178,7 +180,13 @@ class Tickets(ControllerCore):
         """One call: counted on the Node first, then sent, then its outcome stored."""
         name = record.name
         s = self.settings
-        counted = rma.attempted(ticket, now, base_s=s.ticket_retry_s, max_s=s.ticket_retry_max_s)
+        counted = rma.attempted(
+            ticket,
+            now,
+            base_s=s.ticket_retry_s,
+            max_s=s.ticket_retry_max_s,
+            state=record.state.value,
+        )
         if not await self._write_ticket(name, counted, clear_close=False):
             return
         event = rma.event_of(counted)
@@ -193,6 +201,9 @@ class Tickets(ControllerCore):
                 return
             counted = replace(counted, evidence=f"{ref.namespace}/{ref.name}")
             payload = payloads.opened(counted, record, bundle=bundle, evidence=ref, now=now)
+        elif counted.state is rma.TicketState.UPDATING:
+            ref_ = payloads.evidence_ref(counted.evidence)
+            payload = payloads.updated(counted, record, machine=machine, evidence=ref_, now=now)
         else:
             ref_ = payloads.evidence_ref(counted.evidence)
             payload = payloads.closed(counted, record, machine=machine, evidence=ref_, now=now)
@@ -213,6 +224,9 @@ class Tickets(ControllerCore):
         if event == "opened":
             detail = f"RMA ticket {done.key}{which} opened; evidence in ConfigMap {done.evidence}"
             self._event(body, "Normal", "TicketOpened", detail)
+        elif event == "updated":
+            detail = f"RMA ticket {done.key}{which} told the node is now in {done.reported}"
+            self._event(body, "Normal", "TicketUpdated", detail)
         else:
             self._event(body, "Normal", "TicketClosed", f"{done.key}{which}: {done.close_reason}")
         log.info("node=%s RMA ticket %s %s%s", name, done.key, event, which)

@@ -132,10 +132,19 @@ def _payloads() -> list[dict[str, Any]]:
         evidence=ref,
         now=50.0,
     )
-    return [p.payload_json(x) for x in (opening, bare, closing)]
+    update = rma.attempted(
+        rma.Ticket(key=key, state=rma.TicketState.UPDATING, ticket_id="T-1", sent=True),
+        45.0,
+        base_s=5,
+        max_s=60,
+        state="rma",
+    )
+    moved = p.updated(update, record, machine=bundle.machine, evidence=ref, now=45.0)
+    assert moved.idempotency_key == f"{key}#updated-rma"
+    return [p.payload_json(x) for x in (opening, bare, closing, moved)]
 
 
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["opened", "opened-bare", "closed"])
+@pytest.mark.parametrize("index", [0, 1, 2, 3], ids=["opened", "opened-bare", "closed", "updated"])
 def test_every_payload_validates_against_the_committed_schema(index: int) -> None:
     payload = json.loads(json.dumps(_payloads()[index]))  # as the receiver reads it
     assert problems(payload, SCHEMA) == []

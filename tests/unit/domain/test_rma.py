@@ -59,7 +59,8 @@ def test_a_node_in_the_hand_off_gets_a_ticket_to_open_and_keeps_it() -> None:
     t = rma.advance(None, record, None)
     assert t == rma.Ticket(key="n0/operator/100", state=T.OPENING)
     assert rma.due(t, now=0.0)
-    opened = rma.delivered(rma.attempted(t, 1.0, base_s=5, max_s=300), 2.0, "T-1")
+    sent = rma.attempted(t, 1.0, base_s=5, max_s=300, state="triage")
+    opened = rma.delivered(sent, 2.0, "T-1")
     assert opened.state is T.OPEN and opened.ticket_id == "T-1" and opened.attempts == 0
     assert rma.advance(opened, record, None) == opened  # nothing more to do
     assert not rma.due(opened, now=10_000.0)
@@ -204,3 +205,36 @@ def test_long_texts_are_cut_in_the_record() -> None:
     t = rma.failed(rma.Ticket(key="k", state=T.OPENING), "x" * 5000)
     assert len(t.last_error) == rma.MAX_TEXT
     assert replace(t, last_error="") != t
+
+
+def test_a_move_from_triage_to_rma_is_told_once_on_the_same_ticket() -> None:
+    record, f = _triaged()
+    t = rma.advance(None, record, None)
+    assert t is not None
+    sent = rma.attempted(t, 1.0, base_s=5, max_s=300, state=record.state.value)
+    assert sent.reported == "triage"
+    opened = rma.delivered(sent, 2.0, "T-1")
+    assert rma.advance(opened, record, None) == opened  # told already: nothing to do
+    f.send("n0", ev.OperatorRMA("vendor case 4711"), now=200.0)
+    in_rma = f.records["n0"]
+    update = rma.advance(opened, in_rma, None)
+    assert update is not None and update.state is T.UPDATING and update.key == opened.key
+    assert rma.event_of(update) == "updated" and rma.due(update, now=0.0)
+    counted = rma.attempted(update, 201.0, base_s=5, max_s=300, state=in_rma.state.value)
+    assert counted.reported == "rma" and counted.attempts == 1
+    assert rma.idempotency_key(counted.key, "updated", counted.reported) == (
+        "n0/operator/100#updated-rma"
+    )
+    told = rma.delivered(counted, 202.0, None)
+    assert told.state is T.OPEN and told.ticket_id == "T-1" and told.reported == "rma"
+    assert rma.advance(told, in_rma, None) == told
+    assert rma.decode_ticket(rma.encode_ticket(told)) == told
+
+
+def test_a_close_request_replaces_a_pending_update() -> None:
+    record, _ = _triaged()
+    pending = rma.Ticket(
+        key="n0/operator/100", state=T.UPDATING, attempts=2, sent=True, reported="triage"
+    )
+    closing = rma.advance(pending, record, rma.CloseRequest("admin", "replaced", 1.0))
+    assert closing is not None and closing.state is T.CLOSING and closing.attempts == 0
