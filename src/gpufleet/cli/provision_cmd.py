@@ -290,9 +290,9 @@ def rearm_cmd(
 
     After a hardware replacement this also closes the RMA ticket gpufleet opened for
     the machine's Node: the lifecycle controller sends the close to the ticket
-    webhook (retried until acknowledged) and clears the ticket record
-    (docs/operations.md, "RMA tickets"). The node itself returns with
-    ``gpufleet node return NODE --hardware-replaced``.
+    webhook (retried until acknowledged) and records it closed; the record and the
+    evidence go when the node returns with ``gpufleet node return NODE
+    --hardware-replaced`` (docs/operations.md, "RMA tickets").
 
     Example:
 
