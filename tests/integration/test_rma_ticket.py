@@ -47,6 +47,8 @@ NODES = ["rma-00", "rma-01"]
 POOL = "rma"
 POLICIES = ("rma-tickets", "rma-restart")
 KMSG = "NVRM: Xid (PCI:0000:1b:00): 79, pid=0, name=python, GPU has fallen off the bus."
+SLOW_S = 5.0
+"""How late a "slow" answer comes: well after the restart test's --ticket-timeout of 1 s."""
 KMSG_EVENT = "NVRM: Xid (PCI:0000:1b:00): 45, pid=4242, name=python, Ch 00000010"
 
 
@@ -54,8 +56,9 @@ class Receiver:
     """A ticketing system: one ticket per Idempotency-Key, answers scripted per request.
 
     ``script`` is consumed one entry per request: ``"500"`` fails without recording,
-    ``"lost"`` records the ticket and then answers 500 (the answer lost); when it is
-    empty every request is answered 200 with the ticket's id.
+    ``"lost"`` records the ticket and then answers 500 (the answer lost), ``"slow"`` records
+    it and answers 200 after ``SLOW_S`` (later than the controller waits); when it is empty
+    every request is answered 200 with the ticket's id.
     """
 
     def __init__(self) -> None:
@@ -74,6 +77,8 @@ class Receiver:
                 with receiver.lock:
                     receiver.auth.add(self.headers.get("Authorization", ""))
                 code, answer = receiver.handle(self.headers.get("Idempotency-Key", ""), body)
+                if answer.pop("slow", False):
+                    time.sleep(SLOW_S)
                 data = json.dumps(answer).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -105,7 +110,7 @@ class Receiver:
                 self.closed[body["ticketKey"]] = ticket_id
             if mode == "lost":
                 return 500, {"error": "gateway timeout after the ticket was created"}
-            return 200, {"ticketId": ticket_id}
+            return 200, {"ticketId": ticket_id, **({"slow": True} if mode == "slow" else {})}
 
     def calls(self, node: str, event: str) -> list[tuple[str, dict[str, Any]]]:
         with self.lock:
@@ -145,7 +150,7 @@ def env(
         )
 
 
-def _controller_args(receiver: Receiver, logs: Path) -> tuple[str, ...]:
+def _controller_args(receiver: Receiver, logs: Path, timeout: float = 5) -> tuple[str, ...]:
     auth = logs / "ticket-authorization"
     auth.write_text("Bearer rma-test-token\n")  # as a mounted Secret holds it
     return (
@@ -153,7 +158,7 @@ def _controller_args(receiver: Receiver, logs: Path) -> tuple[str, ...]:
         "--ticket-auth-file", str(auth),
         "--ticket-retry", "0.3",
         "--ticket-retry-max", "1",
-        "--ticket-timeout", "5",
+        "--ticket-timeout", str(timeout),
         "--evidence-namespace", SYSTEM_NS,
     )  # fmt: skip
 
@@ -344,21 +349,29 @@ def test_a_lost_answer_and_a_restart_still_open_exactly_one_ticket(env: Any) -> 
     info, api, logs, receiver = env
     node = NODES[1]
     _policy(api, POLICIES[1])
-    # The receiver creates the ticket but its answer is lost; then it is down.
-    receiver.script = ["lost"] + ["500"] * 1000
+    # The receiver creates the ticket but its answer is lost, then it creates it again (the
+    # same key: the same ticket) and answers too late; then it is down.
+    receiver.script = ["lost", "slow"] + ["500"] * 1000
     first = ControllerProcess(
-        info, logs, policy=POLICIES[1], extra_args=_controller_args(receiver, logs)
+        info, logs, policy=POLICIES[1], extra_args=_controller_args(receiver, logs, timeout=1)
     ).start()
     try:
         wait_for("node adopted", lambda: api.state(node) == "production")
         _fault(api, node)
         wait_for("triage", lambda: api.state(node) == "triage", timeout=30)
-        wait_for("two attempts", lambda: len(receiver.calls(node, "opened")) >= 2, timeout=30)
+        wait_for("three attempts", lambda: len(receiver.calls(node, "opened")) >= 3, timeout=30)
     finally:
         first.kill()  # SIGKILL between attempts: nothing cleaned up
     before = _ticket(api, node)
     assert before is not None and before.state is rma.TicketState.OPENING
-    assert before.sent and before.attempts >= 2 and before.last_error
+    assert before.sent and before.attempts >= 3 and before.last_error
+    wait_for(
+        "the timeout reported",
+        lambda: any(
+            e["reason"] == "TicketNotDelivered" and "no answer within 1 s" in e["message"]
+            for e in api.events(node)
+        ),
+    )
     created = receiver.opened_tickets(node)
     assert len(created) == 1  # by the lost attempt
     (ticket_id,) = created
