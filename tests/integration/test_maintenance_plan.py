@@ -155,18 +155,23 @@ def test_a_reimage_rollout_respects_budget_and_racks_and_waits_for_the_slurm_job
         answered: set[str] = set()
         max_out = 0
         saw_slurm_drain = False
-        while job_state(slurm, job_id) == "RUNNING":
+        while True:
+            # Observe first, then ask Slurm: what was seen before a RUNNING answer was seen
+            # while the job ran (a let-finish job is not requeued).
             verify_when_asked(api, nodes, set(), answered)
             states = {n: api.state(n) for n in nodes}
+            n0_resets = resets(info, nodes[0])
+            drained = (slurm.drained(nodes[0]) or "").startswith("gpufleet:")
             max_out = max(max_out, sum(1 for s in states.values() if s != "production"))
+            if job_state(slurm, job_id) != "RUNNING":
+                break
             # The job's node is drained in Slurm but never reset while the job runs.
-            assert resets(info, nodes[0]) == before[nodes[0]], "reimaged under a running job"
+            assert n0_resets == before[nodes[0]], "reimaged under a running job"
             assert states[nodes[0]] in ("draining", "production"), states
             # Strict batches: the other rack-r1 node and r3's wait while n0's batch is out.
             if states[nodes[0]] == "draining":
                 assert states[nodes[1]] == "production" and states[nodes[3]] == "production"
-                if (slurm.drained(nodes[0]) or "").startswith("gpufleet:"):
-                    saw_slurm_drain = True
+                saw_slurm_drain = saw_slurm_drain or drained
             time.sleep(0.3)
         assert saw_slurm_drain, "the job's node was not drained in Slurm while the job ran"
 
