@@ -13,6 +13,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import ssl
+import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,17 +22,21 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from controller_harness import GV, Api, bmc_counters, policy_spec, put_policy, running
 from waiting import wait_for
 
 from gpufleet.domain import well_known
 from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
+from gpufleet.provision.render import ca_hash_of_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.machines, pytest.mark.timeout(1200)]
 
 MACHINE = "vm-node-0000"
 POLICY = "machines"
+PAUSE_IMAGE = "gpufleet.local/pause:1.0"
+"""Imported into containerd at boot from the node image (containerd's sandbox image)."""
 BOOT_TIMEOUT = 900.0
 """Power-on to production under software emulation on 2 shared cores: about 4-5 minutes
 idle, twice that under a load average of 8 (docs/provisioning.md); generous, because a
@@ -146,6 +152,66 @@ def signed_for(api: Api, token_id: str) -> bool:
     return f"jws-kubeconfig-{token_id}" in data
 
 
+def kubeadm_discovery(info: ClusterInfo, token: str) -> subprocess.CompletedProcess[str]:
+    """``kubeadm join phase preflight`` on this host with ``token``: its checks (their errors
+    ignored: this host is no node) and the token discovery of the cluster, which trusts the
+    apiserver only if cluster-info carries the token's signature. Only the discovery talks
+    to the cluster, at 127.0.0.1; a refused token ends it after the discovery timeout."""
+    config = {
+        "apiVersion": "kubeadm.k8s.io/v1beta4",
+        "kind": "JoinConfiguration",
+        "discovery": {
+            "bootstrapToken": {
+                "apiServerEndpoint": info.apiserver_url.removeprefix("https://"),
+                "token": token,
+                "caCertHashes": [ca_hash_of_file(Path(info.ca_file))],
+            }
+        },
+        "timeouts": {"discovery": "10s"},
+        "nodeRegistration": {"name": "kubeadm-probe"},
+    }
+    assert info.bin_dir is not None
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump(config, f)
+        f.flush()
+        return subprocess.run(
+            [
+                *(str(info.bin_dir / "kubeadm"), "join", "phase", "preflight"),
+                *("--config", f.name, "--ignore-preflight-errors=all"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+
+def run_pod(api: Api, node: str) -> dict[str, Any]:
+    """A pod on ``node`` running the node image's pause image; returns it once Running."""
+    name = f"probe-{node}"
+    api.post(
+        "/api/v1/namespaces/default/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": node,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "probe", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}],
+            },
+        },
+    )
+    try:
+
+        def running() -> dict[str, Any] | None:
+            got: dict[str, Any] = api.get(f"/api/v1/namespaces/default/pods/{name}")
+            return got if got.get("status", {}).get("phase") == "Running" else None
+
+        return wait_for(f"pod {name} Running", running, 300)
+    finally:
+        api.delete(f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
+
+
 def test_a_machine_network_boots_joins_and_reaches_production(day0: Any) -> None:
     info, api, tokens = day0
     node = wait_for("the machine's Node Ready", lambda: node_ready(api, MACHINE), BOOT_TIMEOUT)
@@ -159,6 +225,16 @@ def test_a_machine_network_boots_joins_and_reaches_production(day0: Any) -> None
     machine = api.get(f"{GV}/machines/{MACHINE}")["status"]
     assert machine["node"] == MACHINE and machine["phase"] == "Joined"
     assert machine["armed"] is False and machine["tokensIssued"] == 1
+    # Real pods run on it: the kubelet, containerd, runc and the bridge CNI of the image
+    # start one (the image's own pause image: nothing is pulled, no registry is reachable).
+    pod = run_pod(api, MACHINE)
+    assert pod["status"]["podIP"].startswith("10.244.0.")
+    # The boot watchdog followed the boot from its iPXE request to the Ready Node.
+    wait_for(
+        "the boot recorded as joined",
+        lambda: api.get(f"{GV}/machines/{MACHINE}")["status"]["boot"]["outcome"] == "Joined",
+        60,
+    )
 
     # The token was used once: its Secret is gone, the apiserver refuses it, and
     # cluster-info no longer carries its signature (a second kubeadm join stops there).
@@ -167,6 +243,13 @@ def test_a_machine_network_boots_joins_and_reaches_production(day0: Any) -> None
     token_id = token.split(".")[0]
     wait_for("used token refused", lambda: review(info, token) == 401, 60)
     wait_for("its cluster-info signature removed", lambda: not signed_for(api, token_id), 60)
+    # What a second `kubeadm join` with it gets: real kubeadm, stopped at discovery.
+    refused = kubeadm_discovery(info, token)
+    assert refused.returncode != 0
+    expected = (
+        f'could not find a JWS signature in the cluster-info ConfigMap for token ID "{token_id}"'
+    )
+    assert expected in refused.stderr, refused.stderr[-2000:]
     # A boot that asks again gets no token (the Machine is disarmed).
     mac = info.machines[MACHINE].mac
     again = httpx.get(

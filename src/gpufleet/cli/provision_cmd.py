@@ -1,4 +1,4 @@
-"""``gpufleet provision serve|render`` and ``gpufleet machines [import FILE | rearm NAME]``."""
+"""``gpufleet provision serve|render`` and ``gpufleet machines [import | power-on | rearm]``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import typer
 from gpufleet.cli.errors import fail
 from gpufleet.cli.options import KubeconfigOpt
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
-from gpufleet.kubeapi import Conflict, KubeApi, NotFound
+from gpufleet.kubeapi import ApiError, Conflict, KubeApi, NotFound
+from gpufleet.kubeapi.machines import MachineStore
 from gpufleet.provision import inventory, machines, render
 from gpufleet.provision.issuer import (
     MACHINES,
@@ -22,6 +23,7 @@ from gpufleet.provision.issuer import (
     rearm,
     token_state,
 )
+from gpufleet.remediate import machine_power, redfish
 
 app = typer.Typer(help="Day 0: network boot, cloud-init and join tokens for known machines.")
 machines_app = typer.Typer(
@@ -196,7 +198,20 @@ def machine_summary(body: dict[str, Any]) -> dict[str, Any]:
         "phase": str(status.get("phase") or "Registered"),
         "armed": token_state(body).armed,
         "node": status.get("node"),
+        "boot": _boot_summary(status.get("boot")),
     }
+
+
+def _boot_summary(boot: Any) -> str | None:
+    """The boot watchdog's view in one cell: ``InProgress network-boot #2``, ``Failed
+    ImageDidNotBoot #3``, ``Joined``; None when gpufleet never saw the machine boot."""
+    if not isinstance(boot, dict) or not boot.get("outcome"):
+        return None
+    outcome = str(boot["outcome"])
+    if outcome == "Joined":
+        return outcome
+    detail = boot.get("reason") if outcome == "Failed" else boot.get("stage")
+    return f"{outcome} {detail or '?'} #{boot.get('attempt') or 1}"
 
 
 MACHINE_COLUMNS = (
@@ -208,6 +223,7 @@ MACHINE_COLUMNS = (
     Column("PHASE"),
     Column("ARMED"),
     Column("NODE"),
+    Column("BOOT"),
 )
 
 
@@ -224,6 +240,7 @@ def _machine_cells(m: dict[str, Any]) -> list[str]:
         m["phase"],
         "yes" if m["armed"] else "no",
         m["node"] or "-",
+        m["boot"] or "-",
     ]
 
 
@@ -270,6 +287,48 @@ def import_cmd(
             typer.echo(line)
     except NotFound as exc:
         fail(str(exc), hint=CRD_HINT)
+
+
+@machines_app.command("power-on")
+def power_on_cmd(
+    names: Annotated[list[str], typer.Argument(help="The Machines to power on.")],
+    kubeconfig: KubeconfigOpt = None,
+) -> None:
+    """Power machines on to network-boot and join (Day 0), each through its BMC.
+
+    For each Machine: check that its BMC reports the Machine's serial, re-arm it
+    (its boot gets a new single-use token), record the boot in its status, set a
+    one-time network boot and press power (On, or ForceRestart if it was on). The
+    lifecycle controller then watches the boot: a stage that stalls is retried by a
+    power cycle, at most ``provisioning.bootAttempts`` power-ons, then the boot is
+    Failed (``gpufleet machines`` shows it; docs/provisioning.md). A Machine that
+    has joined as a Node is refused: its Node's lifecycle owns its power.
+
+    Example:
+
+        gpufleet machines power-on gpu-node-0100 gpu-node-0101
+    """
+
+    async def go() -> list[str]:
+        api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+        problems: list[str] = []
+        for name in names:
+            try:
+                done = await machine_power.network_boot(
+                    MachineStore(api), name, by="admin", now=time.time()
+                )
+            except (machine_power.PowerRefused, redfish.RedfishError, ApiError) as exc:
+                problems.append(f"{name}: {exc}")
+                continue
+            typer.echo(f"{name}: {done.reset_type} with a one-time network boot (re-armed)")
+        return problems
+
+    try:
+        problems = asyncio.run(go())
+    except NotFound as exc:
+        fail(str(exc), hint=CRD_HINT)
+    if problems:
+        fail("not powered on: " + "; ".join(problems))
 
 
 @machines_app.command("rearm")

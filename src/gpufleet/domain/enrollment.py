@@ -57,6 +57,17 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_rfc3339(value: object) -> float | None:
+    """RFC 3339 text (as :func:`rfc3339` writes it, or with an offset) as epoch seconds;
+    None when absent or unreadable (a reader treats that as unknown)."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """Allowed or not, and why (the audit Event's message)."""

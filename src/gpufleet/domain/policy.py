@@ -231,6 +231,18 @@ class Spares(_Model):
         return max(0, min(self.max_nodes, max(self.min_nodes, by_percent), pool_size - 1))
 
 
+class Provisioning(_Model):
+    """The Day-0 boot watchdog (domain.boot_watch): when a boot has stalled, how often to retry.
+
+    A boot stage (power-on -> iPXE request -> user-data -> Node Ready) that does not
+    advance within ``stall_seconds`` is retried by a power cycle with a network boot,
+    up to ``boot_attempts`` power-ons in all; then the Machine's boot has failed.
+    """
+
+    stall_seconds: float = Field(default=900, ge=5)
+    boot_attempts: int = Field(default=3, ge=1, le=10)
+
+
 class Budget(_Model):
     """The most nodes of one pool that automation may hold out at once."""
 
@@ -334,6 +346,7 @@ class Policy(_Model):
     ladder: tuple[LadderStep, ...] = ()
     lemon: Lemon = Lemon()
     spares: Spares = Spares()
+    provisioning: Provisioning = Provisioning()
     safety: Safety = Safety()
     drain: Drain = Drain()
     checks: Checks = Checks()

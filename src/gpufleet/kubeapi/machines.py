@@ -9,11 +9,14 @@ boot's join token, so a token is never usable twice.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
+from typing import Any
 
 from gpufleet.domain import enrollment, well_known
 from gpufleet.kubeapi.errors import NotFound
 from gpufleet.kubeapi.port import KubePort
 from gpufleet.kubeapi.resources import SECRETS, Json, custom
+from gpufleet.kubeapi.secrets import decode_data
 
 MACHINES = custom(well_known.MACHINE_PLURAL)
 TOKEN_NAMESPACE = "kube-system"
@@ -28,20 +31,49 @@ async def revoke_token(kube: KubePort, token_id: str) -> bool:
     return False
 
 
-async def rearm(kube: KubePort, name: str, *, by: str, reason: str, now: float) -> Json:
+async def rearm(
+    kube: KubePort,
+    name: str,
+    *,
+    by: str,
+    reason: str,
+    now: float,
+    extra: Mapping[str, object] | None = None,
+) -> Json:
     """Arm the Machine for its next boot and revoke the previous boot's token.
 
-    Returns the Machine as it was read. Raises the port's errors: a Machine that
-    cannot be re-armed must stop the caller (its next boot could not join).
+    ``extra`` joins the same status patch (a power-on records its boot with the
+    re-arm: one write). Returns the Machine as it was read. Raises the port's
+    errors: a Machine that cannot be re-armed must stop the caller (its next boot
+    could not join).
     """
     machine = await kube.get(MACHINES, name)
     await kube.patch(
         MACHINES,
         name,
-        {"status": enrollment.rearm_status(by=by, at=now, reason=reason)},
+        {"status": {**enrollment.rearm_status(by=by, at=now, reason=reason), **(extra or {})}},
         status=True,
     )
     old = (machine.get("status") or {}).get("tokenId")
     if old:
         await revoke_token(kube, str(old))
     return machine
+
+
+class MachineStore:
+    """Machines and their BMC Secrets through the port, for the power-on sequence
+    (:class:`gpufleet.remediate.machine_power.MachineStore`)."""
+
+    def __init__(self, kube: KubePort) -> None:
+        self.kube = kube
+
+    async def machine(self, name: str) -> Json:
+        return await self.kube.get(MACHINES, name)
+
+    async def secret(self, namespace: str, name: str) -> dict[str, str]:
+        return decode_data(await self.kube.get(SECRETS, name, namespace=namespace))
+
+    async def record_boot(
+        self, name: str, *, by: str, reason: str, now: float, status: Mapping[str, Any]
+    ) -> None:
+        await rearm(self.kube, name, by=by, reason=reason, now=now, extra=status)

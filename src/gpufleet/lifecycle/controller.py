@@ -31,6 +31,7 @@ Where each part lives (one concept per module, combined here; docs/decisions/008
 - :mod:`~gpufleet.lifecycle.spare_pool`: hot spares promoted when a node leaves production;
 - :mod:`~gpufleet.lifecycle.maintenance`: MaintenancePlans rolled out in batches (each tick);
 - :mod:`~gpufleet.lifecycle.tickets`: the RMA hand-off (evidence bundle, ticket webhook);
+- :mod:`~gpufleet.lifecycle.boot_watchdog`: Machines powered on to join: joined, retried or failed;
 - :mod:`~gpufleet.lifecycle.policy`: the FleetPolicy, its status, the breaker reset;
 - :mod:`~gpufleet.lifecycle.events`: the Events people read.
 """
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 from gpufleet.lifecycle.acting import Acting
 from gpufleet.lifecycle.bmc_tasks import BmcTasks
+from gpufleet.lifecycle.boot_watchdog import BootWatch
 from gpufleet.lifecycle.core import ControllerCore, ControllerSettings
 from gpufleet.lifecycle.drain_loop import Drains
 from gpufleet.lifecycle.events import Events
@@ -61,8 +63,9 @@ class Controller(
     RemediationSync,
     Ticks,
     SparePool,
-    MaintenancePlans,
     Tickets,
+    MaintenancePlans,
+    BootWatch,
     PolicyKeeping,
     Events,
     ControllerCore,

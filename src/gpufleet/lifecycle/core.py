@@ -122,6 +122,10 @@ class ControllerCore:
         self._slurm_heard: dict[str, tuple[str | None, float]] = {}
         """Per draining node: the last Slurm report seen and when (monotonic, this process)."""
         self._drain_said: dict[str, str] = {}
+        self.booting: dict[str, Json] = {}
+        """Machines with a boot in progress, as last seen by the Machine watch (boot_watchdog)."""
+        self._boot_said: dict[str, str] = {}
+        """Per booting Machine: the last stall announced by an Event (announced once)."""
         self._rejoin_checked: dict[str, str] = {}
         """Per Node with a Machine: the Ready transition whose join token was looked at."""
         """Per draining node: what the last DrainWaiting Event said (without numbers)."""
@@ -175,6 +179,10 @@ class ControllerCore:
 
     def _policy_event(self, body: Mapping[str, Any], type_: str, reason: str, msg: str) -> None:
         """An Event about the FleetPolicy (events)."""
+        raise NotImplementedError
+
+    def _machine_event(self, body: Mapping[str, Any], type_: str, reason: str, msg: str) -> None:
+        """An Event about a Machine (events)."""
         raise NotImplementedError
 
     def _update_gauges(self) -> None:

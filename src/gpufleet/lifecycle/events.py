@@ -32,7 +32,7 @@ class Events(ControllerCore):
         reason: str,
         message: str,
     ) -> None:
-        """A core/v1 Event about ``body`` (a Node or a FleetPolicy), posted in the background."""
+        """A core/v1 Event about ``body`` (Node, Machine, FleetPolicy), posted in the background."""
         meta = body.get("metadata", {})
         event = event_body(
             involved={
@@ -59,4 +59,8 @@ class Events(ControllerCore):
 
     def _policy_event(self, body: Mapping[str, Any], type_: str, reason: str, msg: str) -> None:
         kind = ("FleetPolicy", f"{well_known.GROUP}/{well_known.VERSION}")
+        self._post(body, kind, type_, reason, msg)
+
+    def _machine_event(self, body: Mapping[str, Any], type_: str, reason: str, msg: str) -> None:
+        kind = ("Machine", f"{well_known.GROUP}/{well_known.VERSION}")
         self._post(body, kind, type_, reason, msg)

@@ -39,6 +39,12 @@ class Metrics:
             ["action", "result"],
             registry=r,
         )
+        self.boot_stalls = Counter(
+            "gpufleet_machine_boot_stalls_total",
+            "Machine boots that stalled (boot watchdog), by stage reason and what followed.",
+            ["reason", "outcome"],
+            registry=r,
+        )
         self.ticks = Counter(
             "gpufleet_controller_ticks_total",
             "Completed passes over every node (held decisions retried, timeouts examined).",

@@ -87,6 +87,12 @@ def build_registry(ctl: Controller, options: RunOptions) -> kopf.OperatorRegistr
             return
         await ctl.on_node(dict(body))
 
+    @kopf.on.event(
+        well_known.GROUP, well_known.VERSION, well_known.MACHINE_PLURAL, registry=registry
+    )
+    async def machine_event(type: str, body: kopf.Body, **_: Any) -> None:
+        ctl.on_machine(type or "", body)
+
     @kopf.on.event(well_known.GROUP, well_known.VERSION, maintenanceplan.PLURAL, registry=registry)
     async def plan_event(type: str, body: kopf.Body, **_: Any) -> None:
         if type == "DELETED":
@@ -126,6 +132,23 @@ def build_registry(ctl: Controller, options: RunOptions) -> kopf.OperatorRegistr
             except Exception:
                 log.exception("tick failed")
             await asyncio.sleep(ctl.settings.tick_s)
+
+    @kopf.daemon(
+        well_known.GROUP,
+        well_known.VERSION,
+        crds.FLEET_POLICY_PLURAL,
+        registry=registry,
+        when=is_ours,
+        cancellation_timeout=5,
+    )
+    async def boot_watcher(stopped: kopf.DaemonStopped, **_: Any) -> None:
+        """The Day-0 boot watchdog (lifecycle.boot_watchdog), beside the tick."""
+        while not stopped:
+            try:
+                await ctl.watch_boots()
+            except Exception:
+                log.exception("boot watch failed")
+            await asyncio.sleep(ctl.settings.tick_s)  # a pass is cheap: booting ones only
 
     return registry
 

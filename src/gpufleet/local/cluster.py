@@ -463,20 +463,11 @@ class LocalCluster:
             )
         self._ready("provision")
         if self.spec.machine_power_on:
-            with httpx.Client(timeout=10) as http:
-                for name in self.info.machines:
-                    bmc = self.info.bmcs[name]
-                    resp = http.post(
-                        f"{bmc.system_url}/Actions/ComputerSystem.Reset",
-                        json={"ResetType": "On"},
-                        auth=(bmc.user, bmc.password),
-                    )
-                    if resp.status_code >= 300:
-                        raise ComponentError(
-                            "machines",
-                            run_dir / "logs" / "redfish.log",
-                            f"the BMC of {name} refused On: HTTP {resp.status_code}",
-                        )
+            try:
+                machines.power_on(kl.kubeconfig, list(self.info.machines))
+            except machines.PowerOnFailed as exc:
+                log_file = run_dir / "logs" / "redfish.log"
+                raise ComponentError("machines", log_file, str(exc)) from exc
             self._ready(f"machines ({len(self.info.machines)} powered on)")
 
     def _kube_lane(

@@ -25,8 +25,10 @@ controller, the tests and the demo watch the Nodes for that.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +36,12 @@ from typing import Any
 from gpufleet.api import crds
 from gpufleet.api.machine import MachineSpec, manifest
 from gpufleet.api.names import GROUP, VERSION
+from gpufleet.kubeapi import ApiError, KubeApi
+from gpufleet.kubeapi.machines import MachineStore
 from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local import vm
 from gpufleet.local.processes import ManagedProcess
+from gpufleet.remediate import machine_power, redfish
 
 Json = dict[str, Any]
 SYSTEM_NS = "gpufleet-system"
@@ -295,3 +300,25 @@ def provision_service(
         run_dir / "logs" / "provision.log",
         cwd=run_dir,
     )
+
+
+class PowerOnFailed(Exception):
+    """A machine's power-on was refused or failed (the message names it and why)."""
+
+
+def power_on(kubeconfig: Path, names: list[str]) -> None:
+    """Press each machine's power button the way an operator does on Day 0
+    (``gpufleet machines power-on``: BMC identity checked, re-armed, the boot recorded
+    for the controller's boot watchdog, one-time network boot, On)."""
+
+    async def go() -> None:
+        api = await KubeApi.connect(str(kubeconfig))
+        for name in names:
+            try:
+                await machine_power.network_boot(
+                    MachineStore(api), name, by="local-cluster", now=time.time()
+                )
+            except (machine_power.PowerRefused, redfish.RedfishError, ApiError) as exc:
+                raise PowerOnFailed(f"{name} not powered on: {exc}") from exc
+
+    asyncio.run(go())

@@ -21,14 +21,13 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
 from gpufleet.clock import SYSTEM_CLOCK, Clock
-from gpufleet.domain import enrollment, well_known
+from gpufleet.domain import boot_watch, enrollment, well_known
 from gpufleet.kubeapi import SECRETS, ApiError, Conflict, KubePort, NotFound
 from gpufleet.kubeapi import machines as kube_machines
 from gpufleet.kubeapi import secrets as kube_secrets
@@ -129,15 +128,6 @@ def _iso(t: float) -> str:
     return enrollment.rfc3339(t)
 
 
-def _parse_time(value: Any) -> float | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def token_state(body: Json) -> enrollment.TokenState:
     """The token bookkeeping of a Machine object. A Machine never booted is armed."""
     status = body.get("status") or {}
@@ -145,8 +135,8 @@ def token_state(body: Json) -> enrollment.TokenState:
     return enrollment.TokenState(
         armed=True if armed is None and not status.get("tokenId") else bool(armed),
         token_id=status.get("tokenId"),
-        issued_at=_parse_time(status.get("tokenIssuedAt")),
-        expires_at=_parse_time(status.get("tokenExpiresAt")),
+        issued_at=enrollment.parse_rfc3339(status.get("tokenIssuedAt")),
+        expires_at=enrollment.parse_rfc3339(status.get("tokenExpiresAt")),
     )
 
 
@@ -293,7 +283,23 @@ class Provisioner:
             machines.spec_of(body)
         except ValidationError as exc:
             raise Refused(409, f"machine {name} has an invalid spec: {exc}") from None
+        await self._record_network_boot(name, body)
         return render.ipxe(self.config, name, machines.normalize_mac(mac))
+
+    async def _record_network_boot(self, name: str, body: Json) -> None:
+        """``status.boot.networkBootAt``: the machine's firmware reached us (the boot
+        watchdog's second stage). A machine with no boot in progress and no Node that
+        network-boots on its own (powered on by hand) starts one, so it is watched too.
+        Best effort: a boot is never refused because its progress was not written."""
+        status = body.get("status") or {}
+        in_progress = boot_watch.progress_of(status) is not None
+        if not in_progress and status.get("node"):
+            return  # a joined machine's reboot: its Node's lifecycle watches it
+        patch = boot_watch.network_boot_status(self.clock.now(), started=not in_progress)
+        try:
+            await self.api.patch(MACHINES, name, {"status": patch}, status=True)
+        except ApiError as exc:
+            log.warning("machine=%s network boot not recorded: %s", name, exc)
 
     async def meta_data(self, mac: str, *, client: str) -> str:
         self.rate_limit(client, mac)

@@ -141,7 +141,12 @@ def test_a_machine_summary_keeps_numbers_and_lists() -> None:
         "phase": "Joined",
         "armed": True,  # no token issued yet: its next boot gets one
         "node": "gpu-node-0100",
+        "boot": None,  # never powered on through gpufleet
     }
+    failed = {"outcome": "Failed", "reason": "ImageDidNotBoot", "attempt": 3}
+    assert provision_cmd.machine_summary({**body, "status": {"boot": failed}})["boot"] == (
+        "Failed ImageDidNotBoot #3"
+    )
 
 
 def test_fleet_status_as_data() -> None:
