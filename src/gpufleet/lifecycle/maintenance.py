@@ -42,8 +42,12 @@ class MaintenancePlans(ControllerCore):
     """``on_plan`` keeps the watched plans; ``_run_plans`` moves each one on (every tick)."""
 
     def on_plan(self, body: Mapping[str, Any]) -> None:
-        """A MaintenancePlan changed (watch event): kept for the next tick."""
-        self._plans[str(body["metadata"]["name"])] = dict(body)
+        """A MaintenancePlan changed (watch event): kept for the next tick, unless it is
+        older than the plan as this controller last wrote it (a late event would bring
+        back a status without the nodes just started)."""
+        name = str(body["metadata"]["name"])
+        if not _older(body, self._plans.get(name)):
+            self._plans[name] = dict(body)
 
     def on_plan_deleted(self, name: str) -> None:
         """A deleted plan starts nothing more; nodes it took out finish their cycle."""
@@ -224,6 +228,16 @@ class MaintenancePlans(ControllerCore):
         if name in self._plans:
             self._plans[name] = written
         body["status"] = written.get("status")
+
+
+def _older(body: Mapping[str, Any], known: Mapping[str, Any] | None) -> bool:
+    """Whether ``body`` is an older version than ``known`` (etcd revisions; a version that
+    is not a number is never taken for older)."""
+    if known is None:
+        return False
+    a = str((body.get("metadata") or {}).get("resourceVersion", ""))
+    b = str((known.get("metadata") or {}).get("resourceVersion", ""))
+    return a.isdigit() and b.isdigit() and int(a) < int(b)
 
 
 # ------------------------------------------------------------------- status

@@ -182,3 +182,17 @@ def test_a_node_asked_for_that_left_production_meanwhile_is_not_taken_from_triag
         await ctl.close()
 
     asyncio.run(go())
+
+
+def test_a_late_watch_event_does_not_bring_back_an_older_plan() -> None:
+    async def go() -> None:
+        _, ctl = await setup(SPEC)
+        newer = {"metadata": {"name": "p", "resourceVersion": "12"}, "spec": SPEC, "status": {}}
+        ctl.on_plan(newer)
+        ctl.on_plan({"metadata": {"name": "p", "resourceVersion": "9"}, "spec": SPEC})
+        assert ctl._plans["p"]["metadata"]["resourceVersion"] == "12"
+        ctl.on_plan({"metadata": {"name": "p", "resourceVersion": "13"}, "spec": SPEC})
+        assert ctl._plans["p"]["metadata"]["resourceVersion"] == "13"
+        await ctl.close()
+
+    asyncio.run(go())
