@@ -1,6 +1,7 @@
 """The ticket work of the controller against an in-memory API, where no webhook is called:
 dry-run says once what it would send and writes nothing; pause holds everything; without a
-webhook nothing happens at all. (Calls, retries and restarts: tests/integration/test_rma_ticket.py.)"""
+webhook nothing happens at all. (Calls, retries and restarts are tested on the real cluster:
+tests/integration/test_rma_ticket.py.)"""
 
 from __future__ import annotations
 
