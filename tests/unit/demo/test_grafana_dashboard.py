@@ -80,3 +80,10 @@ def test_the_dashboard_covers_the_slurm_syncer() -> None:
     assert any(name.startswith("gpufleet_syncer_") for name in q)
     assert "gpufleet_syncer_slurm_up" in q and "gpufleet_syncer_drains_total" in q
     assert "gpufleet_syncer_sync_latency_seconds_bucket" in q
+
+
+def test_the_dashboard_covers_the_rma_hand_off() -> None:
+    doc = json.loads(DASHBOARD.read_text())
+    titles = [p.get("title", "") for p in doc["panels"]]
+    assert "RMA hand-off (lifecycle controller)" in titles
+    assert "gpufleet_rma_ticket_calls_total" in queried()
