@@ -37,6 +37,10 @@ from gpufleet.lifecycle import machines, nodes
 from gpufleet.lifecycle.core import ControllerCore, Json, log
 from gpufleet.remediate.ticket_webhook import TicketWebhook
 
+MAX_IN_FLIGHT = 4
+"""Nodes whose ticket work runs at once: a controller that starts with many nodes already in
+triage (tickets just turned on) opens their tickets a few at a time, the next tick going on
+with the rest, instead of flooding the receiver."""
 _ROUNDS = 4
 """Passes of one task: the ticket record settles in at most two writes, then one call."""
 _VERBS = {"opened": "open", "updated": "update", "closed": "close"}
@@ -63,6 +67,8 @@ class Tickets(ControllerCore):
     def _tickets_check(self, name: str) -> None:
         if not self.settings.ticket_webhook or name in self._ticketing:
             return
+        if len(self._ticketing) >= MAX_IN_FLIGHT:
+            return  # the next tick asks again
         body, record = self.bodies.get(name), self.fleet.records.get(name)
         if body is None or record is None:
             return

@@ -10,8 +10,9 @@ from typing import Any
 
 from gpufleet.clock import ManualClock
 from gpufleet.domain import events as ev
-from gpufleet.domain import well_known
+from gpufleet.domain import rma, well_known
 from gpufleet.domain.policy import default_policy
+from gpufleet.lifecycle import tickets
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
 
 from .fakes import FakeKube, node
@@ -92,3 +93,62 @@ def test_without_a_webhook_there_is_no_ticket() -> None:
         assert _ticket_events(kube) == []
 
     asyncio.run(go())
+
+
+def test_many_nodes_in_triage_get_their_tickets_a_few_at_a_time() -> None:
+    async def go() -> None:
+        kube = FakeKube()
+        for i in range(8):
+            kube.add_node(node(f"n{i}"))
+        first = Controller(kube, ControllerSettings(), clock=ManualClock())
+        first.policy = default_policy().model_copy(
+            update={"safety": default_policy().safety.model_copy(update={"budget": _no_limit()})}
+        )
+        first.policy_seen = True
+        await first.prime()
+        for body in list(kube.nodes.values()):
+            await first.on_node(body)
+        for i in range(6):
+            await first.feed(f"n{i}", ev.OperatorTriage("bad batch of GPUs"))
+            await first.feed(f"n{i}", ev.DrainCompleted())
+        await _settle(first)
+        await first.close()
+        assert sum(r.state.value == "triage" for r in first.fleet.records.values()) == 6
+
+        ctl = Controller(kube, ControllerSettings(ticket_webhook=WEBHOOK), clock=ManualClock())
+        ctl.policy = default_policy()
+        ctl.policy_seen = True
+        await ctl.prime()
+        release = asyncio.Event()
+        started: list[str] = []
+
+        async def held(name: str) -> None:  # the call itself is not what this test is about
+            started.append(name)
+            await release.wait()
+            key = rma.ticket_key(ctl.fleet.records[name])
+            assert key is not None
+            opened = rma.Ticket(key=key, state=rma.TicketState.OPEN, reported="triage")
+            annotations = ctl.bodies[name]["metadata"]["annotations"]
+            annotations[well_known.ANNOTATION_RMA_TICKET] = rma.encode_ticket(opened)
+
+        ctl._ticket_work = held  # type: ignore[method-assign]
+        await ctl.tick_all()
+        await asyncio.sleep(0)
+        assert len(started) == tickets.MAX_IN_FLIGHT
+        await ctl.tick_all()  # still busy: nobody else starts
+        await asyncio.sleep(0)
+        assert len(started) == tickets.MAX_IN_FLIGHT
+        release.set()
+        await _settle(ctl)
+        await ctl.tick_all()
+        await asyncio.sleep(0)
+        await _settle(ctl)
+        assert sorted(set(started)) == [f"n{i}" for i in range(6)]
+
+    asyncio.run(go())
+
+
+def _no_limit() -> Any:
+    from gpufleet.domain.policy import Budget
+
+    return Budget(max_nodes=100, max_percent=100, min_nodes=100)
