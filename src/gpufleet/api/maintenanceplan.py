@@ -10,6 +10,7 @@ the plan's phase and conditions (docs/operations.md, docs/decisions/0110).
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -79,6 +80,12 @@ class MaintenancePlanSpec(BaseModel):
         alias="drainMode",
         description="How pods leave (evict respects PodDisruptionBudgets)",
     )
+    start_at: datetime | None = Field(
+        default=None,
+        alias="startAt",
+        description="No node starts before this time (RFC 3339 with a zone): a maintenance "
+        "window; none: at once",
+    )
     paused: bool = Field(default=False, description="Start no new node (nodes out finish)")
     abort: bool = Field(
         default=False, description="Stop for good: no new node starts, nodes out finish"
@@ -99,6 +106,13 @@ class MaintenancePlanSpec(BaseModel):
             raise ValueError(f"not a label key: {v!r}")
         return v
 
+    @field_validator("start_at")
+    @classmethod
+    def _zoned(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            raise ValueError("startAt needs a time zone, e.g. 2026-01-31T02:00:00Z")
+        return v
+
     @model_validator(mode="after")
     def _image_for_reimage(self) -> MaintenancePlanSpec:
         if self.action is maintenance.Action.REIMAGE and not self.image:
@@ -112,6 +126,7 @@ class MaintenancePlanSpec(BaseModel):
             max_failures=self.max_failures,
             paused=self.paused,
             aborted=self.abort,
+            start_at=self.start_at.timestamp() if self.start_at is not None else None,
         )
 
 
@@ -168,6 +183,7 @@ def crd_manifest() -> Json:
             column("Image", "string", ".spec.image"),
             column("Phase", "string", ".status.phase"),
             column("Progress", "string", ".status.progress"),
+            column("Start", "string", ".spec.startAt"),
             column("Failed", "integer", ".status.failed"),
             AGE,
         ],

@@ -68,6 +68,7 @@ def _summary(body: dict[str, Any]) -> dict[str, Any]:
         "maxUnavailable": spec.get("maxUnavailable", 1),
         "maxFailures": spec.get("maxFailures", 1),
         "paused": bool(spec.get("paused")),
+        "startAt": spec.get("startAt"),
         "abort": bool(spec.get("abort")),
         "phase": status.get("phase") or "",
         "progress": status.get("progress") or "",
@@ -152,6 +153,7 @@ def _draw_plan(s: dict[str, Any], wide: bool) -> Group:
         f"  {s['action']}" + (f" to {s['image']}" if s["image"] else ""),
         f"  on {_selector(s['selector'])}",
         f"  phase {s['phase'] or '-'}" + ("  (paused)" if s["paused"] else ""),
+        f"  starts at {s['startAt']}" if s["startAt"] else "",
     )
     rows = [
         [
@@ -261,10 +263,19 @@ def create(
     paused: Annotated[
         bool, typer.Option("--paused", help="Create it paused (start with: resume).")
     ] = False,
+    start_at: Annotated[
+        str | None,
+        typer.Option(
+            "--start-at",
+            help="No node starts before this time (RFC 3339 with a zone, e.g. "
+            "2026-01-31T02:00:00Z): a maintenance window.",
+        ),
+    ] = None,
     kubeconfig: KubeconfigOpt = None,
     output: OutputOpt = Format.TABLE,
 ) -> None:
-    """Create a MaintenancePlan; the lifecycle controller starts its first batch.
+    """Create a MaintenancePlan; the lifecycle controller starts its first batch (at
+    --start-at, if given).
 
     Example:
 
@@ -283,6 +294,7 @@ def create(
             requeue=requeue,
             drain_mode=drain_mode,
             paused=paused,
+            start_at=start_at,
         )
     except ValidationError as exc:
         fail(f"invalid plan: {'; '.join(e['msg'] for e in exc.errors()[:3])}")

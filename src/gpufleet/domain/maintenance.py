@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gpufleet.domain import events as ev
+from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import Budget, DrainMode, RequeueMode
 from gpufleet.domain.records import NodeRecord
@@ -90,6 +91,8 @@ FINISHED = frozenset({NodePhase.SUCCEEDED, NodePhase.FAILED})
 class PlanPhase(StrEnum):
     """The plan as a whole (``status.phase``)."""
 
+    SCHEDULED = "Scheduled"
+    """Its start time has not come; nothing started."""
     PROGRESSING = "Progressing"
     PAUSED = "Paused"
     STOPPED = "Stopped"
@@ -110,6 +113,8 @@ class Rollout:
     """The plan stops once this many nodes failed."""
     paused: bool = False
     aborted: bool = False
+    start_at: float | None = None
+    """No node starts before this time (seconds since the epoch): a maintenance window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,8 +249,8 @@ def _start_index(
     return None
 
 
-def plan_phase(rollout: Rollout, phases: Iterable[NodePhase]) -> PlanPhase:
-    """The plan's phase from its nodes' phases."""
+def plan_phase(rollout: Rollout, phases: Iterable[NodePhase], *, now: float) -> PlanPhase:
+    """The plan's phase from its nodes' phases (``now``: for the start time)."""
     counts = Counter(phases)
     if counts[NodePhase.FAILED] >= rollout.max_failures:
         return PlanPhase.STOPPED
@@ -255,6 +260,9 @@ def plan_phase(rollout: Rollout, phases: Iterable[NodePhase]) -> PlanPhase:
         return PlanPhase.COMPLETED
     if rollout.paused:
         return PlanPhase.PAUSED
+    untouched = all(p is NodePhase.PENDING for p in counts.elements())
+    if rollout.start_at is not None and now < rollout.start_at and untouched:
+        return PlanPhase.SCHEDULED
     return PlanPhase.PROGRESSING
 
 
@@ -267,15 +275,18 @@ def budget_room(
     return max(0, budget.allowed(pool_size) - out_of_service - in_maintenance)
 
 
-def next_batch(rollout: Rollout, candidates: Sequence[Candidate], room: Mapping[str, int]) -> Batch:
-    """The nodes to start now (none while a batch is in progress).
+def next_batch(
+    rollout: Rollout, candidates: Sequence[Candidate], room: Mapping[str, int], *, now: float
+) -> Batch:
+    """The nodes to start at ``now`` (none while a batch is in progress, none before the
+    plan's start time).
 
     ``room`` is each pool's :func:`budget_room`; a pool it does not name has none.
     Nodes are taken by name; a node not in production waits (automation or a person
     has it) and is taken once it is back.
     """
     phases = [c.phase for c in candidates]
-    stage = plan_phase(rollout, phases)
+    stage = plan_phase(rollout, phases, now=now)
     if stage is PlanPhase.STOPPED:
         failed = sum(1 for p in phases if p is NodePhase.FAILED)
         return Batch((), f"stopped: {failed} node(s) failed (maxFailures {rollout.max_failures})")
@@ -285,6 +296,8 @@ def next_batch(rollout: Rollout, candidates: Sequence[Candidate], room: Mapping[
         return Batch((), "completed")
     if stage is PlanPhase.PAUSED:
         return Batch((), "paused: nothing more starts")
+    if rollout.start_at is not None and now < rollout.start_at:
+        return Batch((), f"waits for its start time ({rfc3339(rollout.start_at)})")
     busy = [c for c in candidates if c.phase in IN_PROGRESS]
     if busy:
         return Batch((), f"batch in progress: {len(busy)} node(s) not verified yet")

@@ -94,7 +94,7 @@ class MaintenancePlans(ControllerCore):
             }
             if prev.get("imageVersion"):
                 entries[node]["imageVersion"] = prev["imageVersion"]
-        stage = mt.plan_phase(rollout, (P(e["phase"]) for e in entries.values()))
+        stage = mt.plan_phase(rollout, (P(e["phase"]) for e in entries.values()), now=now)
         holding = stage in (mt.PlanPhase.PAUSED, mt.PlanPhase.ABORTED, mt.PlanPhase.STOPPED)
         for node, e in entries.items():
             if e["phase"] != P.REQUESTED:
@@ -191,7 +191,7 @@ class MaintenancePlans(ControllerCore):
             candidates.append(
                 mt.Candidate(node, record.pool, e["domain"], record.state, P(e["phase"]))
             )
-        batch = mt.next_batch(rollout, candidates, self._budget_room())
+        batch = mt.next_batch(rollout, candidates, self._budget_room(), now=now)
         if not batch.start:
             return batch.why
         for node in batch.start:
@@ -265,7 +265,7 @@ def _status(
     body: Json, rollout: mt.Rollout, entries: Mapping[str, Json], why: str, now: float
 ) -> Json:
     phases = Counter(P(e["phase"]) for e in entries.values())
-    stage = mt.plan_phase(rollout, phases.elements())
+    stage = mt.plan_phase(rollout, phases.elements(), now=now)
     total = sum(phases.values())
     finished = sum(phases[p] for p in mt.FINISHED)
     busy = sum(phases[p] for p in mt.IN_PROGRESS)

@@ -72,3 +72,10 @@ def test_create_refuses_a_selector_that_is_not_key_value() -> None:
     result = runner.invoke(app, ["maintenance", "create", "x", "--action", "noop", "-l", "pool"])
     assert result.exit_code == 2
     assert "--selector wants KEY=VALUE" in result.output
+
+
+def test_create_refuses_a_start_time_without_a_zone() -> None:
+    args = ["maintenance", "create", "x", "--action", "noop", "--start-at", "2026-01-31T02:00"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert "startAt needs a time zone" in result.output

@@ -29,38 +29,59 @@ def cand(
 
 def test_a_batch_takes_one_node_per_domain_within_max_unavailable_and_the_budget() -> None:
     nodes = [cand("a1", "r1"), cand("a2", "r1"), cand("b1", "r2"), cand("c1", "r3")]
-    batch = mt.next_batch(mt.Rollout(max_unavailable=2), nodes, {"default": 5})
+    batch = mt.next_batch(mt.Rollout(max_unavailable=2), nodes, {"default": 5}, now=0.0)
     assert batch.start == ("a1", "b1")
-    batch = mt.next_batch(mt.Rollout(max_unavailable=5), nodes, {"default": 2})
+    batch = mt.next_batch(mt.Rollout(max_unavailable=5), nodes, {"default": 2}, now=0.0)
     assert batch.start == ("a1", "b1")
-    batch = mt.next_batch(mt.Rollout(max_unavailable=5, max_per_domain=2), nodes, {"default": 9})
+    batch = mt.next_batch(
+        mt.Rollout(max_unavailable=5, max_per_domain=2), nodes, {"default": 9}, now=0.0
+    )
     assert batch.start == ("a1", "a2", "b1", "c1")
-    assert mt.next_batch(mt.Rollout(), nodes, {}).start == ()
+    assert mt.next_batch(mt.Rollout(), nodes, {}, now=0.0).start == ()
 
 
 def test_nothing_starts_while_a_node_of_the_batch_is_not_verified() -> None:
     nodes = [cand("a", "r1", P.VERIFYING), cand("b", "r2")]
-    batch = mt.next_batch(mt.Rollout(max_unavailable=4), nodes, {"default": 4})
+    batch = mt.next_batch(mt.Rollout(max_unavailable=4), nodes, {"default": 4}, now=0.0)
     assert batch.start == () and "in progress" in batch.why
 
 
 def test_paused_aborted_and_stopped_plans_start_nothing() -> None:
     nodes = [cand("a"), cand("b", phase=P.FAILED), cand("c")]
-    assert mt.next_batch(mt.Rollout(paused=True, max_failures=2), nodes, {"default": 9}).start == ()
     assert (
-        mt.next_batch(mt.Rollout(aborted=True, max_failures=2), nodes, {"default": 9}).start == ()
+        mt.next_batch(mt.Rollout(paused=True, max_failures=2), nodes, {"default": 9}, now=0.0).start
+        == ()
     )
-    stopped = mt.next_batch(mt.Rollout(max_failures=1), nodes, {"default": 9})
+    assert (
+        mt.next_batch(
+            mt.Rollout(aborted=True, max_failures=2), nodes, {"default": 9}, now=0.0
+        ).start
+        == ()
+    )
+    stopped = mt.next_batch(mt.Rollout(max_failures=1), nodes, {"default": 9}, now=0.0)
     assert stopped.start == () and stopped.why.startswith("stopped")
-    assert mt.plan_phase(mt.Rollout(max_failures=1), [P.PENDING, P.FAILED]) is mt.PlanPhase.STOPPED
-    assert mt.plan_phase(mt.Rollout(max_failures=2), [P.SUCCEEDED, P.FAILED]) is (
+    assert (
+        mt.plan_phase(mt.Rollout(max_failures=1), [P.PENDING, P.FAILED], now=0.0)
+        is mt.PlanPhase.STOPPED
+    )
+    assert mt.plan_phase(mt.Rollout(max_failures=2), [P.SUCCEEDED, P.FAILED], now=0.0) is (
         mt.PlanPhase.COMPLETED
     )
 
 
+def test_nothing_starts_before_the_start_time() -> None:
+    nodes = [cand("a"), cand("b")]
+    rollout = mt.Rollout(start_at=1000.0)
+    early = mt.next_batch(rollout, nodes, {"default": 9}, now=999.0)
+    assert early.start == () and "start time" in early.why
+    assert mt.plan_phase(rollout, [P.PENDING, P.PENDING], now=999.0) is mt.PlanPhase.SCHEDULED
+    assert mt.next_batch(rollout, nodes, {"default": 9}, now=1000.0).start == ("a",)
+    assert mt.plan_phase(rollout, [P.DRAINING, P.PENDING], now=999.0) is (mt.PlanPhase.PROGRESSING)
+
+
 def test_nodes_not_in_production_wait() -> None:
     nodes = [cand("a", state=S.REMEDIATING), cand("b", state=S.TRIAGE)]
-    batch = mt.next_batch(mt.Rollout(), nodes, {"default": 9})
+    batch = mt.next_batch(mt.Rollout(), nodes, {"default": 9}, now=0.0)
     assert batch.start == () and "not in production" in batch.why
 
 
@@ -205,10 +226,10 @@ def test_a_rollout_respects_budget_and_domains_and_ends_every_node(
             mt.Candidate(n, "default", domain_of[n], f.records[n].state, stored[n])
             for n in domain_of
         ]
-        phase = mt.plan_phase(rollout, stored.values())
+        phase = mt.plan_phase(rollout, stored.values(), now=0.0)
         if phase in (mt.PlanPhase.COMPLETED, mt.PlanPhase.STOPPED) and not busy:
             break
-        for n in mt.next_batch(rollout, cands, _room(f, policy)).start:
+        for n in mt.next_batch(rollout, cands, _room(f, policy), now=0.0).start:
             started[n] = now
             stored[n] = P.REQUESTED
             f.send(n, mt.request("p", action), now + 0.1)
@@ -217,7 +238,7 @@ def test_a_rollout_respects_budget_and_domains_and_ends_every_node(
             if first:
                 verified_once.add(n)
             _advance(f, "p", n, now + 0.2, passes=not (first and i in failing))
-    final = mt.plan_phase(rollout, stored.values())
+    final = mt.plan_phase(rollout, stored.values(), now=0.0)
     failed = sum(1 for p in stored.values() if p is P.FAILED)
     if final is mt.PlanPhase.STOPPED:
         assert failed >= max_failures

@@ -8,6 +8,7 @@ from typing import Any
 
 from gpufleet.api import maintenanceplan
 from gpufleet.domain import conditions, node_reports, well_known
+from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.policy import Budget, Safety
 from gpufleet.domain.records import NodeRecord, record_to_json
 from gpufleet.domain.states import NodeState
@@ -193,6 +194,26 @@ def test_a_late_watch_event_does_not_bring_back_an_older_plan() -> None:
         assert ctl._plans["p"]["metadata"]["resourceVersion"] == "12"
         ctl.on_plan({"metadata": {"name": "p", "resourceVersion": "13"}, "spec": SPEC})
         assert ctl._plans["p"]["metadata"]["resourceVersion"] == "13"
+        await ctl.close()
+
+    asyncio.run(go())
+
+
+def test_a_plan_with_a_start_time_waits_for_it() -> None:
+    async def go() -> None:
+        kube, ctl, clock = await make(4)
+        start = rfc3339(clock.now() + 60)
+        body = {"metadata": {"name": "p"}, "spec": {**SPEC, "startAt": start}}
+        kube.custom[(maintenanceplan.PLURAL, "p")] = body
+        ctl.on_plan(body)
+        await passes(ctl)
+        status = plan_status(kube)
+        assert status["phase"] == "Scheduled" and "start time" in status["message"]
+        assert all(record(kube, n).state is NodeState.PRODUCTION for n in kube.nodes)
+        clock.advance(61)
+        await passes(ctl)
+        assert plan_status(kube)["phase"] == "Progressing"
+        assert record(kube, "n0").state is not NodeState.PRODUCTION
         await ctl.close()
 
     asyncio.run(go())
