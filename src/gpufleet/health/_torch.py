@@ -276,6 +276,12 @@ def gang_allreduce(
 
 if __name__ == "__main__":
     import json
+    import resource
     import sys
 
+    # The gang preflight's rank (health.preflight.run): no core file. A rank whose peer
+    # vanishes can abort inside the collective library (gloo raises SIGABRT); the parent
+    # already reports "no verdict" and names the absent peer, and the core of a process
+    # holding torch (and CUDA) is hundreds of MB to GB in the job's working directory.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     print(json.dumps(gang_allreduce(**json.loads(sys.argv[1]))), flush=True)
