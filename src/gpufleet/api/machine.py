@@ -209,6 +209,11 @@ STATUS_SCHEMA: Json = {
         "tokenExpiresAt": _TIME,
         "tokensIssued": {"type": "integer"},
         "lastBootAt": _TIME,
+        "image": {
+            "type": "string",
+            "description": "the image version the machine boots (set by a reimage to a "
+            "version; absent: the provisioning service's default image)",
+        },
         "boot": {
             "type": "object",
             "description": "the boot in progress or the last one (gpufleet.domain.boot_watch)",

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gpufleet.api.names import API_VERSION, MAINTENANCE_PLAN
 from gpufleet.api.schema import AGE, CONDITIONS, Json, column, crd, structural
-from gpufleet.domain import maintenance, well_known
+from gpufleet.domain import boot_images, maintenance, well_known
 from gpufleet.domain.policy import DrainMode, RequeueMode
 
 NAMES = MAINTENANCE_PLAN
@@ -47,8 +47,9 @@ class MaintenancePlanSpec(BaseModel):
     )
     image: str | None = Field(
         default=None,
-        description="The image version a reimage installs (recorded on each verified node)",
-        json_schema_extra={"maxLength": 253},
+        description="The image version a reimage installs: the provisioning service serves "
+        "<images-url>/<version>/ to the re-imaged machines; recorded on each verified node",
+        json_schema_extra={"maxLength": 63, "pattern": boot_images.VERSION.pattern},
     )
     max_unavailable: int = Field(
         default=1,
@@ -105,6 +106,11 @@ class MaintenancePlanSpec(BaseModel):
         if not _LABEL_KEY.match(v):
             raise ValueError(f"not a label key: {v!r}")
         return v
+
+    @field_validator("image")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        return boot_images.check_version(v) if v else v
 
     @field_validator("start_at")
     @classmethod

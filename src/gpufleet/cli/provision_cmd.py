@@ -49,6 +49,14 @@ def serve_cmd(
     kernel_url: Annotated[str | None, typer.Option(help="Kernel URL for iPXE.")] = None,
     initrd_url: Annotated[str | None, typer.Option(help="initrd URL for iPXE.")] = None,
     image_url: Annotated[str | None, typer.Option(help="Root image URL (kernel arg).")] = None,
+    images_url: Annotated[
+        str,
+        typer.Option(
+            help="Base URL of named image versions: <URL>/<version>/{vmlinuz,initrd.img,"
+            "rootfs.squashfs}. A machine re-imaged to a version (a MaintenancePlan's "
+            "spec.image) boots it; without this option such a machine gets no script."
+        ),
+    ] = "",
     token_ttl: Annotated[
         float, typer.Option(min=1, help="Seconds a join token stays valid.")
     ] = 900.0,
@@ -84,6 +92,12 @@ def serve_cmd(
         gpufleet provision serve --port 8080 --public-url http://10.0.2.100:8080 \\
             --boot-dir ~/.cache/gpufleet/node-image/KEY \\
             --kernel-url http://10.0.2.100:8080/boot/vmlinuz
+
+    Serving named image versions for reimages (a MaintenancePlan with spec.image v2 boots
+    http://10.0.0.2/images/v2/vmlinuz, initrd.img, rootfs.squashfs):
+
+        gpufleet provision serve --public-url http://10.0.0.2:8080 \\
+            --images-url http://10.0.0.2/images
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -98,6 +112,7 @@ def serve_cmd(
         kernel_url=kernel_url,
         initrd_url=initrd_url,
         image_url=image_url,
+        images_url=images_url,
         boot_dir=boot_dir,
         agent_wheel_url=agent_wheel_url,
         agent_wheel_sha256=agent_wheel_sha256,

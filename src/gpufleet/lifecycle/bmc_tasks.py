@@ -124,7 +124,10 @@ class BmcTasks(ControllerCore):
 
             async def prepare() -> None:
                 if step is Step.REIMAGE:  # the network boot must get a new join token
-                    await machines.rearm_for_reimage(self.client, body, self.clock.now())
+                    image = self._reimage_version(name)
+                    await machines.rearm_for_reimage(
+                        self.client, body, self.clock.now(), image=image
+                    )
 
             async with redfish.RedfishClient(
                 creds, name=name, retry_delays=self.settings.bmc_retry_delays

@@ -185,6 +185,10 @@ class ControllerCore:
         """An Event about a Machine (events)."""
         raise NotImplementedError
 
+    def _reimage_version(self, name: str) -> str | None:
+        """The image version the node's reimage installs, if a plan names one (maintenance)."""
+        raise NotImplementedError
+
     def _update_gauges(self) -> None:
         """Fleet gauges, and a status save when the budget use changed (policy)."""
         raise NotImplementedError

@@ -204,8 +204,14 @@ async def revoke_rejoined_token(client: KubePort, body: Mapping[str, Any]) -> bo
     return revoked
 
 
-async def rearm_for_reimage(client: KubePort, body: Mapping[str, Any], now: float) -> None:
+async def rearm_for_reimage(
+    client: KubePort, body: Mapping[str, Any], now: float, *, image: str | None = None
+) -> None:
     """Arm the Node's Machine so the reimage boot gets a new token (no-op without one).
+
+    ``image``: the version the boot installs (a MaintenancePlan's), recorded in the
+    Machine's ``status.image`` with the re-arm, which the provisioning service serves;
+    None keeps the version the machine has.
 
     Raises :class:`~gpufleet.kubeapi.ApiError` if the Machine could not be
     re-armed: the reimage would boot a machine that cannot join, so the step
@@ -216,6 +222,16 @@ async def rearm_for_reimage(client: KubePort, body: Mapping[str, Any], now: floa
         return
     node = str(body["metadata"]["name"])
     await kube_machines.rearm(
-        client, name, by=well_known.CONTROLLER, reason=f"reimage of {node}", now=now
+        client,
+        name,
+        by=well_known.CONTROLLER,
+        reason=f"reimage of {node}" + (f" to image {image}" if image else ""),
+        now=now,
+        extra={"image": image} if image else None,
     )
-    log.info("node=%s Machine %s re-armed for the reimage boot", node, name)
+    log.info(
+        "node=%s Machine %s re-armed for the reimage boot (image %s)",
+        node,
+        name,
+        image or "unchanged",
+    )

@@ -53,6 +53,19 @@ class MaintenancePlans(ControllerCore):
         """A deleted plan starts nothing more; nodes it took out finish their cycle."""
         self._plans.pop(name, None)
 
+    def _reimage_version(self, name: str) -> str | None:
+        """The ``spec.image`` of the plan whose reimage the node is in (its incident names
+        the plan); None for a repair's reimage (the machine keeps its version) or a plan
+        deleted since (the reimage installs the version the machine has)."""
+        record = self.fleet.records.get(name)
+        inc = record.incident if record is not None else None
+        if inc is None or not inc.key.startswith(mt.KEY_PREFIX):
+            return None
+        plan = self._plans.get(inc.key.removeprefix(mt.KEY_PREFIX))
+        spec = (plan or {}).get("spec") or {}
+        image = spec.get("image") if spec.get("action") == mt.Action.REIMAGE.value else None
+        return str(image) if image else None
+
     async def _run_plans(self) -> None:
         for name in sorted(self._plans):
             body = self._plans.get(name)

@@ -283,8 +283,14 @@ class Provisioner:
             machines.spec_of(body)
         except ValidationError as exc:
             raise Refused(409, f"machine {name} has an invalid spec: {exc}") from None
+        image = (body.get("status") or {}).get("image") or None
+        try:
+            script = render.ipxe(self.config, name, machines.normalize_mac(mac), image)
+        except render.ImageNotServed as exc:
+            self.audit(name, "ImageNotServed", f"request from {client}: {exc}", warning=True)
+            raise Refused(409, str(exc), "no image for this machine") from None
         await self._record_network_boot(name, body)
-        return render.ipxe(self.config, name, machines.normalize_mac(mac))
+        return script
 
     async def _record_network_boot(self, name: str, body: Json) -> None:
         """``status.boot.networkBootAt``: the machine's firmware reached us (the boot

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from gpufleet.api.machine import MachineSpec
-from gpufleet.domain import well_known
+from gpufleet.domain import boot_images, well_known
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 """libyaml's emitter when PyYAML has it: the same documents (line folding may differ),
@@ -41,6 +41,9 @@ class BootConfig:
     kernel_url: str = "http://boot.example/gpufleet/vmlinuz"
     initrd_url: str = "http://boot.example/gpufleet/initrd.img"
     image_url: str = "http://boot.example/gpufleet/rootfs.squashfs"
+    images_url: str = ""
+    """Where named image versions are, ``<images_url>/<version>/{vmlinuz,initrd.img,
+    rootfs.squashfs}`` (:mod:`gpufleet.domain.boot_images`); empty: only the default."""
     kernel_args: str = "console=ttyS0,115200n8"
     agent_wheel_url: str = ""
     """Where the node fetches the gpufleet wheel for its agent (the node image has the
@@ -93,8 +96,34 @@ def node_labels(name: str, spec: MachineSpec) -> dict[str, str]:
     return labels
 
 
-def ipxe(config: BootConfig, name: str, mac: str) -> str:
-    """The iPXE script for a known machine: kernel, initrd, and where its cloud-init is."""
+class ImageNotServed(ValueError):
+    """The Machine asks for an image version this service does not serve."""
+
+
+def boot_files(config: BootConfig, image: str | None) -> tuple[str, str, str]:
+    """Kernel, initrd and root image URLs of ``image`` (None: the default image).
+
+    Raises :class:`ImageNotServed` for a version without ``images_url`` or an invalid one:
+    a machine re-imaged to a version must not silently boot another.
+    """
+    if image is None:
+        return config.kernel_url, config.initrd_url, config.image_url
+    if not config.images_url:
+        raise ImageNotServed(
+            f"image version {image!r} asked, but this service serves only its default image "
+            "(no --images-url)"
+        )
+    try:
+        return boot_images.urls(config.images_url, image)
+    except ValueError as exc:
+        raise ImageNotServed(str(exc)) from None
+
+
+def ipxe(config: BootConfig, name: str, mac: str, image: str | None = None) -> str:
+    """The iPXE script for a known machine: kernel, initrd, and where its cloud-init is.
+
+    ``image``: the version its Machine names (``status.image``); None: the default."""
+    kernel_url, initrd_url, image_url = boot_files(config, image)
     # iPXE fills in the SMBIOS serial; cloud-init fetches <seed>meta-data, <seed>user-data.
     seed = f"{config.public_url.rstrip('/')}/cloud-init/{mac}/serial/${{serial:uristring}}/"
     args = " ".join(
@@ -102,7 +131,7 @@ def ipxe(config: BootConfig, name: str, mac: str) -> str:
         for a in (
             "initrd=initrd.img",
             "ip=dhcp",
-            f"boot=live fetch={config.image_url}",
+            f"boot=live fetch={image_url}",
             f"ds=nocloud-net;s={seed}",
             f"gpufleet.machine={name}",
             config.kernel_args,
@@ -111,9 +140,9 @@ def ipxe(config: BootConfig, name: str, mac: str) -> str:
     )
     return (
         "#!ipxe\n"
-        f"echo gpufleet: booting {name} ({mac})\n"
-        f"kernel {config.kernel_url} {args}\n"
-        f"initrd {config.initrd_url}\n"
+        f"echo gpufleet: booting {name} ({mac}), image {image or 'default'}\n"
+        f"kernel {kernel_url} {args}\n"
+        f"initrd {initrd_url}\n"
         "boot\n"
     )
 

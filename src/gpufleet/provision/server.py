@@ -39,6 +39,8 @@ class ServeOptions:
     kernel_url: str | None = None
     initrd_url: str | None = None
     image_url: str | None = None
+    images_url: str = ""
+    """Named image versions at ``<images_url>/<version>/`` (a MaintenancePlan's reimage)."""
     boot_dir: Path | None = None
     """Served at ``/boot/<name>`` (kernel, initrd, root image), when given."""
     agent_wheel_url: str = ""
@@ -60,6 +62,7 @@ def boot_config(options: ServeOptions) -> render.BootConfig:
         kernel_url=options.kernel_url,
         initrd_url=options.initrd_url,
         image_url=options.image_url,
+        images_url=options.images_url,
         agent_wheel_url=options.agent_wheel_url,
         agent_wheel_sha256=options.agent_wheel_sha256,
         agent_args=options.agent_args,

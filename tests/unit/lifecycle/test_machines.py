@@ -151,3 +151,13 @@ def test_no_machine_or_no_ready_time_revokes_nothing() -> None:
     body["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
     assert not asyncio.run(machines.revoke_rejoined_token(api, body))
     assert TOKEN in api.secrets
+
+
+def test_a_reimage_to_a_version_records_it_with_the_rearm_and_a_repair_keeps_it() -> None:
+    api = Api({**MACHINE, "status": {**MACHINE["status"], "image": "v1"}})
+    body = {"metadata": {"name": "n1", "labels": {well_known.LABEL_MACHINE: "m1"}}}
+    asyncio.run(machines.rearm_for_reimage(api, body, 1_800_000_000.0, image="v2"))
+    assert api.status["image"] == "v2" and api.status["armed"] is True
+    assert TOKEN not in api.secrets  # the previous boot's token is revoked
+    asyncio.run(machines.rearm_for_reimage(api, body, 1_800_000_100.0))
+    assert api.status["image"] == "v2"  # a repair's reimage installs what the machine has

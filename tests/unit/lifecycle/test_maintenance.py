@@ -217,3 +217,22 @@ def test_a_plan_with_a_start_time_waits_for_it() -> None:
         await ctl.close()
 
     asyncio.run(go())
+
+
+def test_a_plans_reimage_installs_the_plans_image_version() -> None:
+    async def go() -> None:
+        spec = {**SPEC, "action": "reimage", "image": "v2", "maxUnavailable": 1}
+        kube, ctl = await setup(spec)
+        await passes(ctl)
+        taken = [n for n, r in ctl.fleet.records.items() if r.state is not NodeState.PRODUCTION]
+        assert len(taken) == 1
+        assert ctl._reimage_version(taken[0]) == "v2"
+        # Nodes the plan did not take, and plans that reimage nothing, name no version.
+        others = [n for n in kube.nodes if n not in taken]
+        assert all(ctl._reimage_version(n) is None for n in others)
+        ctl.on_plan(
+            {"metadata": {"name": "p", "generation": 2}, "spec": {**SPEC, "action": "reboot"}}
+        )
+        assert ctl._reimage_version(taken[0]) is None
+
+    asyncio.run(go())
