@@ -270,7 +270,11 @@ def test_two_replicas_with_peering_only_one_acts(env: Any) -> None:
     info, api, logs = env
     node = info.node_names[0]
     reset_node(api, node)
-    for doc in yaml.safe_load_all((ROOT / "deploy/controller/peering.yaml").read_text()):
+    for doc in yaml.safe_load_all(
+        (ROOT / "deploy/controller/peering-crd.yaml").read_text()
+        + "\n---\n"
+        + (ROOT / "deploy/controller/peering.yaml").read_text()
+    ):
         if doc["kind"] == "CustomResourceDefinition":
             api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc, ok=(201, 409))
             wait_for(

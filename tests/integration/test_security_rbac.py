@@ -35,11 +35,12 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 REL = "rbactest"
+FULL = f"{REL}-gpufleet"  # the chart's object name prefix for this release
 NS = "gpufleet-rbac-test"
 BMC_NS = "gpufleet-rbac-bmc"
 EVIDENCE_NS = "gpufleet-rbac-evidence"
 SA = {
-    name: f"system:serviceaccount:{NS}:gpufleet-{name}"
+    name: f"system:serviceaccount:{NS}:{FULL}-{name}"
     for name in ("agent", "controller", "provisioning", "slurm-syncer")
 }
 APPLIED_KINDS = {
@@ -163,7 +164,7 @@ def can(admin: Client, who: str, verb: str, resource: str, *, ns: str = "", name
 
 
 # (service account, verb, resource[/subresource][.group], namespace, name, allowed)
-JWT, MUNGE = f"{REL}-slurm-jwt", f"{REL}-munge-key"
+JWT, MUNGE = f"{FULL}-slurm-jwt", f"{FULL}-munge-key"
 MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     # agent: read Nodes and pods, patch Node status (own node: admission), Events.
     ("agent", "get", "nodes", "", "", True),
@@ -300,7 +301,7 @@ def agent_token(
         "kind": "Pod",
         "metadata": {"name": "agent-probe", "namespace": NS},
         "spec": {
-            "serviceAccountName": "gpufleet-agent",
+            "serviceAccountName": f"{FULL}-agent",
             "nodeName": node,
             "tolerations": [{"operator": "Exists"}],
             "containers": [{"name": "agent", "image": "gpufleet:test"}],
@@ -323,7 +324,7 @@ def agent_token(
         },
     }
     r = admin.request(
-        "POST", f"/api/v1/namespaces/{NS}/serviceaccounts/gpufleet-agent/token", request
+        "POST", f"/api/v1/namespaces/{NS}/serviceaccounts/{FULL}-agent/token", request
     )
     assert r.status_code == 201, r.text
     try:
@@ -561,7 +562,7 @@ def test_slurm_pods_mount_no_token_and_gpufleet_pods_use_their_accounts() -> Non
             spec.get("serviceAccountName"),
             spec.get("automountServiceAccountToken", True),
         )
-    gpufleet = {"gpufleet-agent", "gpufleet-controller", "gpufleet-slurm-syncer"}
+    gpufleet = {f"{FULL}-agent", f"{FULL}-controller", f"{FULL}-slurm-syncer"}
     for name, (account, mounted) in accounts.items():
         if name in gpufleet:
             assert account == name and mounted, name

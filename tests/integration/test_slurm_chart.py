@@ -27,6 +27,7 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "ClusterKopfPeering",
 }
 
 
@@ -74,10 +75,11 @@ def test_rendered_manifests_pass_server_side_dry_run(
     ns = f"{NS}-{suffix}"
     kubectl = str(local_cluster.kubectl)
     env = local_cluster.kube_env()
-    bmc_ns = f"{ns}-bmc"
+    bmc_ns, evidence_ns = f"{ns}-bmc", f"{ns}-evidence"
     rendered = run(
         helm, "template", "gpufleet", str(CHART), "--namespace", ns, "--include-crds",
-        "--set", f"bmcSecretsNamespace={bmc_ns}", *extra,
+        "--set", f"bmcSecretsNamespace={bmc_ns}",
+        "--set", f"controller.tickets.evidenceNamespace={evidence_ns}", *extra,
     )  # fmt: skip
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     kinds = {d["kind"] for d in docs}
@@ -105,20 +107,21 @@ def test_rendered_manifests_pass_server_side_dry_run(
     for d in rest:
         if d["kind"] not in CLUSTER_SCOPED:
             assert d["metadata"].get("namespace"), f"{d['kind']} {d['metadata']['name']}"
-    for name in (ns, bmc_ns):
+    for name in (ns, bmc_ns, evidence_ns):
         subprocess.run([kubectl, "create", "namespace", name], env=env, capture_output=True)
     try:
         out = run(
             kubectl,
             "apply",
             "--dry-run=server",
+            "--validate=strict",  # unknown or duplicate fields are errors, not warnings
             "-f",
             "-",
             env=env,
             stdin=yaml.safe_dump_all(rest),
         )
     finally:
-        for name in (ns, bmc_ns):
+        for name in (ns, bmc_ns, evidence_ns):
             subprocess.run(
                 [kubectl, "delete", "namespace", name, "--wait=false"], env=env, capture_output=True
             )

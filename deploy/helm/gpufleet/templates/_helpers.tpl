@@ -4,13 +4,69 @@
 {{- define "gpufleet.slurmImage" -}}
 {{ .Values.slurmImage.repository }}:{{ .Values.slurmImage.tag }}
 {{- end -}}
+{{- /* Chart name, or nameOverride. */ -}}
+{{- define "gpufleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- /* Every object's name prefix: fullnameOverride, else the release name (when it
+     already holds the chart name) or "<release>-<name>". Two releases never share one. */ -}}
+{{- define "gpufleet.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 35 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "gpufleet.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 35 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 35 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- /* A component's object name: "<fullname>-<component>". */ -}}
+{{- define "gpufleet.component" -}}
+{{- printf "%s-%s" (include "gpufleet.fullname" .root) .name -}}
+{{- end -}}
+{{- /* Selector labels of a component (dict "root" $ "name" "controller"). */ -}}
+{{- define "gpufleet.selector" -}}
+app.kubernetes.io/name: {{ include "gpufleet.name" .root }}-{{ .name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- end -}}
 {{- define "gpufleet.labels" -}}
 app.kubernetes.io/part-of: gpufleet
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- end -}}
-{{- define "gpufleet.slurmConfig" -}}{{ .Values.slurm.clusterName }}-slurm-config{{- end -}}
+{{- /* The SlurmCluster's name (and Slurm's ClusterName): slurm.clusterName, else the fullname. */ -}}
+{{- define "gpufleet.slurmCluster" -}}{{ .Values.slurm.clusterName | default (include "gpufleet.fullname" .) }}{{- end -}}
+{{- /* The operator writes the SlurmCluster's config to "<name>-slurm-config". */ -}}
+{{- define "gpufleet.slurmConfig" -}}{{ include "gpufleet.slurmCluster" . }}-slurm-config{{- end -}}
+{{- /* Secrets holding the munge key (munge.key) and the Slurm JWT key (jwt_hs256.key):
+     an existing one (secretRef) or the one the chart creates. */ -}}
+{{- define "gpufleet.mungeSecret" -}}{{ .Values.slurm.munge.secretRef | default (printf "%s-munge-key" (include "gpufleet.fullname" .)) }}{{- end -}}
+{{- define "gpufleet.jwtSecret" -}}{{ .Values.slurm.jwt.secretRef | default (printf "%s-slurm-jwt" (include "gpufleet.fullname" .)) }}{{- end -}}
+{{- /* ServiceAccount names of the gpufleet processes. */ -}}
+{{- define "gpufleet.sa.controller" -}}{{ include "gpufleet.fullname" . }}-controller{{- end -}}
+{{- define "gpufleet.sa.agent" -}}{{ include "gpufleet.fullname" . }}-agent{{- end -}}
+{{- define "gpufleet.sa.syncer" -}}{{ include "gpufleet.fullname" . }}-slurm-syncer{{- end -}}
+{{- define "gpufleet.sa.provisioning" -}}{{ include "gpufleet.fullname" . }}-provisioning{{- end -}}
+{{- /* Where a pod may run, from a component's values (dict "root" $ "c" .Values.x):
+     imagePullSecrets, nodeSelector, affinity, tolerations, priorityClassName. */ -}}
+{{- define "gpufleet.podPlacement" -}}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .c.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .c.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .c.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end -}}
 {{- define "gpufleet.slurmVolumes" -}}
 - name: slurm-config
   configMap:
@@ -18,13 +74,15 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
     defaultMode: 0755   # the gpufleet-{health,prolog,epilog} hooks are programs
 - name: munge-key
   secret:
-    secretName: {{ .Release.Name }}-munge-key
+    secretName: {{ include "gpufleet.mungeSecret" . }}
     defaultMode: 0400
 - name: jwt-key
   secret:
-    secretName: {{ .Release.Name }}-slurm-jwt
+    secretName: {{ include "gpufleet.jwtSecret" . }}
     defaultMode: 0400
 - name: munge-run
+  emptyDir: {}
+- name: tmp
   emptyDir: {}
 {{- end -}}
 {{- define "gpufleet.slurmMounts" -}}
@@ -36,13 +94,22 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 - name: munged
   image: {{ include "gpufleet.slurmImage" . }}
   imagePullPolicy: {{ .Values.slurmImage.pullPolicy }}
-  command: [munged, --foreground, --key-file=/etc/munge-key/munge.key, --socket=/run/munge/munge.socket.2]
+  # Everything it writes lives in /run/munge, so its root filesystem can be read-only.
+  command: [munged, --foreground, --key-file=/etc/munge-key/munge.key, --socket=/run/munge/munge.socket.2,
+            --pid-file=/run/munge/munged.pid, --seed-file=/run/munge/munged.seed]
   volumeMounts:
     - {name: munge-key, mountPath: /etc/munge-key}
     - {name: munge-run, mountPath: /run/munge}
-  resources:
-    requests: {cpu: 10m, memory: 16Mi}
-    limits: {memory: 64Mi}
+  securityContext: {{- toYaml .Values.slurm.munge.securityContext | nindent 4 }}
+  # munged answers on its socket once the key is loaded.
+  readinessProbe:
+    exec: {command: [test, -S, /run/munge/munge.socket.2]}
+    periodSeconds: 10
+  livenessProbe:
+    exec: {command: [test, -S, /run/munge/munge.socket.2]}
+    initialDelaySeconds: 10
+    periodSeconds: 30
+  resources: {{- toYaml .Values.slurm.munge.resources | nindent 4 }}
 {{- end -}}
 {{- define "gpufleet.slurmTolerations" -}}
 # Slurm pods stay on nodes gpufleet holds, lends or takes out: Slurm's drain
@@ -59,4 +126,28 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- fail (printf "bmcSecretsNamespace %q: must be a namespace of its own, not the release namespace (the Slurm keys) nor kube-system" .Values.bmcSecretsNamespace) -}}
 {{- end -}}
 {{ .Values.bmcSecretsNamespace }}
+{{- end -}}
+{{- /* Prometheus annotation-based discovery of a /metrics port (the argument). */ -}}
+{{- define "gpufleet.scrapeAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ . | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
+{{- /* Names of the BMC credential Secrets the chart knows: those it creates
+     (bmcCredentials.create) and those listed (bmcCredentials.secretNames). */ -}}
+{{- define "gpufleet.bmcSecretNames" -}}
+{{- $names := list -}}
+{{- range .Values.bmcCredentials.create }}{{ $names = append $names .name }}{{ end -}}
+{{- range .Values.bmcCredentials.secretNames }}{{ $names = append $names . }}{{ end -}}
+{{- toJson ($names | uniq) -}}
+{{- end -}}
+{{- /* Read access to BMC Secrets: only the named ones when any are named; else every
+     Secret of bmcSecretsNamespace, which holds BMC credentials and nothing else. */ -}}
+{{- define "gpufleet.bmcSecretRules" -}}
+{{- $names := include "gpufleet.bmcSecretNames" . | fromJsonArray -}}
+{{- if $names }}
+- {apiGroups: [""], resources: [secrets], verbs: [get], resourceNames: {{ toJson $names }}}
+{{- else }}
+- {apiGroups: [""], resources: [secrets], verbs: [get]}
+{{- end }}
 {{- end -}}
