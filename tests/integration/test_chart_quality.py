@@ -111,7 +111,9 @@ def test_schema_accepts_every_documented_option() -> None:
 # -- names ----------------------------------------------------------------------------
 
 
-def test_two_releases_in_one_namespace_share_no_object_name(local_cluster: ClusterInfo) -> None:
+def test_two_releases_in_one_namespace_share_no_object_name(
+    namespaces: tuple[str, dict[str, str]],
+) -> None:
     first = render("alpha", "--include-crds")
     # The second release shares the first one's BMC and evidence namespaces (only one
     # release may own a Namespace object).
@@ -128,22 +130,14 @@ def test_two_releases_in_one_namespace_share_no_object_name(local_cluster: Clust
     for d in second:
         if d["kind"] not in ("CustomResourceDefinition", "SlurmCluster"):
             assert d["metadata"]["name"].startswith("beta-gpufleet"), key(d)
-    kubectl, env = str(local_cluster.kubectl), local_cluster.kube_env()
+    kubectl, env = namespaces
     run(kubectl, "apply", "--server-side", "--force-conflicts", "-f", "-",
         env=env, stdin=yaml.safe_dump_all(crds))  # fmt: skip
     run(kubectl, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s", env=env)
-    for name in MADE:
-        subprocess.run([kubectl, "create", "namespace", name], env=env, capture_output=True)
-    try:
-        out = run(
-            kubectl, "apply", "--dry-run=server", "--validate=strict", "-f", "-",
-            env=env, stdin=yaml.safe_dump_all(objs),
-        )  # fmt: skip
-    finally:
-        for name in MADE:
-            subprocess.run(
-                [kubectl, "delete", "namespace", name, "--wait=false"], env=env, capture_output=True
-            )
+    out = run(
+        kubectl, "apply", "--dry-run=server", "--validate=strict", "-f", "-",
+        env=env, stdin=yaml.safe_dump_all(objs),
+    )  # fmt: skip
     assert out.count("(server dry run)") == len(objs), out
 
 
@@ -400,8 +394,10 @@ def test_network_policies_cover_every_component() -> None:
     assert not [d for d in render("gpufleet") if d["kind"] == "NetworkPolicy"]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def namespaces(local_cluster: ClusterInfo) -> Iterator[tuple[str, dict[str, str]]]:
+    """kubectl and its env, with MADE created once for the module (a namespace deleted
+    between tests would still be terminating when the next one wants it)."""
     kubectl, env = str(local_cluster.kubectl), local_cluster.kube_env()
     for name in MADE:
         subprocess.run([kubectl, "create", "namespace", name], env=env, capture_output=True)
@@ -466,3 +462,66 @@ def test_notes_name_the_release_and_warn_of_a_missing_storage_class(
     assert "Deployment gpufleet-controller (2 replicas, one acting" in notes
     assert "stays\nPending" in notes or "stays Pending" in notes
     assert "docs/install.md" in notes
+
+
+# -- what the chart hands the operator ------------------------------------------------------
+
+
+@pytest.mark.parametrize("accounting", [False, True])
+def test_chart_slurmcluster_renders_typed_gres_and_gpu_tres(accounting: bool) -> None:
+    """The chart's SlurmCluster, through the operator's own renderer (slurm.conf is rendered
+    there, in Python, not by the chart): typed gres from nodePools[].gpuType, and GPU use
+    accounted (AccountingStorageTRES=gres/gpu) once slurmdbd is on."""
+    from gpufleet.api.slurmcluster import SlurmClusterSpec
+    from gpufleet.slurm import render as slurm_render
+
+    docs = render("gpufleet", "--set", f"slurm.accounting.enabled={str(accounting).lower()}")
+    cluster = next(d for d in docs if d["kind"] == "SlurmCluster")
+    spec = SlurmClusterSpec.model_validate(cluster["spec"])
+    nodes = [
+        slurm_render.NodeInfo(name=f"gpu-node-{i}", labels={"nvidia.com/gpu.present": "true"})
+        for i in range(2)
+    ]
+    pools = slurm_render.assign(spec, nodes)
+    conf = slurm_render.render_slurm_conf(spec, pools)
+    assert "GresTypes=gpu" in conf.splitlines()
+    assert conf.count("Gres=gpu:h100:8") == 2
+    assert "Type=h100" in slurm_render.render_gres_conf(spec, pools)
+    assert f"SlurmctldHost={cluster['metadata']['name']}-slurm-controller-0" in conf.splitlines()
+    assert ("AccountingStorageTRES=gres/gpu" in conf.splitlines()) is accounting
+    if accounting:
+        assert "AccountingStorageHost=gpufleet-slurm-accounting" in conf.splitlines()
+
+
+# -- BMC Secrets: resourceNames enforced by the real authorizer ------------------------------
+
+
+def test_bmc_roles_let_the_controller_read_only_the_named_secrets(
+    namespaces: tuple[str, dict[str, str]],
+) -> None:
+    kubectl, env = namespaces
+    docs = render(
+        "gpufleet", "--set", "provisioning.enabled=true",
+        "--set", "bmcCredentials.secretNames={rack1}",
+    )  # fmt: skip
+    rbac = [
+        d
+        for d in docs
+        if d["kind"] in ("ServiceAccount", "Role", "RoleBinding")
+        and d["metadata"]["namespace"] in (NS, f"{NS}-bmc")
+    ]
+    run(kubectl, "apply", "-f", "-", env=env, stdin=yaml.safe_dump_all(rbac))
+
+    def can_get(account: str, secret: str) -> bool:
+        r = subprocess.run(
+            [kubectl, "auth", "can-i", "get", f"secrets/{secret}", "-n", f"{NS}-bmc",
+             "--as", f"system:serviceaccount:{NS}:gpufleet-{account}"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert r.stdout.strip() in ("yes", "no"), r.stdout + r.stderr
+        return r.stdout.strip() == "yes"
+
+    for account in ("controller", "provisioning"):
+        assert can_get(account, "rack1"), account
+        assert not can_get(account, "gpufleet-munge-key"), account
+        assert not can_get(account, "rack2"), account
