@@ -98,6 +98,23 @@ def test_schema_refuses_bad_values_with_a_clear_message(setting: str, message: s
     assert message in err, err
 
 
+@pytest.mark.parametrize(
+    ("pool", "message"),
+    [
+        ({"gpus": "eight"}, "at '/slurm/nodePools/0/gpus': got string, want integer"),
+        ({"gpuz": 8}, "additional properties 'gpuz' not allowed"),
+        ({"gpuType": "h100\nPrologSlurmctld=/x"}, "at '/slurm/nodePools/0/gpuType'"),
+    ],
+)
+def test_schema_holds_node_pools_to_the_slurmcluster_crd(
+    tmp_path: Path, pool: dict[str, Any], message: str
+) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"slurm": {"nodePools": [{"name": "gpu", **pool}]}}))
+    err = render_fails("-f", str(values))
+    assert message in err, err
+
+
 def test_schema_accepts_every_documented_option() -> None:
     docs = render(
         "gpufleet",

@@ -52,8 +52,27 @@ def run(*args: str, env: dict[str, str] | None = None, stdin: str | None = None)
     return r.stdout
 
 
-def test_helm_lint(helm: str) -> None:
-    run(helm, "lint", str(CHART), "--strict")
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        [
+            *("--set", "slurm.accounting.enabled=true", "--set", "provisioning.enabled=true"),
+            *(
+                "--set",
+                "networkPolicy.enabled=true",
+                "--set",
+                "metrics.serviceMonitor.enabled=true",
+            ),
+            *("--set", "slurm.controller.persistence.enabled=false"),
+            *("--set", "slurm.munge.secretRef=site-munge", "--set", "slurm.jwt.secretRef=site-jwt"),
+            *("--set", "bmcCredentials.secretNames={rack1}"),
+        ],
+    ],
+    ids=["defaults", "options"],
+)
+def test_helm_lint(helm: str, extra: list[str]) -> None:
+    run(helm, "lint", str(CHART), "--strict", *extra)
 
 
 @pytest.mark.parametrize(

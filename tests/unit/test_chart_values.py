@@ -82,3 +82,23 @@ def test_enums_name_the_real_agent_backends() -> None:
 
     backend = _schema()["properties"]["agent"]["properties"]["backend"]
     assert backend["enum"] == [b.value for b in Backend]
+
+
+def test_slurm_values_are_typed_by_the_slurmcluster_crd() -> None:
+    """The values that become the SlurmCluster's spec carry its CRD's own schema (closed to
+    unknown keys), so helm refuses what the apiserver would refuse, before anything is applied."""
+    crd = yaml.safe_load((CHART / "crds" / "slurmclusters.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    slurm = _schema()["properties"]["slurm"]["properties"]
+    for key in ("nodePools", "partitions"):
+        ours = slurm[key]["items"]
+        assert ours.pop("additionalProperties") is False, key
+        assert ours == spec["properties"][key]["items"], f"slurm.{key}: regenerate from the CRD"
+    checks = slurm["healthChecks"]
+    assert checks["additionalProperties"] is False
+    theirs = spec["properties"]["healthChecks"]["properties"]
+    assert set(checks["properties"]) == set(theirs)
+    for name, prop in checks["properties"].items():
+        assert {k: v for k, v in prop.items() if k != "description"} == {
+            k: v for k, v in theirs[name].items() if k != "description"
+        }, name
