@@ -3,12 +3,15 @@
 helm itself refuses a values.yaml key the schema does not know (the schema forbids extra
 properties); these checks run without helm: every schema value has a default in values.yaml,
 every values.yaml key is typed, and docs/install.md's table lists each one with its default.
+`scripts/chart-values` rewrites the table and the schema's SlurmCluster parts from their sources.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,11 +73,14 @@ def test_install_doc_lists_every_value_with_its_default() -> None:
     leaves = dict(_leaves(_schema(), _values()))
     documented = _documented()
     assert set(documented) == set(leaves), (
+        "run scripts/chart-values; "
         f"missing from docs/install.md: {sorted(set(leaves) - set(documented))}; "
         f"documented but not a value: {sorted(set(documented) - set(leaves))}"
     )
     for path, default in leaves.items():
-        assert json.loads(documented[path]) == default, f"{path}: docs/install.md default differs"
+        assert json.loads(documented[path]) == default, (
+            f"{path}: docs/install.md default differs; run scripts/chart-values"
+        )
 
 
 def test_enums_name_the_real_agent_backends() -> None:
@@ -93,7 +99,7 @@ def test_slurm_values_are_typed_by_the_slurmcluster_crd() -> None:
     for key in ("nodePools", "partitions"):
         ours = slurm[key]["items"]
         assert ours.pop("additionalProperties") is False, key
-        assert ours == spec["properties"][key]["items"], f"slurm.{key}: regenerate from the CRD"
+        assert ours == spec["properties"][key]["items"], f"slurm.{key}: run scripts/chart-values"
     checks = slurm["healthChecks"]
     assert checks["additionalProperties"] is False
     theirs = spec["properties"]["healthChecks"]["properties"]
@@ -102,3 +108,13 @@ def test_slurm_values_are_typed_by_the_slurmcluster_crd() -> None:
         assert {k: v for k, v in prop.items() if k != "description"} == {
             k: v for k, v in theirs[name].items() if k != "description"
         }, name
+
+
+def test_schema_and_install_doc_are_what_scripts_chart_values_writes() -> None:
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "chart-values"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
