@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -34,6 +35,9 @@ class KubeApi:
 
     def __init__(self, api: Any, *, max_in_flight: int | None = None) -> None:
         self._api = api
+        self.requests: Counter[tuple[str, str]] = Counter()
+        """Requests sent, by HTTP method and resource (``nodes``, ``pods/eviction``):
+        what a component costs the apiserver (the controller exports it as a metric)."""
         self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
         self._background = (
             asyncio.Semaphore(min(MAX_BACKGROUND, max_in_flight)) if max_in_flight else None
@@ -91,6 +95,7 @@ class KubeApi:
         if params:
             kwargs["params"] = dict(params)
         url = "/".join(p for p in (resource.plural, name, sub) if p)
+        self.requests[(method, f"{resource.plural}/{sub}" if sub else resource.plural)] += 1
         async with self._slot():
             try:
                 async with self._api.call_api(
@@ -151,6 +156,7 @@ class KubeApi:
             "timeoutSeconds": str(timeout_s),
             **_selectors(label_selector, field_selector),
         }
+        self.requests[("WATCH", resource.plural)] += 1
         try:
             async with self._api.call_api(
                 "GET",

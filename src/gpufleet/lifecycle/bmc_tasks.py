@@ -67,7 +67,7 @@ class BmcTasks(ControllerCore):
         policy = self.effective_policy()
         if policy.paused or policy.dry_run:
             return
-        for name, record in list(self.fleet.records.items()):
+        for name, record in self.fleet.ticking():  # a step runs in remediating only
             attempt = kube_bmc.current_attempt(record)
             if attempt is None or not self._bmc.claim(name, attempt):
                 continue

@@ -107,6 +107,9 @@ class ControllerCore:
         self._bmc = kube_bmc.Runs()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._nrem_locks: dict[str, asyncio.Lock] = {}
+        self._nrem_written: dict[str, Json] = {}
+        """Per open NodeRemediation: the status last written (it exists; an equal status
+        is not written again)."""
         self._status_saver: asyncio.Task[None] | None = None
         self._held_said: dict[str, str] = {}
         """Per node, the last hold announced by an Event (a hold retried every tick is

@@ -6,9 +6,11 @@ exported by another component too (decision 0099).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gpufleet.domain.states import NodeState
 
@@ -99,6 +101,30 @@ class Metrics:
             "gpufleet_policy_valid", "1 if the FleetPolicy in use is valid.", registry=r
         )
 
+    def count_requests(self, sent: Mapping[tuple[str, str], int]) -> None:
+        """Export the API client's request counts (read when scraped, not kept twice)."""
+        self.registry.register(_ApiRequests(sent))
+
     def set_states(self, counts: Mapping[NodeState, int]) -> None:
         for state in NodeState:
             self.nodes.labels(state=state.value).set(counts.get(state, 0))
+
+
+class _ApiRequests(Collector):
+    """``gpufleet_controller_api_requests_total``: what the controller costs the apiserver
+    (writes per fault, a burst's load), from :attr:`gpufleet.kubeapi.KubeApi.requests`."""
+
+    def __init__(self, sent: Mapping[tuple[str, str], int]) -> None:
+        self.sent = sent
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "gpufleet_controller_api_requests",
+            "Requests the controller sent to the apiserver, by HTTP method (WATCH: a watch"
+            " opened) and resource (with its subresource: pods/eviction); the watches kopf"
+            " opens are not counted.",
+            labels=["verb", "resource"],
+        )
+        for (verb, resource), count in sorted(self.sent.items()):
+            family.add_metric([verb, resource], count)
+        yield family

@@ -169,6 +169,7 @@ async def run(
             options.metrics_port, addr=options.metrics_address, registry=metrics.registry
         )
     client = await KubeApi.connect(options.kubeconfig)
+    metrics.count_requests(client.requests)
     ctl = Controller(client, settings, metrics)
     registry = build_registry(ctl, options)
     priority = options.priority if options.priority is not None else random.randint(1, 32767)

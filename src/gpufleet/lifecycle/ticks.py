@@ -3,6 +3,8 @@
 A decision held by a rail (budget, breaker, rate limit, pause) is not queued:
 the tick decides again for every node that is not idle, so a hold lifts as soon
 as the fleet allows it, and a restarted controller picks up where the records are.
+Those nodes come from the fleet's index (:meth:`~gpufleet.lifecycle.fleet.Fleet.ticking`),
+not from a pass over every record: at rest a tick costs what the busy nodes cost.
 """
 
 from __future__ import annotations
@@ -11,9 +13,7 @@ from gpufleet.domain import events as ev
 from gpufleet.domain.safety import breaker_refresh
 from gpufleet.lifecycle import nodes
 from gpufleet.lifecycle.core import ControllerCore, S
-
-IDLE = frozenset({S.PRODUCTION, S.TRIAGE, S.RMA, S.MAINTENANCE, S.PROVISIONING})
-"""States in which a tick has nothing to do (unless a fault is pending)."""
+from gpufleet.lifecycle.fleet import QUIET as IDLE
 
 
 class Ticks(ControllerCore):
@@ -32,8 +32,10 @@ class Ticks(ControllerCore):
         if refreshed != self.fleet.breaker:
             self.fleet.breaker = refreshed
             self.fleet.dirty_breaker = True
-        for name, record in list(self.fleet.records.items()):
-            self._tickets_check(name)  # a ticket call due again (backoff), or after a restart
+        if self.settings.ticket_webhook:  # a ticket call due again (backoff), or after a restart
+            for name in list(self.fleet.records):
+                self._tickets_check(name)
+        for name, record in self.fleet.ticking():
             if record.state in IDLE and record.pending is None:
                 if record.state is S.PROVISIONING and record.name in self.bodies:
                     body = self.bodies[name]

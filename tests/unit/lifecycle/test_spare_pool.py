@@ -101,3 +101,42 @@ def test_a_policy_without_spares_promotes_them_on_the_tick() -> None:
         await ctl.close()
 
     asyncio.run(go())
+
+
+def test_the_tick_asks_the_pool_again_only_after_records_or_policy_changed(
+    monkeypatch: Any,
+) -> None:
+    from gpufleet.lifecycle import spare_pool
+
+    asked: list[int] = []
+    real = spare_pool.spares.promotions
+
+    def counting(records: Any, policy: Any) -> tuple[str, ...]:
+        asked.append(1)
+        return real(records, policy)
+
+    monkeypatch.setattr(spare_pool.spares, "promotions", counting)
+
+    async def go() -> None:
+        kube, ctl, _ = await _make(Spares(percent=0, min_nodes=1))  # the spare stays
+        await ctl.tick_all()
+        first = len(asked)
+        await ctl.tick_all()
+        await ctl.tick_all()
+        assert len(asked) == first  # nothing changed: the answer (nobody) stands
+        body = kube.nodes["n0"]
+        fault = FaultEvent(FaultKind.XID, "n0", at=0.0, xid=79, evidence=Evidence(gpu_index=1))
+        set_condition(body, conditions.problem(Subsystem.PCIE, [fault]))
+        await ctl.on_node(body)
+        await _settle(ctl)
+        await ctl.tick_all()
+        await _settle(ctl)
+        assert len(asked) > first
+        assert not _record(kube, "n3").spare  # n0 left production: the spare stepped in
+        ctl.policy = ctl.policy.model_copy()  # a new policy: asked again
+        before = len(asked)
+        await ctl.tick_all()
+        assert len(asked) == before + 1
+        await ctl.close()
+
+    asyncio.run(go())
