@@ -281,7 +281,14 @@ class LocalCluster:
         spec = self.spec
         names = spec.node_names()
         logs = run_dir / "logs"
-        ports = processes.free_ports(9 + spec.nodes * 2 + 1 + spec.machines * 2)
+        # Per node a slurmd and a BMC port, reserved only for what runs (a socket held
+        # per port while choosing them: 12,500 nodes without Slurm or BMCs need none).
+        per_node = int(spec.slurm) + int(spec.redfish)
+        got = processes.free_ports(9 + spec.nodes * per_node + 1 + spec.machines * 2)
+        chosen = iter(got[9 : 9 + spec.nodes * per_node])
+        slurmd = [next(chosen) if spec.slurm else 0 for _ in names]
+        bmc = [next(chosen) if spec.redfish else 0 for _ in names]
+        ports = [*got[:9], *slurmd, *bmc, *got[9 + spec.nodes * per_node :]]
         machine_ports = ports[9 + spec.nodes * 2 :]
         kl = kube.KubeLayout(
             root=run_dir / "kube",
