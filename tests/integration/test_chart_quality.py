@@ -8,6 +8,7 @@ apiserver (strict field validation), as in test_slurm_chart.py.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,13 +43,18 @@ def helm() -> str:
     return path
 
 
-def render(release: str = "gpufleet", *extra: str, namespace: str = NS) -> list[dict[str, Any]]:
-    out = run(
-        helm(), "template", release, str(CHART), "--namespace", namespace,
-        "--set", f"bmcSecretsNamespace={namespace}-bmc",
-        "--set", f"controller.tickets.evidenceNamespace={namespace}-evidence", *extra,
+@functools.cache
+def _template(release: str, *extra: str) -> str:
+    return run(
+        helm(), "template", release, str(CHART), "--namespace", NS,
+        "--set", f"bmcSecretsNamespace={NS}-bmc",
+        "--set", f"controller.tickets.evidenceNamespace={NS}-evidence", *extra,
     )  # fmt: skip
-    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def render(release: str = "gpufleet", *extra: str) -> list[dict[str, Any]]:
+    """The chart's objects (helm runs once per distinct arguments; each call parses anew)."""
+    return [d for d in yaml.safe_load_all(_template(release, *extra)) if d]
 
 
 def render_fails(*extra: str) -> str:
