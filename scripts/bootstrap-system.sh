@@ -7,7 +7,9 @@
 #      scripts/build-go-binaries.sh; then helm (scripts/build-helm.sh) and
 #      promtool (scripts/build-promtool.sh);
 #   3. the node image the real machines boot (`gpufleet local image build`, as
-#      root: about 5 minutes once, then a cache lookup of about a second).
+#      root: about 5 minutes once, then a cache lookup of about a second);
+#   4. the Slurm 24.11 root (`gpufleet local slurm-image build`, as root: about
+#      75 s once, then a cache lookup).
 # Python dependencies are installed by scripts/bootstrap-python.sh.
 # Needs root for apt-get on a fresh machine; fails naming the step that failed.
 set -euo pipefail
@@ -56,6 +58,14 @@ if [[ $(id -u) -eq 0 ]]; then
     || echo "bootstrap-system: the node image was not built (above); tests with real machines will fail" >&2
 else
   echo "bootstrap-system: not root, node image not built (gpufleet local image build needs root)" >&2
+fi
+# The Slurm 24.11 root (Debian 13 packages) the local cluster's `--slurm 24.11`
+# and tests/integration/test_slurm_24_11.py chroot into: about 75 s once.
+if [[ $(id -u) -eq 0 ]]; then
+  "$root/.venv/bin/gpufleet" local slurm-image build >&2 \
+    || echo "bootstrap-system: the Slurm 24.11 root was not built (above); its tests will fail" >&2
+else
+  echo "bootstrap-system: not root, Slurm 24.11 root not built (needs root)" >&2
 fi
 
 echo "== system dependencies ready ($(( $(date +%s) - start )) s)" >&2

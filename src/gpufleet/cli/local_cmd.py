@@ -38,6 +38,8 @@ def _exports(info: local_cluster.ClusterInfo) -> list[str]:
     ]
     if info.slurm_conf is not None:
         lines.append(f"export SLURM_CONF={shlex.quote(str(info.slurm_conf))}")
+    if info.slurm_bin_dir is not None:  # Slurm 24.11: its commands, not the host's
+        lines.append(f"export PATH={shlex.quote(str(info.slurm_bin_dir))}:$PATH")
     return lines
 
 
@@ -48,8 +50,10 @@ def _print_usage(info: local_cluster.ClusterInfo, name_args: str) -> None:
     out.print(f"  apiserver:   {info.apiserver_url}", highlight=False)
     if info.slurm_conf is not None:
         out.print(f"  SLURM_CONF:  {info.slurm_conf}", highlight=False)
+        out.print(f"  Slurm:       {info.slurm_version}", highlight=False)
         out.print(
-            f"  slurmrestd:  {info.slurmrestd_url} (JWT: slurm_jwt in cluster.json)",
+            f"  slurmrestd:  {info.slurmrestd_url} (API {info.slurm_api_version}; "
+            "JWT: slurm_jwt in cluster.json)",
             highlight=False,
         )
     if info.bmcs:
@@ -90,6 +94,12 @@ def up(
     name: LocalNameOpt = LOCAL_NAME,
     run_dir: RunDirOpt = None,
     no_slurm: bool = typer.Option(False, "--no-slurm", help="Do not start Slurm."),
+    slurm_version: str = typer.Option(
+        "22.05",
+        "--slurm",
+        help="Slurm release: 22.05 (this host's Debian 12 packages) or 24.11 (Debian 13's, "
+        "in the root `gpufleet local slurm-image build` makes; slurmrestd v0.0.40-v0.0.42).",
+    ),
     no_bmcs: bool = typer.Option(False, "--no-bmcs", help="Do not start the Redfish BMCs."),
     machines: int = typer.Option(
         0,
@@ -118,6 +128,10 @@ def up(
 
     Example: gpufleet local up --nodes 4 --gpus-per-node 8
 
+    With Slurm 24.11 instead of the host's 22.05 (`gpufleet local slurm-image build` first):
+
+        gpufleet local up --nodes 2 --slurm 24.11
+
     With one real machine (a qemu VM, powered on through its BMC; it joins within
     a few minutes, its console is logs/machine-vm-node-0000.console.log):
 
@@ -128,6 +142,7 @@ def up(
         gpus_per_node=gpus_per_node,
         run_dir=local_run_dir(name, run_dir),
         slurm=not no_slurm,
+        slurm_version=slurm_version,
         redfish=not no_bmcs,
         machines=machines,
         machine_memory_mib=machine_memory,

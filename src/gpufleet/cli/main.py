@@ -24,6 +24,7 @@ from gpufleet.cli import (
     provision_cmd,
     sim_cmd,
     slurm_cmd,
+    slurm_image_cmd,
     status_cmd,
     version_cmd,
 )
@@ -74,6 +75,7 @@ app.add_typer(health_cmd.app, name="health")
 app.add_typer(agent_cmd.app, name="agent")
 app.add_typer(local_cmd.app, name="local")
 local_cmd.app.add_typer(image_cmd.app, name="image")  # gpufleet local image ...
+local_cmd.app.add_typer(slurm_image_cmd.app, name="slurm-image")
 app.command("demo")(demo_cmd.demo)
 app.command("status")(status_cmd.status)
 app.command("controller")(controller_cmd.controller)

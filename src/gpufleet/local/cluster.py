@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from gpufleet.domain import slurm_jwt
-from gpufleet.local import joining, kube, machines, processes, slurm, vm
+from gpufleet.local import joining, kube, machines, processes, slurm, slurm_root, vm
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.machines import MachineInfo
 from gpufleet.local.processes import ComponentError, ManagedProcess, ProcessRecord
@@ -57,6 +57,9 @@ class ClusterSpec:
     """Private directory for logs, keys, configs and state; a fresh temp dir if None.
     Every ancestor must be world-searchable (munged insists), so not under /root."""
     slurm: bool = True
+    slurm_version: str = "22.05"
+    """The Slurm release: the host's ``22.05``, or ``24.11`` from the root
+    :mod:`gpufleet.local.slurm_root` builds (``gpufleet local slurm-image build``)."""
     redfish: bool = True
     ready_timeout_s: float = 120.0
     bmc_boot_hooks: Mapping[str, str] = field(default_factory=dict)
@@ -124,6 +127,10 @@ class ClusterInfo:
     slurmrestd_url: str | None = None
     slurm_jwt: str | None = None
     slurm_api_version: str = slurm.REST_API_VERSION
+    slurm_version: str = slurm.VERSIONS[0]
+    slurm_bin_dir: Path | None = None
+    """The Slurm commands of this cluster's release when they are not the host's
+    (24.11): :meth:`slurm_env` puts them first on PATH."""
     bmcs: dict[str, BmcEndpoint] = field(default_factory=dict)
     processes: list[ProcessRecord] = field(default_factory=list)
     owner: ProcessRecord | None = None
@@ -148,7 +155,10 @@ class ClusterInfo:
         """``os.environ`` plus ``SLURM_CONF``: pass as ``env=`` to sinfo/sbatch/scontrol."""
         if self.slurm_conf is None:
             raise RuntimeError("this cluster was started without Slurm")
-        return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        if self.slurm_bin_dir is not None:
+            env["PATH"] = f"{self.slurm_bin_dir}:{env.get('PATH', '')}"
+        return env
 
     def kube_env(self) -> dict[str, str]:
         """``os.environ`` plus ``KUBECONFIG``: pass as ``env=`` to kubectl."""
@@ -163,7 +173,7 @@ class ClusterInfo:
         d: dict[str, Any] = json.loads(text)
         for key in ("run_dir", "kubeconfig", "ca_file"):
             d[key] = Path(d[key])
-        for key in ("slurm_conf", "bin_dir"):
+        for key in ("slurm_conf", "bin_dir", "slurm_bin_dir"):
             if d.get(key):
                 d[key] = Path(d[key])
         d["bmcs"] = {k: BmcEndpoint(**v) for k, v in d.get("bmcs", {}).items()}
@@ -314,6 +324,7 @@ class LocalCluster:
             restd_port=ports[6],
             hostname=hostname,
             ctld_on_loopback=slurm.resolves_to_loopback(hostname),
+            slurm_root=self._slurm_root() if spec.slurm else None,
         )
         bmc_ports = ports[9 + spec.nodes : 9 + spec.nodes * 2]
         bmc_password = secrets.token_hex(8)
@@ -343,6 +354,10 @@ class LocalCluster:
             self.info.slurm_conf = sl.conf
             self.info.slurmrestd_url = sl.restd_url
             self.info.slurm_jwt = slurm_jwt.mint(sl.jwt_key.read_bytes(), issued_at=time.time())
+            self.info.slurm_api_version = sl.rest_api_version
+            self.info.slurm_version = sl.release
+            if sl.slurm_root is not None:
+                self.info.slurm_bin_dir = sl.bin_dir
         self._save()
         self._progress(f"run directory {run_dir}")
 
@@ -520,8 +535,27 @@ class LocalCluster:
         finally:
             api.close()
 
+    def _slurm_root(self) -> Path | None:
+        """The Slurm 24.11 tree when the spec asks for that release; None for the host's."""
+        version = self.spec.slurm_version
+        if version not in slurm.VERSIONS:
+            raise ComponentError(
+                "slurm", None, f"Slurm {version!r} is not one of {', '.join(slurm.VERSIONS)}"
+            )
+        if version == slurm.VERSIONS[0]:
+            return None
+        try:
+            return slurm_root.require().tree
+        except slurm_root.SlurmRootError as exc:
+            raise ComponentError("slurm", None, str(exc)) from exc
+
     def _slurm_lane(self, sl: slurm.SlurmLayout, bins: Binaries) -> None:
         timeout = self.spec.ready_timeout_s
+        if sl.slurm_root is not None:
+            holder = self._launch(slurm.root_holder(sl))
+            holder.wait_ready(sl.root_pid_file.exists, timeout=timeout, what="mounted")
+            self._ready(f"Slurm {sl.release} root")
+            bins = slurm.commands(sl, bins)
         munged = self._launch(slurm.munged(sl, bins))
         munged.wait_ready(lambda: slurm.munge_ok(sl, bins), timeout=timeout)
         self._ready("munged")

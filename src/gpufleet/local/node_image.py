@@ -287,13 +287,14 @@ class BuildReport:
 
 
 @contextlib.contextmanager
-def _build_lock(root: Path, progress: Progress) -> Iterator[None]:
+def build_lock(root: Path, progress: Progress, what: str = "node image") -> Iterator[None]:
+    """One build at a time per cache directory (also :mod:`gpufleet.local.slurm_root`'s)."""
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            progress("another node image build is running: waiting for it")
+            progress(f"another {what} build is running: waiting for it")
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -400,7 +401,7 @@ def build(
     root = root or cache_root()
     inputs = inputs or Inputs.of_checkout()
     key = inputs.key()
-    with _build_lock(root, progress):
+    with build_lock(root, progress):
         if not rebuild and (image := _complete(root / key, key)) is not None:
             return BuildReport(image, built=False, seconds=time.monotonic() - start)
         for stale in remove_stale_builds(staging_root(root)):
@@ -451,12 +452,23 @@ def host_mirror(sources: Sequence[Path] | None = None) -> str:
     return DEFAULT_MIRROR
 
 
-def check_host(mirror: str, suite: str, free_under: Path) -> None:
-    """Fail early and clearly: root, debootstrap and mksquashfs, disk, the mirror."""
+HOST_TOOLS = (("debootstrap", "debootstrap"), ("mksquashfs", "squashfs-tools"))
+"""(executable, Debian package) the node image build runs on the host."""
+
+
+def check_host(
+    mirror: str,
+    suite: str,
+    free_under: Path,
+    *,
+    tools: Sequence[tuple[str, str]] = HOST_TOOLS,
+    what: str = "the node image",
+) -> None:
+    """Fail early and clearly: root, the host tools (debootstrap...), disk, the mirror."""
     problems = []
     if os.geteuid() != 0:
         problems.append("needs root (debootstrap, chroot and mounts): run it as root")
-    for tool, package in (("debootstrap", "debootstrap"), ("mksquashfs", "squashfs-tools")):
+    for tool, package in tools:
         if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
             problems.append(f"{tool} is missing: apt-get install {package}")
     free_under.mkdir(parents=True, exist_ok=True)
@@ -470,7 +482,7 @@ def check_host(mirror: str, suite: str, free_under: Path) -> None:
     except (urllib.error.URLError, OSError) as exc:
         problems.append(f"the Debian mirror does not answer ({url}: {exc})")
     if problems:
-        raise NodeImageError("cannot build the node image:\n  " + "\n  ".join(problems))
+        raise NodeImageError(f"cannot build {what}:\n  " + "\n  ".join(problems))
 
 
 def _run(cmd: Sequence[str | Path], what: str, **kw: object) -> None:

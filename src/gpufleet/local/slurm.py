@@ -10,6 +10,12 @@ munge key and socket, so two clusters can run side by side.
 Daemons run in the foreground (``-D``/``-F``) as our children, so stopping a
 process group stops them; job steps escape their group and are removed by the
 run-directory sweep in :mod:`gpufleet.local.processes`.
+
+Two releases: the host's own (Debian 12's 22.05, the default) or Slurm 24.11
+from the Debian 13 root :mod:`gpufleet.local.slurm_root` builds
+(``SlurmLayout.slurm_root``): the same configuration, every daemon and command
+run through a wrapper in ``<run>/slurm/bin`` that enters the root, and
+slurmrestd serving v0.0.40-v0.0.42.
 """
 
 from __future__ import annotations
@@ -28,11 +34,16 @@ from pathlib import Path
 import httpx
 
 from gpufleet.domain import slurm_hooks
+from gpufleet.local import slurm_root as slurm_root_fs
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.processes import ComponentError, ManagedProcess
 
 REST_API_VERSION = "v0.0.38"
 """The newest slurmrestd OpenAPI version Debian 12's Slurm 22.05 serves."""
+REST_API_VERSION_24_11 = "v0.0.42"
+"""The newest Slurm 24.11 serves (it also serves v0.0.40 and v0.0.41)."""
+VERSIONS = ("22.05", slurm_root_fs.SLURM_VERSION)
+"""Slurm releases the local cluster runs: the host's, and the root's."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,30 @@ class SlurmLayout:
     restd_port: int
     hostname: str
     ctld_on_loopback: bool = True
+    slurm_root: Path | None = None
+    """The Slurm 24.11 tree to run in (:mod:`gpufleet.local.slurm_root`); None: the host's."""
+
+    @property
+    def release(self) -> str:
+        return VERSIONS[0] if self.slurm_root is None else slurm_root_fs.SLURM_VERSION
+
+    @property
+    def rest_api_version(self) -> str:
+        return REST_API_VERSION if self.slurm_root is None else REST_API_VERSION_24_11
+
+    @property
+    def bin_dir(self) -> Path:
+        """The wrappers that run the root's commands (only with ``slurm_root``)."""
+        return self.root / "bin"
+
+    @property
+    def mount_point(self) -> Path:
+        """Where the root is assembled, inside the holder's namespace only."""
+        return self.root / "rootfs"
+
+    @property
+    def root_pid_file(self) -> Path:
+        return self.run_dir / "slurm-root.pid"
 
     @property
     def etc(self) -> Path:
@@ -92,8 +127,12 @@ class SlurmLayout:
         return f"http://127.0.0.1:{self.restd_port}"
 
     def env(self) -> dict[str, str]:
-        """Environment for Slurm commands (sinfo, sbatch, scontrol) against this cluster."""
-        return {**os.environ, "SLURM_CONF": str(self.conf)}
+        """Environment for Slurm commands (sinfo, sbatch, scontrol) against this cluster
+        (with the root's commands first on PATH when it runs in one)."""
+        env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        if self.slurm_root is not None:
+            env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '')}"
+        return env
 
 
 def render_slurm_conf(layout: SlurmLayout) -> str:
@@ -213,6 +252,10 @@ def prepare(layout: SlurmLayout) -> None:
     if not layout.jwt_key.exists():
         layout.jwt_key.write_bytes(secrets.token_bytes(32))
         os.chmod(layout.jwt_key, 0o600)
+    if layout.slurm_root is not None:
+        layout.mount_point.mkdir(exist_ok=True)
+        layout.root_pid_file.unlink(missing_ok=True)
+        slurm_root_fs.write_wrappers(layout.bin_dir, layout.mount_point, layout.root_pid_file)
     layout.conf.write_text(render_slurm_conf(layout))
     (layout.etc / "gres.conf").write_text(render_gres_conf(layout))
     for i, dev in enumerate(gpu_device_paths(layout)):
@@ -228,6 +271,36 @@ def prepare(layout: SlurmLayout) -> None:
                     "CUDA_VISIBLE_DEVICES for character devices, and mknod needs root; "
                     "run as root or start without Slurm (--no-slurm).",
                 ) from exc
+
+
+def root_holder(layout: SlurmLayout) -> ManagedProcess:
+    """The process whose private mount namespace holds the assembled Slurm root."""
+    assert layout.slurm_root is not None
+    return ManagedProcess(
+        "slurm-root",
+        slurm_root_fs.holder_script(
+            layout.slurm_root, layout.mount_point, layout.root.parent, layout.root_pid_file
+        ),
+        layout.logs / "slurm-root.log",
+        cwd=layout.root,
+    )
+
+
+def commands(layout: SlurmLayout, bins: Binaries) -> Binaries:
+    """``bins`` with the Slurm and munge executables of the layout's release."""
+    if layout.slurm_root is None:
+        return bins
+    w = layout.bin_dir
+    return dataclasses.replace(
+        bins,
+        munged=w / "munged",
+        munge=w / "munge",
+        slurmctld=w / "slurmctld",
+        slurmd=w / "slurmd",
+        slurmrestd=w / "slurmrestd",
+        scontrol=w / "scontrol",
+        sinfo=w / "sinfo",
+    )
 
 
 def munged(layout: SlurmLayout, bins: Binaries) -> ManagedProcess:
@@ -261,8 +334,14 @@ def slurmd(layout: SlurmLayout, bins: Binaries, node: str) -> ManagedProcess:
 
 def slurmrestd(layout: SlurmLayout, bins: Binaries) -> ManagedProcess:
     # slurmrestd refuses to run as root; -u drops to nobody after binding.
-    # Only the non-accounting OpenAPI plugins load without slurmdbd.
+    # Only the non-accounting OpenAPI plugins load without slurmdbd (22.05 names
+    # one plugin per version; 24.11 one for slurmctld, serving v0.0.40-v0.0.42).
     env = {**layout.env(), "SLURM_JWT": "daemon"}
+    plugins = (
+        "openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36"
+        if layout.slurm_root is None
+        else "openapi/slurmctld"
+    )
     return ManagedProcess(
         "slurmrestd",
         [
@@ -272,7 +351,7 @@ def slurmrestd(layout: SlurmLayout, bins: Binaries) -> ManagedProcess:
             "-a",
             "rest_auth/jwt",
             "-s",
-            "openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36",
+            plugins,
             f"127.0.0.1:{layout.restd_port}",
         ],
         layout.logs / "slurmrestd.log",
@@ -351,7 +430,7 @@ def wait_nodes_idle(
 
 def restd_ok(layout: SlurmLayout, token: str) -> bool:
     resp = httpx.get(
-        f"{layout.restd_url}/slurm/{REST_API_VERSION}/ping",
+        f"{layout.restd_url}/slurm/{layout.rest_api_version}/ping",
         headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": token},
         timeout=2,
     )
