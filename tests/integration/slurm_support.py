@@ -195,8 +195,10 @@ class RunningSyncer(SyncerThread):
         self, info: ClusterInfo, settings: SyncSettings, metrics: SyncerMetrics | None = None
     ) -> None:
         assert info.slurmrestd_url and info.slurm_jwt and info.slurm_conf
+        # The scontrol of the cluster's release (24.11's runs in its root).
+        scontrol = str(info.slurm_bin_dir / "scontrol") if info.slurm_bin_dir else "scontrol"
         endpoints = SlurmEndpoints(
-            info.kubeconfig, info.slurmrestd_url, info.slurm_jwt, info.slurm_conf
+            info.kubeconfig, info.slurmrestd_url, info.slurm_jwt, info.slurm_conf, scontrol=scontrol
         )
         super().__init__(endpoints, settings, metrics)
         self.info = info

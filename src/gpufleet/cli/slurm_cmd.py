@@ -21,6 +21,7 @@ from gpufleet.domain import slurm_jwt
 from gpufleet.slurm import render
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
+from gpufleet.slurm.writes import SlurmWrites
 
 app = typer.Typer(
     help="Slurm on Kubernetes: render configs, print the CRD, run the operator.",
@@ -50,11 +51,13 @@ def _token(token_file: Path | None, jwt_key_file: Path | None, user: str) -> str
 
 def _clients(
     url: str, user: str, token: str, slurm_conf: Path | None
-) -> tuple[SlurmRest, Scontrol]:
+) -> tuple[SlurmRest, SlurmWrites]:
+    """The REST client and the writes (by REST from v0.0.40, else scontrol)."""
     env = {"SLURM_JWT": token}
     if slurm_conf is not None:
         env["SLURM_CONF"] = str(slurm_conf)
-    return SlurmRest(RestConfig(url, user, token)), Scontrol(ScontrolConfig(env=env))
+    rest = SlurmRest(RestConfig(url, user, token))
+    return rest, SlurmWrites(rest, Scontrol(ScontrolConfig(env=env)))
 
 
 @syncer_app.command("run")

@@ -21,6 +21,7 @@ from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
 from gpufleet.slurm.syncer import Syncer, SyncSettings
+from gpufleet.slurm.writes import SlurmWrites
 
 T = TypeVar("T")
 
@@ -34,12 +35,16 @@ class SlurmEndpoints:
     jwt: str
     slurm_conf: Path
     user: str = "root"
+    scontrol: str = "scontrol"
+    """The scontrol of the server's Slurm release (for requeues; drains go by REST
+    when the API has node update)."""
 
 
 class SyncerThread:
     """Start with :meth:`start` (returns after the first complete pass), end with :meth:`stop`.
 
-    ``syncer`` is the running :class:`Syncer`, ``rest`` and ``scontrol`` its clients;
+    ``syncer`` is the running :class:`Syncer`, ``rest`` and ``scontrol`` its clients
+    (``writes`` chooses between them for each write);
     coroutines that touch them run on the syncer's loop through :meth:`call`.
     """
 
@@ -54,6 +59,7 @@ class SyncerThread:
         self.syncer: Syncer | None = None
         self.rest: SlurmRest | None = None
         self.scontrol: Scontrol | None = None
+        self.writes: SlurmWrites | None = None
         self.error: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
         self._thread = threading.Thread(target=self._main, daemon=True, name="syncer")
@@ -73,9 +79,12 @@ class SyncerThread:
         ep = self.endpoints
         kube = await KubeApi.connect(str(ep.kubeconfig))
         self.rest = rest = SlurmRest(RestConfig(ep.slurmrestd_url, ep.user, ep.jwt))
-        self.scontrol = scontrol = Scontrol(ScontrolConfig(env={"SLURM_CONF": str(ep.slurm_conf)}))
+        self.scontrol = scontrol = Scontrol(
+            ScontrolConfig(scontrol=ep.scontrol, env={"SLURM_CONF": str(ep.slurm_conf)})
+        )
+        self.writes = writes = SlurmWrites(rest, scontrol)
         self.syncer = Syncer(
-            kube=kube, rest=rest, scontrol=scontrol, settings=self.settings, metrics=self.metrics
+            kube=kube, rest=rest, scontrol=writes, settings=self.settings, metrics=self.metrics
         )
         self._task = asyncio.ensure_future(self.syncer.run())
 

@@ -1,22 +1,38 @@
-"""slurmrestd client (httpx, JWT): reads the Slurm view of nodes and jobs.
+"""slurmrestd client (httpx, JWT): reads the Slurm view of nodes and jobs, and
+writes node drains where the API has them.
 
 The API version is discovered, never assumed: :meth:`SlurmRest.connect`
 reads ``/openapi`` and picks the newest ``/slurm/v0.0.NN/`` that this client
 knows how to read (:data:`SUPPORTED_VERSIONS`) and that answers ``ping``.
-Debian 12's Slurm 22.05.8 serves v0.0.36-v0.0.38, which have no node update
-endpoint and no job requeue, so writes go through ``scontrol``
-(:mod:`gpufleet.slurm.scontrol`).
+Slurm 24.11 serves v0.0.40-v0.0.42; Debian 12's Slurm 22.05.8 serves
+v0.0.36-v0.0.38. The schemas differ, and every difference is decoded here and
+only here (:func:`node_view`, :func:`job_view`, :func:`number`):
 
-Every failure -- connection refused, timeout, HTTP error, JSON with
-``errors`` -- raises :class:`~gpufleet.slurm.errors.SlurmUnavailable`, which
-the syncer treats as "Slurm view unknown" (fail closed).
+* node ``state``: one lowercase base state plus ``state_flags`` up to v0.0.38;
+  one upper-case list (``["MIXED", "DRAIN"]``) from v0.0.40;
+* job ``job_state``: a string, then a list (``["RUNNING"]``);
+* numbers such as ``priority``: plain, then ``{"set", "infinite", "number"}``;
+* a job's nodes: ``job_resources.allocated_nodes[].nodename`` (v0.0.38, v0.0.40),
+  ``job_resources.nodes.allocation[].name`` (v0.0.41+), and always ``nodes``;
+* collection paths end in ``/`` from v0.0.40 (``nodes/``, ``jobs/``).
+
+From v0.0.40 the API updates nodes (``POST node/{name}``, ``POST nodes/`` for
+several) and reconfigures (``GET reconfigure/``): :class:`gpufleet.slurm.writes.SlurmWrites`
+uses them then; v0.0.38 has neither, so writes go through ``scontrol``
+(:mod:`gpufleet.slurm.scontrol`), and a job requeue always does (no API has one).
+
+Every failure to get an answer -- connection refused, timeout, HTTP error,
+JSON with ``errors`` on a read -- raises
+:class:`~gpufleet.slurm.errors.SlurmUnavailable`, which the syncer treats as
+"Slurm view unknown" (fail closed). A write Slurm answers with errors raises
+:class:`~gpufleet.slurm.errors.SlurmCommandFailed`, like a refused scontrol.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +40,39 @@ import httpx
 
 from gpufleet.domain import slurm_sync
 from gpufleet.slurm import hostlist
-from gpufleet.slurm.errors import SlurmUnavailable
+from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
 
-SUPPORTED_VERSIONS = ("v0.0.38", "v0.0.37", "v0.0.36")
-"""Versions whose ``/nodes`` and ``/jobs`` schemas this module reads, newest first."""
+SUPPORTED_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38", "v0.0.37", "v0.0.36")
+"""Versions whose ``/nodes`` and ``/jobs`` schemas this module reads, newest first
+(Slurm 24.11 serves the first three, 22.05 the last three)."""
+
+NODE_UPDATES_SINCE = (0, 0, 40)
+"""The first API version with node update (drain, undrain) and reconfigure."""
 
 RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING"})
+
+BASE_STATES = frozenset({"IDLE", "DOWN", "ALLOCATED", "MIXED", "ERROR", "FUTURE", "UNKNOWN"})
+"""A v0.0.40+ node state list holds one of these; every other entry is a flag."""
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``v0.0.41`` -> ``(0, 0, 41)``, for ordering and feature checks."""
+    return tuple(int(x) for x in version.removeprefix("v").split("."))
+
+
+def number(value: Any) -> int | None:
+    """A plain number, or v0.0.40+'s ``{"set", "infinite", "number"}``; None when unset
+    or infinite."""
+    if isinstance(value, Mapping):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,30 +90,57 @@ class RestConfig:
 
 
 def node_view(raw: Mapping[str, Any]) -> slurm_sync.SlurmView:
-    """The domain view of one REST node (``state`` + ``state_flags`` + ``reason``)."""
-    state = str(raw.get("state") or "unknown").lower()
-    flags = frozenset(str(f).upper() for f in raw.get("state_flags") or ())
+    """The domain view of one REST node, of any supported version.
+
+    v0.0.36-38: ``state`` ("idle") + ``state_flags`` (["DRAIN"]); v0.0.40+:
+    ``state`` (["IDLE", "DRAIN"]): its base state and the rest as flags.
+    """
+    state = raw.get("state")
+    if isinstance(state, list):
+        names = [str(s).upper() for s in state]
+        base = next((s for s in names if s in BASE_STATES), "UNKNOWN")
+        flags = frozenset(s for s in names if s != base)
+    else:
+        base = str(state or "unknown")
+        flags = frozenset(str(f).upper() for f in raw.get("state_flags") or ())
     reason = raw.get("reason") or None
-    return slurm_sync.SlurmView(state=state, flags=flags, reason=reason)
+    return slurm_sync.SlurmView(state=base.lower(), flags=flags, reason=reason)
 
 
 def job_nodes(raw: Mapping[str, Any]) -> frozenset[str]:
-    alloc = (raw.get("job_resources") or {}).get("allocated_nodes") or []
+    """The job's nodes: from its allocation (either layout), else its ``nodes`` hostlist."""
+    resources = raw.get("job_resources") or {}
+    alloc = resources.get("allocated_nodes") or []  # v0.0.38, v0.0.40
     names = {str(a["nodename"]) for a in alloc if isinstance(a, Mapping) and a.get("nodename")}
+    nodes = resources.get("nodes")
+    if isinstance(nodes, Mapping):  # v0.0.41+
+        names |= {
+            str(a["name"])
+            for a in nodes.get("allocation") or []
+            if isinstance(a, Mapping) and a.get("name")
+        }
     return frozenset(names or hostlist.expand(raw.get("nodes") or ""))
+
+
+def job_state(raw: Mapping[str, Any]) -> str:
+    """The job's base state, upper case (``RUNNING``); v0.0.40+ gives a list."""
+    state = raw.get("job_state")
+    if isinstance(state, list):
+        state = state[0] if state else ""
+    return str(state or "").upper()
 
 
 def job_view(raw: Mapping[str, Any]) -> slurm_sync.JobView:
     return slurm_sync.JobView(
         job_id=int(raw["job_id"]),
-        priority=int(raw.get("priority") or 0),
+        priority=number(raw.get("priority")) or 0,
         requeueable=bool(raw.get("requeue")),
         nodes=job_nodes(raw),
     )
 
 
 def is_running(raw: Mapping[str, Any]) -> bool:
-    return str(raw.get("job_state", "")).upper() in RUNNING_STATES
+    return job_state(raw) in RUNNING_STATES
 
 
 class SlurmRest:
@@ -92,6 +162,11 @@ class SlurmRest:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    @property
+    def updates_nodes(self) -> bool:
+        """Whether the negotiated version has node update and reconfigure (v0.0.40+)."""
+        return self.version is not None and version_key(self.version) >= NODE_UPDATES_SINCE
 
     async def _get(self, path: str) -> dict[str, Any]:
         try:
@@ -122,7 +197,7 @@ class SlurmRest:
             for p in data.get("paths", {})
             if (m := re.match(r"^/slurm/(v\d+\.\d+\.\d+)/", p)) is not None
         }
-        return sorted(found, key=lambda v: tuple(int(x) for x in v[1:].split(".")), reverse=True)
+        return sorted(found, key=version_key, reverse=True)
 
     async def connect(self) -> str:
         """Pick the newest served version we can read and check that it answers ping."""
@@ -134,7 +209,7 @@ class SlurmRest:
             )
         for version in usable:
             try:
-                await self._get(f"/slurm/{version}/ping")
+                await self._get(f"/slurm/{version}/{_collection(version, 'ping')}")
             except SlurmUnavailable:
                 continue
             self.version = version
@@ -146,11 +221,17 @@ class SlurmRest:
             raise SlurmUnavailable("slurmrestd version not negotiated; call connect() first")
         return f"/slurm/{self.version}/{tail}"
 
+    def _list(self, name: str) -> str:
+        """A collection's path (``nodes/`` from v0.0.40)."""
+        if self.version is None:
+            return self._path(name)  # raises: not negotiated
+        return self._path(_collection(self.version, name))
+
     async def ping(self) -> dict[str, Any]:
-        return await self._get(self._path("ping"))
+        return await self._get(self._list("ping"))
 
     async def raw_nodes(self) -> list[dict[str, Any]]:
-        data = await self._get(self._path("nodes"))
+        data = await self._get(self._list("nodes"))
         return list(data.get("nodes") or [])
 
     async def nodes(self) -> dict[str, slurm_sync.SlurmView]:
@@ -168,9 +249,70 @@ class SlurmRest:
         return None
 
     async def raw_jobs(self) -> list[dict[str, Any]]:
-        data = await self._get(self._path("jobs"))
+        data = await self._get(self._list("jobs"))
         return list(data.get("jobs") or [])
 
     async def running_jobs(self) -> list[slurm_sync.JobView]:
         """Jobs holding nodes (finished jobs stay in ``/jobs`` for MinJobAge: filtered here)."""
         return [job_view(j) for j in await self.raw_jobs() if is_running(j)]
+
+    # -- writes (v0.0.40+) ---------------------------------------------------------
+
+    async def _send(self, method: str, path: str, body: Any | None = None) -> dict[str, Any]:
+        """A write: no answer is SlurmUnavailable, an answer with errors SlurmCommandFailed."""
+        what = [method, f"{self.config.url}{path}"]
+        try:
+            async with self._slots:
+                resp = await self._client.request(method, path, json=body)
+        except httpx.HTTPError as e:
+            raise SlurmUnavailable(f"slurmrestd {method} {path}: {e!r}") from e
+        try:
+            data = resp.json()
+        except ValueError:
+            raise SlurmUnavailable(
+                f"slurmrestd {method} {path}: HTTP {resp.status_code} {resp.text[:200]!r}"
+            ) from None
+        errors = data.get("errors") if isinstance(data, dict) else None
+        if errors:
+            text = "; ".join(
+                f"{e.get('error') or ''} ({e.get('description') or ''})".strip()
+                if isinstance(e, Mapping)
+                else str(e)
+                for e in errors
+            )
+            raise SlurmCommandFailed(what, resp.status_code, text)
+        if resp.status_code != 200 or not isinstance(data, dict):
+            raise SlurmUnavailable(f"slurmrestd {method} {path}: HTTP {resp.status_code}")
+        return data
+
+    def _require_updates(self) -> None:
+        if not self.updates_nodes:
+            raise SlurmUnavailable(
+                f"slurmrestd {self.version} has no node update (v0.0.40 and later do)"
+            )
+
+    async def update_nodes(self, node: str | Sequence[str], body: Mapping[str, Any]) -> None:
+        """``POST node/{name}`` for one node, ``POST nodes/`` with the names for several."""
+        self._require_updates()
+        if isinstance(node, str):
+            await self._send("POST", self._path(f"node/{node}"), dict(body))
+            return
+        if not node:
+            raise ValueError("no node names")
+        await self._send("POST", self._list("nodes"), {**body, "name": list(node)})
+
+    async def drain(self, node: str | Sequence[str], reason: str) -> None:
+        await self.update_nodes(node, {"state": ["DRAIN"], "reason": reason})
+
+    async def undrain(self, node: str | Sequence[str]) -> None:
+        """Clear the DRAIN flag only, like ``scontrol update state=UNDRAIN``."""
+        await self.update_nodes(node, {"state": ["UNDRAIN"]})
+
+    async def reconfigure(self) -> None:
+        self._require_updates()
+        await self._send("GET", self._list("reconfigure"))
+
+
+def _collection(version: str, name: str) -> str:
+    """A collection's path segment: ``nodes`` up to v0.0.38, ``nodes/`` from v0.0.40."""
+    return f"{name}/" if version_key(version) >= NODE_UPDATES_SINCE else name

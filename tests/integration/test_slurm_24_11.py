@@ -1,0 +1,102 @@
+"""The syncer against real Slurm 24.11 daemons (slurmrestd v0.0.40-v0.0.42).
+
+A cluster of its own (2 KWOK nodes, Slurm 24.11 from the Debian 13 root that
+``scripts/bootstrap-system.sh`` builds with ``gpufleet local slurm-image build``):
+the syncer negotiates v0.0.42, drains through ``POST /slurm/v0.0.42/node/{name}``
+on our cordon and on a fault (requeueing the running job with the 24.11 scontrol),
+and resumes through the API. Slurm's side is read with ``sinfo`` / ``squeue`` text
+output, not through the decoder under test.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from slurm_support import Kube, RunningSyncer, wait_for
+
+from gpufleet.local import processes
+from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
+from gpufleet.slurm.syncer import SyncSettings
+
+pytestmark = pytest.mark.integration
+
+NODE = "gpu-node-0000"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterInfo]:
+    spec = ClusterSpec(nodes=2, redfish=False, slurm_version="24.11")
+    with processes.terminate_on_signals(), LocalCluster(spec) as info:
+        yield info
+    assert not processes.processes_using(info.run_dir)
+
+
+def run(info: ClusterInfo, *args: str) -> str:
+    r = subprocess.run(args, env=info.slurm_env(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, f"{' '.join(args)}: {r.stderr}"
+    return r.stdout.strip()
+
+
+def node_state(info: ClusterInfo, node: str) -> tuple[str, str]:
+    """(long state, reason) as ``sinfo`` prints them: ``drained``, ``draining``, ``idle``..."""
+    out = run(info, "sinfo", "-h", "-N", "-n", node, "-p", "batch", "-o", "%T|%E")
+    state, _, reason = out.partition("|")
+    return state, reason
+
+
+def drained(info: ClusterInfo, node: str) -> str | None:
+    state, reason = node_state(info, node)
+    return reason if state.startswith(("drain", "draining")) else None
+
+
+def restarts(info: ClusterInfo, job: int) -> int:
+    out = run(info, "scontrol", "show", "job", str(job))
+    return int(out.split("Restarts=", 1)[1].split()[0])
+
+
+def test_the_release_and_its_api(cluster: ClusterInfo) -> None:
+    assert cluster.slurm_version == "24.11" and cluster.slurm_api_version == "v0.0.42"
+    assert run(cluster, "sinfo", "-V").startswith("slurm-wlm 24.11")
+
+
+def test_syncer_drains_requeues_and_resumes_through_the_api(cluster: ClusterInfo) -> None:
+    kube = Kube(cluster)
+    for n in cluster.node_names:
+        kube.set_state(n, "production")
+    syncer = RunningSyncer(cluster, SyncSettings(poll_interval_s=0.5, hold_taint=False))
+    syncer.start()
+    try:
+        assert syncer.rest is not None and syncer.writes is not None
+        assert syncer.rest.version == "v0.0.42" and syncer.writes.by_rest
+
+        # Our cordon: drained with our reason, returned when uncordoned.
+        kube.patch_node(NODE, {"spec": {"unschedulable": True}})
+        wait_for("cordon drain", lambda: drained(cluster, NODE) == "gpufleet: cordoned", 10)
+        kube.patch_node(NODE, {"spec": {"unschedulable": None}})
+        wait_for("resume", lambda: drained(cluster, NODE) is None, 10)
+
+        # A fault under a running requeueable job: drain, then the job is requeued.
+        job = int(
+            run(
+                cluster, "sbatch", "--parsable", "--requeue", "-w", NODE, "--gres=gpu:8",
+                "--wrap", "sleep 600",
+            )
+        )  # fmt: skip
+        wait_for(
+            "job running",
+            lambda: run(cluster, "squeue", "-h", "-j", str(job), "-o", "%T") == "RUNNING",
+            20,
+        )
+        kube.set_condition(NODE, "GpuProblem", "True", "Xid79")
+        wait_for("fault drain", lambda: drained(cluster, NODE) == "gpufleet: GpuProblem Xid79", 10)
+        wait_for("requeue", lambda: restarts(cluster, job) >= 1, 20)
+        assert syncer.syncer is not None and syncer.syncer.stats.requeues >= 1
+        kube.set_condition(NODE, "GpuProblem", "False", "Healthy")
+        wait_for("resume after the fault", lambda: drained(cluster, NODE) is None, 10)
+        run(cluster, "scancel", str(job))
+    finally:
+        syncer.stop()
+    assert syncer.syncer is not None
+    assert syncer.syncer.stats.drains >= 2 and syncer.syncer.stats.resumes >= 2
