@@ -21,8 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -99,6 +102,8 @@ class CordonWatch(threading.Thread):
         super().__init__(daemon=True)
         self.info = info
         self.seen: dict[str, float] = {}
+        self.events = 0
+        """Node watch events received (what any Node watcher, the controller too, receives)."""
         self.stop = False
 
     def run(self) -> None:
@@ -119,6 +124,8 @@ class CordonWatch(threading.Thread):
                             continue
                         ev = json.loads(line)
                         obj = ev["object"]
+                        if ev["type"] != "BOOKMARK":
+                            self.events += 1
                         rv = obj["metadata"].get("resourceVersion", rv)
                         name = obj["metadata"].get("name")
                         if obj.get("spec", {}).get("unschedulable") and name not in self.seen:
@@ -127,7 +134,89 @@ class CordonWatch(threading.Thread):
                             return
 
 
-def run_one(n: int, samples: int, rate: float, keep: bool) -> dict[str, Any]:
+def settle(watch: CordonWatch, n: int, timeout: float = 1800.0) -> None:
+    """Wait until the cluster's own start-up writes to Nodes have died down: at most the
+    heartbeat rate (KWOK renews a Node's status every 600 to 1,210 s) plus 1 event/s."""
+    limit = n / 600 + 1
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        e0 = watch.events
+        time.sleep(5)
+        rate = (watch.events - e0) / 5
+        if rate <= limit:
+            print(
+                f"[{n} nodes] Node events settled at {rate:.1f}/s after"
+                f" {time.monotonic() - t0:.0f} s",
+                flush=True,
+            )
+            return
+    print(f"[{n} nodes] Node events still above {limit:.1f}/s after {timeout:.0f} s", flush=True)
+
+
+def measure_idle(pid: int, watch: CordonWatch, seconds: float) -> tuple[float, float]:
+    """The controller's CPU at rest, in windows of 5 s (printed: the first windows show
+    what is still being digested); returns the last 10 s and the Node events per second."""
+    windows: list[float] = []
+    e0, t_start = watch.events, time.monotonic()
+    left = seconds
+    while left > 0:
+        step = min(5.0, left)
+        c0, t0 = cpu_seconds(pid), time.monotonic()
+        time.sleep(step)
+        windows.append((cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100)
+        left -= step
+    rate = (watch.events - e0) / (time.monotonic() - t_start)
+    print("  CPU at rest per 5 s window: " + " ".join(f"{w:.1f}%" for w in windows), flush=True)
+    tail = windows[-2:] if len(windows) >= 2 else windows
+    return statistics.mean(tail), rate
+
+
+def profile_idle(pid: int, seconds: float, out: Path) -> None:
+    """Sample the controller at rest with py-spy (``$PY_SPY`` or ``py-spy`` on PATH);
+    print the functions that hold the most samples (self and inclusive)."""
+    spy = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if not spy:
+        raise SystemExit("--profile-idle needs py-spy: set PY_SPY or put it on PATH")
+    subprocess.run(
+        [
+            spy,
+            "record",
+            "--format",
+            "raw",
+            "-r",
+            "50",
+            "-d",
+            str(int(seconds)),
+            "-p",
+            str(pid),
+            "-o",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        frames = stack.split(";")
+        total += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+    print(f"controller at rest: {total} samples in {seconds:g} s (50/s while on CPU)")
+    for title, table in (("self", own), ("inclusive", inclusive)):
+        print(f"  top {title}:")
+        for frame, n in sorted(table.items(), key=lambda kv: -kv[1])[:25]:
+            print(f"    {100 * n / max(total, 1):5.1f}%  {frame}")
+    print(f"  stacks: {out}")
+
+
+def run_one(
+    n: int, samples: int, rate: float, keep: bool, profile: float = 0.0, idle_s: float = 20.0
+) -> dict[str, Any]:
     spec = ClusterSpec(nodes=n, slurm=False, redfish=False, ready_timeout_s=1200)
     print(f"[{n} nodes] starting the local cluster ...", flush=True)
     t0 = time.monotonic()
@@ -153,13 +242,17 @@ def run_one(n: int, samples: int, rate: float, keep: bool) -> dict[str, Any]:
                 ),
                 timeout=600,
             )
-            time.sleep(3)
-            idle_c0, idle_t0 = cpu_seconds(pid), time.monotonic()
-            time.sleep(5)
-            idle_cpu = (cpu_seconds(pid) - idle_c0) / (time.monotonic() - idle_t0) * 100
             watch = CordonWatch(info)
             watch.start()
-            time.sleep(1)
+            settle(watch, n)
+            idle_cpu, idle_events = measure_idle(pid, watch, idle_s)
+            print(
+                f"[{n} nodes] at rest: {idle_cpu:.1f}% of a core over the last"
+                f" {min(idle_s, 10):g} s; {idle_events:.1f} Node events/s",
+                flush=True,
+            )
+            if profile:
+                profile_idle(pid, profile, Path(tempfile.gettempdir()) / f"reaction-idle-{n}.txt")
             names = info.node_names[:samples]
             written: dict[str, float] = {}
             c0, w0 = cpu_seconds(pid), time.monotonic()
@@ -195,7 +288,9 @@ def run_one(n: int, samples: int, rate: float, keep: bool) -> dict[str, Any]:
         finally:
             ctl.stop()
             if keep:
-                print(f"controller log: {ctl.log}")
+                kept = Path(tempfile.gettempdir()) / f"reaction-controller-{n}.log"
+                shutil.copyfile(ctl.log, kept)
+                print(f"controller log: {kept}")
 
 
 def main() -> None:
@@ -206,10 +301,32 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200, help="faults written (distinct nodes)")
     parser.add_argument("--rate", type=float, default=10.0, help="faults written per second")
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=20.0,
+        help="how long the controller's CPU at rest is measured (the figure: the last 10 s)",
+    )
+    parser.add_argument(
+        "--profile-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sample the controller at rest with py-spy for SECONDS and print where it spends",
+    )
     args = parser.parse_args()
     rows = []
     for n in args.nodes:
-        rows.append(run_one(n, min(args.samples, n), args.rate, args.keep_logs))
+        rows.append(
+            run_one(
+                n,
+                min(args.samples, n),
+                args.rate,
+                args.keep_logs,
+                args.profile_idle,
+                args.idle_seconds,
+            )
+        )
     print()
     print(
         f"{'nodes':>6} {'GPUs':>6} {'faults':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}"

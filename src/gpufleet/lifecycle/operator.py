@@ -127,28 +127,14 @@ def build_registry(ctl: Controller, options: RunOptions) -> kopf.OperatorRegistr
     )
     async def ticker(stopped: kopf.DaemonStopped, **_: Any) -> None:
         while not stopped:
-            try:
-                await ctl.tick_all()
-            except Exception:
-                log.exception("tick failed")
+            # The fleet's tick, then the Day-0 boot watchdog (a pass over the booting
+            # Machines only); one failing never stops the other.
+            for what, work in (("tick", ctl.tick_all), ("boot watch", ctl.watch_boots)):
+                try:
+                    await work()
+                except Exception:
+                    log.exception("%s failed", what)
             await asyncio.sleep(ctl.settings.tick_s)
-
-    @kopf.daemon(
-        well_known.GROUP,
-        well_known.VERSION,
-        crds.FLEET_POLICY_PLURAL,
-        registry=registry,
-        when=is_ours,
-        cancellation_timeout=5,
-    )
-    async def boot_watcher(stopped: kopf.DaemonStopped, **_: Any) -> None:
-        """The Day-0 boot watchdog (lifecycle.boot_watchdog), beside the tick."""
-        while not stopped:
-            try:
-                await ctl.watch_boots()
-            except Exception:
-                log.exception("boot watch failed")
-            await asyncio.sleep(ctl.settings.tick_s)  # a pass is cheap: booting ones only
 
     return registry
 
