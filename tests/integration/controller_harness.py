@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -158,20 +159,26 @@ def install(api: Api) -> None:
     )
 
 
-def add_bmc_secret(api: Api, node: str, endpoint: str, user: str, password: str) -> None:
-    name = f"bmc-{node}"
+def put_bmc_secret(api: Api, name: str, endpoint: str, user: str, password: str) -> str:
+    """The BMC Secret ``bmc-<name>`` (kept when present); returns its ``namespace/name``,
+    what a Node's annotation and a Machine's ``spec.bmc.credentialsSecret`` hold."""
     data = {
         k: base64.b64encode(v.encode()).decode()
         for k, v in {"endpoint": endpoint, "username": user, "password": password}.items()
     }
     api.post(
         f"/api/v1/namespaces/{SYSTEM_NS}/secrets",
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"bmc-{name}"}, "data": data},
         ok=(201, 409),
     )
+    return f"{SYSTEM_NS}/bmc-{name}"
+
+
+def add_bmc_secret(api: Api, node: str, endpoint: str, user: str, password: str) -> None:
+    ref = put_bmc_secret(api, node, endpoint, user, password)
     api.patch(
         f"/api/v1/nodes/{node}",
-        {"metadata": {"annotations": {well_known.ANNOTATION_BMC_SECRET: f"{SYSTEM_NS}/{name}"}}},
+        {"metadata": {"annotations": {well_known.ANNOTATION_BMC_SECRET: ref}}},
     )
 
 
@@ -372,6 +379,18 @@ def running(info: Any, log_dir: Path, **kw: Any) -> Iterator[ControllerProcess]:
         yield ctl
     finally:
         ctl.stop()
+
+
+def self_subject_review(info: Any, token: str) -> httpx.Response:
+    """A SelfSubjectReview sent with the bearer ``token``: 201 names who the apiserver
+    takes it for, 401 means the token does not authenticate (unknown, used, expired)."""
+    return httpx.post(
+        f"{info.apiserver_url}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        headers={"Authorization": f"Bearer {token}"},
+        verify=ssl.create_default_context(cafile=str(info.ca_file)),
+        timeout=10,
+    )
 
 
 def bmc_counters(info: Any, node: str) -> dict[str, Any]:

@@ -10,7 +10,6 @@ cloud-init, one whose join never completes, and a BMC that refuses the retry.
 
 from __future__ import annotations
 
-import base64
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from controller_harness import (
     free_port,
     install,
     policy_spec,
+    put_bmc_secret,
     put_policy,
     running,
     wait_for,
@@ -82,20 +82,12 @@ def env(local_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def add_machine(api: Api, name: str, mac: str, endpoint: str) -> None:
-    data = {
-        k: base64.b64encode(v.encode()).decode()
-        for k, v in {"endpoint": endpoint, "username": USER, "password": PASSWORD}.items()
-    }
-    api.post(
-        f"/api/v1/namespaces/{SYSTEM_NS}/secrets",
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"bmc-{name}"}, "data": data},
-        ok=(201, 409),
-    )
+    secret = put_bmc_secret(api, name, endpoint, USER, PASSWORD)
     spec = machines.MachineSpec.model_validate(
         {
             "macs": [mac],
             "serial": f"SN-{name}",  # what the emulator reports for this BMC
-            "bmc": {"endpoint": endpoint, "credentialsSecret": f"{SYSTEM_NS}/bmc-{name}"},
+            "bmc": {"endpoint": endpoint, "credentialsSecret": secret},
             "pool": POLICY,
             "hardware": {"gpuModel": "NVIDIA-H100-80GB-HBM3", "gpuCount": 8, "hcaCount": 8},
             "enrollmentDigest": enrollment.digest(SECRET),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ssl
 import subprocess
 import tempfile
 import threading
@@ -23,7 +22,15 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from controller_harness import GV, Api, bmc_counters, policy_spec, put_policy, running
+from controller_harness import (
+    GV,
+    Api,
+    bmc_counters,
+    policy_spec,
+    put_policy,
+    running,
+    self_subject_review,
+)
 from waiting import wait_for
 
 from gpufleet.domain import well_known
@@ -134,17 +141,6 @@ def state(api: Api, name: str) -> str | None:
     return str(value) if value else None
 
 
-def review(info: ClusterInfo, token: str) -> int:
-    """What the apiserver answers a request authenticated with ``token``."""
-    return httpx.post(
-        f"{info.apiserver_url}/apis/authentication.k8s.io/v1/selfsubjectreviews",
-        json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
-        headers={"Authorization": f"Bearer {token}"},
-        verify=ssl.create_default_context(cafile=str(info.ca_file)),
-        timeout=10,
-    ).status_code
-
-
 def signed_for(api: Api, token_id: str) -> bool:
     """Whether cluster-info still carries the JWS for this token (kubeadm join's discovery
     needs it: without it the join stops before it trusts the cluster)."""
@@ -241,7 +237,7 @@ def test_a_machine_network_boots_joins_and_reaches_production(day0: Any) -> None
     assert len(tokens.tokens) == 1
     token = tokens.tokens[0]
     token_id = token.split(".")[0]
-    wait_for("used token refused", lambda: review(info, token) == 401, 60)
+    wait_for("used token refused", lambda: self_subject_review(info, token).status_code == 401, 60)
     wait_for("its cluster-info signature removed", lambda: not signed_for(api, token_id), 60)
     # What a second `kubeadm join` with it gets: real kubeadm, stopped at discovery.
     refused = kubeadm_discovery(info, token)
@@ -290,5 +286,9 @@ def test_xid_79_reimages_the_machine_through_its_bmc(day0: Any) -> None:
     assert b"Linux version" in console.read_bytes()[console_before:]
     # Both tokens are refused: the first since the first join, the second since the Node
     # was Ready again (the reimaged machine rejoins its Node, past provisioning).
-    assert review(info, tokens.tokens[0]) == 401
-    wait_for("the reimage boot's token refused", lambda: review(info, tokens.tokens[1]) == 401, 60)
+    assert self_subject_review(info, tokens.tokens[0]).status_code == 401
+    wait_for(
+        "the reimage boot's token refused",
+        lambda: self_subject_review(info, tokens.tokens[1]).status_code == 401,
+        60,
+    )

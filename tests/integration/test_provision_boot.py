@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import ssl
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from controller_harness import (
     Api,
     free_port,
     install,
+    self_subject_review,
     wait_for,
 )
 
@@ -64,17 +64,6 @@ def token_of(user_data: str) -> str:
     doc = yaml.safe_load(user_data.removeprefix("#cloud-config\n"))
     join = yaml.safe_load(doc["write_files"][0]["content"])
     return str(join["discovery"]["bootstrapToken"]["token"])
-
-
-def whoami(info: Any, token: str) -> httpx.Response:
-    """SelfSubjectReview with ``token``: who the apiserver thinks we are."""
-    return httpx.post(
-        f"{info.apiserver_url}/apis/authentication.k8s.io/v1/selfsubjectreviews",
-        json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
-        headers={"Authorization": f"Bearer {token}"},
-        verify=ssl.create_default_context(cafile=str(info.ca_file)),
-        timeout=10,
-    )
 
 
 def audit_reasons(api: Api, machine: str) -> list[str]:
@@ -189,7 +178,7 @@ def test_a_known_mac_boots_and_its_token_authenticates_once(env: Any) -> None:
     assert fields["usage-bootstrap-authentication"] == "true"
     assert fields["usage-bootstrap-signing"] == "true"
     assert fields["auth-extra-groups"] == "system:bootstrappers:kubeadm:default-node-token"
-    review = whoami(info, token)
+    review = self_subject_review(info, token)
     assert review.status_code == 201, review.text
     user = review.json()["status"]["userInfo"]
     assert user["username"] == f"system:bootstrap:{token_id}"
@@ -205,7 +194,9 @@ def test_a_known_mac_boots_and_its_token_authenticates_once(env: Any) -> None:
     )
     assert done.returncode == 0, done.stderr
     # Re-arming revoked the old token: the apiserver no longer accepts it.
-    wait_for("old token refused", lambda: whoami(info, token).status_code == 401, timeout=20)
+    wait_for(
+        "old token refused", lambda: self_subject_review(info, token).status_code == 401, timeout=20
+    )
     fresh = httpx.get(data_url, headers={"X-Gpufleet-Enrollment": SECRET})
     assert fresh.status_code == 200 and token_of(fresh.text) != token
     wait_for(
@@ -293,9 +284,13 @@ def test_a_short_lived_token_stops_working_after_it_expires(env: Any) -> None:
         return boot.token
 
     token = asyncio.run(issue())
-    assert whoami(info, token).status_code == 201
+    assert self_subject_review(info, token).status_code == 201
     start = time.monotonic()
-    wait_for("expired token refused", lambda: whoami(info, token).status_code == 401, timeout=30)
+    wait_for(
+        "expired token refused",
+        lambda: self_subject_review(info, token).status_code == 401,
+        timeout=30,
+    )
     assert time.monotonic() - start >= 1.0
 
 
@@ -386,3 +381,46 @@ def test_refused_is_fail_closed_for_a_machine_without_credentials(env: Any) -> N
         raise AssertionError("served without a working BMC")
 
     assert asyncio.run(ask()).status == 403
+
+
+def test_a_machine_reimaged_to_a_version_boots_that_version_or_nothing(env: Any) -> None:
+    info, api, _url, _tmp = env
+    mac = "aa:00:00:00:03:0a"
+    spec = machines.MachineSpec.model_validate(
+        {
+            "macs": [mac],
+            "serial": "SN-versioned",
+            "bmc": {"endpoint": "http://127.0.0.1:1", "credentialsSecret": f"{SYSTEM_NS}/none"},
+            "pool": "train",
+            "hardware": {"gpuModel": "NVIDIA-H100-80GB-HBM3", "gpuCount": 8, "hcaCount": 8},
+        }
+    )
+    api.post(f"{GV}/machines", machines.manifest("day0-versioned", spec))
+    # What the controller's reimage for a MaintenancePlan with spec.image v2 writes.
+    api.patch(
+        f"{GV}/machines/day0-versioned/status",
+        {"status": {"image": "v2", "armed": True}},
+        kind="merge",
+    )
+
+    async def script(images_url: str) -> str | Refused:
+        kube = await KubeApi.connect(str(info.kubeconfig))
+        config = boot_config(ServeOptions(kubeconfig=info.kubeconfig, images_url=images_url))
+        prov = Provisioner(kube, config)
+        try:
+            return await prov.ipxe(mac, client="t")
+        except Refused as exc:
+            return exc
+        finally:
+            await prov.drain_events()
+
+    served = asyncio.run(script("http://10.0.0.2/images/"))
+    assert isinstance(served, str)
+    assert "kernel http://10.0.0.2/images/v2/vmlinuz " in served
+    assert "initrd http://10.0.0.2/images/v2/initrd.img" in served
+    assert "fetch=http://10.0.0.2/images/v2/rootfs.squashfs" in served
+    # A service that serves only its default image does not boot it with another one.
+    refused = asyncio.run(script(""))
+    assert isinstance(refused, Refused) and refused.status == 409
+    assert "v2" in str(refused)
+    wait_for("the audit Event", lambda: "ImageNotServed" in audit_reasons(api, "day0-versioned"))

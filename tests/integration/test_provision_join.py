@@ -4,8 +4,6 @@ re-arms the machine and network-boots it once on its own BMC."""
 
 from __future__ import annotations
 
-import base64
-import ssl
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,9 +19,11 @@ from controller_harness import (
     free_port,
     install,
     policy_spec,
+    put_bmc_secret,
     put_policy,
     report_fault,
     running,
+    self_subject_review,
     wait_for,
 )
 
@@ -66,20 +66,12 @@ def env(local_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def add_machine(api: Api, info: Any, name: str, mac: str, bmc_node: str) -> None:
     bmc = info.bmcs[bmc_node]
-    data = {
-        k: base64.b64encode(v.encode()).decode()
-        for k, v in {"endpoint": bmc.url, "username": bmc.user, "password": bmc.password}.items()
-    }
-    api.post(
-        f"/api/v1/namespaces/{SYSTEM_NS}/secrets",
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"bmc-{name}"}, "data": data},
-        ok=(201, 409),
-    )
+    secret = put_bmc_secret(api, name, bmc.url, bmc.user, bmc.password)
     spec = machines.MachineSpec.model_validate(
         {
             "macs": [mac],
             "serial": f"SN-{bmc_node}",
-            "bmc": {"endpoint": bmc.url, "credentialsSecret": f"{SYSTEM_NS}/bmc-{name}"},
+            "bmc": {"endpoint": bmc.url, "credentialsSecret": secret},
             "pool": "day0",
             "hardware": {"gpuModel": H100, "gpuCount": 8, "hcaCount": 8},
             "topology": {"leaf": "ib-leaf-009", "block": "ib-block-b"},
@@ -119,29 +111,23 @@ def join(api: Api, name: str, labels: dict[str, str], observed: inventory.Hardwa
     api.set_annotation(name, node_reports.hardware(observed))
 
 
-def authenticates(info: Any, token: str) -> int:
-    return httpx.post(
-        f"{info.apiserver_url}/apis/authentication.k8s.io/v1/selfsubjectreviews",
-        json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
-        headers={"Authorization": f"Bearer {token}"},
-        verify=ssl.create_default_context(cafile=str(info.ca_file)),
-        timeout=10,
-    ).status_code
-
-
 def test_a_new_machine_joins_passes_burn_in_and_a_reimage_boots_it_again(env: Any) -> None:
     info, api, url = env
     bmc_node = info.node_names[3]
     add_machine(api, info, "day0-join", "aa:00:00:00:09:01", bmc_node)
     token, labels = boot(url, "aa:00:00:00:09:01")
-    assert authenticates(info, token) == 201
+    assert self_subject_review(info, token).status_code == 201
     join(api, "day0-join", labels, inventory.Hardware("NVIDIA H100 80GB HBM3", 8, 8))
 
     wait_for("burn-in", lambda: api.state("day0-join") == "burn-in", timeout=30)
     machine = api.get(f"{GV}/machines/day0-join")["status"]
     assert machine["node"] == "day0-join" and machine["phase"] == "Joined"
     # The token was used: the controller revoked it (single use).
-    wait_for("used token refused", lambda: authenticates(info, token) == 401, timeout=20)
+    wait_for(
+        "used token refused",
+        lambda: self_subject_review(info, token).status_code == 401,
+        timeout=20,
+    )
     node = api.node("day0-join")
     assert node["metadata"]["annotations"][well_known.ANNOTATION_BMC_SECRET] == (
         f"{SYSTEM_NS}/bmc-day0-join"
@@ -161,7 +147,7 @@ def test_a_new_machine_joins_passes_burn_in_and_a_reimage_boots_it_again(env: An
     status = api.get(f"{GV}/machines/day0-join")["status"]
     assert status["armed"] is True and status["armedBy"] == well_known.CONTROLLER
     new_token, _ = boot(url, "aa:00:00:00:09:01")
-    assert new_token != token and authenticates(info, new_token) == 201
+    assert new_token != token and self_subject_review(info, new_token).status_code == 201
 
 
 def test_an_inventory_mismatch_goes_to_triage_with_the_difference(env: Any) -> None:
