@@ -8,6 +8,7 @@ writes.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
@@ -16,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +29,13 @@ from waiting import wait_for
 
 from gpufleet.domain import conditions, node_reports, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
-from gpufleet.domain.policy import default_policy
+from gpufleet.domain.policy import Detection, default_policy
 from gpufleet.domain.records import NodeRecord, record_from_json
+from gpufleet.health.agent import Agent, AgentSettings
+from gpufleet.health.backend_sim import SimulatedHardware
+from gpufleet.health.kube_report import KubeReporter
+from gpufleet.health.metrics import AgentMetrics
+from gpufleet.health.skus import bundled
 from gpufleet.local import kube as local_kube
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -423,3 +430,56 @@ WELL_BEHAVED_BMC = {
     "reportLastResetTime": True,
 }
 """Switches of a BMC that does what it is asked: ``bmc_control(info, n, **WELL_BEHAVED_BMC)``."""
+
+
+class RunningAgent:
+    """A real agent for one node (simulated hardware, whose counters tell what it did),
+    on its own event loop in a thread of the test process."""
+
+    def __init__(self, info: Any, node: str, settings: AgentSettings | None = None) -> None:
+        self.node = node
+        self.hw = SimulatedHardware(node=node)
+        policy = default_policy().model_copy(
+            update={"detection": Detection(raise_after_seconds=0, clear_after_seconds=1.0)}
+        )
+        self.metrics = AgentMetrics(node)
+        self.agent = Agent(
+            self.hw,
+            bundled().get("h100-sxm"),
+            policy,
+            node=node,
+            reporter=KubeReporter(node, kubeconfig=str(info.kubeconfig)),
+            metrics=self.metrics,
+            settings=settings or AgentSettings(interval_s=0.2, request_retry_s=1.0),
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        async def go() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self._ready.set()
+            await self.agent.run(self._stop)
+
+        asyncio.run(go())
+
+    def requests(self, kind: str = "gpu-reset", outcome: str = "refused") -> float:
+        value = self.metrics.registry.get_sample_value(
+            "gpufleet_agent_requests_total", {"node": self.node, "kind": kind, "outcome": outcome}
+        )
+        return value or 0.0
+
+    @contextlib.contextmanager
+    def started(self) -> Iterator[RunningAgent]:
+        self._thread.start()
+        self._ready.wait(10)
+        try:
+            yield self
+        finally:
+            if self._loop is not None and self._stop is not None:
+                self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(15)
+            self.hw.close()

@@ -8,10 +8,7 @@ a reset happened). docs/reliability.md lists these cases with their outcomes.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -22,6 +19,7 @@ import pytest
 from controller_harness import (
     GV,
     Api,
+    RunningAgent,
     create_kwok_nodes,
     install,
     policy_spec,
@@ -35,14 +33,8 @@ from controller_harness import (
 from gpufleet.domain import agent_requests, node_reports, well_known
 from gpufleet.domain.faults import Subsystem
 from gpufleet.domain.ladder import Step
-from gpufleet.domain.policy import Detection, default_policy
 from gpufleet.domain.records import Incident, NodeRecord, StepAttempt, record_to_json
 from gpufleet.domain.states import NodeState
-from gpufleet.health.agent import Agent, AgentSettings
-from gpufleet.health.backend_sim import SimulatedHardware
-from gpufleet.health.kube_report import KubeReporter
-from gpufleet.health.metrics import AgentMetrics
-from gpufleet.health.skus import bundled
 from gpufleet.local.cluster import ClusterInfo
 
 pytestmark = pytest.mark.integration
@@ -73,58 +65,6 @@ def env(
             api.delete(f"{GV}/fleetpolicies/{policy}")
         for node in NODES:
             api.delete(f"/api/v1/nodes/{node}")
-
-
-class RunningAgent:
-    """A real agent for one node, on its own event loop in a thread."""
-
-    def __init__(self, info: ClusterInfo, node: str) -> None:
-        self.node = node
-        self.hw = SimulatedHardware(node=node)
-        policy = default_policy().model_copy(
-            update={"detection": Detection(raise_after_seconds=0, clear_after_seconds=1.0)}
-        )
-        self.metrics = AgentMetrics(node)
-        self.agent = Agent(
-            self.hw,
-            bundled().get("h100-sxm"),
-            policy,
-            node=node,
-            reporter=KubeReporter(node, kubeconfig=str(info.kubeconfig)),
-            metrics=self.metrics,
-            settings=AgentSettings(interval_s=0.2, request_retry_s=1.0),
-        )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._main, daemon=True)
-
-    def _main(self) -> None:
-        async def go() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-            self._ready.set()
-            await self.agent.run(self._stop)
-
-        asyncio.run(go())
-
-    def requests(self, kind: str = "gpu-reset", outcome: str = "refused") -> float:
-        value = self.metrics.registry.get_sample_value(
-            "gpufleet_agent_requests_total", {"node": self.node, "kind": kind, "outcome": outcome}
-        )
-        return value or 0.0
-
-    @contextlib.contextmanager
-    def started(self) -> Iterator[RunningAgent]:
-        self._thread.start()
-        self._ready.wait(10)
-        try:
-            yield self
-        finally:
-            if self._loop is not None and self._stop is not None:
-                self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(15)
-            self.hw.close()
 
 
 def answer(api: Api, node: str) -> node_reports.Answer | None:

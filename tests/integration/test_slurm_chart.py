@@ -84,6 +84,7 @@ def test_helm_lint(helm: str, extra: list[str]) -> None:
             [
                 *("--set", "slurm.accounting.enabled=true"),
                 *("--set", "agent.jobTelemetryDir=/shared/gpufleet-telemetry"),
+                *("--set", "agent.maintenanceCommandsDir=/etc/gpufleet/maintenance.d"),
                 *("--set", "controller.tickets.webhook=https://127.0.0.1:8443/tickets"),
                 *("--set", "controller.tickets.authSecret=ticket-auth"),
                 *("--set", "networkPolicy.enabled=true"),

@@ -1,4 +1,5 @@
-"""``MaintenancePlan``: roll a reimage, a reboot or a drain-verify-return across nodes.
+"""``MaintenancePlan``: roll a reimage, a reboot, a node command or a drain-verify-return
+across nodes.
 
 ``spec`` says what, where and how fast (:class:`MaintenancePlanSpec`); the
 lifecycle controller (``gpufleet.lifecycle.maintenance``) picks the batches with
@@ -42,14 +43,30 @@ class MaintenancePlanSpec(BaseModel):
         "{} selects every node",
     )
     action: maintenance.Action = Field(
-        description="reimage (to spec.image, through the BMC), reboot (through the BMC), or "
-        "noop (drain, hold in maintenance, verify, return)"
+        description="reimage (to spec.image, through the BMC), reboot (through the BMC), "
+        "command (the node's agent runs spec.command), or noop (drain, hold in maintenance, "
+        "verify, return)"
     )
     image: str | None = Field(
         default=None,
         description="The image version a reimage installs: the provisioning service serves "
         "<images-url>/<version>/ to the re-imaged machines; recorded on each verified node",
         json_schema_extra={"maxLength": 63, "pattern": boot_images.VERSION.pattern},
+    )
+    command: str | None = Field(
+        default=None,
+        description="For action command: the name of a maintenance command installed on the "
+        "nodes (an executable in the agent's --maintenance-commands directory, e.g. "
+        "/etc/gpufleet/maintenance.d/<name>); the plan names it, the node decides what it runs",
+        json_schema_extra={"maxLength": 63, "pattern": maintenance.COMMAND_NAME.pattern},
+    )
+    command_timeout_seconds: int = Field(
+        default=int(maintenance.DEFAULT_COMMAND_TIMEOUT_S),
+        ge=10,
+        le=86400,
+        alias="commandTimeoutSeconds",
+        description="For action command: the agent kills the command after this long (a "
+        "failure); a node whose agent never answers fails 120 s later",
     )
     max_unavailable: int = Field(
         default=1,
@@ -119,10 +136,24 @@ class MaintenancePlanSpec(BaseModel):
             raise ValueError("startAt needs a time zone, e.g. 2026-01-31T02:00:00Z")
         return v
 
+    @field_validator("command")
+    @classmethod
+    def _command_name(cls, v: str | None) -> str | None:
+        if v is not None and not maintenance.COMMAND_NAME.match(v):
+            raise ValueError(
+                f"not a command name: {v!r} (a file name in the agent's maintenance commands"
+                " directory: letters, digits, '.', '_', '-'; no path)"
+            )
+        return v
+
     @model_validator(mode="after")
     def _image_for_reimage(self) -> MaintenancePlanSpec:
         if self.action is maintenance.Action.REIMAGE and not self.image:
             raise ValueError("a reimage needs spec.image (the image version to install)")
+        if self.action is maintenance.Action.COMMAND and not self.command:
+            raise ValueError("action command needs spec.command (the maintenance command's name)")
+        if self.action is not maintenance.Action.COMMAND and self.command:
+            raise ValueError(f"spec.command is for action command, not {self.action}")
         return self
 
     def rollout(self) -> maintenance.Rollout:
@@ -182,11 +213,12 @@ def crd_manifest() -> Json:
         NAMES,
         spec=spec_schema(),
         status=STATUS_SCHEMA,
-        description="A rollout of a reimage, reboot or drain-verify-return across nodes, "
-        "in batches bounded by the disruption budget and failure domains.",
+        description="A rollout of a reimage, reboot, node command or drain-verify-return "
+        "across nodes, in batches bounded by the disruption budget and failure domains.",
         columns=[
             column("Action", "string", ".spec.action"),
             column("Image", "string", ".spec.image"),
+            column("Command", "string", ".spec.command"),
             column("Phase", "string", ".status.phase"),
             column("Progress", "string", ".status.progress"),
             column("Start", "string", ".spec.startAt"),

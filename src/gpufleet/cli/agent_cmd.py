@@ -70,6 +70,11 @@ def run(
         help="Simulated backend: publish the GPUs' speed here for the node's jobs "
         "(GPUFLEET_SIM_GPUS of examples/slurm-ddp).",
     ),
+    maintenance_commands: Path = typer.Option(
+        agent_mod.AgentSettings.maintenance_commands,
+        help="Directory of the maintenance commands a MaintenancePlan (action command) may "
+        "name: executables, not writable by group or others; a name not found here fails.",
+    ),
 ) -> None:
     """Watch GPUs, InfiniBand and the kernel; report Node conditions, Events and metrics.
 
@@ -83,6 +88,11 @@ def run(
     straggler fault (policy: detection.stragglers and the straggler rule):
 
         gpufleet agent --job-telemetry /shared/gpufleet-telemetry
+
+    A MaintenancePlan with action command runs a command installed on the node,
+    by name, once the node is drained (docs/operations.md):
+
+        gpufleet agent --maintenance-commands /etc/gpufleet/maintenance.d
     """
     logs.configure()
     node = node_name(node)
@@ -108,7 +118,10 @@ def run(
 
         reporter = KubeReporter(node, kubeconfig=kubeconfig_arg(kubeconfig))
     settings = agent_mod.AgentSettings(
-        interval_s=interval, active_every_s=active_every, telemetry_every_s=telemetry_every
+        interval_s=interval,
+        active_every_s=active_every,
+        telemetry_every_s=telemetry_every,
+        maintenance_commands=maintenance_commands,
     )
     telemetry = (
         JobTelemetry(job_telemetry, node, policy.detection.stragglers)

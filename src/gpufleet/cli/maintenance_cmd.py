@@ -33,8 +33,8 @@ FINAL = frozenset({"Completed", "Stopped", "Aborted"})
 app = typer.Typer(
     no_args_is_help=True,
     help=(
-        "Rolling maintenance (MaintenancePlan): reimage, reboot or drain-verify-return "
-        "nodes in batches bounded by the disruption budget and failure domains."
+        "Rolling maintenance (MaintenancePlan): reimage, reboot, run a node command or "
+        "drain-verify-return nodes in batches bounded by the disruption budget and failure domains."
     ),
 )
 
@@ -64,6 +64,7 @@ def _summary(body: dict[str, Any]) -> dict[str, Any]:
         "name": body["metadata"]["name"],
         "action": spec.get("action"),
         "image": spec.get("image"),
+        "command": spec.get("command"),
         "selector": spec.get("nodeSelector") or {},
         "maxUnavailable": spec.get("maxUnavailable", 1),
         "maxFailures": spec.get("maxFailures", 1),
@@ -150,7 +151,9 @@ def _bar(s: dict[str, Any]) -> Table:
 def _draw_plan(s: dict[str, Any], wide: bool) -> Group:
     head = Text.assemble(
         (s["name"], "bold"),
-        f"  {s['action']}" + (f" to {s['image']}" if s["image"] else ""),
+        f"  {s['action']}"
+        + (f" to {s['image']}" if s["image"] else "")
+        + (f" {s['command']}" if s.get("command") else ""),
         f"  on {_selector(s['selector'])}",
         f"  phase {s['phase'] or '-'}" + ("  (paused)" if s["paused"] else ""),
         f"  starts at {s['startAt']}" if s["startAt"] else "",
@@ -229,11 +232,23 @@ def create(
     name: Annotated[str, typer.Argument(help="Name of the new MaintenancePlan.")],
     action: Annotated[
         maintenance.Action,
-        typer.Option("--action", case_sensitive=False, help="reimage, reboot or noop."),
+        typer.Option("--action", case_sensitive=False, help="reimage, reboot, command or noop."),
     ],
     image: Annotated[
         str | None, typer.Option("--image", help="The image version a reimage installs.")
     ] = None,
+    command: Annotated[
+        str | None,
+        typer.Option(
+            "--command",
+            help="For --action command: the name of a maintenance command installed on the "
+            "nodes (the agent's --maintenance-commands directory).",
+        ),
+    ] = None,
+    command_timeout: Annotated[
+        int,
+        typer.Option("--command-timeout", help="Seconds the command may run on a node."),
+    ] = int(maintenance.DEFAULT_COMMAND_TIMEOUT_S),
     selector: Annotated[
         list[str] | None,
         typer.Option(
@@ -281,12 +296,20 @@ def create(
 
         gpufleet maintenance create image-2024-06 --action reimage --image 2024.06.1 \\
             -l gpufleet.io/pool=h100 --max-unavailable 2 --max-failures 1
+
+    A firmware update that the nodes' agents run (an executable named
+    flash-hca-fw in each node's /etc/gpufleet/maintenance.d), one leaf at a time:
+
+        gpufleet maintenance create hca-fw-28.39 --action command --command flash-hca-fw \\
+            --command-timeout 1800 --max-unavailable 4
     """
     try:
         spec = mplan.MaintenancePlanSpec(
             node_selector=_labels(selector or []),
             action=action,
             image=image,
+            command=command,
+            command_timeout_seconds=command_timeout,
             max_unavailable=max_unavailable,
             failure_domain_label=failure_domain_label,
             max_per_domain=max_per_domain,

@@ -33,6 +33,8 @@ class ActionKind(StrEnum):
     """Run a remediation step (``step``) on the node."""
     RUN_CHECKS = "run-checks"
     """Run an active-check profile (``profile``) and report the result."""
+    RUN_COMMAND = "run-command"
+    """Have the node's agent run a maintenance command (``detail``: its name) and report."""
     NOTIFY = "notify"
     """Tell people (Event, log, alert); nothing on the node changes."""
 

@@ -11,11 +11,14 @@ it obeys the node's lifecycle record (:data:`~gpufleet.domain.well_known.ANNOTAT
   incident, start of the step attempt or checks) equal to the one
   :func:`binding_of` derives from the record *now*, its kind is the one that
   state asks for (a GPU reset only while the ``gpu-reset`` step is in progress
-  in ``remediating``; checks only in ``verifying`` and ``burn-in``), and its id
-  is the id the controller derives for it. Anything else is refused.
+  in ``remediating``; checks only in ``verifying`` and ``burn-in``; a
+  maintenance command only in ``maintenance``, and only the command the
+  record's incident names), and its id is the id the controller derives for
+  it. Anything else is refused.
 - **Never on a node with work** (:func:`work_refusal`): every request kind the
   agent knows is disruptive (a GPU reset kills what runs on the GPU; the
-  verification and burn-in profiles run GEMM, HBM and NCCL stress), so the
+  verification and burn-in profiles run GEMM, HBM and NCCL stress; a
+  maintenance command flashes firmware or replaces a driver), so the
   agent also refuses while Kubernetes pods, Slurm jobs or GPU processes are on
   the node, whatever the record says, and when any of the three cannot be
   read (fail closed).
@@ -30,19 +33,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpufleet.domain import conditions
+from gpufleet.domain import conditions, maintenance
 from gpufleet.domain.emptiness import SlurmWork, disruptive_work, pod_holds_node
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
 
-DISRUPTIVE_KINDS: frozenset[str] = frozenset({"checks", "gpu-reset"})
+DISRUPTIVE_KINDS: frozenset[str] = frozenset({"checks", "gpu-reset", "command"})
 """Request kinds that disrupt work on the node: all of them today (see the module doc)."""
 
 KIND_IN_STATE: Mapping[NodeState, conditions.RequestKind] = {
     NodeState.REMEDIATING: "gpu-reset",
     NodeState.VERIFYING: "checks",
     NodeState.BURN_IN: "checks",
+    NodeState.MAINTENANCE: "command",
 }
 """The one request kind each state may ask for; no request is legitimate in any other state."""
 
@@ -66,6 +70,8 @@ def request_id(record: NodeRecord) -> str | None:
     ):
         last = inc.tried[-1]
         return f"gpu-reset-{last.attempt}-{int(last.started_at * 1000)}"
+    if record.state is NodeState.MAINTENANCE and maintenance.command_of(record) is not None:
+        return f"command-{int(record.since * 1000)}"
     return None
 
 
@@ -82,6 +88,8 @@ def binding_of(record: NodeRecord) -> conditions.Binding | None:
         last = inc.tried[-1] if inc.tried else None
         if last is not None and last.step is Step.GPU_RESET and last.ended_at is None:
             return conditions.Binding(record.name, state.value, inc.opened_at, last.started_at)
+    if state is NodeState.MAINTENANCE and inc is not None and maintenance.command_of(record):
+        return conditions.Binding(record.name, state.value, inc.opened_at, record.since)
     return None
 
 
@@ -91,14 +99,26 @@ def issue(
     *,
     profile: str | None = None,
     gpu_index: int | None = None,
+    timeout_s: int | None = None,
 ) -> conditions.AgentRequest | None:
-    """The bound request the controller writes for this record (None: nothing to ask)."""
+    """The bound request the controller writes for this record (None: nothing to ask).
+
+    A ``command`` request names the command the record's incident names
+    (:func:`gpufleet.domain.maintenance.command_of`), never one given by the caller.
+    """
     rid = request_id(record)
     binding = binding_of(record)
     if rid is None or binding is None or KIND_IN_STATE.get(record.state) != kind:
         return None
+    command = maintenance.command_of(record) if kind == "command" else None
     return conditions.AgentRequest(
-        id=rid, kind=kind, profile=profile, gpu_index=gpu_index, binding=binding
+        id=rid,
+        kind=kind,
+        profile=profile,
+        gpu_index=gpu_index,
+        command=command,
+        timeout_s=timeout_s if kind == "command" else None,
+        binding=binding,
     )
 
 
@@ -146,6 +166,13 @@ def refusal(request: conditions.AgentRequest, node: str, record: NodeRecord | No
     rid = request_id(record)
     if request.id != rid:
         return f"the request id {request.id} is not the one the controller issued ({rid})"
+    if request.kind == "command":
+        named = maintenance.command_of(record)
+        if request.command != named:
+            return (
+                f"the request names command {request.command!r}; the node's maintenance"
+                f" runs {named!r}"
+            )
     return None
 
 

@@ -180,7 +180,8 @@ def _opt_int(value: object) -> int | None:
 
 # ------------------------------------------------------------ agent requests
 
-RequestKind = Literal["checks", "gpu-reset"]
+RequestKind = Literal["checks", "gpu-reset", "command"]
+REQUEST_KINDS: frozenset[str] = frozenset({"checks", "gpu-reset", "command"})
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,80}$")
 
 
@@ -216,6 +217,11 @@ class AgentRequest:
     """For ``checks``: the profile (``verify``, ``burn-in``)."""
     gpu_index: int | None = None
     """For ``gpu-reset``: the GPU, or None for every GPU."""
+    command: str | None = None
+    """For ``command``: the maintenance command's name (the agent runs the file of that
+    name in its commands directory, and only the one the node's record names)."""
+    timeout_s: int | None = None
+    """For ``command``: the agent kills the command after this many seconds."""
     binding: Binding | None = None
     """None: an unbound request (hand-written or from an older controller): refused."""
 
@@ -226,6 +232,10 @@ class AgentRequest:
             data["profile"] = self.profile
         if self.gpu_index is not None:
             data["gpu_index"] = self.gpu_index
+        if self.command is not None:
+            data["command"] = self.command
+        if self.timeout_s is not None:
+            data["timeout_s"] = self.timeout_s
         if self.binding is not None:
             b = self.binding
             data["node"] = b.node
@@ -248,15 +258,19 @@ def decode_request(value: str | None) -> AgentRequest | None:
         data = json.loads(value)
         kind = data["kind"]
         rid = str(data["id"])
-        if kind not in ("checks", "gpu-reset") or not _ID.match(rid):
+        if kind not in REQUEST_KINDS or not _ID.match(rid):
             return None
         gpu = data.get("gpu_index")
         profile = data.get("profile")
+        command = data.get("command")
+        timeout = data.get("timeout_s")
         return AgentRequest(
             id=rid,
             kind=kind,
             profile=None if profile is None else str(profile),
             gpu_index=None if gpu is None else int(gpu),
+            command=None if command is None else str(command),
+            timeout_s=None if timeout is None else int(timeout),
             binding=_binding_from(data),
         )
     except (ValueError, KeyError, TypeError, AttributeError):

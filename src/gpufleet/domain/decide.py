@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.domain import events as ev
-from gpufleet.domain import lemon, operator, spares, well_known
+from gpufleet.domain import lemon, maintenance, operator, spares, well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.faults import FaultEvent
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step, severity
@@ -440,7 +440,19 @@ def _after_drain(ctx: _Ctx) -> _Plan:
     assert inc is not None
     if inc.maintenance:
         rec, t = _move(ctx, r, S.MAINTENANCE, Trigger.DRAIN_COMPLETED, inc.description)
-        return _Plan(applied=rec, held=r, reasons=("drained for maintenance",), transition=t)
+        command = maintenance.command_of(rec)
+        actions = (
+            ()
+            if command is None
+            else (
+                Action(
+                    ActionKind.RUN_COMMAND, detail=command, timeout_seconds=inc.command_timeout_s
+                ),
+            )
+        )
+        return _Plan(
+            applied=rec, held=r, actions=actions, reasons=("drained for maintenance",), transition=t
+        )
     return _start_rung(ctx, r, inc, "drained")
 
 
@@ -709,6 +721,7 @@ def _on_maintenance(ctx: _Ctx, event: ev.MaintenanceRequested) -> _Plan:
             opened_at=ctx.now,
             plan=event.step,  # a plan's reboot or reimage runs as the incident's one rung
             drain_mode=event.drain_mode or ctx.policy.drain.mode,
+            command_timeout_s=event.command_timeout_s,
         )
         if event.requeue is not None:
             inc = replace(inc, requeue=event.requeue)
@@ -893,6 +906,12 @@ _HANDLERS: dict[type, Callable[[_Ctx, Any], _Plan]] = {
     ),
     ev.MaintenanceRequested: _on_maintenance,
     ev.MaintenanceCompleted: _verify_again(Trigger.MAINTENANCE_COMPLETED),
+    ev.MaintenanceFailed: _simple(
+        frozenset({S.MAINTENANCE}),
+        S.TRIAGE,
+        Trigger.MAINTENANCE_FAILED,
+        lambda c: (Action(ActionKind.NOTIFY, detail="maintenance failed"),),
+    ),
     ev.OperatorReturn: _verify_again(Trigger.OPERATOR),
     ev.OperatorRMA: _on_operator_rma,
     ev.OperatorTriage: _on_operator_triage,

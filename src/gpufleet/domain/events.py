@@ -83,6 +83,8 @@ class MaintenanceRequested:
     key: str = "maintenance"
     requeue: RequeueMode | None = None
     drain_mode: DrainMode | None = None
+    command_timeout_s: float | None = None
+    """For a plan's command (named in ``reason``): how long the agent lets it run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,14 @@ class MaintenanceCompleted:
     """An operator is done; the node is verified before it returns."""
 
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceFailed:
+    """The change made in maintenance failed (a plan's command exited non-zero or never
+    answered): the node goes to triage, not back through verification."""
+
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +162,7 @@ Event = (
     | InventoryMismatch
     | MaintenanceRequested
     | MaintenanceCompleted
+    | MaintenanceFailed
     | OperatorReturn
     | OperatorRMA
     | OperatorTriage

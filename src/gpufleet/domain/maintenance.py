@@ -22,6 +22,7 @@ every change (docs/decisions/0110).
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,13 +57,28 @@ class Action(StrEnum):
     NOOP = "noop"
     """Drain, hold in ``maintenance``, verify, return: for work done by hand or by
     tools outside gpufleet while the node is out."""
+    COMMAND = "command"
+    """Drain, then the node's agent runs one of the maintenance commands installed on
+    the node (by name: a firmware flash, a driver update), then verify and return."""
 
 
 STEP_OF: Mapping[Action, Step | None] = {
     Action.REIMAGE: Step.REIMAGE,
     Action.REBOOT: Step.REBOOT,
     Action.NOOP: None,
+    Action.COMMAND: None,
 }
+
+COMMAND_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+"""A maintenance command's name: a file name in the agent's commands directory, never
+a path (no ``/``, no leading dot)."""
+RUN_PREFIX = "run "
+"""A command plan's request reason ends ``: run <command>``."""
+DEFAULT_COMMAND_TIMEOUT_S = 3600.0
+"""How long a plan's command may run on a node unless the plan says otherwise."""
+COMMAND_ANSWER_GRACE_S = 120.0
+"""How long past the command's own timeout the controller waits for the agent's answer
+before it counts the command as failed (the agent may be restarting)."""
 
 
 class NodePhase(StrEnum):
@@ -149,9 +165,17 @@ def incident_key(plan: str) -> str:
     return KEY_PREFIX + plan
 
 
-def reason(plan: str, action: Action, image: str | None) -> str:
-    """The text of the plan's request (and of the node's transition to draining)."""
-    what = f"reimage to {image}" if action is Action.REIMAGE and image else str(action)
+def reason(plan: str, action: Action, image: str | None, command: str | None = None) -> str:
+    """The text of the plan's request (and of the node's transition to draining; for a
+    command plan, the incident's description names the command: :func:`command_of`)."""
+    if action is Action.REIMAGE and image:
+        what = f"reimage to {image}"
+    elif action is Action.COMMAND:
+        if command is None or not COMMAND_NAME.match(command):
+            raise ValueError(f"a command plan needs a command name, not {command!r}")
+        what = RUN_PREFIX + command
+    else:
+        what = str(action)
     return f"{REASON_PREFIX}{plan}: {what}"
 
 
@@ -160,16 +184,19 @@ def request(
     action: Action,
     *,
     image: str | None = None,
+    command: str | None = None,
+    command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
     requeue: RequeueMode = RequeueMode.LET_FINISH,
     drain_mode: DrainMode = DrainMode.EVICT,
 ) -> ev.MaintenanceRequested:
     """The event that takes one node of the plan out (decided like any other)."""
     return ev.MaintenanceRequested(
-        reason(plan, action, image),
+        reason(plan, action, image, command),
         step=STEP_OF[action],
         key=incident_key(plan),
         requeue=requeue,
         drain_mode=drain_mode,
+        command_timeout_s=command_timeout_s if action is Action.COMMAND else None,
     )
 
 
@@ -182,6 +209,61 @@ def awaits_completion(record: NodeRecord, plan: str) -> bool:
     """Whether the node waits in ``maintenance`` for this plan's completion."""
     inc = record.incident
     return record.state is S.MAINTENANCE and inc is not None and inc.key == incident_key(plan)
+
+
+def plan_of(record: NodeRecord) -> str | None:
+    """The plan whose incident the node is in (None: no plan's)."""
+    inc = record.incident
+    if inc is None or not inc.key.startswith(KEY_PREFIX):
+        return None
+    return inc.key[len(KEY_PREFIX) :] or None
+
+
+def command_of(record: NodeRecord) -> str | None:
+    """The maintenance command this node's incident runs, read from the record only.
+
+    A command plan's incident description is its request reason, ``maintenance
+    plan <plan>: run <command>``; the controller asks the agent for that command and
+    the agent runs only that one (:mod:`gpufleet.domain.agent_requests`), so an
+    annotation edited by hand cannot make the agent run another.
+    """
+    plan = plan_of(record)
+    inc = record.incident
+    if plan is None or inc is None or not inc.maintenance:
+        return None
+    prefix = f"{REASON_PREFIX}{plan}: {RUN_PREFIX}"
+    if not inc.description.startswith(prefix):
+        return None
+    name = inc.description[len(prefix) :]
+    return name if COMMAND_NAME.match(name) else None
+
+
+def command_answered(record: NodeRecord, passed: bool, detail: str) -> ev.Event:
+    """The event for the agent's answer to the node's maintenance command: completed
+    (verification next) or failed (the node goes to triage: a person looks at what a
+    half-applied firmware or driver change left)."""
+    plan = plan_of(record) or "?"
+    name = command_of(record) or "?"
+    if passed:
+        return ev.MaintenanceCompleted(f"{REASON_PREFIX}{plan}: {name} done: {detail}"[:512])
+    return ev.MaintenanceFailed(f"{REASON_PREFIX}{plan}: {name} failed: {detail}"[:512])
+
+
+def command_overdue(record: NodeRecord, now: float) -> ev.MaintenanceFailed | None:
+    """The failure to feed when the node's command has had no answer for its timeout
+    plus :data:`COMMAND_ANSWER_GRACE_S` (None: not overdue, or no command runs)."""
+    if record.state is not S.MAINTENANCE or command_of(record) is None:
+        return None
+    inc = record.incident
+    timeout_s = (inc.command_timeout_s if inc else None) or DEFAULT_COMMAND_TIMEOUT_S
+    waited = now - record.since
+    if waited < timeout_s + COMMAND_ANSWER_GRACE_S:
+        return None
+    plan = plan_of(record) or "?"
+    return ev.MaintenanceFailed(
+        f"{REASON_PREFIX}{plan}: {command_of(record)} failed: no answer from the node's agent"
+        f" in {waited:.0f} s (command timeout {timeout_s:.0f} s)"
+    )
 
 
 def node_phase(

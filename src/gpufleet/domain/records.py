@@ -82,6 +82,9 @@ class Incident:
     """The step in progress; None between steps (or before the first)."""
     tried: tuple[StepAttempt, ...] = ()
     checks_started_at: float | None = None
+    command_timeout_s: float | None = None
+    """A maintenance plan's command: how long the agent lets it run (its plan's
+    ``commandTimeoutSeconds``, kept here so the controller needs no plan to ask)."""
 
     @property
     def maintenance(self) -> bool:

@@ -52,6 +52,7 @@ class Trigger(StrEnum):
     INVENTORY_MISMATCH = "inventory-mismatch"
     MAINTENANCE_REQUESTED = "maintenance-requested"
     MAINTENANCE_COMPLETED = "maintenance-completed"
+    MAINTENANCE_FAILED = "maintenance-failed"
     OPERATOR = "operator"
     LEMON = "lemon"
     LADDER_EXHAUSTED = "ladder-exhausted"

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gpufleet.domain import (
@@ -52,10 +53,11 @@ from gpufleet.domain import (
 )
 from gpufleet.domain.decide import policy_window, respond
 from gpufleet.domain.faults import FaultEvent, Subsystem
+from gpufleet.domain.maintenance import DEFAULT_COMMAND_TIMEOUT_S
 from gpufleet.domain.policy import Policy, Response
 from gpufleet.domain.profiles import SkuProfile
 from gpufleet.domain.records import NodeRecord, Occurrence, record_from_json
-from gpufleet.health import checks, sysfs
+from gpufleet.health import checks, maintenance_commands, sysfs
 from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
 from gpufleet.health.metrics import AgentMetrics
 from gpufleet.health.monitors import PassiveMonitors
@@ -124,6 +126,8 @@ class AgentSettings:
     request_retry_s: float = 15.0
     """A legitimate request refused because work ran on the node is judged again this
     often while it stays on the Node (the controller's step timeout bounds the wait)."""
+    maintenance_commands: Path = maintenance_commands.DEFAULT_DIR
+    """Where the maintenance commands a MaintenancePlan may name are installed."""
 
 
 @dataclass
@@ -475,6 +479,8 @@ class Agent:
             except HardwareError as exc:
                 return conditions.AgentResult(req.id, passed=False, detail=str(exc))
             return conditions.AgentResult(req.id, passed=True, detail=detail)
+        if req.kind == "command":
+            return self.run_command(req)
         profile = REQUEST_PROFILES.get(req.profile or "")
         if profile is None:
             known = ", ".join(REQUEST_PROFILES)
@@ -499,6 +505,19 @@ class Agent:
         self.last_results = results
         passed, detail = verdict(results)
         return conditions.AgentResult(req.id, passed=passed, detail=detail)
+
+    def run_command(self, req: conditions.AgentRequest) -> conditions.AgentResult:
+        """A MaintenancePlan's command, found by name in the commands directory."""
+        found = maintenance_commands.find(self.settings.maintenance_commands, req.command or "")
+        if isinstance(found, str):
+            return conditions.AgentResult(req.id, passed=False, detail=found)
+        timeout = float(req.timeout_s or DEFAULT_COMMAND_TIMEOUT_S)
+        env = {"NODE_NAME": self.node, "GPUFLEET_REQUEST_ID": req.id}
+        log.info(
+            "node=%s request=%s running %s (timeout %.0f s)", self.node, req.id, found, timeout
+        )
+        outcome = maintenance_commands.run(found, timeout_s=timeout, env=env)
+        return conditions.AgentResult(req.id, passed=outcome.passed, detail=outcome.detail)
 
     async def _serve_requests(self) -> None:
         while self._requests is not None and not self._requests.empty():

@@ -5,8 +5,10 @@ On every tick, for each MaintenancePlan the watch delivered (``on_plan``):
 1. the selected nodes and where each is (:func:`gpufleet.domain.maintenance.node_phase`,
    read from the node's record: a restarted controller carries on);
 2. a node of a ``noop`` plan waiting in ``maintenance`` gets ``MaintenanceCompleted``
-   (verification next); a node asked for but not taken out yet (a rail held it) is
-   asked again;
+   (verification next); a node of a ``command`` plan waits there for its agent's
+   answer (the request went out with the record that entered ``maintenance``), and
+   one with no answer past the command's timeout gets ``MaintenanceFailed``; a node
+   asked for but not taken out yet (a rail held it) is asked again;
 3. the next batch (:func:`gpufleet.domain.maintenance.next_batch`): recorded in the
    plan's status *first*, then asked for with ``MaintenanceRequested`` through the
    ordinary node pass, so pause, dry-run, the breaker and the budget gate it;
@@ -124,7 +126,7 @@ class MaintenancePlans(ControllerCore):
                     startedAt=None,
                     message=f"not started: the node left production ({record.state})",
                 )
-        await self._finish_noop_nodes(name, entries)
+        await self._finish_held_nodes(name, spec, entries, now)
         await self._record_versions(spec, entries)
         why = await self._start_batch(name, body, spec, rollout, entries, now)
         await self._save_plan_status(name, body, _status(body, rollout, entries, why, now))
@@ -144,12 +146,25 @@ class MaintenancePlans(ControllerCore):
         labels = ((self.bodies.get(node) or {}).get("metadata") or {}).get("labels") or {}
         return str(labels.get(label, ""))
 
-    async def _finish_noop_nodes(self, name: str, entries: Mapping[str, Json]) -> None:
+    async def _finish_held_nodes(
+        self, name: str, spec: api.MaintenancePlanSpec, entries: Mapping[str, Json], now: float
+    ) -> None:
+        """Nodes of the plan waiting in ``maintenance``: a noop's are done at once; a
+        command's wait for the agent's answer (read by the node pass), up to its timeout."""
+        if spec.action not in (mt.Action.NOOP, mt.Action.COMMAND):
+            return
         for node in entries:
             record = self.fleet.records.get(node)
-            if record is not None and mt.awaits_completion(record, name):
+            if record is None or not mt.awaits_completion(record, name):
+                continue
+            if spec.action is mt.Action.NOOP:
                 log.info("node=%s maintenance plan %s: done, verifying", node, name)
                 await self.feed(node, mt.completion(name))
+                continue
+            overdue = mt.command_overdue(record, now)
+            if overdue is not None:
+                log.warning("node=%s %s", node, overdue.reason)
+                await self.feed(node, overdue)
 
     async def _record_versions(
         self, spec: api.MaintenancePlanSpec, entries: Mapping[str, dict[str, Any]]
@@ -188,7 +203,13 @@ class MaintenancePlans(ControllerCore):
     ) -> str:
         """Ask again for held nodes; start the next batch. Returns why not more."""
         request = mt.request(
-            name, spec.action, image=spec.image, requeue=spec.requeue, drain_mode=spec.drain_mode
+            name,
+            spec.action,
+            image=spec.image,
+            command=spec.command,
+            command_timeout_s=spec.command_timeout_seconds,
+            requeue=spec.requeue,
+            drain_mode=spec.drain_mode,
         )
         for node, e in entries.items():
             if e["phase"] == P.REQUESTED:

@@ -18,7 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.domain import agent_requests, conditions, events, lemon, node_reports, well_known
+from gpufleet.domain import (
+    agent_requests,
+    conditions,
+    events,
+    lemon,
+    maintenance,
+    node_reports,
+    well_known,
+)
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.operator import Received, receive
@@ -121,7 +129,8 @@ def request_id(record: NodeRecord) -> str | None:
 def agent_request(
     record: NodeRecord, actions: tuple[Action, ...]
 ) -> conditions.AgentRequest | None:
-    """The request to put on the Node for these actions (checks or a GPU reset), if any.
+    """The request to put on the Node for these actions (checks, a GPU reset or a
+    maintenance command), if any.
 
     It carries its binding to this record (node, state, incident, attempt): the
     agent carries out only a request that matches the record it reads (decision 0074).
@@ -131,6 +140,9 @@ def agent_request(
             return agent_requests.issue(record, "checks", profile=a.profile)
         if a.kind is ActionKind.RUN_STEP and a.step is Step.GPU_RESET:
             return agent_requests.issue(record, "gpu-reset", gpu_index=_gpu_of(record))
+        if a.kind is ActionKind.RUN_COMMAND:
+            timeout = None if a.timeout_seconds is None else int(a.timeout_seconds)
+            return agent_requests.issue(record, "command", timeout_s=timeout)
     return None
 
 
@@ -168,6 +180,8 @@ def observe(body: Mapping[str, Any], record: NodeRecord) -> Observation:
     if result is not None and expected is not None and result.id == expected:
         if record.state is NodeState.REMEDIATING:
             out.append(events.StepCompleted(Step.GPU_RESET, result.passed, result.detail))
+        elif record.state is NodeState.MAINTENANCE:
+            out.append(maintenance.command_answered(record, result.passed, result.detail))
         else:
             out.append(events.ChecksCompleted(result.passed, result.detail))
     received = operator_request(body)

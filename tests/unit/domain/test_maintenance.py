@@ -167,6 +167,8 @@ def _advance(f: Fleet, plan: str, node: str, now: float, passes: bool) -> None:
         f.send(node, ev.DrainCompleted(), now)
     elif r.state is S.REMEDIATING and r.incident is not None and r.incident.current:
         f.send(node, ev.StepCompleted(r.incident.current, succeeded=True), now)
+    elif r.state is S.MAINTENANCE and mt.command_of(r) is not None:
+        f.send(node, mt.command_answered(r, passed=True, detail="flashed"), now)
     elif r.state is S.MAINTENANCE and mt.awaits_completion(r, plan):
         f.send(node, mt.completion(plan), now)
     elif r.state is S.VERIFYING:
@@ -232,7 +234,8 @@ def test_a_rollout_respects_budget_and_domains_and_ends_every_node(
         for n in mt.next_batch(rollout, cands, _room(f, policy), now=0.0).start:
             started[n] = now
             stored[n] = P.REQUESTED
-            f.send(n, mt.request("p", action), now + 0.1)
+            command = "fw-update" if action is mt.Action.COMMAND else None
+            f.send(n, mt.request("p", action, command=command), now + 0.1)
         for i, n in enumerate(domain_of):
             first = n not in verified_once and f.records[n].state is S.VERIFYING
             if first:
@@ -258,3 +261,75 @@ def test_records_round_trip_the_plan_fields() -> None:
     f.send("n0", mt.request("fw", mt.Action.REIMAGE, image="v9"), now=1)
     rec: NodeRecord = f.records["n0"]
     assert record_from_json(record_to_json(rec)) == rec
+
+
+# ------------------------------------------------------- a command plan's node
+
+
+def _in_maintenance(f: Fleet, node: str, command: str = "fw-update") -> NodeRecord:
+    f.send(node, mt.request("fw", mt.Action.COMMAND, command=command, command_timeout_s=600), 10)
+    d = f.send(node, ev.DrainCompleted(), now=20)
+    assert f.state(node) is S.MAINTENANCE
+    assert [(a.kind, a.detail, a.timeout_seconds) for a in d.actions] == [
+        (ActionKind.RUN_COMMAND, command, 600)
+    ]
+    return f.records[node]
+
+
+def test_a_command_node_asks_its_agent_for_the_command_its_record_names() -> None:
+    from gpufleet.domain import agent_requests
+
+    f = make_fleet(2)
+    record = _in_maintenance(f, "n1")
+    assert mt.command_of(record) == "fw-update" and mt.plan_of(record) == "fw"
+    req = agent_requests.issue(record, "command", timeout_s=600)
+    assert req is not None and req.command == "fw-update" and req.timeout_s == 600
+    assert agent_requests.refusal(req, "n1", record) is None
+    # An annotation edited to name another installed command is refused.
+    from dataclasses import replace
+
+    edited = replace(req, command="wipe-disks")
+    why = agent_requests.refusal(edited, "n1", record)
+    assert why is not None and "'wipe-disks'" in why and "'fw-update'" in why
+    # A noop plan's node, and a node in production, ask no command.
+    f.send("n0", mt.request("other", mt.Action.NOOP), now=10)
+    f.send("n0", ev.DrainCompleted(), now=20)
+    assert mt.command_of(f.records["n0"]) is None
+    assert agent_requests.issue(f.records["n0"], "command") is None
+
+
+def test_an_answered_command_verifies_the_node_and_a_failed_one_sends_it_to_triage() -> None:
+    f = make_fleet(3)
+    record = _in_maintenance(f, "n1")
+    f.send("n1", mt.command_answered(record, passed=True, detail="exit 0"), now=30)
+    assert f.state("n1") is S.VERIFYING
+    f = make_fleet(3)  # the budget of a 3-node fleet lets one node out at a time
+    record = _in_maintenance(f, "n2")
+    f.send("n2", mt.command_answered(record, passed=False, detail="exit 3: no image"), now=30)
+    assert f.state("n2") is S.TRIAGE
+    assert "fw-update failed: exit 3: no image" in f.records["n2"].reason
+    progress = mt.node_phase(f.records["n2"], "fw", P.UPDATING, 10)
+    assert progress.phase is P.FAILED
+
+
+def test_a_command_without_an_answer_fails_after_its_timeout_and_grace() -> None:
+    f = make_fleet(2)
+    record = _in_maintenance(f, "n1")
+    assert mt.command_overdue(record, now=20 + 600 + mt.COMMAND_ANSWER_GRACE_S - 1) is None
+    late = mt.command_overdue(record, now=20 + 600 + mt.COMMAND_ANSWER_GRACE_S + 1)
+    assert late is not None and "no answer from the node's agent" in late.reason
+    f.send("n1", late, now=800)
+    assert f.state("n1") is S.TRIAGE
+    # Nothing is overdue on a node that is not running a command.
+    assert mt.command_overdue(f.records["n0"], now=10_000) is None
+
+
+def test_a_command_plan_needs_a_plain_name() -> None:
+    import pytest
+
+    for bad in (None, "../bin/sh", ".hidden", "a/b", ""):
+        with pytest.raises(ValueError):
+            mt.reason("fw", mt.Action.COMMAND, None, bad)
+    assert (
+        mt.reason("fw", mt.Action.COMMAND, None, "bios_2.1") == "maintenance plan fw: run bios_2.1"
+    )
