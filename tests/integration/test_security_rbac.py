@@ -251,6 +251,8 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("slurm-syncer", "list", "slurmclusters.gpufleet.io", "", "", True),
     ("slurm-syncer", "patch", "slurmclusters.gpufleet.io/status", "", "", True),
     ("slurm-syncer", "patch", "slurmclusters.gpufleet.io", "", "", False),
+    ("slurm-syncer", "list", "maintenanceplans.gpufleet.io", "", "", True),
+    ("slurm-syncer", "patch", "maintenanceplans.gpufleet.io/status", "", "", False),
     ("slurm-syncer", "patch", "configmaps", NS, "gpufleet-slurm-config", True),
     ("slurm-syncer", "create", "configmaps", NS, "", True),
     ("slurm-syncer", "patch", "configmaps", "kube-system", "", False),

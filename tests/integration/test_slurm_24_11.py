@@ -100,3 +100,43 @@ def test_syncer_drains_requeues_and_resumes_through_the_api(cluster: ClusterInfo
         syncer.stop()
     assert syncer.syncer is not None
     assert syncer.syncer.stats.drains >= 2 and syncer.syncer.stats.resumes >= 2
+
+
+def test_maintenance_reservations_through_the_24_11_scontrol(cluster: ClusterInfo) -> None:
+    """What the syncer's maintenance reservations do (gpufleet.slurm.reservations), with
+    24.11's scontrol: create from a future start, read back, shrink, move, delete."""
+    import asyncio
+    import time
+
+    from gpufleet.domain.maintenance import Reservation
+    from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
+
+    scontrol = Scontrol(
+        ScontrolConfig(
+            scontrol=str(cluster.slurm_bin_dir / "scontrol"),
+            env={"SLURM_CONF": str(cluster.slurm_conf)},
+        )
+    )
+    start = float(int(time.time()) + 7200)
+    both = frozenset(cluster.node_names[:2])
+    name = "gpufleet-maint-v2411"
+
+    async def go() -> list[list[Reservation]]:
+        seen = []
+        await scontrol.create_reservation(Reservation(name, start, both))
+        seen.append(await scontrol.reservations())
+        raw = run(cluster, "scontrol", "-o", "show", "reservation", name)
+        assert "Flags=MAINT,IGNORE_JOBS" in raw or ("MAINT" in raw and "IGNORE_JOBS" in raw)
+        one = Reservation(name, start + 600, frozenset(cluster.node_names[:1]))
+        await scontrol.update_reservation(one, move_start=True)
+        seen.append(await scontrol.reservations())
+        await scontrol.delete_reservation(name)
+        seen.append(await scontrol.reservations())
+        return seen
+
+    created, updated, deleted = asyncio.run(go())
+    assert [r for r in created if r.name == name] == [Reservation(name, start, both)]
+    assert [r for r in updated if r.name == name] == [
+        Reservation(name, start + 600, frozenset(cluster.node_names[:1]))
+    ]
+    assert not [r for r in deleted if r.name == name]

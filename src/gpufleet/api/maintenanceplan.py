@@ -104,6 +104,13 @@ class MaintenancePlanSpec(BaseModel):
         description="No node starts before this time (RFC 3339 with a zone): a maintenance "
         "window; none: at once",
     )
+    slurm_reservation: bool = Field(
+        default=True,
+        alias="slurmReservation",
+        description="With startAt: the Slurm syncer holds the plan's unfinished nodes in a "
+        "maintenance reservation (gpufleet-maint-<plan>) from that time, so Slurm starts no "
+        "job on them that would still run then; each node leaves it once finished",
+    )
     paused: bool = Field(default=False, description="Start no new node (nodes out finish)")
     abort: bool = Field(
         default=False, description="Stop for good: no new node starts, nodes out finish"

@@ -286,6 +286,14 @@ def create(
             "2026-01-31T02:00:00Z): a maintenance window.",
         ),
     ] = None,
+    slurm_reservation: Annotated[
+        bool,
+        typer.Option(
+            "--slurm-reservation/--no-slurm-reservation",
+            help="With --start-at: the Slurm syncer reserves the plan's nodes from that time "
+            "(gpufleet-maint-NAME), so no job that would still run then starts there.",
+        ),
+    ] = True,
     kubeconfig: KubeconfigOpt = None,
     output: OutputOpt = Format.TABLE,
 ) -> None:
@@ -318,6 +326,7 @@ def create(
             drain_mode=drain_mode,
             paused=paused,
             start_at=start_at,
+            slurm_reservation=slurm_reservation,
         )
     except ValidationError as exc:
         fail(f"invalid plan: {'; '.join(e['msg'] for e in exc.errors()[:3])}")

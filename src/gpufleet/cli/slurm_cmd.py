@@ -75,6 +75,11 @@ def run_syncer(
     ),
     hold_taint: bool = typer.Option(True, help="Taint managed nodes gpufleet.io/slurm=held."),
     dry_run: bool = typer.Option(False, help="Decide and log; write nothing."),
+    reservation_interval: float = typer.Option(
+        15.0,
+        help="Seconds between passes over the Slurm maintenance reservations that "
+        "MaintenancePlans with a start time want (0: off).",
+    ),
     policy_file: Path | None = typer.Option(
         None,
         "--policy",
@@ -110,6 +115,7 @@ def run_syncer(
         hold_taint=hold_taint,
         preempt_priority=preempt_priority,
         dry_run=dry_run,
+        reservation_interval_s=reservation_interval,
         reasons=load_or_exit(policy_file).slurm,
     )
 
@@ -123,7 +129,14 @@ def run_syncer(
     async def main() -> None:
         kube = await KubeApi.connect(kubeconfig_arg(kubeconfig))
         rest, scontrol = _clients(slurmrestd_url, slurm_user, token, slurm_conf)
-        syncer = Syncer(kube=kube, rest=rest, scontrol=scontrol, settings=settings, metrics=metrics)
+        syncer = Syncer(
+            kube=kube,
+            rest=rest,
+            scontrol=scontrol,
+            settings=settings,
+            metrics=metrics,
+            reservations=scontrol,
+        )
         await syncer.run()
 
     try:

@@ -401,3 +401,95 @@ def next_batch(
     if not chosen:
         return Batch((), "waiting: no budget room in the nodes' pools")
     return Batch(tuple(chosen), f"starting {len(chosen)} node(s)")
+
+
+# ------------------------------------------------------ the Slurm reservation
+
+RESERVATION_PREFIX = "gpufleet-maint-"
+"""Slurm reservations whose name starts so are the syncer's: it creates, shrinks and
+deletes them, and never touches any other reservation."""
+FINAL_PHASES = frozenset({PlanPhase.COMPLETED, PlanPhase.STOPPED, PlanPhase.ABORTED})
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A Slurm maintenance reservation: from ``start`` (seconds since the epoch), on ``nodes``."""
+
+    name: str
+    start: float
+    nodes: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationChange:
+    """One write: ``create``, ``update`` (nodes, or a start that has not come yet) or ``delete``."""
+
+    op: str
+    reservation: Reservation
+    why: str
+    move_start: bool = False
+    """For ``update``: set the start too (it has not come yet, and the plan's moved)."""
+
+
+def reservation_name(plan: str) -> str:
+    return RESERVATION_PREFIX + plan
+
+
+def wanted_reservation(
+    plan: str,
+    *,
+    start_at: float | None,
+    reserve: bool,
+    phase: PlanPhase | None,
+    nodes: Mapping[str, NodePhase],
+) -> Reservation | None:
+    """The reservation a plan wants now (None: none).
+
+    A plan with a start time holds its unfinished nodes in Slurm from that time, so that
+    Slurm starts no job on them that would still run when the window opens (a job whose
+    time limit ends before it still runs there). Each node leaves the reservation once
+    it is finished (verified, or failed and held by the ladder); the reservation goes
+    when the plan is completed, stopped, aborted or deleted, or has no node left.
+    """
+    if start_at is None or not reserve or phase in FINAL_PHASES:
+        return None
+    left = frozenset(n for n, p in nodes.items() if p not in FINISHED)
+    if not left:
+        return None
+    return Reservation(reservation_name(plan), start_at, left)
+
+
+def reservation_changes(
+    wanted: Iterable[Reservation], existing: Iterable[Reservation], *, now: float
+) -> list[ReservationChange]:
+    """The writes that make Slurm's reservations of gpufleet (``existing``, ours only)
+    the ``wanted`` ones. A start that has come is never moved (Slurm keeps an active
+    reservation's start); one still to come follows the plan's (to ``now`` at the
+    earliest: a plan whose window was brought forward into the past starts now)."""
+    have = {r.name: r for r in existing if r.name.startswith(RESERVATION_PREFIX)}
+    want = {r.name: r for r in wanted}
+    out: list[ReservationChange] = []
+    for name, r in sorted(want.items()):
+        old = have.get(name)
+        if old is None:
+            out.append(ReservationChange("create", r, f"{len(r.nodes)} node(s) to maintain"))
+            continue
+        target = max(r.start, now)
+        moved = old.start > now and abs(old.start - target) >= 1.0
+        if old.nodes != r.nodes or moved:
+            start = target if moved else old.start
+            done, added = len(old.nodes - r.nodes), len(r.nodes - old.nodes)
+            said = [
+                *(["the plan's start time changed"] if moved else []),
+                *([f"{done} node(s) done"] if done else []),
+                *([f"{added} node(s) added"] if added else []),
+            ]
+            out.append(
+                ReservationChange(
+                    "update", Reservation(name, start, r.nodes), "; ".join(said), moved
+                )
+            )
+    for name, r in sorted(have.items()):
+        if name not in want:
+            out.append(ReservationChange("delete", r, "the plan is finished or gone"))
+    return out

@@ -84,7 +84,12 @@ class SyncerThread:
         )
         self.writes = writes = SlurmWrites(rest, scontrol)
         self.syncer = Syncer(
-            kube=kube, rest=rest, scontrol=writes, settings=self.settings, metrics=self.metrics
+            kube=kube,
+            rest=rest,
+            scontrol=writes,
+            settings=self.settings,
+            metrics=self.metrics,
+            reservations=writes,
         )
         self._task = asyncio.ensure_future(self.syncer.run())
 

@@ -17,9 +17,10 @@ then unknown: fail closed), and a write raises
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpufleet.domain import slurm_sync
+from gpufleet.domain.maintenance import Reservation
 
 
 class SlurmRestPort(Protocol):
@@ -63,3 +64,25 @@ class ScontrolPort(Protocol):
     async def reconfigure(self) -> None:
         """Make slurmctld and every slurmd reread the configuration."""
         ...
+
+
+@runtime_checkable
+class ReservationPort(Protocol):
+    """Slurm reservations (``scontrol``: no slurmrestd version up to v0.0.42 creates one).
+
+    The syncer's maintenance reservations (:mod:`gpufleet.slurm.reservations`) use it.
+    """
+
+    async def reservations(self) -> list[Reservation]:
+        """Every reservation Slurm has (the caller keeps only its own)."""
+        ...
+
+    async def create_reservation(self, reservation: Reservation) -> None:
+        """A maintenance reservation (MAINT, IGNORE_JOBS, for root only, no end)."""
+        ...
+
+    async def update_reservation(self, reservation: Reservation, *, move_start: bool) -> None:
+        """Set its nodes (and its start, with ``move_start``: ``now`` once it has come)."""
+        ...
+
+    async def delete_reservation(self, name: str) -> None: ...

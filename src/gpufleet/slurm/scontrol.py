@@ -6,6 +6,7 @@ Which writes and why (slurmrestd v0.0.36-v0.0.38, Slurm 22.05.8):
 node drain / undrain          no node update endpoint in v0.0.38 -> scontrol
 job requeue                   ``POST /job/{id}`` cannot requeue -> scontrol
 reconfigure                   no endpoint -> scontrol
+reservations                  no create or update endpoint up to v0.0.42 -> scontrol
 ============================  ==================================================
 
 ``scontrol`` authenticates with munge, or with a JWT when ``SLURM_JWT`` is
@@ -25,9 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpufleet.domain.maintenance import Reservation
 from gpufleet.slurm import hostlist
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
 
@@ -88,6 +91,61 @@ class Scontrol:
 
     async def reconfigure(self) -> None:
         await self.run("reconfigure")
+
+    # -- reservations ---------------------------------------------------------
+
+    async def reservations(self) -> list[Reservation]:
+        return parse_reservations(await self.run("-o", "show", "reservation"))
+
+    async def create_reservation(self, reservation: Reservation) -> None:
+        r = reservation
+        await self.run(
+            "create",
+            "reservation",
+            f"ReservationName={r.name}",
+            f"StartTime={slurm_time(r.start)}",
+            "Duration=UNLIMITED",
+            f"Nodes={_names(sorted(r.nodes))}",
+            "Users=root",
+            "Flags=MAINT,IGNORE_JOBS",
+        )
+
+    async def update_reservation(self, reservation: Reservation, *, move_start: bool) -> None:
+        r = reservation
+        start = [f"StartTime={slurm_time(r.start)}"] if move_start else []
+        await self.run(
+            "update", f"ReservationName={r.name}", f"Nodes={_names(sorted(r.nodes))}", *start
+        )
+
+    async def delete_reservation(self, name: str) -> None:
+        await self.run("delete", f"ReservationName={name}")
+
+
+def slurm_time(at: float) -> str:
+    """A Slurm time: ``now`` for a time that has come, else local ``YYYY-MM-DDTHH:MM:SS``
+    (slurmctld reads times in its own zone; the syncer runs beside it)."""
+    if at <= time.time() + 1:
+        return "now"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at))
+
+
+def parse_reservations(text: str) -> list[Reservation]:
+    """``scontrol -o show reservation``: one ``Key=Value ...`` line per reservation
+    ("No reservations in the system" when there are none)."""
+    found = []
+    for line in text.splitlines():
+        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        name = fields.get("ReservationName")
+        if not name:
+            continue
+        try:
+            start = time.mktime(time.strptime(fields.get("StartTime", ""), "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            start = 0.0
+        nodes = fields.get("Nodes", "")
+        names = frozenset(hostlist.expand(nodes)) if nodes and nodes != "(null)" else frozenset()
+        found.append(Reservation(name=name, start=start, nodes=names))
+    return found
 
 
 def _names(node: str | Sequence[str]) -> str:

@@ -8,7 +8,9 @@ Kubernetes is the database, Slurm the other one):
 * **Slurm poll** (every ``poll_interval_s``): ``/nodes`` and ``/jobs`` from
   slurmrestd, then every managed node is reconciled (catches admins' drains,
   early resumes, DOWN nodes) and the lender (:mod:`gpufleet.slurm.lender`) runs;
-* **pod watch** (when lending is on): high-priority Pods that cannot be scheduled.
+* **pod watch** (when lending is on): high-priority Pods that cannot be scheduled;
+* **maintenance reservations** (every ``reservation_interval_s``): the Slurm
+  reservations MaintenancePlans with a start time want (:mod:`gpufleet.slurm.reservations`).
 
 One reconcile of one node (:meth:`Syncer.reconcile`), in order:
 
@@ -57,7 +59,8 @@ from gpufleet.slurm import nodes as kn
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
 from gpufleet.slurm.lender import Lender
 from gpufleet.slurm.metrics import SyncerMetrics
-from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
+from gpufleet.slurm.ports import ReservationPort, ScontrolPort, SlurmRestPort
+from gpufleet.slurm.reservations import MaintenanceReservations
 
 log = logging.getLogger("gpufleet.slurm.syncer")
 
@@ -93,6 +96,9 @@ class SyncSettings:
     """How often the Slurm report on a node Kubernetes wants out
     (``gpufleet.io/slurm-work``) is rewritten while nothing in it changes: the
     lifecycle controller takes a report that stops changing as Slurm's silence."""
+    reservation_interval_s: float = 15.0
+    """Seconds between passes over the MaintenancePlans' Slurm reservations
+    (:mod:`gpufleet.slurm.reservations`); 0 turns them off."""
     reasons: SlurmReasons = field(default_factory=SlurmReasons)
     """How drain reasons set by others are judged (the policy's ``slurm`` section):
     a hardware verdict is reported as fault ``slurm-drain`` and taken over once the
@@ -141,6 +147,7 @@ class Syncer:
         settings: SyncSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
         metrics: SyncerMetrics | None = None,
+        reservations: ReservationPort | None = None,
     ) -> None:
         self.kube = kube
         self.rest = rest
@@ -162,6 +169,19 @@ class Syncer:
         self.synced = asyncio.Event()
         """Set after the first complete pass over both views."""
         self.lender = Lender(self) if self.settings.preempt_priority is not None else None
+        self.reservations = (
+            MaintenanceReservations(
+                kube,
+                reservations,
+                slurm_nodes=lambda: None if self.slurm is None else self.slurm.keys(),
+                interval_s=self.settings.reservation_interval_s,
+                dry_run=self.settings.dry_run,
+                clock=clock,
+            )
+            if reservations is not None and self.settings.reservation_interval_s > 0
+            else None
+        )
+        """The MaintenancePlans' Slurm reservations (None: off, or no reservation port)."""
 
     # -- views -----------------------------------------------------------------------
 
@@ -609,6 +629,8 @@ class Syncer:
         loops = [self.node_loop(), self.slurm_loop()]
         if self.lender is not None:
             loops.append(self.lender.pod_loop())
+        if self.reservations is not None:
+            loops.append(self.reservations.loop())
         try:
             await asyncio.gather(*loops)
         finally:

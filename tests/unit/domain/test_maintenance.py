@@ -333,3 +333,68 @@ def test_a_command_plan_needs_a_plain_name() -> None:
     assert (
         mt.reason("fw", mt.Action.COMMAND, None, "bios_2.1") == "maintenance plan fw: run bios_2.1"
     )
+
+
+# ------------------------------------------------------ the Slurm reservation
+
+
+def test_a_plan_with_a_start_time_reserves_its_unfinished_nodes() -> None:
+    nodes = {"n0": P.SUCCEEDED, "n1": P.PENDING, "n2": P.DRAINING, "n3": P.FAILED}
+    r = mt.wanted_reservation(
+        "fw", start_at=5000.0, reserve=True, phase=mt.PlanPhase.SCHEDULED, nodes=nodes
+    )
+    assert r == mt.Reservation("gpufleet-maint-fw", 5000.0, frozenset({"n1", "n2"}))
+    for phase in (mt.PlanPhase.COMPLETED, mt.PlanPhase.STOPPED, mt.PlanPhase.ABORTED):
+        assert (
+            mt.wanted_reservation("fw", start_at=5000, reserve=True, phase=phase, nodes=nodes)
+            is None
+        )
+    no_start = mt.wanted_reservation("fw", start_at=None, reserve=True, phase=None, nodes=nodes)
+    opted_out = mt.wanted_reservation("fw", start_at=5000, reserve=False, phase=None, nodes=nodes)
+    all_done = mt.wanted_reservation(
+        "fw", start_at=5000, reserve=True, phase=None, nodes={"n0": P.SUCCEEDED}
+    )
+    assert no_start is None and opted_out is None and all_done is None
+
+
+def test_reservation_changes_create_shrink_move_and_delete_only_ours() -> None:
+    R = mt.Reservation
+    now = 1000.0
+    want = [
+        R("gpufleet-maint-a", 5000, frozenset({"n1"})),
+        R("gpufleet-maint-b", 900, frozenset({"n4"})),
+    ]
+    have = [
+        R("gpufleet-maint-a", 5000, frozenset({"n0", "n1"})),  # n0 finished: shrink
+        R("gpufleet-maint-old", 100, frozenset({"n9"})),  # its plan is gone: delete
+        R("site-maint", 100, frozenset({"n0"})),  # not ours: never touched
+    ]
+    changes = mt.reservation_changes(want, have, now=now)
+    assert [(c.op, c.reservation.name) for c in changes] == [
+        ("update", "gpufleet-maint-a"),
+        ("create", "gpufleet-maint-b"),
+        ("delete", "gpufleet-maint-old"),
+    ]
+    assert changes[0].reservation.nodes == {"n1"} and "1 node(s) done" in changes[0].why
+    # A start still to come follows the plan; one that has come is never moved.
+    moved = mt.reservation_changes(
+        [R("gpufleet-maint-a", 6000, frozenset({"n1"}))],
+        [R("gpufleet-maint-a", 5000, frozenset({"n1"}))],
+        now=now,
+    )
+    assert [(c.op, c.reservation.start, c.move_start) for c in moved] == [("update", 6000, True)]
+    assert "start time changed" in moved[0].why
+    # Brought forward into the past: it starts now.
+    forward = mt.reservation_changes(
+        [R("gpufleet-maint-a", 10, frozenset({"n1"}))],
+        [R("gpufleet-maint-a", 5000, frozenset({"n1"}))],
+        now=now,
+    )
+    assert [(c.reservation.start, c.move_start) for c in forward] == [(now, True)]
+    started = mt.reservation_changes(
+        [R("gpufleet-maint-a", 6000, frozenset({"n1"}))],
+        [R("gpufleet-maint-a", 500, frozenset({"n1"}))],
+        now=now,
+    )
+    assert started == []
+    assert mt.reservation_changes(want[:1], want[:1], now=now) == []
