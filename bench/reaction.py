@@ -7,13 +7,21 @@ a child process, then writes an XID 79 problem condition on ``--samples``
 distinct nodes at ``--rate`` per second, exactly as the node agent does. A
 watch on Nodes timestamps the moment each one turns unschedulable.
 
+With ``--burst`` the faults are written all at once instead (``--writers``
+threads in parallel: a leaf switch or a rack PDU takes out 16-32 nodes in the
+same second), and the time the burst took to write is printed with it.
+
 Prints p50/p99/max latency, the controller's CPU (per cent of one core while
-faults arrive, and at rest) and its RSS, and the upper bounds of the p50/p99
+faults arrive, and at rest) and its RSS, the upper bounds of the p50/p99
 buckets of the controller's own ``gpufleet_time_to_cordon_seconds`` (fault
-time to cordon written, as the controller sees it). Run:
+time to cordon written, as the controller sees it), how long the controller
+took to adopt every node, and the controller's API writes per fault (from its
+``gpufleet_controller_api_requests_total``): until every faulted node is
+cordoned, and until each has walked its ladder to a resting state. Run:
 
     .venv/bin/python bench/reaction.py --nodes 500
     .venv/bin/python bench/reaction.py --nodes 500 2000 5000 --samples 200
+    .venv/bin/python bench/reaction.py --nodes 12500 --samples 32 --burst
 """
 
 from __future__ import annotations
@@ -50,6 +58,51 @@ from integration.controller_harness import (  # noqa: E402
 )
 
 TICKS = os.sysconf("SC_CLK_TCK")
+WRITES = ("POST", "PATCH", "PUT", "DELETE")
+RESTING = ("triage", "rma", "production", "maintenance")
+"""States a faulted node rests in once its ladder is walked (no BMC in the bench: every BMC
+step fails and the node ends in triage)."""
+
+
+def api_writes(metrics: str) -> dict[str, float]:
+    """The controller's writes so far, by ``VERB resource``."""
+    out: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if not line.startswith("gpufleet_controller_api_requests_total{"):
+            continue
+        labels = dict(
+            part.split("=", 1) for part in line.split("{", 1)[1].split("}", 1)[0].split(",")
+        )
+        verb = labels.get("verb", "").strip('"')
+        if verb in WRITES:
+            out[f"{verb} {labels.get('resource', '').strip(chr(34))}"] = float(
+                line.rsplit(" ", 1)[1]
+            )
+    return out
+
+
+def labelled(api: Api, selector: str = well_known.LABEL_STATE) -> int:
+    """Nodes matching ``selector`` (default: any lifecycle state), counted from paged
+    metadata-only lists: cheap enough to ask every second of a 12,500-node fleet."""
+    count, token = 0, ""
+    while True:
+        r = api.http.get(
+            "/api/v1/nodes",
+            params={"labelSelector": selector, "limit": 5000, "continue": token},
+            headers={"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"},
+        )
+        r.raise_for_status()
+        body = r.json()
+        count += len(body.get("items") or [])
+        token = (body.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return count
+
+
+def per_fault(before: dict[str, float], after: dict[str, float], faults: int) -> dict[str, float]:
+    keys = set(before) | set(after)
+    diff = {k: (after.get(k, 0.0) - before.get(k, 0.0)) / faults for k in keys}
+    return {k: v for k, v in sorted(diff.items()) if v > 0}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -214,8 +267,47 @@ def profile_idle(pid: int, seconds: float, out: Path) -> None:
     print(f"  stacks: {out}")
 
 
+def write_faults(
+    api: Api, names: list[str], rate: float, burst: bool, writers: int
+) -> dict[str, float]:
+    """Write one XID 79 condition per node, at ``rate`` per second or all at once (a
+    burst, ``writers`` in parallel); returns when each was written (wall clock)."""
+    written: dict[str, float] = {}
+
+    def one(i: int, name: str) -> None:
+        at = time.time()
+        fault = FaultEvent(FaultKind.XID, name, at=at, xid=79, evidence=Evidence(gpu_index=i % 8))
+        written[name] = time.time()
+        api.set_condition(name, conditions.problem(Subsystem.PCIE, [fault]))
+
+    if burst:
+        chunks = [list(enumerate(names))[k::writers] for k in range(writers)]
+        threads = [
+            threading.Thread(target=lambda c=c: [one(i, name) for i, name in c]) for c in chunks
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return written
+    w0 = time.monotonic()
+    for i, name in enumerate(names):
+        one(i, name)
+        pause = (i + 1) / rate - (time.monotonic() - w0)
+        if pause > 0:
+            time.sleep(pause)
+    return written
+
+
 def run_one(
-    n: int, samples: int, rate: float, keep: bool, profile: float = 0.0, idle_s: float = 20.0
+    n: int,
+    samples: int,
+    rate: float,
+    keep: bool,
+    profile: float = 0.0,
+    idle_s: float = 20.0,
+    burst: bool = False,
+    writers: int = 16,
 ) -> dict[str, Any]:
     spec = ClusterSpec(nodes=n, slurm=False, redfish=False, ready_timeout_s=1200)
     print(f"[{n} nodes] starting the local cluster ...", flush=True)
@@ -226,22 +318,14 @@ def run_one(
         install(api)
         put_policy(api, "bench", permissive_policy())
         logs = info.run_dir / "logs"
+        started = time.monotonic()
         ctl = ControllerProcess(info, logs, policy="bench").start()
         try:
             assert ctl.proc is not None
             pid = ctl.proc.pid
-            wait_for(
-                "every node adopted",
-                lambda: (
-                    sum(
-                        1
-                        for node in api.get("/api/v1/nodes")["items"]
-                        if well_known.LABEL_STATE in (node["metadata"].get("labels") or {})
-                    )
-                    >= n
-                ),
-                timeout=600,
-            )
+            wait_for("every node adopted", lambda: labelled(api) >= n, timeout=900, step=1.0)
+            adopted_s = time.monotonic() - started
+            print(f"[{n} nodes] every node adopted {adopted_s:.1f} s after start", flush=True)
             watch = CordonWatch(info)
             watch.start()
             settle(watch, n)
@@ -254,22 +338,38 @@ def run_one(
             if profile:
                 profile_idle(pid, profile, Path(tempfile.gettempdir()) / f"reaction-idle-{n}.txt")
             names = info.node_names[:samples]
-            written: dict[str, float] = {}
+            writes0 = api_writes(ctl.metrics())
             c0, w0 = cpu_seconds(pid), time.monotonic()
-            for i, name in enumerate(names):
-                at = time.time()
-                fault = FaultEvent(
-                    FaultKind.XID, name, at=at, xid=79, evidence=Evidence(gpu_index=i % 8)
-                )
-                written[name] = time.time()
-                api.set_condition(name, conditions.problem(Subsystem.PCIE, [fault]))
-                pause = (i + 1) / rate - (time.monotonic() - w0)
-                if pause > 0:
-                    time.sleep(pause)
-            wait_for("every cordon", lambda: all(x in watch.seen for x in names), timeout=120)
+            written = write_faults(api, names, rate, burst, writers)
+            spread = max(written.values()) - min(written.values())
+            wait_for("every cordon", lambda: all(x in watch.seen for x in names), timeout=300)
             busy_cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - w0) * 100
-            own = histogram_quantiles(ctl.metrics(), "gpufleet_time_to_cordon_seconds")
+            metrics = ctl.metrics()
+            own = histogram_quantiles(metrics, "gpufleet_time_to_cordon_seconds")
+            to_cordon = per_fault(writes0, api_writes(metrics), len(names))
             watch.stop = True
+
+            def resting() -> bool:
+                return labelled(api, f"{well_known.LABEL_STATE} in ({','.join(RESTING)})") >= n
+
+            wait_for("every faulted node at rest", resting, timeout=600, step=1.0)
+            time.sleep(5)  # the last status and Event writes of the last decisions
+            to_rest = per_fault(writes0, api_writes(ctl.metrics()), len(names))
+            for title, table in (("until cordoned", to_cordon), ("until at rest", to_rest)):
+                print(
+                    f"[{n} nodes] API writes per fault {title}: {sum(table.values()):.1f} ("
+                    + ", ".join(f"{k} {v:.2f}" for k, v in table.items())
+                    + ")",
+                    flush=True,
+                )
+            rss, rss_peak = rss_mib(pid), rss_mib(pid, "VmHWM")
+            restart_s, reads = restart(ctl, info, logs, n)
+            print(
+                f"[{n} nodes] a restarted controller held every record {restart_s:.1f} s after"
+                f" start; requests it sent meanwhile: "
+                + ", ".join(f"{k} {v:.0f}" for k, v in sorted(reads.items())),
+                flush=True,
+            )
             lat = sorted((watch.seen[x] - written[x]) * 1000 for x in names)
             return {
                 "nodes": n,
@@ -280,10 +380,15 @@ def run_one(
                 "max_ms": lat[-1],
                 "cpu_busy_pct": busy_cpu,
                 "cpu_idle_pct": idle_cpu,
-                "rss_mib": rss_mib(pid),
-                "rss_peak_mib": rss_mib(pid, "VmHWM"),
+                "rss_mib": rss,
+                "rss_peak_mib": rss_peak,
                 "own_p50_ms": own[0] * 1000,
                 "own_p99_ms": own[1] * 1000,
+                "adopted_s": adopted_s,
+                "spread_ms": spread * 1000,
+                "writes_cordon": sum(to_cordon.values()),
+                "writes_rest": sum(to_rest.values()),
+                "restart_s": restart_s,
             }
         finally:
             ctl.stop()
@@ -293,6 +398,45 @@ def run_one(
                 print(f"controller log: {kept}")
 
 
+def records_held(metrics: str) -> float:
+    """Nodes the controller holds a record of (its ``gpufleet_nodes`` gauges summed)."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("gpufleet_nodes{")
+    )
+
+
+def restart(
+    ctl: ControllerProcess, info: Any, logs: Path, n: int
+) -> tuple[float, dict[str, float]]:
+    """Stop the controller, start another: how long until it holds every node's record
+    (Nodes already labelled: a restart, not a first adoption), and the requests it sent
+    meanwhile by ``VERB resource`` (a thundering herd shows here)."""
+    ctl.stop()
+    started = time.monotonic()
+    fresh = ControllerProcess(info, logs, policy="bench").start()
+    try:
+
+        def held() -> bool:
+            try:
+                return records_held(fresh.metrics()) >= n
+            except httpx.HTTPError:
+                return False
+
+        wait_for("every record held again", held, timeout=600, step=0.5)
+        took = time.monotonic() - started
+        sent: dict[str, float] = {}
+        for line in fresh.metrics().splitlines():
+            if line.startswith("gpufleet_controller_api_requests_total{"):
+                labels = line.split("{", 1)[1].split("}", 1)[0].replace('"', "")
+                parts = dict(p.split("=", 1) for p in labels.split(","))
+                sent[f"{parts.get('verb')} {parts.get('resource')}"] = float(line.rsplit(" ", 1)[1])
+        return took, sent
+    finally:
+        fresh.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -300,6 +444,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[500])
     parser.add_argument("--samples", type=int, default=200, help="faults written (distinct nodes)")
     parser.add_argument("--rate", type=float, default=10.0, help="faults written per second")
+    parser.add_argument(
+        "--burst",
+        action="store_true",
+        help="write all --samples faults at once (--writers in parallel) instead of at --rate",
+    )
+    parser.add_argument("--writers", type=int, default=16, help="parallel writers of a burst")
     parser.add_argument("--keep-logs", action="store_true")
     parser.add_argument(
         "--idle-seconds",
@@ -325,13 +475,16 @@ def main() -> None:
                 args.keep_logs,
                 args.profile_idle,
                 args.idle_seconds,
+                args.burst,
+                args.writers,
             )
         )
     print()
     print(
         f"{'nodes':>6} {'GPUs':>6} {'faults':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}"
         f" {'CPU busy':>9} {'CPU idle':>9} {'RSS MiB':>8} {'peak MiB':>9}"
-        f" {'own p50<=':>9} {'own p99<=':>9}"
+        f" {'own p50<=':>9} {'own p99<=':>9} {'adopt s':>7} {'burst ms':>8}"
+        f" {'w/cordon':>8} {'w/fault':>7} {'restart s':>9}"
     )
     for r in rows:
         print(
@@ -339,10 +492,17 @@ def main() -> None:
             f" {r['p50_ms']:>7.0f} {r['p99_ms']:>7.0f}"
             f" {r['max_ms']:>7.0f} {r['cpu_busy_pct']:>8.0f}% {r['cpu_idle_pct']:>8.1f}%"
             f" {r['rss_mib']:>8.0f} {r['rss_peak_mib']:>9.0f}"
-            f" {r['own_p50_ms']:>9.0f} {r['own_p99_ms']:>9.0f}"
+            f" {r['own_p50_ms']:>9.0f} {r['own_p99_ms']:>9.0f} {r['adopted_s']:>7.1f}"
+            f" {r['spread_ms']:>8.0f} {r['writes_cordon']:>8.1f} {r['writes_rest']:>7.1f}"
+            f" {r['restart_s']:>9.1f}"
         )
     cores = os.cpu_count()
-    print(f"\nrate {args.rate:g} faults/s; CPU in % of one core; machine: {cores} cores")
+    how = f"burst ({args.writers} writers)" if args.burst else f"rate {args.rate:g} faults/s"
+    print(
+        f"\n{how}; CPU in % of one core; burst ms: first to last fault written;"
+        f" w/cordon, w/fault: controller API writes per fault until cordoned, until at rest;"
+        f" machine: {cores} cores"
+    )
 
 
 if __name__ == "__main__":
