@@ -292,3 +292,62 @@ def test_xid_79_reimages_the_machine_through_its_bmc(day0: Any) -> None:
         lambda: self_subject_review(info, tokens.tokens[1]).status_code == 401,
         60,
     )
+
+
+def test_an_expired_token_is_refused_by_real_kubeadm(day0: Any) -> None:
+    """A token that was valid for kubeadm's discovery is refused by it once it expired:
+    the bootstrap signer drops its signature and the token cleaner its Secret. Issued by
+    the provisioning code for a Machine of its own (no VM boots: only the token matters)."""
+    import asyncio
+    import time
+
+    from controller_harness import GV, SYSTEM_NS
+
+    from gpufleet.domain import enrollment
+    from gpufleet.kubeapi import KubeApi
+    from gpufleet.provision import machines
+    from gpufleet.provision.issuer import Provisioner, ServiceSettings
+    from gpufleet.provision.server import ServeOptions, boot_config
+
+    info, api, _ = day0
+    secret, mac, ttl = "probe-enrolment", "aa:00:00:00:0e:01", 30.0
+    spec = machines.MachineSpec.model_validate(
+        {
+            "macs": [mac],
+            "serial": "SN-expiry-probe",
+            "bmc": {"endpoint": "http://127.0.0.1:1", "credentialsSecret": f"{SYSTEM_NS}/none"},
+            "pool": "probe",
+            "hardware": {"gpuModel": "NVIDIA-H100-80GB-HBM3", "gpuCount": 8, "hcaCount": 8},
+            "enrollmentDigest": enrollment.digest(secret),
+        }
+    )
+    api.post(f"{GV}/machines", machines.manifest("expiry-probe", spec))
+
+    async def issue() -> str:
+        kube = await KubeApi.connect(str(info.kubeconfig))
+        prov = Provisioner(
+            kube,
+            boot_config(ServeOptions(kubeconfig=info.kubeconfig)),
+            ServiceSettings(token_ttl_s=ttl),
+        )
+        boot = await prov.user_data(mac, client="test", enrollment_secret=secret)
+        await prov.drain_events()
+        return boot.token
+
+    token = asyncio.run(issue())
+    issued = time.monotonic()
+    token_id = token.split(".")[0]
+    wait_for("cluster-info signed for it", lambda: signed_for(api, token_id), 30)
+    valid = kubeadm_discovery(info, token)
+    assert time.monotonic() - issued < ttl, "too slow to see the token valid first"
+    assert "could not find a JWS signature" not in valid.stderr, valid.stderr[-2000:]
+    assert "couldn't validate the identity" not in valid.stderr, valid.stderr[-2000:]
+    wait_for("expired: signature removed", lambda: not signed_for(api, token_id), 120)
+    assert self_subject_review(info, token).status_code == 401
+    refused = kubeadm_discovery(info, token)
+    assert refused.returncode != 0
+    expected = (
+        f'could not find a JWS signature in the cluster-info ConfigMap for token ID "{token_id}"'
+    )
+    assert expected in refused.stderr, refused.stderr[-2000:]
+    api.delete(f"{GV}/machines/expiry-probe")
