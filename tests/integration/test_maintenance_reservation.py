@@ -32,9 +32,9 @@ from controller_harness import (
 )
 from slurm_support import RunningSyncer, Slurm
 
+from gpufleet.domain import hostlist
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.local.cluster import ClusterInfo
-from gpufleet.slurm import hostlist
 from gpufleet.slurm.syncer import SyncSettings
 
 pytestmark = pytest.mark.integration

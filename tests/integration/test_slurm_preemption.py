@@ -9,9 +9,8 @@ import pytest
 from slurm_support import Kube, RunningSyncer, Slurm, wait_for
 from test_slurm_requeue import events, job, submit_training
 
-from gpufleet.domain import well_known
+from gpufleet.domain import hostlist, well_known
 from gpufleet.local.cluster import ClusterInfo
-from gpufleet.slurm import hostlist
 from gpufleet.slurm.syncer import SyncSettings
 
 pytestmark = pytest.mark.integration

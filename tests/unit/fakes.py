@@ -23,13 +23,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from gpufleet.domain import slurm_sync
+from gpufleet.domain import hostlist, slurm_sync
 from gpufleet.kubeapi import Json, KubePort, ObjectList, Patch, Resource, WatchEvent
 from gpufleet.remediate.evidence import ResetEvidence
 from gpufleet.remediate.identity import BmcIdentity
 from gpufleet.remediate.redfish import BmcOutcomeUnknown, BmcRejected, BmcUnreachable
 from gpufleet.remediate.steps import Bmc
-from gpufleet.slurm import hostlist
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
 from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
 

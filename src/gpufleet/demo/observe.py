@@ -18,11 +18,10 @@ from typing import Any
 import httpx
 
 from gpufleet.demo.kube import GV, answered, nodes
-from gpufleet.domain import node_reports, well_known
+from gpufleet.domain import hostlist, node_reports, well_known
 from gpufleet.kubeapi.errors import ApiError
 from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local.cluster import ClusterInfo
-from gpufleet.slurm import hostlist
 
 OWN_CONDITIONS = frozenset(well_known.CONDITIONS.values())
 

@@ -26,8 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpufleet.api.slurmcluster import HOST, LINE, VALUE, WORD, NodePool, SlurmClusterSpec
-from gpufleet.domain import slurm_hooks
-from gpufleet.slurm import hostlist
+from gpufleet.domain import hostlist, slurm_hooks
 
 HOOK_DIR = "/etc/slurm"
 """Where slurmd sees the ConfigMap (the chart mounts it executable, for the hooks)."""

@@ -38,8 +38,7 @@ from typing import Any
 
 import httpx
 
-from gpufleet.domain import slurm_sync
-from gpufleet.slurm import hostlist
+from gpufleet.domain import hostlist, slurm_sync
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
 
 SUPPORTED_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38", "v0.0.37", "v0.0.36")

@@ -30,8 +30,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpufleet.domain import hostlist
 from gpufleet.domain.maintenance import Reservation
-from gpufleet.slurm import hostlist
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
 
 
