@@ -96,6 +96,16 @@ class SyncSettings:
     """How often the Slurm report on a node Kubernetes wants out
     (``gpufleet.io/slurm-work``) is rewritten while nothing in it changes: the
     lifecycle controller takes a report that stops changing as Slurm's silence."""
+    full_pass_s: float = 60.0
+    """Every node is reconciled after each Slurm poll only this often; in between, a poll
+    reconciles the nodes whose Node, Slurm view or jobs changed, and every node that is
+    not at rest (out of service on either side, or not responding: their reports are
+    time-driven). Node events reconcile their node at once either way."""
+    max_poll_share: float = 0.2
+    """The poll (``/nodes``, ``/jobs``, the reconciles it starts) takes at most this share
+    of the syncer's time: after a pass of ``t`` seconds the next starts no sooner than
+    ``t / max_poll_share`` later (at least ``poll_interval_s``). A large fleet is then
+    polled less often instead of the syncer spending a core on it."""
     reservation_interval_s: float = 15.0
     """Seconds between passes over the MaintenancePlans' Slurm reservations
     (:mod:`gpufleet.slurm.reservations`); 0 turns them off."""
@@ -120,6 +130,8 @@ class SyncStats:
     passes: int = 0
     """Passes of the Slurm loop finished (what a test waits for before it asserts that
     nothing changed: a pass that began after the change has looked at it)."""
+    reconciles: int = 0
+    """Nodes the Slurm loop reconciled after its polls (at rest: only what changed)."""
     drains: int = 0
     resumes: int = 0
     requeues: int = 0
@@ -156,7 +168,12 @@ class Syncer:
         self.clock = clock
         self.nodes: dict[str, dict[str, Any]] = {}
         self.slurm: dict[str, slurm_sync.SlurmView] | None = None
-        self.jobs: list[slurm_sync.JobView] | None = None
+        self._jobs: list[slurm_sync.JobView] | None = None
+        self._jobs_by_node: dict[str, list[slurm_sync.JobView]] = {}
+        self._seen: dict[str, tuple[Any, ...]] = {}
+        """Per node, what its last poll-driven reconcile saw (Node resourceVersion, Slurm
+        view, job ids) while it was at rest: the same again needs no reconcile."""
+        self._last_full_pass = float("-inf")
         self.stats = SyncStats()
         self.metrics = metrics or SyncerMetrics()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -191,8 +208,57 @@ class Syncer:
     def kube_view(self, name: str) -> slurm_sync.KubeView | None:
         return kn.kube_view(self.nodes.get(name))
 
+    @property
+    def jobs(self) -> list[slurm_sync.JobView] | None:
+        """The running jobs as last polled (None: unknown)."""
+        return self._jobs
+
+    @jobs.setter
+    def jobs(self, jobs: list[slurm_sync.JobView] | None) -> None:
+        by_node: dict[str, list[slurm_sync.JobView]] = {}
+        for job in jobs or ():
+            for node in job.nodes:
+                by_node.setdefault(node, []).append(job)
+        self._jobs, self._jobs_by_node = jobs, by_node
+
     def jobs_on(self, name: str) -> list[slurm_sync.JobView]:
-        return [j for j in self.jobs or () if name in j.nodes]
+        """The running jobs on one node (an index kept with :attr:`jobs`, not a scan of
+        every job for every node)."""
+        return list(self._jobs_by_node.get(name, ()))
+
+    def _in_grace(self, name: str, view: slurm_sync.SlurmView | None, now: float) -> bool:
+        """A bare NOT_RESPONDING whose report still waits for its grace period (time-driven:
+        the node is due on every poll until the grace has passed and it was reported)."""
+        if view is None or "NOT_RESPONDING" not in view.flags:
+            return False
+        since = self._unresponsive_since.get(name)
+        return since is None or now - since < self.settings.not_responding_grace_s
+
+    def due_for_pass(self, names: list[str]) -> list[str]:
+        """The managed nodes a poll reconciles: all of them every ``full_pass_s``; else
+        those not at rest or changed since their last poll-driven reconcile."""
+        now = self.clock.monotonic()
+        full = now - self._last_full_pass >= self.settings.full_pass_s
+        if full:
+            self._last_full_pass = now
+        assert self.slurm is not None
+        due = []
+        for name in names:
+            node = self.nodes.get(name) or {}
+            view = self.slurm.get(name)
+            seen = (
+                (node.get("metadata") or {}).get("resourceVersion"),
+                view,
+                tuple(j.job_id for j in self._jobs_by_node.get(name, ())),
+            )
+            if not full and self._seen.get(name) == seen:
+                continue
+            due.append(name)
+            if _at_rest(self.kube_view(name), view) and not self._in_grace(name, view, now):
+                self._seen[name] = seen
+            else:
+                self._seen.pop(name, None)
+        return due
 
     async def poll_slurm(self) -> bool:
         """Refresh the Slurm snapshot; on failure forget it (fail closed)."""
@@ -590,6 +656,7 @@ class Syncer:
                     name = kn.name_of(obj)
                     if kind == "DELETED":
                         self.nodes.pop(name, None)
+                        self._seen.pop(name, None)
                         continue
                     if kind in ("ADDED", "MODIFIED"):
                         self.nodes[name] = obj
@@ -604,7 +671,8 @@ class Syncer:
         while True:
             started = self.clock.monotonic()
             if await self.poll_slurm() and self.nodes:
-                names = [n for n in self.nodes if self.managed(n)]
+                names = self.due_for_pass([n for n in self.nodes if self.managed(n)])
+                self.stats.reconciles += len(names)
                 await asyncio.gather(*(self.reconcile(n) for n in names))
                 if self.lender is not None:
                     await self.lender.tick()
@@ -613,7 +681,7 @@ class Syncer:
             self.stats.passes += 1
             self.metrics.passes.inc()
             elapsed = self.clock.monotonic() - started
-            await asyncio.sleep(max(0.05, self.settings.poll_interval_s - elapsed))
+            await asyncio.sleep(poll_pause(elapsed, self.settings))
 
     def observe_views(self) -> None:
         """Set the node gauges from the views as they stand (after each poll pass)."""
@@ -640,6 +708,26 @@ class Syncer:
                 task.cancel()
             with contextlib.suppress(Exception):
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def poll_pause(elapsed: float, settings: SyncSettings) -> float:
+    """Seconds to wait after a poll pass that took ``elapsed``: the rest of the poll
+    interval, and long enough that polling takes at most ``max_poll_share`` of the time."""
+    share = min(max(settings.max_poll_share, 0.01), 1.0)
+    return max(0.05, settings.poll_interval_s - elapsed, elapsed * (1 / share - 1))
+
+
+def _at_rest(kube: slurm_sync.KubeView | None, view: slurm_sync.SlurmView | None) -> bool:
+    """A node whose reconcile depends on nothing but its Node, its Slurm view and its
+    jobs: in service on the Kubernetes side (no work report to keep fresh) and known to
+    Slurm (a NOT_RESPONDING grace period is :meth:`Syncer._in_grace`'s)."""
+    return (
+        kube is not None
+        and kube.known
+        and slurm_sync.out_reason(kube) is None
+        and view is not None
+        and view.known
+    )
 
 
 def _resolve(

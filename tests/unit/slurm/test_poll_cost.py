@@ -1,0 +1,91 @@
+"""What a Slurm poll costs at rest: after a full pass, a poll reconciles only nodes whose
+Node, Slurm view or jobs changed and those not at rest (their reports are time-driven);
+every node again each ``full_pass_s``; a slow poll stretches the pause after it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from gpufleet.clock import ManualClock
+from gpufleet.domain import slurm_sync
+from gpufleet.slurm.syncer import Syncer, SyncSettings, poll_pause
+
+from ..fakes import FakeSlurm
+from .fakes import RecordingKube
+from .test_write_batches import names, node
+
+
+def make(n: int, clock: ManualClock) -> tuple[Syncer, FakeSlurm]:
+    all_ = names(n)
+    slurm = FakeSlurm(all_)
+    s = Syncer(
+        kube=RecordingKube(),
+        rest=slurm,
+        scontrol=slurm,
+        settings=SyncSettings(hold_taint=False, full_pass_s=60.0),
+        clock=clock,
+    )
+    s.nodes = {x: node(x) for x in all_}
+    for i, x in enumerate(all_):
+        s.nodes[x]["metadata"]["resourceVersion"] = str(i)
+    s.slurm = dict(slurm.views)
+    s.jobs = []
+    return s, slurm
+
+
+def test_a_poll_at_rest_reconciles_only_what_changed_and_what_is_not_at_rest() -> None:
+    clock = ManualClock()
+    s, _ = make(100, clock)
+    every = [x for x in s.nodes if s.managed(x)]
+    assert s.due_for_pass(every) == every  # the first pass is full
+    clock.advance(1)
+    assert s.due_for_pass(every) == []  # nothing changed: nothing to do
+    # A Node changed, a Slurm view changed, a job started, a node went out of service.
+    a, b, c, d = every[:4]
+    s.nodes[a]["metadata"]["resourceVersion"] = "new"
+    assert s.slurm is not None
+    s.slurm[b] = replace(s.slurm[b], state="allocated")
+    s.jobs = [slurm_sync.JobView(job_id=7, priority=1, requeueable=True, nodes=frozenset({c}))]
+    s.nodes[d] = node(d, "Xid79", state="draining")
+    s.nodes[d]["metadata"]["resourceVersion"] = "out"
+    clock.advance(1)
+    assert sorted(s.due_for_pass(every)) == sorted([a, b, c, d])
+    # Next poll: the changed ones are at rest again; the one out of service stays due
+    # (its Slurm work report is rewritten on a heartbeat).
+    clock.advance(1)
+    assert s.due_for_pass(every) == [d]
+    # A not-responding node stays due while its report waits for the grace period;
+    # once reported (the grace passed), it is at rest like any other.
+    s.slurm[b] = replace(s.slurm[b], flags=frozenset({"NOT_RESPONDING"}))
+    clock.advance(1)
+    assert sorted(s.due_for_pass(every)) == sorted([b, d])
+    asyncio.run(s.reconcile(b))  # the poll's reconcile: the grace starts
+    clock.advance(1)
+    assert sorted(s.due_for_pass(every)) == sorted([b, d])
+    clock.advance(s.settings.not_responding_grace_s)
+    asyncio.run(s.reconcile(b))  # reported now
+    assert sorted(s.due_for_pass(every)) == sorted([b, d])
+    clock.advance(1)
+    assert s.due_for_pass(every) == [d]
+    # Every full_pass_s, every node.
+    clock.advance(60)
+    assert s.due_for_pass(every) == every
+
+
+def test_the_work_report_still_follows_the_jobs_index() -> None:
+    clock = ManualClock()
+    s, _ = make(3, clock)
+    job = slurm_sync.JobView(job_id=9, priority=1, requeueable=True, nodes=frozenset(names(2)))
+    s.jobs = [job]
+    assert [j.job_id for j in s.jobs_on(names(1)[0])] == [9]
+    assert s.jobs_on(names(3)[2]) == []
+    s.jobs = None
+    assert s.jobs_on(names(1)[0]) == []
+
+
+def test_a_slow_poll_stretches_the_pause_after_it() -> None:
+    settings = SyncSettings(poll_interval_s=1.0, max_poll_share=0.2)
+    assert poll_pause(0.1, settings) == 0.9  # a quick poll: the rest of the interval
+    assert poll_pause(2.0, settings) == 8.0  # a 2 s poll: polling stays at 20% of the time
+    assert poll_pause(5.0, SyncSettings(poll_interval_s=1.0, max_poll_share=1.0)) == 0.05
