@@ -7,10 +7,17 @@ Prints, never asserts:
   ``scontrol update state=DRAIN`` returned (the syncer's clock, same process);
 * a full sync pass at N nodes (``/nodes`` + ``/jobs`` + every node reconciled):
   "keeps up" means a pass fits in the poll interval;
-* a burst: 10% of the nodes faulted at once -> all drained.
+* the syncer at rest: its thread's CPU (and slurmrestd's and slurmctld's) over
+  ``--idle-seconds`` with every node in production, and how many nodes its polls
+  reconciled (a poll at rest reconciles only what changed: docs/slurm.md);
+* a burst: ``--burst`` nodes (default 10%) faulted at once -> all drained.
+
+With ``--slurmd-nodes K`` only the first K nodes get a slurmd; the others are in
+slurm.conf only (not responding, then down): a 12,500-node Slurm fleet on one machine.
 
     .venv/bin/python bench/slurm_sync.py --nodes 4 --faults 100
     .venv/bin/python bench/slurm_sync.py --nodes 500 --faults 50
+    .venv/bin/python bench/slurm_sync.py --nodes 12500 --slurmd-nodes 8 --faults 20 --burst 32
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -27,6 +35,7 @@ from typing import Any
 from gpufleet.domain import well_known
 from gpufleet.kubeapi.resources import Patch
 from gpufleet.kubeapi.sync import SyncKube
+from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, running
 from gpufleet.slurm.background import SlurmEndpoints, SyncerThread
 from gpufleet.slurm.syncer import Syncer, SyncSettings
@@ -72,6 +81,52 @@ def sinfo_nodes(info: ClusterInfo) -> dict[str, dict[str, Any]]:
     return {n["name"]: n for n in json.loads(out.stdout)["nodes"]} if out.returncode == 0 else {}
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(stat: str) -> float:
+    """User + system CPU of a /proc stat file (a process's or one thread's)."""
+    fields = open(stat).read().rsplit(")", 1)[1].split()  # noqa: SIM115 (one read)
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def daemon_pid(info: ClusterInfo, name: str) -> int | None:
+    """The pid of the cluster's ``slurmrestd`` or ``slurmctld`` (None if not found)."""
+    for pid in processes.processes_using(info.run_dir):
+        try:
+            exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        except OSError:
+            continue
+        if exe == name:
+            return pid
+    return None
+
+
+def at_rest(rs: SyncerThread, info: ClusterInfo, seconds: float) -> None:
+    """CPU of the syncer's thread, slurmrestd and slurmctld with nothing happening."""
+    s = rs.syncer
+    assert s is not None
+    tid = rs._thread.native_id
+    stats = {"syncer thread": f"/proc/self/task/{tid}/stat"}
+    for name in ("slurmrestd", "slurmctld"):
+        pid = daemon_pid(info, name)
+        if pid is not None:
+            stats[name] = f"/proc/{pid}/stat"
+    before = {k: cpu_seconds(v) for k, v in stats.items()}
+    passes0, reconciles0 = s.stats.passes, s.stats.reconciles
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    took = time.monotonic() - t0
+    used = {k: (cpu_seconds(v) - before[k]) / took * 100 for k, v in stats.items()}
+    passes = s.stats.passes - passes0
+    per_pass = (s.stats.reconciles - reconciles0) / max(passes, 1)
+    print(
+        f"at rest over {took:.0f} s: "
+        + ", ".join(f"{k} {v:.1f}%" for k, v in used.items())
+        + f" of a core; {passes} polls, {per_pass:.1f} nodes reconciled per poll"
+    )
+
+
 def wait_verb(s: Syncer, node: str, verb: str, before: int, timeout: float = 10) -> float:
     """When the syncer carried out ``verb`` on ``node`` (its clock), after index ``before``."""
     deadline = time.monotonic() + timeout
@@ -88,9 +143,15 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--faults", type=int, default=100)
     ap.add_argument("--poll", type=float, default=1.0)
+    ap.add_argument("--slurmd-nodes", type=int, default=None, help="nodes with a slurmd")
+    ap.add_argument("--burst", type=int, default=0, help="nodes in the burst (0: 10%%)")
+    ap.add_argument("--idle-seconds", type=float, default=30.0)
+    ap.add_argument("--settle", type=float, default=90.0, help="wait before measuring at rest")
     a = ap.parse_args()
     t0 = time.monotonic()
-    spec = ClusterSpec(nodes=a.nodes, redfish=False, ready_timeout_s=900)
+    spec = ClusterSpec(
+        nodes=a.nodes, redfish=False, ready_timeout_s=900, slurmd_nodes=a.slurmd_nodes
+    )
     with running(spec, progress=lambda m: print(f"  [{time.monotonic() - t0:6.1f}s] {m}")) as info:
         print(f"cluster up in {time.monotonic() - t0:.1f} s ({a.nodes} nodes)")
         assert info.slurmrestd_url and info.slurm_jwt and info.slurm_conf
@@ -117,6 +178,10 @@ def main() -> None:
             f"full sync pass at {a.nodes} nodes: median {statistics.median(passes) * 1000:.0f} ms,"
             f" max {max(passes) * 1000:.0f} ms (poll interval {a.poll * 1000:.0f} ms)"
         )
+        # 1a. at rest: the nodes without slurmd go down first (SlurmdTimeout), and the
+        # syncer's first reports of them are written; then nothing happens.
+        time.sleep(a.settle)
+        at_rest(rs, info, a.idle_seconds)
 
         # 1b. what one fault's path costs at least: the fresh read and the scontrol
         # call, measured on the syncer's own event loop while its poll runs.
@@ -167,7 +232,7 @@ def main() -> None:
         )
 
         # 3. burst
-        burst = names[: max(1, len(names) // 10)]
+        burst = names[: a.burst or max(1, len(names) // 10)]
         first = len(s.stats.timings)
         start = time.monotonic()
         patched_at: dict[str, float] = {}

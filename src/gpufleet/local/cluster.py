@@ -57,6 +57,10 @@ class ClusterSpec:
     """Private directory for logs, keys, configs and state; a fresh temp dir if None.
     Every ancestor must be world-searchable (munged insists), so not under /root."""
     slurm: bool = True
+    slurmd_nodes: int | None = None
+    """How many nodes (the first ones) get a slurmd; None: every node. The others are in
+    slurm.conf only, not responding and soon down: enough for a Slurm sync benchmark at
+    12,500 nodes, which one slurmd per node would not fit on one machine."""
     slurm_version: str = "22.05"
     """The Slurm release: the host's ``22.05``, or ``24.11`` from the root
     :mod:`gpufleet.local.slurm_root` builds (``gpufleet local slurm-image build``)."""
@@ -292,13 +296,19 @@ class LocalCluster:
         names = spec.node_names()
         logs = run_dir / "logs"
         # Per node a slurmd and a BMC port, reserved only for what runs (a socket held
-        # per port while choosing them: 12,500 nodes without Slurm or BMCs need none).
-        per_node = int(spec.slurm) + int(spec.redfish)
-        got = processes.free_ports(9 + spec.nodes * per_node + 1 + spec.machines * 2)
-        chosen = iter(got[9 : 9 + spec.nodes * per_node])
-        slurmd = [next(chosen) if spec.slurm else 0 for _ in names]
+        # per port while choosing them: 12,500 nodes without Slurm or BMCs need none);
+        # nodes defined in Slurm without a slurmd share one port nothing listens on.
+        n_with = len(names) if spec.slurmd_nodes is None else min(spec.slurmd_nodes, len(names))
+        need_slurmd = n_with if spec.slurm else 0
+        need_quiet = 1 if spec.slurm and n_with < len(names) else 0
+        need_bmc = len(names) if spec.redfish else 0
+        per_node = need_slurmd + need_quiet + need_bmc
+        got = processes.free_ports(9 + per_node + 1 + spec.machines * 2)
+        chosen = iter(got[9 : 9 + per_node])
+        slurmd = [next(chosen) if i < need_slurmd else 0 for i in range(len(names))]
+        quiet_port = next(chosen) if need_quiet else 0
         bmc = [next(chosen) if spec.redfish else 0 for _ in names]
-        ports = [*got[:9], *slurmd, *bmc, *got[9 + spec.nodes * per_node :]]
+        ports = [*got[:9], *slurmd, *bmc, *got[9 + per_node :]]
         machine_ports = ports[9 + spec.nodes * 2 :]
         kl = kube.KubeLayout(
             root=run_dir / "kube",
@@ -315,12 +325,14 @@ class LocalCluster:
         sl = slurm.SlurmLayout(
             root=run_dir / "slurm",
             logs=logs,
-            nodes=names,
+            nodes=names[:n_with],
             gpus_per_node=spec.gpus_per_node,
             cpus_per_node=spec.cpus_per_node,
             real_memory_mib=spec.memory_gib * 1024,
             ctld_port=ports[5],
-            slurmd_ports=tuple(ports[9 : 9 + spec.nodes]),
+            slurmd_ports=tuple(ports[9 : 9 + n_with]),
+            defined_only=names[n_with:],
+            defined_only_port=quiet_port,
             restd_port=ports[6],
             hostname=hostname,
             ctld_on_loopback=slurm.resolves_to_loopback(hostname),

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from gpufleet.domain import slurm_hooks
+from gpufleet.domain import hostlist, slurm_hooks
 from gpufleet.local import slurm_root as slurm_root_fs
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.processes import ComponentError, ManagedProcess
@@ -63,6 +63,12 @@ class SlurmLayout:
     ctld_on_loopback: bool = True
     slurm_root: Path | None = None
     """The Slurm 24.11 tree to run in (:mod:`gpufleet.local.slurm_root`); None: the host's."""
+    defined_only: tuple[str, ...] = ()
+    """Nodes in slurm.conf without a slurmd (a sync benchmark's 12,500-node fleet: one
+    slurmd per node does not fit one machine). Slurm finds them not responding and
+    marks them down; ``nodes`` are the ones with a slurmd."""
+    defined_only_port: int = 0
+    """The port the nodes without slurmd name: nothing listens there (pings are refused)."""
 
     @property
     def release(self) -> str:
@@ -201,7 +207,16 @@ def render_slurm_conf(layout: SlurmLayout) -> str:
             f"CoresPerSocket={layout.cpus_per_node} ThreadsPerCore=1 "
             f"RealMemory={layout.real_memory_mib} Gres=gpu:{layout.gpus_per_node} State=UNKNOWN"
         )
-    nodes = ",".join(layout.nodes)
+    if layout.defined_only:
+        # One line for all of them (a hostlist), not 12,500 lines every command parses.
+        lines.append(
+            f"NodeName={hostlist.compress(layout.defined_only)} NodeHostname={layout.hostname} "
+            f"NodeAddr=127.0.0.1 Port={layout.defined_only_port} "
+            f"CPUs={layout.cpus_per_node} Boards=1 SocketsPerBoard=1 "
+            f"CoresPerSocket={layout.cpus_per_node} ThreadsPerCore=1 "
+            f"RealMemory={layout.real_memory_mib} Gres=gpu:{layout.gpus_per_node} State=UNKNOWN"
+        )
+    nodes = hostlist.compress([*layout.nodes, *layout.defined_only])
     lines += [
         f"PartitionName=batch Nodes={nodes} Default=YES MaxTime=INFINITE State=UP "
         "PriorityTier=1 PreemptMode=REQUEUE",
@@ -219,9 +234,8 @@ def render_gres_conf(layout: SlurmLayout) -> str:
     """gres.conf: every node's GPUs are the same fake devices (Slurm tracks indices per node)."""
     n = layout.gpus_per_node
     files = f"{layout.dev_dir}/nvidia[0-{n - 1}]" if n > 1 else f"{layout.dev_dir}/nvidia0"
-    return "AutoDetect=off\n" + "".join(
-        f"NodeName={node} Name=gpu File={files}\n" for node in layout.nodes
-    )
+    every = [*layout.nodes, *layout.defined_only]
+    return f"AutoDetect=off\nNodeName={hostlist.compress(every)} Name=gpu File={files}\n"
 
 
 def short_hostname() -> str:
