@@ -22,12 +22,16 @@ import kr8s
 import kr8s.asyncio
 import yaml
 
-from gpufleet.kubeapi.errors import ApiError, KubeconfigError, Unreachable, error_for
+from gpufleet.kubeapi.errors import ApiError, Gone, KubeconfigError, Unreachable, error_for
 from gpufleet.kubeapi.port import ObjectList, WatchEvent
 from gpufleet.kubeapi.resources import EVENTS, PODS, Json, Patch, Resource
 
 MAX_BACKGROUND = 2
 """Of ``max_in_flight``, how many requests may be background work (Events)."""
+LIST_PAGE = 500
+"""Objects per page of a list (the page size kubectl and client-go's informers use)."""
+LIST_RESTARTS = 3
+"""How many times a list whose continue token expired starts again before it fails."""
 
 
 class KubeApi:
@@ -130,12 +134,33 @@ class KubeApi:
         label_selector: str = "",
         field_selector: str = "",
     ) -> ObjectList:
+        """Every object, read in pages of :data:`LIST_PAGE` (``limit`` and ``continue``):
+        one snapshot, as one request would read it, without the apiserver building (and
+        the client holding) a 12,500-Node answer at once. A continue token that expired
+        mid-way (410) starts the list again, a bounded number of times."""
         params = _selectors(label_selector, field_selector)
-        data = await self._request(
-            f"list {resource}", "GET", resource, namespace=namespace, params=params
-        )
-        rv = str((data.get("metadata") or {}).get("resourceVersion") or "")
-        return ObjectList(list(data.get("items") or []), rv)
+        what = f"list {resource}"
+        for attempt in range(LIST_RESTARTS + 1):
+            items: list[Json] = []
+            rv, token = "", ""
+            try:
+                while True:
+                    page = {**params, "limit": str(LIST_PAGE)}
+                    if token:
+                        page["continue"] = token
+                    data = await self._request(
+                        what, "GET", resource, namespace=namespace, params=page
+                    )
+                    items.extend(data.get("items") or [])
+                    meta = data.get("metadata") or {}
+                    rv = rv or str(meta.get("resourceVersion") or "")
+                    token = str(meta.get("continue") or "")
+                    if not token:
+                        return ObjectList(items, rv)
+            except Gone:
+                if attempt == LIST_RESTARTS:
+                    raise
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     async def watch(
         self,
