@@ -27,7 +27,7 @@ import httpx
 import yaml
 from waiting import wait_for
 
-from gpufleet.domain import conditions, node_reports, well_known
+from gpufleet.domain import conditions, enrollment, node_reports, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.policy import Detection, default_policy
 from gpufleet.domain.records import NodeRecord, record_from_json
@@ -36,7 +36,11 @@ from gpufleet.health.backend_sim import SimulatedHardware
 from gpufleet.health.kube_report import KubeReporter
 from gpufleet.health.metrics import AgentMetrics
 from gpufleet.health.skus import bundled
+from gpufleet.kubeapi import KubeApi
 from gpufleet.local import kube as local_kube
+from gpufleet.provision import machines
+from gpufleet.provision.issuer import Provisioner, ServiceSettings
+from gpufleet.provision.server import ServeOptions, boot_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "deploy" / "crds"
@@ -483,3 +487,30 @@ class RunningAgent:
                 self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(15)
             self.hw.close()
+
+
+def issue_join_token(info: Any, api: Api, name: str, mac: str, ttl_s: float) -> str:
+    """Register a Machine ``name`` (no BMC behind it) and have the provisioning code issue
+    its join token with a lifetime of ``ttl_s``, as a boot's user-data request would."""
+    secret = f"enrol-{name}"
+    spec = machines.MachineSpec.model_validate(
+        {
+            "macs": [mac],
+            "serial": f"SN-{name}",
+            "bmc": {"endpoint": "http://127.0.0.1:1", "credentialsSecret": f"{SYSTEM_NS}/none"},
+            "pool": "train",
+            "hardware": {"gpuModel": "NVIDIA-H100-80GB-HBM3", "gpuCount": 8, "hcaCount": 8},
+            "enrollmentDigest": enrollment.digest(secret),
+        }
+    )
+    api.post(f"{GV}/machines", machines.manifest(name, spec))
+
+    async def issue() -> str:
+        kube = await KubeApi.connect(str(info.kubeconfig))
+        config = boot_config(ServeOptions(kubeconfig=info.kubeconfig))
+        prov = Provisioner(kube, config, ServiceSettings(token_ttl_s=ttl_s))
+        boot = await prov.user_data(mac, client="test", enrollment_secret=secret)
+        await prov.drain_events()
+        return boot.token
+
+    return asyncio.run(issue())

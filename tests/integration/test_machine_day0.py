@@ -15,6 +15,7 @@ import contextlib
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from controller_harness import (
     GV,
     Api,
     bmc_counters,
+    issue_join_token,
     policy_spec,
     put_policy,
     running,
@@ -298,43 +300,9 @@ def test_an_expired_token_is_refused_by_real_kubeadm(day0: Any) -> None:
     """A token that was valid for kubeadm's discovery is refused by it once it expired:
     the bootstrap signer drops its signature and the token cleaner its Secret. Issued by
     the provisioning code for a Machine of its own (no VM boots: only the token matters)."""
-    import asyncio
-    import time
-
-    from controller_harness import GV, SYSTEM_NS
-
-    from gpufleet.domain import enrollment
-    from gpufleet.kubeapi import KubeApi
-    from gpufleet.provision import machines
-    from gpufleet.provision.issuer import Provisioner, ServiceSettings
-    from gpufleet.provision.server import ServeOptions, boot_config
-
     info, api, _ = day0
-    secret, mac, ttl = "probe-enrolment", "aa:00:00:00:0e:01", 30.0
-    spec = machines.MachineSpec.model_validate(
-        {
-            "macs": [mac],
-            "serial": "SN-expiry-probe",
-            "bmc": {"endpoint": "http://127.0.0.1:1", "credentialsSecret": f"{SYSTEM_NS}/none"},
-            "pool": "probe",
-            "hardware": {"gpuModel": "NVIDIA-H100-80GB-HBM3", "gpuCount": 8, "hcaCount": 8},
-            "enrollmentDigest": enrollment.digest(secret),
-        }
-    )
-    api.post(f"{GV}/machines", machines.manifest("expiry-probe", spec))
-
-    async def issue() -> str:
-        kube = await KubeApi.connect(str(info.kubeconfig))
-        prov = Provisioner(
-            kube,
-            boot_config(ServeOptions(kubeconfig=info.kubeconfig)),
-            ServiceSettings(token_ttl_s=ttl),
-        )
-        boot = await prov.user_data(mac, client="test", enrollment_secret=secret)
-        await prov.drain_events()
-        return boot.token
-
-    token = asyncio.run(issue())
+    ttl = 30.0
+    token = issue_join_token(info, api, "expiry-probe", "aa:00:00:00:0e:01", ttl_s=ttl)
     issued = time.monotonic()
     token_id = token.split(".")[0]
     wait_for("cluster-info signed for it", lambda: signed_for(api, token_id), 30)

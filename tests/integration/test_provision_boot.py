@@ -22,6 +22,7 @@ from controller_harness import (
     Api,
     free_port,
     install,
+    issue_join_token,
     self_subject_review,
     wait_for,
 )
@@ -263,27 +264,7 @@ def test_one_mac_hammering_is_rate_limited(env: Any) -> None:
 
 def test_a_short_lived_token_stops_working_after_it_expires(env: Any) -> None:
     info, api, _url, _tmp = env
-    spec = machines.MachineSpec.model_validate(
-        {
-            "macs": ["aa:00:00:00:03:01"],
-            "serial": "SN-exp",
-            "bmc": {"endpoint": "http://127.0.0.1:1", "credentialsSecret": f"{SYSTEM_NS}/none"},
-            "pool": "train",
-            "hardware": {"gpuModel": "NVIDIA-H100-80GB-HBM3", "gpuCount": 8, "hcaCount": 8},
-            "enrollmentDigest": enrollment.digest(SECRET),
-        }
-    )
-    api.post(f"{GV}/machines", machines.manifest("day0-expiry", spec))
-
-    async def issue() -> str:
-        kube = await KubeApi.connect(str(info.kubeconfig))
-        config = boot_config(ServeOptions(kubeconfig=info.kubeconfig))
-        prov = Provisioner(kube, config, ServiceSettings(token_ttl_s=3))
-        boot = await prov.user_data("aa:00:00:00:03:01", client="test", enrollment_secret=SECRET)
-        await prov.drain_events()
-        return boot.token
-
-    token = asyncio.run(issue())
+    token = issue_join_token(info, api, "day0-expiry", "aa:00:00:00:03:01", ttl_s=3)
     assert self_subject_review(info, token).status_code == 201
     start = time.monotonic()
     wait_for(
