@@ -15,7 +15,6 @@ import contextlib
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,7 +165,8 @@ def kubeadm_discovery(info: ClusterInfo, token: str) -> subprocess.CompletedProc
             }
         },
         "timeouts": {"discovery": "10s"},
-        "nodeRegistration": {"name": "kubeadm-probe"},
+        # A name the host resolves itself: kubeadm's hostname check asks no DNS server.
+        "nodeRegistration": {"name": "localhost"},
     }
     assert info.bin_dir is not None
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
@@ -297,19 +297,17 @@ def test_xid_79_reimages_the_machine_through_its_bmc(day0: Any) -> None:
 
 
 def test_an_expired_token_is_refused_by_real_kubeadm(day0: Any) -> None:
-    """A token that was valid for kubeadm's discovery is refused by it once it expired:
-    the bootstrap signer drops its signature and the token cleaner its Secret. Issued by
-    the provisioning code for a Machine of its own (no VM boots: only the token matters)."""
+    """A token valid a moment ago (the apiserver authenticates it, cluster-info carries its
+    signature) is refused by kubeadm's discovery once it expired: the bootstrap signer drops
+    its signature and the token cleaner its Secret. Issued by the provisioning code for a
+    Machine of its own (no VM boots: only the token matters). kubeadm runs only with the
+    expired token: with a valid one it would go on to the address cluster-info names, the
+    machines' side of their network, which the host must not call."""
     info, api, _ = day0
-    ttl = 30.0
-    token = issue_join_token(info, api, "expiry-probe", "aa:00:00:00:0e:01", ttl_s=ttl)
-    issued = time.monotonic()
+    token = issue_join_token(info, api, "expiry-probe", "aa:00:00:00:0e:01", ttl_s=20)
     token_id = token.split(".")[0]
     wait_for("cluster-info signed for it", lambda: signed_for(api, token_id), 30)
-    valid = kubeadm_discovery(info, token)
-    assert time.monotonic() - issued < ttl, "too slow to see the token valid first"
-    assert "could not find a JWS signature" not in valid.stderr, valid.stderr[-2000:]
-    assert "couldn't validate the identity" not in valid.stderr, valid.stderr[-2000:]
+    assert self_subject_review(info, token).status_code == 201
     wait_for("expired: signature removed", lambda: not signed_for(api, token_id), 120)
     assert self_subject_review(info, token).status_code == 401
     refused = kubeadm_discovery(info, token)
