@@ -148,7 +148,14 @@ def test_the_window_is_a_slurm_reservation_that_shrinks_and_goes(env: Any) -> No
         sizes: set[int] = set()
 
         def completed() -> bool:
+            fields = reservations(slurm).get(OURS)
+            if fields is not None:
+                sizes.add(len(hostlist.expand(fields["Nodes"])))
             for n in nodes:
+                # The second node (its batch comes after the first's) is verified only once
+                # the reservation was seen without the first: a shrink, not a guess.
+                if n == nodes[1] and 1 not in sizes:
+                    continue
                 if api.state(n) == "verifying":
                     rid = (api.node(n)["metadata"].get("annotations") or {}).get(
                         "gpufleet.io/agent-request", ""
@@ -156,9 +163,6 @@ def test_the_window_is_a_slurm_reservation_that_shrinks_and_goes(env: Any) -> No
                     if rid and rid not in answered:
                         answered.add(rid)
                         answer_request(api, n, passed=True)
-            fields = reservations(slurm).get(OURS)
-            if fields is not None:
-                sizes.add(len(hostlist.expand(fields["Nodes"])))
             status = api.get(f"{GV}/maintenanceplans/{PLAN}").get("status") or {}
             return status.get("phase") == "Completed"
 
