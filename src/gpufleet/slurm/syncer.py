@@ -227,9 +227,11 @@ class Syncer:
         return list(self._jobs_by_node.get(name, ()))
 
     def _in_grace(self, name: str, view: slurm_sync.SlurmView | None, now: float) -> bool:
-        """A bare NOT_RESPONDING whose report still waits for its grace period (time-driven:
-        the node is due on every poll until the grace has passed and it was reported)."""
-        if view is None or "NOT_RESPONDING" not in view.flags:
+        """A bare NOT_RESPONDING (not down, not drained: those are reported at once) whose
+        report still waits for its grace period: time-driven, so the node is due on every
+        poll until the grace has passed and it was reported."""
+        base_down = view is not None and view.state.lower() == "down"
+        if view is None or "NOT_RESPONDING" not in view.flags or base_down or view.drained:
             return False
         since = self._unresponsive_since.get(name)
         return since is None or now - since < self.settings.not_responding_grace_s
@@ -254,7 +256,7 @@ class Syncer:
             if not full and self._seen.get(name) == seen:
                 continue
             due.append(name)
-            if _at_rest(self.kube_view(name), view) and not self._in_grace(name, view, now):
+            if _at_rest(self.kube_view(name)) and not self._in_grace(name, view, now):
                 self._seen[name] = seen
             else:
                 self._seen.pop(name, None)
@@ -717,17 +719,12 @@ def poll_pause(elapsed: float, settings: SyncSettings) -> float:
     return max(0.05, settings.poll_interval_s - elapsed, elapsed * (1 / share - 1))
 
 
-def _at_rest(kube: slurm_sync.KubeView | None, view: slurm_sync.SlurmView | None) -> bool:
-    """A node whose reconcile depends on nothing but its Node, its Slurm view and its
-    jobs: in service on the Kubernetes side (no work report to keep fresh) and known to
-    Slurm (a NOT_RESPONDING grace period is :meth:`Syncer._in_grace`'s)."""
-    return (
-        kube is not None
-        and kube.known
-        and slurm_sync.out_reason(kube) is None
-        and view is not None
-        and view.known
-    )
+def _at_rest(kube: slurm_sync.KubeView | None) -> bool:
+    """A node whose reconcile depends on nothing but its Node, its Slurm view and its jobs:
+    all but one that Kubernetes wants out of service (its Slurm work report is rewritten on
+    a heartbeat). An unknown view on either side decides nothing, every time alike; a
+    NOT_RESPONDING grace period is :meth:`Syncer._in_grace`'s."""
+    return not (kube is not None and kube.known and slurm_sync.out_reason(kube) is not None)
 
 
 def _resolve(

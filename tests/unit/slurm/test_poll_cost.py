@@ -68,6 +68,12 @@ def test_a_poll_at_rest_reconciles_only_what_changed_and_what_is_not_at_rest() -
     assert sorted(s.due_for_pass(every)) == sorted([b, d])
     clock.advance(1)
     assert s.due_for_pass(every) == [d]
+    # Down and not responding (a node whose slurmd is gone) is reported at once: at rest.
+    s.slurm[b] = replace(s.slurm[b], state="down", flags=frozenset({"NOT_RESPONDING"}))
+    clock.advance(1)
+    assert sorted(s.due_for_pass(every)) == sorted([b, d])
+    clock.advance(1)
+    assert s.due_for_pass(every) == [d]
     # Every full_pass_s, every node.
     clock.advance(60)
     assert s.due_for_pass(every) == every

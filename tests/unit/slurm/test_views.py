@@ -10,8 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpufleet.api import slurmcluster as crd
-from gpufleet.domain import hostlist, nodes, render, restapi, well_known
+from gpufleet.domain import hostlist, well_known
 from gpufleet.domain.states import NodeState
+from gpufleet.slurm import nodes, render, restapi
 
 SAMPLES = Path(__file__).parents[2] / "fixtures" / "slurm"
 """slurmrestd 22.05.8 (v0.0.38) answers, recorded from the real daemon."""
