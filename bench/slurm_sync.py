@@ -147,6 +147,18 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=0, help="nodes in the burst (0: 10%%)")
     ap.add_argument("--idle-seconds", type=float, default=30.0)
     ap.add_argument("--settle", type=float, default=90.0, help="wait before measuring at rest")
+    ap.add_argument(
+        "--full-pass-s",
+        type=float,
+        default=SyncSettings.full_pass_s,
+        help="reconcile every node this often (0: after every poll, the syncer's old way)",
+    )
+    ap.add_argument(
+        "--max-poll-share",
+        type=float,
+        default=SyncSettings.max_poll_share,
+        help="share of the time a poll may take (1: poll back to back, the old way)",
+    )
     a = ap.parse_args()
     t0 = time.monotonic()
     spec = ClusterSpec(
@@ -161,7 +173,13 @@ def main() -> None:
         endpoints = SlurmEndpoints(
             info.kubeconfig, info.slurmrestd_url, info.slurm_jwt, info.slurm_conf
         )
-        rs = SyncerThread(endpoints, SyncSettings(poll_interval_s=a.poll, hold_taint=False))
+        settings = SyncSettings(
+            poll_interval_s=a.poll,
+            hold_taint=False,
+            full_pass_s=a.full_pass_s,
+            max_poll_share=a.max_poll_share,
+        )
+        rs = SyncerThread(endpoints, settings)
         rs.start(timeout=300)
         s, rest, scontrol = rs.syncer, rs.rest, rs.scontrol
         assert s is not None and rest is not None and scontrol is not None
@@ -214,7 +232,9 @@ def main() -> None:
 
         # 2. fault -> DRAIN latency, one node at a time
         lat: list[float] = []
-        names = info.node_names
+        # Only nodes with a slurmd can be drained and resumed (the others are unknown to
+        # Slurm's scheduler: the syncer leaves them alone, failing closed).
+        names = info.node_names[: a.slurmd_nodes or len(info.node_names)]
         for i in range(a.faults):
             node = names[i % len(names)]
             before = len(s.stats.timings)

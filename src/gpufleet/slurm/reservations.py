@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from gpufleet.api import maintenanceplan as mplan
 from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import maintenance as mt
-from gpufleet.kubeapi import ApiError, KubePort, custom
+from gpufleet.kubeapi import ApiError, KubePort, NotFound, custom
 from gpufleet.slurm.errors import SlurmError
 from gpufleet.slurm.ports import ReservationPort
 
@@ -93,13 +93,20 @@ class MaintenanceReservations:
         self.ours: set[str] | None = None
         """Our reservations as last read (None: not read yet)."""
         self.writes = 0
+        self.no_crd_said = False
 
     async def reconcile(self) -> list[mt.ReservationChange]:
         """Make Slurm's ``gpufleet-maint-*`` reservations what the plans want."""
         known = self.slurm_nodes()
         if known is None:
             return []
-        plans = (await self.kube.list(PLANS)).items
+        try:
+            plans = (await self.kube.list(PLANS)).items
+        except NotFound:
+            if not self.no_crd_said:
+                log.info("no MaintenancePlan CRD installed: no maintenance reservations")
+                self.no_crd_said = True
+            plans = []
         want = wanted(plans, known)
         if not want and self.ours == set():
             return []  # nothing wanted, nothing of ours in Slurm when last read

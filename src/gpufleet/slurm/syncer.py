@@ -230,8 +230,9 @@ class Syncer:
         """A bare NOT_RESPONDING (not down, not drained: those are reported at once) whose
         report still waits for its grace period: time-driven, so the node is due on every
         poll until the grace has passed and it was reported."""
-        base_down = view is not None and view.state.lower() == "down"
-        if view is None or "NOT_RESPONDING" not in view.flags or base_down or view.drained:
+        if view is None or not view.known or "NOT_RESPONDING" not in view.flags:
+            return False  # an unknown view is never reported: no grace to wait for
+        if view.state.lower() == "down" or view.drained:
             return False
         since = self._unresponsive_since.get(name)
         return since is None or now - since < self.settings.not_responding_grace_s
