@@ -34,14 +34,27 @@ def render(manifest: Json) -> str:
     return HEADER + yaml.safe_dump(manifest, sort_keys=False, width=100)
 
 
-def main(argv: list[str] | None = None) -> None:
+USAGE = """usage: python -m gpufleet.api.crds [DIR ...]
+
+Writes every gpufleet CRD as YAML into each DIR (default: deploy/crds and
+deploy/helm/gpufleet/crds, run from the repository root) and prints each file written.
+Example: python -m gpufleet.api.crds /tmp/crds && kubectl apply -f /tmp/crds"""
+
+
+def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if any(a.startswith("-") for a in args):
+        # An option is never a directory: -h/--help, or a typo that would become one.
+        known = {"-h", "--help"}
+        print(USAGE, file=sys.stdout if set(args) <= known else sys.stderr)
+        return 0 if set(args) <= known else 2
     for out in map(Path, args or DIRS):
         out.mkdir(parents=True, exist_ok=True)
         for name, manifest in manifests().items():
             (out / name).write_text(render(manifest))
             print(out / name)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -170,3 +170,15 @@ def test_every_status_has_standard_conditions() -> None:
         conds = status["conditions"]
         assert conds["x-kubernetes-list-map-keys"] == ["type"], manifest["metadata"]
         assert "observedGeneration" in conds["items"]["properties"]
+
+
+def test_the_generator_takes_no_option_for_a_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert crds.main(["--help"]) == 0
+    assert "usage: python -m gpufleet.api.crds" in capsys.readouterr().out
+    assert crds.main(["-o", "x"]) == 2
+    assert list(tmp_path.iterdir()) == []  # no directory named after an option
+    assert crds.main([str(tmp_path / "out")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(crds.manifests())
