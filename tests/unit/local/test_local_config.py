@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import socket
@@ -48,12 +49,30 @@ def test_slurm_conf_has_one_node_line_per_node_with_its_own_port(tmp_path: Path)
     assert "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" in conf
 
 
+def test_nodes_without_slurmd_are_one_line_with_one_shared_port(tmp_path: Path) -> None:
+    layout = dataclasses.replace(
+        _layout(tmp_path, nodes=2),
+        defined_only=tuple(f"gpu-node-{i:04d}" for i in range(2, 12500)),
+        defined_only_port=7999,
+    )
+    conf = slurm.render_slurm_conf(layout)
+    node_lines = [line for line in conf.splitlines() if line.startswith("NodeName=")]
+    assert [line.split()[0] for line in node_lines] == [
+        "NodeName=gpu-node-0000",
+        "NodeName=gpu-node-0001",
+        "NodeName=gpu-node-[0002-9999],gpu-node-[10000-12499]",  # a range per name width
+    ]
+    assert "Port=7999" in node_lines[-1]
+    assert "PartitionName=batch Nodes=gpu-node-[0000-9999],gpu-node-[10000-12499] " in conf
+    assert len(conf) < 10_000  # not a line per node: every Slurm command parses this file
+
+
 def test_gres_conf_points_at_character_device_paths(tmp_path: Path) -> None:
     gres = slurm.render_gres_conf(_layout(tmp_path, nodes=2, gpus=4))
+    # One hostlist line for every node (12,500 lines would be parsed by every command).
     assert gres.splitlines() == [
         "AutoDetect=off",
-        f"NodeName=gpu-node-0000 Name=gpu File={tmp_path}/slurm/dev/nvidia[0-3]",
-        f"NodeName=gpu-node-0001 Name=gpu File={tmp_path}/slurm/dev/nvidia[0-3]",
+        f"NodeName=gpu-node-[0000-0001] Name=gpu File={tmp_path}/slurm/dev/nvidia[0-3]",
     ]
     one = slurm.render_gres_conf(_layout(tmp_path, nodes=1, gpus=1))
     assert one.endswith("File=" + f"{tmp_path}/slurm/dev/nvidia0\n")
