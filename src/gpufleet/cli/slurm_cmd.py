@@ -51,13 +51,15 @@ def _token(token_file: Path | None, jwt_key_file: Path | None, user: str) -> str
 
 def _clients(
     url: str, user: str, token: str, slurm_conf: Path | None
-) -> tuple[SlurmRest, SlurmWrites]:
-    """The REST client and the writes (by REST from v0.0.40, else scontrol)."""
+) -> tuple[SlurmRest, Scontrol, SlurmWrites]:
+    """The REST client, scontrol (requeues, reservations) and the writes (by REST from
+    v0.0.40, else scontrol)."""
     env = {"SLURM_JWT": token}
     if slurm_conf is not None:
         env["SLURM_CONF"] = str(slurm_conf)
     rest = SlurmRest(RestConfig(url, user, token))
-    return rest, SlurmWrites(rest, Scontrol(ScontrolConfig(env=env)))
+    scontrol = Scontrol(ScontrolConfig(env=env))
+    return rest, scontrol, SlurmWrites(rest, scontrol)
 
 
 @syncer_app.command("run")
@@ -128,11 +130,11 @@ def run_syncer(
 
     async def main() -> None:
         kube = await KubeApi.connect(kubeconfig_arg(kubeconfig))
-        rest, scontrol = _clients(slurmrestd_url, slurm_user, token, slurm_conf)
+        rest, scontrol, writes = _clients(slurmrestd_url, slurm_user, token, slurm_conf)
         syncer = Syncer(
             kube=kube,
             rest=rest,
-            scontrol=scontrol,
+            scontrol=writes,
             settings=settings,
             metrics=metrics,
             reservations=scontrol,
@@ -169,13 +171,13 @@ def run_operator(
 
     async def main() -> None:
         kube = await KubeApi.connect(kubeconfig_arg(kubeconfig))
-        rest = scontrol = None
+        rest = writes = None
         if slurmrestd_url:
             token = _token(None, jwt_key_file, "root")
-            rest, scontrol = _clients(slurmrestd_url, "root", token, slurm_conf)
+            rest, _, writes = _clients(slurmrestd_url, "root", token, slurm_conf)
         op = ClusterOperator(
             kube=kube,
-            scontrol=scontrol,
+            scontrol=writes,
             rest=rest,
             settings=OperatorSettings(interval_s=interval, conf_dir=conf_dir),
         )

@@ -89,7 +89,7 @@ class SyncerThread:
             scontrol=writes,
             settings=self.settings,
             metrics=self.metrics,
-            reservations=writes,
+            reservations=scontrol,
         )
         self._task = asyncio.ensure_future(self.syncer.run())
 

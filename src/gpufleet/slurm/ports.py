@@ -17,7 +17,7 @@ then unknown: fail closed), and a write raises
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from gpufleet.domain import slurm_sync
 from gpufleet.domain.maintenance import Reservation
@@ -66,7 +66,6 @@ class ScontrolPort(Protocol):
         ...
 
 
-@runtime_checkable
 class ReservationPort(Protocol):
     """Slurm reservations (``scontrol``: no slurmrestd version up to v0.0.42 creates one).
 

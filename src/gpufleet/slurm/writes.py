@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpufleet.domain.maintenance import Reservation
-from gpufleet.slurm.ports import ReservationPort, ScontrolPort
+from gpufleet.slurm.ports import ScontrolPort
 from gpufleet.slurm.restapi import SlurmRest
 
 
 class SlurmWrites:
-    """Drain, undrain and reconfigure by REST when it can; requeue and reservations by
-    scontrol (when the scontrol given has them)."""
+    """Drain, undrain and reconfigure by REST when it can; requeue by scontrol. (Maintenance
+    reservations have no API either: the syncer is given the scontrol client for them.)"""
 
     def __init__(self, rest: SlurmRest, scontrol: ScontrolPort) -> None:
         self.rest = rest
@@ -54,22 +53,3 @@ class SlurmWrites:
             await self.rest.reconfigure()
         else:
             await self.scontrol.reconfigure()
-
-    # -- reservations: scontrol only (no API version up to v0.0.42 creates one) ----------
-
-    def _reserver(self) -> ReservationPort:
-        if not isinstance(self.scontrol, ReservationPort):
-            raise TypeError(f"{type(self.scontrol).__name__} has no reservations")
-        return self.scontrol
-
-    async def reservations(self) -> list[Reservation]:
-        return await self._reserver().reservations()
-
-    async def create_reservation(self, reservation: Reservation) -> None:
-        await self._reserver().create_reservation(reservation)
-
-    async def update_reservation(self, reservation: Reservation, *, move_start: bool) -> None:
-        await self._reserver().update_reservation(reservation, move_start=move_start)
-
-    async def delete_reservation(self, name: str) -> None:
-        await self._reserver().delete_reservation(name)
