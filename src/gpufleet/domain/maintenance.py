@@ -242,11 +242,15 @@ def command_answered(record: NodeRecord, passed: bool, detail: str) -> ev.Event:
     """The event for the agent's answer to the node's maintenance command: completed
     (verification next) or failed (the node goes to triage: a person looks at what a
     half-applied firmware or driver change left)."""
-    plan = plan_of(record) or "?"
-    name = command_of(record) or "?"
     if passed:
-        return ev.MaintenanceCompleted(f"{REASON_PREFIX}{plan}: {name} done: {detail}"[:512])
-    return ev.MaintenanceFailed(f"{REASON_PREFIX}{plan}: {name} failed: {detail}"[:512])
+        return ev.MaintenanceCompleted(_command_said(record, "done", detail))
+    return ev.MaintenanceFailed(_command_said(record, "failed", detail))
+
+
+def _command_said(record: NodeRecord, outcome: str, detail: str) -> str:
+    """``maintenance plan <plan>: <command> <outcome>: <detail>`` (bounded)."""
+    plan, name = plan_of(record) or "?", command_of(record) or "?"
+    return f"{REASON_PREFIX}{plan}: {name} {outcome}: {detail}"[:512]
 
 
 def command_overdue(record: NodeRecord, now: float) -> ev.MaintenanceFailed | None:
@@ -259,10 +263,13 @@ def command_overdue(record: NodeRecord, now: float) -> ev.MaintenanceFailed | No
     waited = now - record.since
     if waited < timeout_s + COMMAND_ANSWER_GRACE_S:
         return None
-    plan = plan_of(record) or "?"
     return ev.MaintenanceFailed(
-        f"{REASON_PREFIX}{plan}: {command_of(record)} failed: no answer from the node's agent"
-        f" in {waited:.0f} s (command timeout {timeout_s:.0f} s)"
+        _command_said(
+            record,
+            "failed",
+            f"no answer from the node's agent in {waited:.0f} s"
+            f" (command timeout {timeout_s:.0f} s)",
+        )
     )
 
 

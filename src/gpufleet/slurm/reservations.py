@@ -110,10 +110,8 @@ class MaintenanceReservations:
         want = wanted(plans, known)
         if not want and self.ours == set():
             return []  # nothing wanted, nothing of ours in Slurm when last read
-        existing = [
-            r for r in await self.slurm.reservations() if r.name.startswith(mt.RESERVATION_PREFIX)
-        ]
-        self.ours = {r.name for r in existing}
+        existing = await self.slurm.reservations()  # ours are picked by reservation_changes
+        self.ours = {r.name for r in existing if r.name.startswith(mt.RESERVATION_PREFIX)}
         changes = mt.reservation_changes(want, existing, now=self.clock.now())
         for c in changes:
             r = c.reservation

@@ -103,8 +103,9 @@ class SyncSettings:
     full_pass_s: float = 60.0
     """Every node is reconciled after each Slurm poll only this often; in between, a poll
     reconciles the nodes whose Node, Slurm view or jobs changed, and every node that is
-    not at rest (out of service on either side, or not responding: their reports are
-    time-driven). Node events reconcile their node at once either way."""
+    not at rest (out of service on the Kubernetes side, or a bare NOT_RESPONDING within
+    its report's grace: their reports are time-driven). Node events reconcile their node
+    at once either way."""
     max_poll_share: float = 0.2
     """The poll (``/nodes``, ``/jobs``, the reconciles it starts) takes at most this share
     of the syncer's time: after a pass of ``t`` seconds the next starts no sooner than
