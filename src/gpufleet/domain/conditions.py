@@ -27,7 +27,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from gpufleet.domain import well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
@@ -181,7 +181,7 @@ def _opt_int(value: object) -> int | None:
 # ------------------------------------------------------------ agent requests
 
 RequestKind = Literal["checks", "gpu-reset", "command"]
-REQUEST_KINDS: frozenset[str] = frozenset({"checks", "gpu-reset", "command"})
+REQUEST_KINDS: frozenset[str] = frozenset(get_args(RequestKind))
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,80}$")
 
 

@@ -441,15 +441,10 @@ def _after_drain(ctx: _Ctx) -> _Plan:
     if inc.maintenance:
         rec, t = _move(ctx, r, S.MAINTENANCE, Trigger.DRAIN_COMPLETED, inc.description)
         command = maintenance.command_of(rec)
-        actions = (
-            ()
-            if command is None
-            else (
-                Action(
-                    ActionKind.RUN_COMMAND, detail=command, timeout_seconds=inc.command_timeout_s
-                ),
-            )
-        )
+        actions: tuple[Action, ...] = ()
+        if command is not None:  # a plan's command: the agent runs it now
+            timeout = inc.command_timeout_s
+            actions = (Action(ActionKind.RUN_COMMAND, detail=command, timeout_seconds=timeout),)
         return _Plan(
             applied=rec, held=r, actions=actions, reasons=("drained for maintenance",), transition=t
         )

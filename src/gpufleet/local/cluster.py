@@ -59,8 +59,8 @@ class ClusterSpec:
     slurm: bool = True
     slurmd_nodes: int | None = None
     """How many nodes (the first ones) get a slurmd; None: every node. The others are in
-    slurm.conf only, not responding and soon down: enough for a Slurm sync benchmark at
-    12,500 nodes, which one slurmd per node would not fit on one machine."""
+    slurm.conf only (Slurm shows them ``unknown*``, never registered): enough for a Slurm
+    sync benchmark at 12,500 nodes, which one slurmd per node would not fit on one machine."""
     slurm_version: str = "22.05"
     """The Slurm release: the host's ``22.05``, or ``24.11`` from the root
     :mod:`gpufleet.local.slurm_root` builds (``gpufleet local slurm-image build``)."""

@@ -65,8 +65,8 @@ class SlurmLayout:
     """The Slurm 24.11 tree to run in (:mod:`gpufleet.local.slurm_root`); None: the host's."""
     defined_only: tuple[str, ...] = ()
     """Nodes in slurm.conf without a slurmd (a sync benchmark's 12,500-node fleet: one
-    slurmd per node does not fit one machine). Slurm finds them not responding and
-    marks them down; ``nodes`` are the ones with a slurmd."""
+    slurmd per node does not fit one machine). They never register: Slurm shows them
+    ``unknown*``; ``nodes`` are the ones with a slurmd."""
     defined_only_port: int = 0
     """The port the nodes without slurmd name: nothing listens there (pings are refused)."""
 
