@@ -64,21 +64,24 @@ RESTING = ("triage", "rma", "production", "maintenance")
 step fails and the node ends in triage)."""
 
 
-def api_writes(metrics: str) -> dict[str, float]:
-    """The controller's writes so far, by ``VERB resource``."""
+def api_requests(metrics: str, verbs: tuple[str, ...] | None = None) -> dict[str, float]:
+    """The controller's requests so far (``verbs`` only, when given), by ``VERB resource``,
+    from its ``gpufleet_controller_api_requests_total``."""
     out: dict[str, float] = {}
     for line in metrics.splitlines():
         if not line.startswith("gpufleet_controller_api_requests_total{"):
             continue
-        labels = dict(
-            part.split("=", 1) for part in line.split("{", 1)[1].split("}", 1)[0].split(",")
-        )
-        verb = labels.get("verb", "").strip('"')
-        if verb in WRITES:
-            out[f"{verb} {labels.get('resource', '').strip(chr(34))}"] = float(
-                line.rsplit(" ", 1)[1]
-            )
+        labels = line.split("{", 1)[1].split("}", 1)[0].replace('"', "")
+        parts = dict(p.split("=", 1) for p in labels.split(","))
+        verb = parts.get("verb", "")
+        if verbs is None or verb in verbs:
+            out[f"{verb} {parts.get('resource', '')}"] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def api_writes(metrics: str) -> dict[str, float]:
+    """The controller's writes so far, by ``VERB resource``."""
+    return api_requests(metrics, WRITES)
 
 
 def labelled(api: Api, selector: str = well_known.LABEL_STATE) -> int:
@@ -426,13 +429,7 @@ def restart(
 
         wait_for("every record held again", held, timeout=600, step=0.5)
         took = time.monotonic() - started
-        sent: dict[str, float] = {}
-        for line in fresh.metrics().splitlines():
-            if line.startswith("gpufleet_controller_api_requests_total{"):
-                labels = line.split("{", 1)[1].split("}", 1)[0].replace('"', "")
-                parts = dict(p.split("=", 1) for p in labels.split(","))
-                sent[f"{parts.get('verb')} {parts.get('resource')}"] = float(line.rsplit(" ", 1)[1])
-        return took, sent
+        return took, api_requests(fresh.metrics())
     finally:
         fresh.stop()
 
