@@ -56,8 +56,8 @@ from integration.controller_harness import (  # noqa: E402
     put_policy,
     wait_for,
 )
+from procstat import process_cpu_seconds  # noqa: E402 (bench/, the script's directory)
 
-TICKS = os.sysconf("SC_CLK_TCK")
 WRITES = ("POST", "PATCH", "PUT", "DELETE")
 RESTING = ("triage", "rma", "production", "maintenance")
 """States a faulted node rests in once its ladder is walked (no BMC in the bench: every BMC
@@ -106,11 +106,6 @@ def per_fault(before: dict[str, float], after: dict[str, float], faults: int) ->
     keys = set(before) | set(after)
     diff = {k: (after.get(k, 0.0) - before.get(k, 0.0)) / faults for k in keys}
     return {k: v for k, v in sorted(diff.items()) if v > 0}
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def rss_mib(pid: int, key: str = "VmRSS") -> float:
@@ -217,9 +212,9 @@ def measure_idle(pid: int, watch: CordonWatch, seconds: float) -> tuple[float, f
     left = seconds
     while left > 0:
         step = min(5.0, left)
-        c0, t0 = cpu_seconds(pid), time.monotonic()
+        c0, t0 = process_cpu_seconds(pid), time.monotonic()
         time.sleep(step)
-        windows.append((cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100)
+        windows.append((process_cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100)
         left -= step
     rate = (watch.events - e0) / (time.monotonic() - t_start)
     print("  CPU at rest per 5 s window: " + " ".join(f"{w:.1f}%" for w in windows), flush=True)
@@ -342,11 +337,11 @@ def run_one(
                 profile_idle(pid, profile, Path(tempfile.gettempdir()) / f"reaction-idle-{n}.txt")
             names = info.node_names[:samples]
             writes0 = api_writes(ctl.metrics())
-            c0, w0 = cpu_seconds(pid), time.monotonic()
+            c0, w0 = process_cpu_seconds(pid), time.monotonic()
             written = write_faults(api, names, rate, burst, writers)
             spread = max(written.values()) - min(written.values())
             wait_for("every cordon", lambda: all(x in watch.seen for x in names), timeout=300)
-            busy_cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - w0) * 100
+            busy_cpu = (process_cpu_seconds(pid) - c0) / (time.monotonic() - w0) * 100
             metrics = ctl.metrics()
             own = histogram_quantiles(metrics, "gpufleet_time_to_cordon_seconds")
             to_cordon = per_fault(writes0, api_writes(metrics), len(names))

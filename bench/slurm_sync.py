@@ -39,6 +39,7 @@ from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, running
 from gpufleet.slurm.background import SlurmEndpoints, SyncerThread
 from gpufleet.slurm.syncer import Syncer, SyncSettings
+from procstat import cpu_seconds  # bench/, the script's directory
 
 
 def pct(values: list[float], p: float) -> float:
@@ -79,15 +80,6 @@ def sinfo_nodes(info: ClusterInfo) -> dict[str, dict[str, Any]]:
         ["sinfo", "--json"], env=info.slurm_env(), capture_output=True, text=True, timeout=30
     )
     return {n["name"]: n for n in json.loads(out.stdout)["nodes"]} if out.returncode == 0 else {}
-
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(stat: str) -> float:
-    """User + system CPU of a /proc stat file (a process's or one thread's)."""
-    fields = open(stat).read().rsplit(")", 1)[1].split()  # noqa: SIM115 (one read)
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def daemon_pid(info: ClusterInfo, name: str) -> int | None:
