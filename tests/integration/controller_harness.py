@@ -514,3 +514,19 @@ def issue_join_token(info: Any, api: Api, name: str, mac: str, ttl_s: float) -> 
         return boot.token
 
     return asyncio.run(issue())
+
+
+def maintenance_cli(info: Any, *args: str) -> str:
+    """``gpufleet maintenance ARGS`` against the test cluster; its output (it must succeed)."""
+    command = [sys.executable, "-m", "gpufleet.cli.main", "maintenance", *args]
+    out = subprocess.run(
+        [*command, "--kubeconfig", str(info.kubeconfig)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, f"gpufleet maintenance {args}: {out.stdout}{out.stderr}"
+    return out.stdout
+
+
+def plan_status(api: Api, plan: str) -> dict[str, Any]:
+    """A MaintenancePlan's status ({} before the controller wrote one)."""
+    found: dict[str, Any] = api.get(f"{GV}/maintenanceplans/{plan}").get("status") or {}
+    return found

@@ -10,8 +10,6 @@ plan names a command no node has: the first node fails and the plan stops itself
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,8 @@ from controller_harness import (
     RunningAgent,
     create_kwok_nodes,
     install,
+    maintenance_cli,
+    plan_status,
     policy_spec,
     put_policy,
     reset_node,
@@ -75,20 +75,6 @@ def env(
             api.delete(f"/api/v1/nodes/{node}")
 
 
-def cli(info: ClusterInfo, *args: str) -> str:
-    command = [sys.executable, "-m", "gpufleet.cli.main", "maintenance", *args]
-    out = subprocess.run(
-        [*command, "--kubeconfig", str(info.kubeconfig)], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, f"gpufleet maintenance {args}: {out.stdout}{out.stderr}"
-    return out.stdout
-
-
-def plan_status(api: Api, plan: str) -> dict[str, Any]:
-    found: dict[str, Any] = api.get(f"{GV}/maintenanceplans/{plan}").get("status") or {}
-    return found
-
-
 def test_the_agents_run_the_named_command_and_a_failure_goes_to_triage(env: Any) -> None:
     info, api, logs, commands = env
     settings = AgentSettings(interval_s=0.2, request_retry_s=1.0, maintenance_commands=commands)
@@ -104,7 +90,7 @@ def test_the_agents_run_the_named_command_and_a_failure_goes_to_triage(env: Any)
             lambda: all(api.state(n) == "production" for n in NODES),
             timeout=120,
         )
-        cli(
+        maintenance_cli(
             info, "create", "fw", "--action", "command", "--command", "flash-fw",
             "--command-timeout", "60", "-l", f"{SELECT}=yes", "--max-failures", "2",
         )  # fmt: skip
@@ -130,7 +116,7 @@ def test_the_agents_run_the_named_command_and_a_failure_goes_to_triage(env: Any)
         for n in ("cmd-a", "cmd-c"):
             node = api.node(n)
             assert not node["spec"].get("unschedulable"), n
-        shown = cli(info, "show", "fw")
+        shown = maintenance_cli(info, "show", "fw")
         assert "command flash-fw" in shown and "Failed" in shown
 
 
@@ -144,7 +130,7 @@ def test_a_command_no_node_has_fails_the_first_node_and_stops_the_plan(env: Any)
         running(info, logs, policy="maintenance-command"),
     ):
         wait_for("in production", lambda: all(api.state(n) == "production" for n in nodes), 60)
-        cli(info, "create", "missing", "--action", "command", "--command", "bios-2.1",
+        maintenance_cli(info, "create", "missing", "--action", "command", "--command", "bios-2.1",
             "-l", f"{SELECT}=yes")  # fmt: skip
         wait_for("stopped", lambda: plan_status(api, "missing").get("phase") == "Stopped", 120)
         status = plan_status(api, "missing")

@@ -8,8 +8,6 @@ requests), as the controller tests do, and drives the plan with ``gpufleet maint
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +21,8 @@ from controller_harness import (
     answer_request,
     bmc_control,
     bmc_counters,
+    maintenance_cli,
+    plan_status,
     policy_spec,
     prepare_fleet,
     put_policy,
@@ -68,23 +68,6 @@ def env(
         for node in local_cluster.node_names:
             reset_node(api, node)
             api.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {RACK: None, SELECT: None}}})
-
-
-def cli(info: ClusterInfo, *args: str) -> str:
-    command = [sys.executable, "-m", "gpufleet.cli.main", "maintenance", *args]
-    out = subprocess.run(
-        [*command, "--kubeconfig", str(info.kubeconfig)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, f"gpufleet maintenance {args}: {out.stdout}{out.stderr}"
-    return out.stdout
-
-
-def status(api: Api, plan: str) -> dict[str, Any]:
-    result: dict[str, Any] = api.get(f"{GV}/maintenanceplans/{plan}").get("status") or {}
-    return result
 
 
 def resets(info: ClusterInfo, node: str) -> int:
@@ -137,7 +120,7 @@ def test_a_reimage_rollout_respects_budget_and_racks_and_waits_for_the_slurm_job
     job_id = job.strip().split(";")[0]
     wait_for("job running", lambda: job_state(slurm, job_id) == "RUNNING", timeout=30)
     with running(info, logs, policy="maintenance"):
-        cli(
+        maintenance_cli(
             info,
             "create",
             "rollout",
@@ -177,11 +160,11 @@ def test_a_reimage_rollout_respects_budget_and_racks_and_waits_for_the_slurm_job
 
         def finished() -> bool:
             verify_when_asked(api, nodes, set(), answered)
-            return status(api, "rollout").get("phase") == "Completed"
+            return plan_status(api, "rollout").get("phase") == "Completed"
 
         wait_for("plan completed", finished, timeout=90)
-        shown = json.loads(cli(info, "show", "rollout", "-o", "json"))
-    st = status(api, "rollout")
+        shown = json.loads(maintenance_cli(info, "show", "rollout", "-o", "json"))
+    st = plan_status(api, "rollout")
     assert (st["total"], st["succeeded"], st["failed"], st["progress"]) == (4, 4, 0, "4/4")
     assert shown["phase"] == "Completed" and shown["succeeded"] == 4
     assert {n["name"]: n["phase"] for n in st["nodes"]} == dict.fromkeys(nodes, "Succeeded")
@@ -213,23 +196,25 @@ def test_a_plan_pauses_resumes_and_stops_itself_after_max_failures(env: Any) -> 
     put_policy(api, "maintenance-stop", spec)
     with running(info, logs, policy="maintenance-stop") as ctl:
         wait_for("nodes in production", lambda: all(api.state(n) == "production" for n in nodes))
-        cli(info, "create", "stops", "--action", "noop", "-l", f"{SELECT}=yes", "--paused")
+        maintenance_cli(
+            info, "create", "stops", "--action", "noop", "-l", f"{SELECT}=yes", "--paused"
+        )
         ctl.wait_ticks(3)
-        st = status(api, "stops")
+        st = plan_status(api, "stops")
         assert st.get("phase") == "Paused" and st.get("pending") == 4, st
         assert all(api.state(n) == "production" for n in nodes)
-        cli(info, "resume", "stops")
+        maintenance_cli(info, "resume", "stops")
         # The first node (by name) goes out alone (budget 1), is held in maintenance, then
         # verified: its verification fails and the plan stops.
         answered: set[str] = set()
 
         def stopped() -> bool:
             verify_when_asked(api, nodes, {nodes[0]}, answered)
-            return status(api, "stops").get("phase") == "Stopped"
+            return plan_status(api, "stops").get("phase") == "Stopped"
 
         wait_for("plan stopped", stopped, timeout=60)
         ctl.wait_ticks(3)
-        st = status(api, "stops")
+        st = plan_status(api, "stops")
     assert (st["failed"], st["succeeded"], st["pending"]) == (1, 0, 3), st
     by_node = {n["name"]: n for n in st["nodes"]}
     assert by_node[nodes[0]]["phase"] == "Failed"

@@ -11,8 +11,6 @@ is never touched.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +21,8 @@ from controller_harness import (
     GV,
     Api,
     answer_request,
+    maintenance_cli,
+    plan_status,
     policy_spec,
     prepare_fleet,
     put_policy,
@@ -108,13 +108,10 @@ def test_the_window_is_a_slurm_reservation_that_shrinks_and_goes(env: Any) -> No
     start = time.time() + 3600
     with running(info, logs, policy="window"):
         wait_for("nodes in production", lambda: all(api.state(n) == "production" for n in nodes))
-        cli = [sys.executable, "-m", "gpufleet.cli.main", "maintenance", "create", PLAN]
-        done = subprocess.run(
-            [*cli, "--action", "noop", "-l", f"{SELECT}=yes", "--max-unavailable", "1",
-             "--start-at", rfc3339(start), "--kubeconfig", str(info.kubeconfig)],
-            capture_output=True, text=True, timeout=60,
+        maintenance_cli(
+            info, "create", PLAN, "--action", "noop", "-l", f"{SELECT}=yes",
+            "--max-unavailable", "1", "--start-at", rfc3339(start),
         )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
         wait_for("the reservation", lambda: OURS in reservations(slurm), timeout=30)
         res = reservations(slurm)[OURS]
         assert set(hostlist.expand(res["Nodes"])) == set(nodes)
@@ -127,7 +124,7 @@ def test_the_window_is_a_slurm_reservation_that_shrinks_and_goes(env: Any) -> No
         assert job_state(slurm, long_job) == "PENDING"
         reason = slurm.run("squeue", "-h", "-j", long_job, "-o", "%r").strip()
         assert "ReqNodeNotAvail" in reason or "Resources" in reason or "Reserv" in reason, reason
-        assert api.get(f"{GV}/maintenanceplans/{PLAN}")["status"]["phase"] == "Scheduled"
+        assert plan_status(api, PLAN)["phase"] == "Scheduled"
 
         # The window brought forward: the reservation starts now and the plan runs.
         api.patch(
@@ -163,8 +160,7 @@ def test_the_window_is_a_slurm_reservation_that_shrinks_and_goes(env: Any) -> No
                     if rid and rid not in answered:
                         answered.add(rid)
                         answer_request(api, n, passed=True)
-            status = api.get(f"{GV}/maintenanceplans/{PLAN}").get("status") or {}
-            return status.get("phase") == "Completed"
+            return plan_status(api, PLAN).get("phase") == "Completed"
 
         wait_for("plan completed", completed, timeout=120)
         wait_for("our reservation deleted", lambda: OURS not in reservations(slurm), timeout=30)
