@@ -320,6 +320,7 @@ class LocalCluster:
             controller_manager_port=ports[4],
             token=secrets.token_hex(16),
             joinable=spec.joinable or spec.machines > 0,
+            fake_nodes=spec.nodes,
         )
         hostname = slurm.short_hostname()
         sl = slurm.SlurmLayout(

@@ -18,6 +18,7 @@ controller-manager's self-signed ``/healthz``) use httpx directly.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 from collections.abc import Sequence
@@ -123,6 +124,8 @@ class KubeLayout:
     """Ready for real ``kubeadm join`` (:mod:`gpufleet.local.joining`): the cluster's own
     CA (:mod:`gpufleet.local.pki`) serves the apiserver, signs kubelet certificates and
     is trusted for client certificates. Off: the apiserver's self-signed certificate."""
+    fake_nodes: int = 0
+    """KWOK nodes the cluster starts with: their lease duration grows with their number."""
 
     @property
     def pki(self) -> Path:
@@ -332,6 +335,7 @@ def controller_manager(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
             f"--root-ca-file={layout.ca_file}",
             "--use-service-account-credentials=false",
             *signing,
+            *_node_monitor_flags(layout),
             # No cloud; the token cleaner deletes expired bootstrap tokens (off by default).
             # No TTL controller: it rewrites an annotation on every Node each time the
             # cluster's size crosses 100, 500, 1,000 and 2,000 nodes, minutes of churn
@@ -347,6 +351,34 @@ def controller_manager(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
     )
 
 
+LEASE_RENEWALS_PER_S = 50
+"""What KWOK's lease renewals may cost the apiserver and etcd on a small machine."""
+MIN_LEASE_S = 40
+"""The kubelet's own lease duration; also every joinable cluster's."""
+
+
+def node_lease_seconds(layout: KubeLayout) -> int:
+    """The fake nodes' lease duration: the kubelet's 40 s up to 500 nodes, longer beyond.
+
+    KWOK renews each lease every quarter of its duration, as the kubelet does: 12,500
+    nodes at 40 s would be 1,250 writes a second, more than the apiserver and etcd on 2
+    cores take (the cluster never got all its nodes Ready). A cluster machines join
+    keeps 40 s: a power-cycled machine rejoins only once its Node reads NotReady.
+    """
+    if layout.joinable:
+        return MIN_LEASE_S
+    return max(MIN_LEASE_S, math.ceil(4 * layout.fake_nodes / LEASE_RENEWALS_PER_S))
+
+
+def _node_monitor_flags(layout: KubeLayout) -> list[str]:
+    """The controller-manager's grace for a silent node must outlast a fake node's lease
+    renewal interval, or nodes would flap NotReady between renewals."""
+    lease = node_lease_seconds(layout)
+    if layout.joinable or lease == MIN_LEASE_S:
+        return []
+    return [f"--node-monitor-grace-period={lease // 4 + 40}s"]
+
+
 def kwok(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
     return ManagedProcess(
         "kwok",
@@ -360,7 +392,7 @@ def kwok(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
             # Room for 65k pod IPs (the default /24 runs out at 254).
             "--cidr=10.0.0.1/16",
             "--node-ip=127.0.0.1",
-            "--node-lease-duration-seconds=40",
+            f"--node-lease-duration-seconds={node_lease_seconds(layout)}",
             # v0.8.0 ships no built-in stages; these are its node/pod "fast" sets.
             f"--config={KWOK_STAGES}",
         ],
