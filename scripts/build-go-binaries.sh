@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local cluster's Go binaries (etcd, kube-apiserver, kube-scheduler,
-# kube-controller-manager, kubectl, kwok) and the node image's kubelet and
-# kubeadm from the Go module proxy, pinned by the committed wrapper modules
+# kube-controller-manager, kubectl, kwok) and the node image's kubelet, kubeadm
+# and kube-proxy from the Go module proxy, pinned by the committed wrapper modules
 # under deps/, into a cache outside the repo:
 #
 #   ${GPUFLEET_CACHE:-~/.cache/gpufleet}/bin/<k8s>-<etcd>-<kwok>-<hash>/
@@ -75,9 +75,9 @@ echo "== Go binaries -> $out"
 [[ -x /usr/bin/time ]] || { echo "build-go-binaries: /usr/bin/time missing (apt-get install time)" >&2; exit 1; }
 build etcd "$deps/etcd" go.etcd.io/etcd/server/v3 "-s -w"
 build kwok "$deps/kwok" sigs.k8s.io/kwok/cmd/kwok "-s -w"
-# kubelet and kubeadm go into the node image (scripts/node-image/build.sh);
+# kubelet, kubeadm and kube-proxy go into the node image (scripts/node-image/build.sh);
 # kubeadm also runs on the host (kubeadm phases against the local cluster).
-for c in kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kubeadm; do
+for c in kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kubeadm kube-proxy; do
   build "$c" "$deps/kubernetes" "k8s.io/kubernetes/cmd/$c" "$k8s_ldflags" selinux,notest,grpcnotrace
 done
 rm -f "$out"/*.rss

@@ -8,17 +8,20 @@
 # when this script succeeded; run by hand it builds into any empty directory:
 #
 #   scripts/node-image/build.sh --out DIR --mirror http://deb.debian.org/debian \
-#       --kubelet PATH --kubeadm PATH --pause-tar PATH --requirements FILE --wheels DIR
+#       --kubelet PATH --kubeadm PATH --kube-proxy PATH --pause-tar PATH \
+#       --netcheck-tar PATH --requirements FILE --wheels DIR
 #
 # Needs root (debootstrap, chroot, mounts). Everything comes from the Debian
-# mirror (packages), the Go binaries given (kubelet, kubeadm, built from the
-# pinned Kubernetes modules) and the Python wheels given (downloaded by the
+# mirror (packages), the Go binaries given (kubelet, kubeadm, kube-proxy, built
+# from the pinned Kubernetes modules), the two container images given (pause,
+# netcheck) and the Python wheels given (downloaded by the
 # caller through pip's configured index). Writes into OUT: vmlinuz, initrd.img,
 # rootfs.squashfs, packages.tsv (every installed package and its version).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 suite=trixie
-out="" mirror="" kubelet="" kubeadm="" pause_tar="" requirements="" wheels="" work=""
+out="" mirror="" kubelet="" kubeadm="" kube_proxy="" pause_tar="" netcheck_tar=""
+requirements="" wheels="" work=""
 while (($#)); do
   case "$1" in
     --out) out="$2"; shift 2 ;;
@@ -27,13 +30,15 @@ while (($#)); do
     --suite) suite="$2"; shift 2 ;;
     --kubelet) kubelet="$2"; shift 2 ;;
     --kubeadm) kubeadm="$2"; shift 2 ;;
+    --kube-proxy) kube_proxy="$2"; shift 2 ;;
     --pause-tar) pause_tar="$2"; shift 2 ;;
+    --netcheck-tar) netcheck_tar="$2"; shift 2 ;;
     --requirements) requirements="$2"; shift 2 ;;
     --wheels) wheels="$2"; shift 2 ;;
     *) echo "node-image: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-for v in out mirror kubelet kubeadm pause_tar requirements wheels; do
+for v in out mirror kubelet kubeadm kube_proxy pause_tar netcheck_tar requirements wheels; do
   [[ -n "${!v}" ]] || { echo "node-image: --${v//_/-} is required" >&2; exit 2; }
 done
 fail() { echo "node-image: $*" >&2; exit 1; }
@@ -41,7 +46,7 @@ fail() { echo "node-image: $*" >&2; exit 1; }
 for tool in debootstrap mksquashfs chroot mount; do
   command -v "$tool" >/dev/null || fail "$tool is missing: apt-get install debootstrap squashfs-tools"
 done
-for f in "$kubelet" "$kubeadm" "$pause_tar" "$requirements"; do
+for f in "$kubelet" "$kubeadm" "$kube_proxy" "$pause_tar" "$netcheck_tar" "$requirements"; do
   [[ -f "$f" ]] || fail "input missing: $f"
 done
 mkdir -p "$out"
@@ -92,16 +97,18 @@ chroot "$root" env DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -q --no-install-recommends "${packages[@]}" >> "$work/apt.log" 2>&1 \
   || { tail -25 "$work/apt.log" >&2; fail "apt-get install in the image failed (log above)"; }
 
-step 4 "kubelet, kubeadm, pause image, units and configuration"
+step 4 "kubelet, kubeadm, kube-proxy, pause and netcheck images, units and configuration"
 install -m 0755 "$kubelet" "$root/usr/bin/kubelet"
 install -m 0755 "$kubeadm" "$root/usr/bin/kubeadm"
+install -m 0755 "$kube_proxy" "$root/usr/bin/kube-proxy"
 mkdir -p "$root/usr/lib/gpufleet" "$root/etc/gpufleet" "$root/etc/kubernetes/manifests" \
   "$root/var/lib/kubelet"
 install -m 0644 "$pause_tar" "$root/usr/lib/gpufleet/pause.tar"
+install -m 0644 "$netcheck_tar" "$root/usr/lib/gpufleet/netcheck.tar"
 cp -a "$here/files/." "$root/"
 chroot "$root" systemctl enable --quiet systemd-networkd.service systemd-resolved.service \
   containerd.service kubelet.service var-lib-containerd.mount gpufleet-pause-image.service \
-  gpufleet-agent-install.service gpufleet-agent.service
+  gpufleet-pod-network.path gpufleet-agent-install.service gpufleet-agent.service
 # No interactive first-boot questions on a serial console with nobody behind it.
 chroot "$root" systemctl mask --quiet systemd-firstboot.service
 # A root password nobody knows; the console login stays useful with an override

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ipaddress
 import subprocess
 import tempfile
 import threading
@@ -35,7 +36,7 @@ from controller_harness import (
 from waiting import wait_for
 
 from gpufleet.domain import well_known
-from gpufleet.local import processes
+from gpufleet.local import kube, node_image, processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
 from gpufleet.provision.render import ca_hash_of_file
 
@@ -43,8 +44,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.machines, pytest.mark.timeout
 
 MACHINE = "vm-node-0000"
 POLICY = "machines"
-PAUSE_IMAGE = "gpufleet.local/pause:1.0"
-"""Imported into containerd at boot from the node image (containerd's sandbox image)."""
+NETCHECK_IMAGE = node_image.NETCHECK_REFERENCE
+"""Imported into containerd at boot from the node image, beside the pause image."""
 BOOT_TIMEOUT = 900.0
 """Power-on to production under software emulation on 2 shared cores: about 4-5 minutes
 idle, twice that under a load average of 8 (docs/provisioning.md); generous, because a
@@ -183,31 +184,75 @@ def kubeadm_discovery(info: ClusterInfo, token: str) -> subprocess.CompletedProc
         )
 
 
-def run_pod(api: Api, node: str) -> dict[str, Any]:
-    """A pod on ``node`` running the node image's pause image; returns it once Running."""
-    name = f"probe-{node}"
+def create_pod(api: Api, name: str, node: str, args: list[str], **spec: Any) -> None:
+    """A pod of the node image's netcheck image on ``node`` (nothing is pulled: no registry
+    is reachable from a machine)."""
     api.post(
         "/api/v1/namespaces/default/pods",
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": {"app": name}},
             "spec": {
                 "nodeName": node,
                 "tolerations": [{"operator": "Exists"}],
-                "containers": [{"name": "probe", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}],
+                "containers": [
+                    {
+                        "name": "netcheck",
+                        "image": NETCHECK_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "args": args,
+                    }
+                ],
+                **spec,
             },
         },
     )
+
+
+def pod_phase(api: Api, name: str, *phases: str) -> dict[str, Any] | None:
+    pod: dict[str, Any] = api.get(f"/api/v1/namespaces/default/pods/{name}")
+    return pod if pod.get("status", {}).get("phase") in phases else None
+
+
+def check_pod_network(api: Api, node: str) -> tuple[dict[str, Any], str]:
+    """A server pod behind a Service and a client pod on ``node``; the client fetches the
+    Service's ClusterIP and the API through the ``kubernetes`` Service (kube-proxy's rules,
+    the node's own pod subnet, the bridge CNI). Returns the server pod and what the client
+    wrote to its termination message."""
+    server, client = "netcheck-server", "netcheck-client"
+    create_pod(api, server, node, ["serve", ":8080"])
+    api.post(
+        "/api/v1/namespaces/default/services",
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": server},
+            "spec": {"selector": {"app": server}, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+    )
     try:
-
-        def running() -> dict[str, Any] | None:
-            got: dict[str, Any] = api.get(f"/api/v1/namespaces/default/pods/{name}")
-            return got if got.get("status", {}).get("phase") == "Running" else None
-
-        return wait_for(f"pod {name} Running", running, 300)
+        running = wait_for(f"pod {server} Running", lambda: pod_phase(api, server, "Running"), 300)
+        service_ip = api.get(f"/api/v1/namespaces/default/services/{server}")["spec"]["clusterIP"]
+        api_ip = api.get("/api/v1/namespaces/default/services/kubernetes")["spec"]["clusterIP"]
+        create_pod(
+            api,
+            client,
+            node,
+            ["get", f"http://{service_ip}/", f"https://{api_ip}/livez"],
+            restartPolicy="Never",
+        )
+        done = wait_for(
+            f"pod {client} finished", lambda: pod_phase(api, client, "Succeeded", "Failed"), 300
+        )
+        state = done["status"]["containerStatuses"][0]["state"]["terminated"]
+        message = str(state.get("message", ""))
+        assert done["status"]["phase"] == "Succeeded", message
+        return running, message
     finally:
-        api.delete(f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
+        for name in (server, client):
+            api.delete(f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
+        api.delete(f"/api/v1/namespaces/default/services/{server}")
 
 
 def test_a_machine_network_boots_joins_and_reaches_production(day0: Any) -> None:
@@ -223,10 +268,15 @@ def test_a_machine_network_boots_joins_and_reaches_production(day0: Any) -> None
     machine = api.get(f"{GV}/machines/{MACHINE}")["status"]
     assert machine["node"] == MACHINE and machine["phase"] == "Joined"
     assert machine["armed"] is False and machine["tokensIssued"] == 1
-    # Real pods run on it: the kubelet, containerd, runc and the bridge CNI of the image
-    # start one (the image's own pause image: nothing is pulled, no registry is reachable).
-    pod = run_pod(api, MACHINE)
-    assert pod["status"]["podIP"].startswith("10.244.0.")
+    # Real pods run on it (the kubelet, containerd, runc, the bridge CNI of the image) with
+    # addresses of the node's own pod subnet, and reach Services through its kube-proxy:
+    # one backed by a pod of the machine, and the API through `kubernetes`.
+    server, answers = check_pod_network(api, MACHINE)
+    subnet = ipaddress.ip_network(api.get(f"/api/v1/nodes/{MACHINE}")["spec"]["podCIDR"])
+    assert subnet.subnet_of(ipaddress.ip_network(kube.POD_SUBNET))
+    assert ipaddress.ip_address(server["status"]["podIP"]) in subnet
+    assert " 200 netcheck netcheck-server" in answers, answers
+    assert "/livez 200 ok" in answers, answers
     # The boot watchdog followed the boot from its iPXE request to the Ready Node.
     wait_for(
         "the boot recorded as joined",

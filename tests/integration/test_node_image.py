@@ -2,9 +2,10 @@
 
 No VM here (test_machine_day0.py boots it): the image ``scripts/bootstrap-system.sh``
 builds for the test command is opened with ``unsquashfs`` and checked against its
-manifest and the contract: the kubelet and kubeadm of deps/, the units enabled where
-they must be, containerd pointed at the pause image that is in the image, the venv,
-and a kernel whose modules are there.
+manifest and the contract: the kubelet, kubeadm and kube-proxy of deps/, the units
+enabled where they must be, containerd pointed at the pause image that is in the
+image, the netcheck image, no pod network configuration of its own (each node writes
+its own at boot), the venv, and a kernel whose modules are there.
 """
 
 from __future__ import annotations
@@ -55,11 +56,11 @@ def test_the_files_are_those_of_the_manifest(image: node_image.NodeImage) -> Non
         assert digest == image.manifest["files"][name]["sha256"], name  # type: ignore[index]
 
 
-def test_the_kubelet_and_kubeadm_are_the_pinned_ones(
+def test_the_kubelet_kubeadm_and_kube_proxy_are_the_pinned_ones(
     image: node_image.NodeImage, listing: set[str], tmp_path: Path
 ) -> None:
     built = binaries.go_bin_dir()
-    for name in ("kubelet", "kubeadm"):
+    for name in ("kubelet", "kubeadm", "kube-proxy"):
         assert f"usr/bin/{name}" in listing
         assert cat(image, f"usr/bin/{name}", tmp_path) == (built / name).read_bytes()
 
@@ -67,7 +68,7 @@ def test_the_kubelet_and_kubeadm_are_the_pinned_ones(
 def test_the_units_are_enabled_where_the_boot_needs_them(listing: set[str]) -> None:
     wants = {
         "multi-user.target.wants": ["kubelet.service", "containerd.service",
-                                    "gpufleet-pause-image.service"],
+                                    "gpufleet-pause-image.service", "gpufleet-pod-network.path"],
         "cloud-init.target.wants": ["gpufleet-agent.service", "gpufleet-agent-install.service"],
         "local-fs.target.wants": ["var-lib-containerd.mount"],
     }  # fmt: skip
@@ -78,7 +79,9 @@ def test_the_units_are_enabled_where_the_boot_needs_them(listing: set[str]) -> N
         "usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf",
         "usr/lib/gpufleet/install-agent",
         "etc/cloud/cloud.cfg.d/90-gpufleet.cfg",
-        "etc/cni/net.d/10-gpufleet-bridge.conflist",
+        "usr/lib/gpufleet/pod-network",
+        "usr/lib/gpufleet/kube-proxy.yaml",
+        "usr/lib/systemd/system/kube-proxy.service",
         "usr/lib/cni/bridge",
         "usr/lib/cni/host-local",
         "usr/lib/cni/portmap",
@@ -89,6 +92,9 @@ def test_the_units_are_enabled_where_the_boot_needs_them(listing: set[str]) -> N
     assert not any(
         p.startswith("opt/gpufleet/venv/lib/python3.13/site-packages/gpufleet/") for p in listing
     ), "the gpufleet package must come at boot, not in the image"
+    # One pod subnet per node, written at boot from the Node's spec.podCIDR: an image
+    # with a subnet of its own would give every machine the same pod addresses.
+    assert not any(p.startswith("etc/cni/net.d/") and p.endswith(".conflist") for p in listing)
 
 
 def test_containerd_starts_pods_with_the_pause_image_in_the_image(
@@ -97,13 +103,19 @@ def test_containerd_starts_pods_with_the_pause_image_in_the_image(
     config = cat(image, "etc/containerd/config.toml", tmp_path).decode()
     assert f'sandbox_image = "{node_image.PAUSE_REFERENCE}"' in config
     assert "SystemdCgroup = true" in config
-    pause = cat(image, "usr/lib/gpufleet/pause.tar", tmp_path)
-    with tarfile.open(fileobj=io.BytesIO(pause)) as tar:
-        member = tar.extractfile("index.json")
-        assert member is not None
-        index = json.load(member)
-    names = [m["annotations"]["io.containerd.image.name"] for m in index["manifests"]]
-    assert names == [node_image.PAUSE_REFERENCE]
+    for tar_name, reference in (
+        ("pause.tar", node_image.PAUSE_REFERENCE),
+        ("netcheck.tar", node_image.NETCHECK_REFERENCE),
+    ):
+        data = cat(image, f"usr/lib/gpufleet/{tar_name}", tmp_path)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.extractfile("index.json")
+            assert member is not None
+            index = json.load(member)
+        names = [m["annotations"]["io.containerd.image.name"] for m in index["manifests"]]
+        assert names == [reference]
+    units = cat(image, "usr/lib/systemd/system/gpufleet-pause-image.service", tmp_path).decode()
+    assert "/usr/lib/gpufleet/netcheck.tar" in units
 
 
 def test_the_kernel_has_its_modules(image: node_image.NodeImage, listing: set[str]) -> None:

@@ -1,7 +1,7 @@
 """Where the local cluster finds its executables.
 
-The Go binaries (etcd, kube-*, kubectl, kwok, and the node image's kubelet
-and kubeadm) are built by
+The Go binaries (etcd, kube-*, kubectl, kwok, and the node image's kubelet,
+kubeadm and kube-proxy) are built by
 ``scripts/build-go-binaries.sh`` into ``~/.cache/gpufleet/bin/<key>/``, where
 the key names the pinned versions plus a hash of ``deps/*/go.{mod,sum}``. This
 module recomputes that key the same way, so a checkout always uses the binaries
@@ -27,6 +27,7 @@ GO_BINARIES = (
     "kwok",
     "kubelet",
     "kubeadm",
+    "kube-proxy",
 )
 SYSTEM_BINARIES = ("munged", "munge", "slurmctld", "slurmd", "slurmrestd", "scontrol", "sinfo")
 
@@ -99,6 +100,8 @@ class Binaries:
     """Goes into the node image (scripts/node-image/); not run on this host."""
     kubeadm: Path
     """Also for the host: ``kubeadm init phase ...`` against the local control plane."""
+    kube_proxy: Path
+    """Goes into the node image: Services on the machines (decision 0123)."""
     munged: Path
     munge: Path
     slurmctld: Path

@@ -15,6 +15,9 @@ objects itself (decision 0088 says why not ``kubeadm init phase ...``):
   and have them approved automatically (``nodeclient``), nodes may renew their
   own certificates (``selfnodeclient``), and the join may look up an existing
   Node of its name.
+- kube-proxy's permissions (``system:node-proxier``) for the nodes themselves:
+  the node image runs kube-proxy with the kubelet's credentials (decision 0123),
+  where kubeadm runs it as a DaemonSet with a ServiceAccount of its own.
 
 Names, groups and roles are kubeadm's own, so a cluster made by kubeadm and this
 one look the same to a joining node.
@@ -28,13 +31,13 @@ import yaml
 
 from gpufleet.domain import enrollment
 from gpufleet.kubeapi.sync import SyncKube
+from gpufleet.local.kube import POD_SUBNET, SERVICE_SUBNET
 
 Json = dict[str, Any]
 BOOTSTRAP_GROUP = enrollment.EXTRA_GROUPS
 NODES_GROUP = "system:nodes"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 CLUSTER_NAME = "gpufleet-local"
-SERVICE_SUBNET = "10.0.0.0/24"
 CLUSTER_DNS = "10.0.0.10"
 
 
@@ -78,7 +81,7 @@ def cluster_configuration(endpoint: str, version: str) -> str:
             "networking": {
                 "dnsDomain": "cluster.local",
                 "serviceSubnet": SERVICE_SUBNET,
-                "podSubnet": "10.244.0.0/16",
+                "podSubnet": POD_SUBNET,
             },
         },
         sort_keys=False,
@@ -284,6 +287,16 @@ def objects(*, server: str, ca_pem: bytes, version: str) -> list[tuple[str, Json
                 "kubeadm:node-autoapprove-certificate-rotation",
                 "ClusterRole",
                 "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+                [_group(NODES_GROUP)],
+            ),
+        ),
+        (
+            f"{RBAC}/clusterrolebindings",
+            _binding(
+                "ClusterRoleBinding",
+                "gpufleet:node-proxier",
+                "ClusterRole",
+                "system:node-proxier",
                 [_group(NODES_GROUP)],
             ),
         ),

@@ -31,12 +31,19 @@ import yaml
 
 from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local import pki as pki_mod
+from gpufleet.local import vm
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.processes import ComponentError, ManagedProcess
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
 GPU_RESOURCE = "nvidia.com/gpu"
+SERVICE_SUBNET = "10.0.0.0/24"
+POD_SUBNET = "10.128.0.0/9"
+"""Pods of real machines: each Node gets a /24 of it (the controller-manager's node IPAM,
+only in a cluster machines join), room for 32,768 nodes; apart from the service range,
+qemu's 10.0.2.0/24 and KWOK's fake pod addresses (10.0.0.0/16)."""
+NODE_POD_MASK = 24
 
 
 @dataclass(frozen=True)
@@ -245,6 +252,17 @@ def etcd(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
     )
 
 
+def _advertise_address(layout: KubeLayout) -> str:
+    """The address in the ``kubernetes`` Service's endpoints: what pods dial for the API.
+
+    Pods run only on machines, which reach the apiserver at the forwarded
+    :data:`~gpufleet.local.vm.CLUSTER_ADDRESS`; the apiserver listens on 127.0.0.1
+    only either way. Without machines, 127.0.0.1 (the apiserver looks for a default
+    route otherwise, and aborts offline).
+    """
+    return vm.CLUSTER_ADDRESS if layout.joinable else "127.0.0.1"
+
+
 def _joinable_apiserver_flags(layout: KubeLayout) -> list[str]:
     if not layout.joinable:
         return []
@@ -264,11 +282,10 @@ def apiserver(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
             bins.kube_apiserver,
             f"--etcd-servers={layout.etcd_url}",
             "--bind-address=127.0.0.1",
-            # Without it the apiserver looks for a default route and aborts offline.
-            "--advertise-address=127.0.0.1",
+            f"--advertise-address={_advertise_address(layout)}",
             f"--secure-port={layout.apiserver_port}",
             f"--cert-dir={layout.pki}",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={SERVICE_SUBNET}",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={layout.sa_key}",
             f"--service-account-signing-key-file={layout.sa_key}",
@@ -309,9 +326,10 @@ def scheduler(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
 
 
 def _joinable_controller_flags(layout: KubeLayout) -> tuple[list[str], str]:
-    """Signing kubelet CSRs with the cluster CA, and the bootstrap signer (it signs
+    """Signing kubelet CSRs with the cluster CA, the bootstrap signer (it signs
     ``kube-public/cluster-info`` with each bootstrap token, which ``kubeadm join``
-    verifies before it trusts the CA)."""
+    verifies before it trusts the CA), and a pod subnet per Node (a machine's CNI
+    configuration is written from it: decision 0123)."""
     if not layout.joinable:
         return [], ""
     p = layout.cluster_pki
@@ -321,6 +339,9 @@ def _joinable_controller_flags(layout: KubeLayout) -> tuple[list[str], str]:
         # A machine that was power-cycled must read NotReady before it boots again:
         # kubeadm join refuses a name whose Node is still Ready (default grace: 50 s).
         "--node-monitor-grace-period=20s",
+        "--allocate-node-cidrs=true",
+        f"--cluster-cidr={POD_SUBNET}",
+        f"--node-cidr-mask-size={NODE_POD_MASK}",
     ], "bootstrapsigner,"
 
 

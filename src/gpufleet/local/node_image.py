@@ -50,6 +50,8 @@ IMAGE_FILES = ("vmlinuz", "initrd.img", "rootfs.squashfs")
 MANIFEST = "manifest.json"
 PAUSE_REFERENCE = "gpufleet.local/pause:1.0"
 """The sandbox image containerd starts every pod with (files/etc/containerd/config.toml)."""
+NETCHECK_REFERENCE = "gpufleet.local/netcheck:1.0"
+"""A pod that serves HTTP or fetches URLs: checks pod networking and Services on a node."""
 KEEP_ENTRIES = 3
 """Images kept in the cache (about 280 MiB each): the newest, the one just built included."""
 KEY_SCHEMA = 1
@@ -498,14 +500,15 @@ def _run(cmd: Sequence[str | Path], what: str, **kw: object) -> None:
         raise NodeImageError(f"{what} failed (exit {result.returncode}):\n{tail}")
 
 
-def build_pause(repo: Path, out: Path) -> Path:
-    """Build the pause binary (static Go) into ``out`` and pack it as an OCI image tar."""
+def build_static_image(repo: Path, out: Path, name: str, reference: str) -> Path:
+    """Build ``scripts/node-image/<name>`` (static Go, no dependencies) into ``out`` and
+    pack it as an OCI image tar named ``reference``; returns the tar."""
     go = subprocess.run(
         [str(repo / "scripts" / "find-go.sh")], capture_output=True, text=True, check=False
     )
     if go.returncode != 0:
-        raise NodeImageError(f"no Go toolchain for the pause binary: {go.stderr.strip()}")
-    binary = out / "pause"
+        raise NodeImageError(f"no Go toolchain for the {name} binary: {go.stderr.strip()}")
+    binary = out / name
     env = {
         **os.environ,
         "CGO_ENABLED": "0",
@@ -514,12 +517,12 @@ def build_pause(repo: Path, out: Path) -> Path:
     }
     _run(
         [go.stdout.strip(), "build", "-trimpath", "-ldflags", "-s -w", "-o", binary, "."],
-        "go build of scripts/node-image/pause",
-        cwd=scripts_dir(repo) / "pause",
+        f"go build of scripts/node-image/{name}",
+        cwd=scripts_dir(repo) / name,
         env=env,
     )
-    tar = out / "pause.tar"
-    oci.write_single_binary_image(binary, tar, reference=PAUSE_REFERENCE)
+    tar = out / f"{name}.tar"
+    oci.write_single_binary_image(binary, tar, reference=reference)
     return tar
 
 
@@ -555,22 +558,26 @@ def run_build_script(staging: Path, inputs: Inputs, progress: Progress) -> dict[
     mirror = os.environ.get("GPUFLEET_DEBIAN_MIRROR") or host_mirror()
     check_host(mirror, inputs.suite, staging)
     bin_dir = binaries.go_bin_dir()
-    for name in ("kubelet", "kubeadm"):
+    for name in ("kubelet", "kubeadm", "kube-proxy"):
         if not os.access(bin_dir / name, os.X_OK):
             raise NodeImageError(
                 f"{bin_dir / name} is missing: run scripts/build-go-binaries.sh first"
             )
     work_inputs = staging / ".inputs"
     work_inputs.mkdir()
-    progress("== pause image (Go, static) and the agent's wheels for Python " + SUITE_PYTHON)
-    pause_tar = build_pause(repo, work_inputs)
+    progress(
+        "== pause and netcheck images (Go, static), the agent's wheels for Python " + SUITE_PYTHON
+    )
+    pause_tar = build_static_image(repo, work_inputs, "pause", PAUSE_REFERENCE)
+    netcheck_tar = build_static_image(repo, work_inputs, "netcheck", NETCHECK_REFERENCE)
     download_wheels(inputs.requirements, work_inputs)
     cmd = [
         str(scripts_dir(repo) / "build.sh"),
         "--out", str(staging), "--work", str(staging / ".work"),
         "--mirror", mirror, "--suite", inputs.suite,
         "--kubelet", str(bin_dir / "kubelet"), "--kubeadm", str(bin_dir / "kubeadm"),
-        "--pause-tar", str(pause_tar),
+        "--kube-proxy", str(bin_dir / "kube-proxy"),
+        "--pause-tar", str(pause_tar), "--netcheck-tar", str(netcheck_tar),
         "--requirements", str(work_inputs / "requirements.txt"),
         "--wheels", str(work_inputs / "wheels"),
     ]  # fmt: skip
@@ -611,5 +618,6 @@ def run_build_script(staging: Path, inputs: Inputs, progress: Progress) -> dict[
         }
         | {"python3": packages.get("python3", "")},
         "pause_image": PAUSE_REFERENCE,
+        "images": [PAUSE_REFERENCE, NETCHECK_REFERENCE],
         "steps": steps,
     }
