@@ -164,22 +164,35 @@ def _kubelet_conf(path: Path, server: str, ca: Path, pem: Path) -> None:
     )
 
 
+def _as_node(
+    script: ModuleType,
+    apiserver: tuple[str, pki.ClusterPki, list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    node: str,
+) -> Path:
+    """The script on a node named ``node`` that has joined: its kubelet's client certificate
+    and kubeconfig in place. Returns where the CNI configuration goes."""
+    url, ca, _ = apiserver
+    pem = tmp_path / "kubelet-client-current.pem"
+    _client_cert(ca, pem, node)
+    _kubelet_conf(tmp_path / "kubelet.conf", url, ca.ca_cert, pem)
+    conflist = tmp_path / "net.d" / "10-gpufleet-bridge.conflist"
+    monkeypatch.setattr(script, "KUBECONFIG", str(tmp_path / "kubelet.conf"))
+    monkeypatch.setattr(script, "CONFLIST", str(conflist))
+    monkeypatch.setattr(script.socket, "gethostname", lambda: node)
+    return conflist
+
+
 def test_the_script_writes_the_nodes_own_subnet_with_the_kubelets_credentials(
     script: ModuleType,
     apiserver: tuple[str, pki.ClusterPki, list[str]],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    url, ca, asked = apiserver
-    pem = tmp_path / "kubelet-client-current.pem"
-    _client_cert(ca, pem, "node-a")
-    _kubelet_conf(tmp_path / "kubelet.conf", url, ca.ca_cert, pem)
-    conflist = tmp_path / "net.d" / "10-gpufleet-bridge.conflist"
-    monkeypatch.setattr(script, "KUBECONFIG", str(tmp_path / "kubelet.conf"))
-    monkeypatch.setattr(script, "CONFLIST", str(conflist))
-    monkeypatch.setattr(script.socket, "gethostname", lambda: "node-a")
+    conflist = _as_node(script, apiserver, tmp_path, monkeypatch, "node-a")
     assert script.main() == 0
-    assert asked == ["/api/v1/nodes/node-a"]
+    assert apiserver[2] == ["/api/v1/nodes/node-a"]
     written = json.loads(conflist.read_text())
     bridge = written["plugins"][0]
     assert bridge["type"] == "bridge" and bridge["ipMasq"] is True
@@ -194,17 +207,11 @@ def test_the_script_gives_up_after_its_deadline_and_writes_nothing(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    url, ca, asked = apiserver
-    pem = tmp_path / "kubelet-client-current.pem"
-    _client_cert(ca, pem, "node-b")
-    _kubelet_conf(tmp_path / "kubelet.conf", url, ca.ca_cert, pem)
-    conflist = tmp_path / "net.d" / "10-gpufleet-bridge.conflist"
-    monkeypatch.setattr(script, "KUBECONFIG", str(tmp_path / "kubelet.conf"))
-    monkeypatch.setattr(script, "CONFLIST", str(conflist))
+    conflist = _as_node(script, apiserver, tmp_path, monkeypatch, "node-b")  # no such Node: 404
     monkeypatch.setattr(script, "DEADLINE_S", 0.5)
     monkeypatch.setattr(script, "INTERVAL_S", 0.1)
-    monkeypatch.setattr(script.socket, "gethostname", lambda: "node-b")  # no such Node: 404
     assert script.main() == 1
+    asked = apiserver[2]
     assert asked and set(asked) == {"/api/v1/nodes/node-b"}
     assert not conflist.exists()
     assert "no pod subnet for node-b" in capsys.readouterr().err
