@@ -66,6 +66,14 @@ def controller(
         str | None,
         typer.Option(help="Namespace of the evidence ConfigMaps; default: the event namespace."),
     ] = None,
+    adoption_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="First writes per second of healthy nodes it has never seen (their state "
+            "label and record; they are acted on at once); 0: each at once.",
+        ),
+    ] = 50.0,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run the lifecycle controller: faults -> cordon, drain, remediation ladder, verification.
@@ -102,6 +110,7 @@ def controller(
         ticket_retry_s=ticket_retry,
         ticket_retry_max_s=max(ticket_retry_max, ticket_retry),
         evidence_namespace=evidence_namespace,
+        adoption_writes_per_s=adoption_rate,
     )
     options = RunOptions(
         kubeconfig=kubeconfig_arg(kubeconfig),

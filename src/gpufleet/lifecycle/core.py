@@ -72,6 +72,9 @@ class ControllerSettings:
     """...up to this (the call is retried until the receiver acknowledges it)."""
     evidence_namespace: str | None = None
     """Where evidence bundles (ConfigMaps) are stored; None: the event namespace."""
+    adoption_writes_per_s: float = 50.0
+    """First writes of healthy nodes gpufleet has never seen, per second (decision 0124):
+    they are acted on at once and labelled at this pace; 0 writes each at once."""
 
 
 def _paused_default() -> Policy:
@@ -131,6 +134,10 @@ class ControllerCore:
         """Per booting Machine: the last stall announced by an Event (announced once)."""
         self._rejoin_checked: dict[str, str] = {}
         """Per Node with a Machine: the Ready transition whose join token was looked at."""
+        self.adoption_pending: dict[str, None] = {}
+        """Adopted healthy nodes whose first write waits its turn, oldest first (reconcile)."""
+        self._adoption_writer: asyncio.Task[None] | None = None
+        self._adopting_now: set[str] = set()
         """Per draining node: what the last DrainWaiting Event said (without numbers)."""
         self._policy_generation: tuple[Any, Any] = (None, None)
         self._saved_budget: dict[str, Any] | None = None

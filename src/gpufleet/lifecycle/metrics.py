@@ -28,6 +28,12 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.nodes = Gauge("gpufleet_nodes", "Nodes per lifecycle state.", ["state"], registry=r)
+        self.adoption_pending = Gauge(
+            "gpufleet_controller_adoption_pending",
+            "Healthy nodes the controller has adopted and acts on whose first write (state"
+            " label and record) still waits its turn (decision 0124).",
+            registry=r,
+        )
         self.faults = Counter(
             "gpufleet_controller_faults_total",
             "Fault occurrences the controller took into a decision, by fault key (what the"

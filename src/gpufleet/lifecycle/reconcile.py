@@ -5,10 +5,15 @@ the record, state label, cordon, taints and next agent request go to the Node in
 *one* merge patch guarded by ``resourceVersion``; a 409 undoes the fleet
 reservation, re-reads the Node and decides again. Only after that write does
 :meth:`~gpufleet.lifecycle.acting.Acting._after` act.
+
+A healthy node gpufleet has never seen is adopted at once (its record is in the
+fleet view, its faults are decided as they come) but written at a bounded pace
+(decision 0124): adopting 12,500 nodes must not be 12,500 writes in one burst.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,6 +52,7 @@ class NodePass(ControllerCore):
     def on_node_deleted(self, name: str) -> None:
         self.fleet.forget(name)
         self.bodies.pop(name, None)
+        self.adoption_pending.pop(name, None)
         task = self._drains.pop(name, None)
         if task is not None:
             task.cancel()
@@ -132,6 +138,9 @@ class NodePass(ControllerCore):
         if not new and nodes.apply_merge_patch(body, patch) == body:
             self._after(body, body, before, record, decisions, now)
             return
+        if new and not decisions and joined is None and self._defer_adoption(name, record):
+            self._after(body, body, before, record, decisions, now)
+            return
         log.debug(
             "node=%s write rv=%s state=%s pending=%s new=%s events=%s",
             name,
@@ -155,6 +164,49 @@ class NodePass(ControllerCore):
         if obs.request is not None:
             self._answer_operator(written, obs.request, before, events, decisions)
         self._after(body, written, before, record, decisions, now)
+
+    def _defer_adoption(self, name: str, record: NodeRecord) -> bool:
+        """Whether this first write waits its turn: a healthy node with nothing to decide.
+
+        Its record is already in the fleet view (budget, spares, breaker count it) and a
+        fault on it is decided and written at once; only the label and record that say
+        "adopted" wait. A node the provisioning service labelled, one with a fault and
+        one the writer is writing now are written as before.
+        """
+        if (
+            self.settings.adoption_writes_per_s <= 0
+            or record.state is not S.PRODUCTION
+            or name in self._adopting_now
+        ):
+            return False
+        self.adoption_pending[name] = None
+        self.metrics.adoption_pending.set(len(self.adoption_pending))
+        if self._adoption_writer is None:
+            self._adoption_writer = self._spawn(self._write_adoptions(), "adoption writes")
+        return True
+
+    async def _write_adoptions(self) -> None:
+        """Write the adopted nodes, oldest first, at ``adoption_writes_per_s``; ends when
+        none is left (the next adoption starts it again). A node written meanwhile (a
+        fault came) or deleted is skipped; a failed write is logged, and the node's next
+        event adopts it again."""
+        pause = 1.0 / self.settings.adoption_writes_per_s
+        while self.adoption_pending:
+            name = next(iter(self.adoption_pending))
+            del self.adoption_pending[name]
+            body = self.bodies.get(name)
+            if body is not None and nodes.record_of(body, self.clock.now())[1]:
+                self._adopting_now.add(name)
+                try:
+                    async with self._lock(name):
+                        await self._reconcile(self.bodies.get(name, body), extra=())
+                except ApiError as exc:
+                    log.warning("node=%s adoption not written: %s", name, exc)
+                finally:
+                    self._adopting_now.discard(name)
+            self.metrics.adoption_pending.set(len(self.adoption_pending))
+            await asyncio.sleep(pause)
+        self._adoption_writer = None
 
     def _answer_operator(
         self,
