@@ -125,6 +125,9 @@ class NodePass(ControllerCore):
                 record = d.record
             if not decisions:
                 self.fleet.put(record)
+        if new and not decisions and joined is None and self._defer_adoption(name, record):
+            self._after(body, body, before, record, decisions, now)
+            return
         actions = tuple(a for d in decisions for a in d.actions)
         patch = nodes.node_patch(body, record, actions, seen=obs.seen)
         if joined is not None:
@@ -136,9 +139,6 @@ class NodePass(ControllerCore):
         if obs.request is not None:  # removed in the write that stores its decision: once only
             patch["metadata"]["annotations"][well_known.ANNOTATION_OPERATOR_REQUEST] = None
         if not new and nodes.apply_merge_patch(body, patch) == body:
-            self._after(body, body, before, record, decisions, now)
-            return
-        if new and not decisions and joined is None and self._defer_adoption(name, record):
             self._after(body, body, before, record, decisions, now)
             return
         log.debug(
@@ -191,6 +191,8 @@ class NodePass(ControllerCore):
         fault came) or deleted is skipped; a failed write is logged, and the node's next
         event adopts it again."""
         pause = 1.0 / self.settings.adoption_writes_per_s
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         while self.adoption_pending:
             name = next(iter(self.adoption_pending))
             del self.adoption_pending[name]
@@ -205,7 +207,10 @@ class NodePass(ControllerCore):
                 finally:
                     self._adopting_now.discard(name)
             self.metrics.adoption_pending.set(len(self.adoption_pending))
-            await asyncio.sleep(pause)
+            # Paced by a schedule, so the time a write takes is not added to the pause
+            # (a slow apiserver lowers the pace; a fast one never raises it above the rate).
+            due = max(due + pause, loop.time() - pause)
+            await asyncio.sleep(max(0.0, due - loop.time()))
         self._adoption_writer = None
 
     def _answer_operator(
