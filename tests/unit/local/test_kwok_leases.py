@@ -24,7 +24,8 @@ def test_renewals_stay_within_the_budget_and_the_grace_outlasts_them(
     if lease == kube.MIN_LEASE_S:
         assert grace == []  # the controller-manager's own default, as with kubelets
     else:
-        assert int(grace[0].split("=")[1].rstrip("s")) > lease / 4
+        # Every renewal can be late by most of a lease before the node reads NotReady.
+        assert int(grace[0].split("=")[1].rstrip("s")) > lease
 
 
 def test_small_fleets_and_joinable_clusters_keep_the_kubelets_lease(
