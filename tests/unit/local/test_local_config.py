@@ -65,6 +65,9 @@ def test_nodes_without_slurmd_are_one_line_with_one_shared_port(tmp_path: Path) 
     assert "Port=7999" in node_lines[-1]
     assert "PartitionName=batch Nodes=gpu-node-[0000-9999],gpu-node-[10000-12499] " in conf
     assert len(conf) < 10_000  # not a line per node: every Slurm command parses this file
+    # slurmctld pings every node a third of SlurmdTimeout apart; 12,498 never answer.
+    assert f"SlurmdTimeout={slurm.SLURMD_TIMEOUT_WITHOUT_SLURMD}" in conf
+    assert "SlurmdTimeout=5" in slurm.render_slurm_conf(_layout(tmp_path, nodes=2))
 
 
 def test_gres_conf_points_at_character_device_paths(tmp_path: Path) -> None:
