@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -405,10 +406,10 @@ def run_one(
                 print(f"controller log: {kept}")
 
 
-def metric_or_none(ctl: ControllerProcess, read: Any) -> float | None:
-    """A figure from the controller's /metrics, or None while it does not answer yet."""
+def metric_or_none(read: Callable[[], float | None]) -> float | None:
+    """A figure read from a controller's /metrics, or None while it does not answer yet."""
     try:
-        return float(read(ctl.metrics()))
+        return read()
     except httpx.HTTPError:
         return None
 
@@ -424,7 +425,7 @@ def adopt(
     n = len(names)
     wait_for(
         "every record held",
-        lambda: (metric_or_none(ctl, records_held) or 0) >= n,
+        lambda: (metric_or_none(lambda: records_held(ctl.metrics())) or 0) >= n,
         timeout=900,
         step=0.5,
     )
@@ -440,20 +441,12 @@ def adopt(
     cordoned = time.monotonic()
     wait_for(
         "every adoption written",
-        lambda: metric_or_none(ctl, adoption_pending) == 0,
+        lambda: metric_or_none(lambda: ctl.metric("gpufleet_controller_adoption_pending ")) == 0,
         timeout=3600,
         step=2.0,
     )
     wait_for("every node labelled", lambda: labelled(api) >= n, timeout=600, step=2.0)
     return cordoned - started, probe_ms, time.monotonic() - started
-
-
-def adoption_pending(metrics: str) -> float:
-    """The controller's ``gpufleet_controller_adoption_pending``."""
-    for line in metrics.splitlines():
-        if line.startswith("gpufleet_controller_adoption_pending "):
-            return float(line.rsplit(" ", 1)[1])
-    raise ValueError("no gpufleet_controller_adoption_pending in /metrics")
 
 
 def records_held(metrics: str) -> float:
@@ -475,14 +468,12 @@ def restart(
     started = time.monotonic()
     fresh = ControllerProcess(info, logs, policy="bench").start()
     try:
-
-        def held() -> bool:
-            try:
-                return records_held(fresh.metrics()) >= n
-            except httpx.HTTPError:
-                return False
-
-        wait_for("every record held again", held, timeout=600, step=0.5)
+        wait_for(
+            "every record held again",
+            lambda: (metric_or_none(lambda: records_held(fresh.metrics())) or 0) >= n,
+            timeout=600,
+            step=0.5,
+        )
         took = time.monotonic() - started
         return took, api_requests(fresh.metrics())
     finally:

@@ -128,6 +128,7 @@ class ControllerCore:
         self._slurm_heard: dict[str, tuple[str | None, float]] = {}
         """Per draining node: the last Slurm report seen and when (monotonic, this process)."""
         self._drain_said: dict[str, str] = {}
+        """Per draining node: what the last DrainWaiting Event said (without numbers)."""
         self.booting: dict[str, Json] = {}
         """Machines with a boot in progress, as last seen by the Machine watch (boot_watchdog)."""
         self._boot_said: dict[str, str] = {}
@@ -137,13 +138,14 @@ class ControllerCore:
         self.adoption_pending: dict[str, None] = {}
         """Adopted healthy nodes whose first write waits its turn, oldest first (reconcile)."""
         self._adoption_writer: asyncio.Task[None] | None = None
+        """The task writing them (None: none pending, it ended)."""
         self._adopting_now: set[str] = set()
-        """Per draining node: what the last DrainWaiting Event said (without numbers)."""
+        """The node the writer is writing: its first write is not deferred again."""
         self._policy_generation: tuple[Any, Any] = (None, None)
         self._saved_budget: dict[str, Any] | None = None
+        """The budget part of the last FleetPolicy status saved (saved again when it changes)."""
         self._policy_conditions: list[dict[str, Any]] | None = None
         """The FleetPolicy's status conditions as last written (None: not read yet)."""
-        """The budget part of the last FleetPolicy status saved (saved again when it changes)."""
         self._breaker_reset_done: tuple[str, float] | None = None
         """(id, at) of the last breaker reset answered: a watch event that still shows it
         (before its removal lands) is not answered twice."""

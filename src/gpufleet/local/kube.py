@@ -396,8 +396,8 @@ def _node_monitor_flags(layout: KubeLayout) -> list[str]:
     the kubelet's own ratio (40 s leases renewed every 10 s, 50 s of grace). A quarter of
     the lease plus 40 s was too thin: with 12,500 nodes on a loaded machine KWOK renewed
     late and thousands of nodes flapped NotReady."""
-    lease = node_lease_seconds(layout)
-    if layout.joinable or lease == MIN_LEASE_S:
+    lease = node_lease_seconds(layout)  # a joinable cluster's is MIN_LEASE_S
+    if lease == MIN_LEASE_S:
         return []
     return [f"--node-monitor-grace-period={lease + 10}s"]
 

@@ -47,8 +47,8 @@ VERSIONS = ("22.05", slurm_root_fs.SLURM_VERSION)
 
 
 SLURMD_TIMEOUT_WITHOUT_SLURMD = 300
-"""SlurmdTimeout of a cluster with nodes that have no slurmd (decision 0122): slurmctld
-pings every node each third of it, and those never answer."""
+"""SlurmdTimeout of a cluster with nodes that have no slurmd (``defined_only``, a scale
+bench): slurmctld pings every node each third of it, and those never answer."""
 
 
 @dataclass(frozen=True)
