@@ -51,6 +51,10 @@ class FakeSlurm(SlurmRestPort, ScontrolPort):
         self.refuse_requeue: set[int] = set()
         self.reads: list[str] = []
         """Node names read one by one; ``*`` for a read of every node."""
+        self.unchanged = False
+        """Answer reads "changed since" with "nothing changed" (slurmrestd's 304)."""
+        self.since: list[float] = []
+        """The ``since`` of every "changed since" read of the nodes."""
         self.calls: list[tuple[str, ...]] = []
         """scontrol writes: ``(verb, hostlist[, reason])``."""
         self.requeued: list[int] = []
@@ -79,6 +83,12 @@ class FakeSlurm(SlurmRestPort, ScontrolPort):
         self._up()
         return dict(self.views)
 
+    async def nodes_if_changed(self, since: float) -> dict[str, slurm_sync.SlurmView] | None:
+        """Like slurmrestd with ``update_time``: None (304) while :attr:`unchanged` is set."""
+        self.since.append(since)
+        self._up()
+        return None if self.unchanged else await self.nodes()
+
     async def node(self, name: str) -> slurm_sync.SlurmView | None:
         self.reads.append(name)
         self._up()
@@ -87,6 +97,10 @@ class FakeSlurm(SlurmRestPort, ScontrolPort):
     async def running_jobs(self) -> list[slurm_sync.JobView]:
         self._up()
         return list(self.jobs)
+
+    async def running_jobs_if_changed(self, since: float) -> list[slurm_sync.JobView] | None:
+        self._up()
+        return None if self.unchanged else await self.running_jobs()
 
     # -- scontrol ------------------------------------------------------------------------
 

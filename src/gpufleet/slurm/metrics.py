@@ -52,6 +52,14 @@ class SyncerMetrics:
             buckets=_POLL_BUCKETS,
             registry=r,
         )
+        self.poll_reads = Counter(
+            "gpufleet_syncer_poll_reads_total",
+            "Successful polls by what Slurm sent: full (every node and job, read every"
+            " full pass), changed (asked for changes only: something changed), unchanged"
+            " (nothing changed: the view held is kept, nothing parsed).",
+            ["read"],
+            registry=r,
+        )
         self.passes = Counter(
             "gpufleet_syncer_passes_total",
             "Passes of the Slurm loop finished (a poll, then every managed node reconciled;"

@@ -39,12 +39,21 @@ class SlurmRestPort(Protocol):
         """Every node's view, by name."""
         ...
 
+    async def nodes_if_changed(self, since: float) -> dict[str, slurm_sync.SlurmView] | None:
+        """Every node's view if a node changed after ``since`` (epoch seconds); None when
+        Slurm says nothing did."""
+        ...
+
     async def node(self, name: str) -> slurm_sync.SlurmView | None:
         """One node, read fresh (before a write); None when Slurm does not know it."""
         ...
 
     async def running_jobs(self) -> list[slurm_sync.JobView]:
         """The jobs that hold nodes now."""
+        ...
+
+    async def running_jobs_if_changed(self, since: float) -> list[slurm_sync.JobView] | None:
+        """The jobs that hold nodes now if a job changed after ``since``; else None."""
         ...
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +87,44 @@ class RestConfig:
     is one process: a burst of concurrent connections is refused (ConnectTimeout),
     which the syncer must read as "Slurm unknown"; a queue here is not. The wait
     for a slot does not count against ``timeout_s``."""
+    first_collection_timeout_s: float = 30.0
+    """A whole collection's (``/nodes``, ``/jobs``) first read, before any was timed:
+    at 12,500 nodes slurmrestd takes longer than ``timeout_s`` to answer ``/nodes``.
+    ``connect`` has already had a ping answered within ``timeout_s``, so a frozen
+    server does not get this long."""
+    collection_timeout_factor: float = 4.0
+    """Later collection reads may take this many times the last one that succeeded
+    (never less than ``timeout_s``), so a server that stops answering is still
+    noticed within a few of its own read times."""
+    max_collection_timeout_s: float = 60.0
+
+
+class CollectionTimeout:
+    """How long one collection read may take, learned from the last reads that succeeded.
+
+    A fixed timeout is wrong at one end of the fleet range or the other: 2 s fails every
+    ``/nodes`` read at 12,500 nodes (the view is then unknown and nothing is drained), and
+    30 s leaves a frozen slurmrestd unnoticed for 30 s at 4 nodes. So: the first read is
+    allowed ``first_collection_timeout_s``; after a success, ``factor`` times what it took
+    (at least ``timeout_s``); after a timeout of a server that still answers a ping, twice
+    the last allowance, up to the maximum, so a fleet that grew between two reads is read
+    again rather than never."""
+
+    def __init__(self, config: RestConfig) -> None:
+        self._config = config
+        self._allowed = max(config.timeout_s, config.first_collection_timeout_s)
+
+    @property
+    def seconds(self) -> float:
+        return self._allowed
+
+    def succeeded(self, took_s: float) -> None:
+        c = self._config
+        learned = c.collection_timeout_factor * took_s
+        self._allowed = min(c.max_collection_timeout_s, max(c.timeout_s, learned))
+
+    def timed_out(self) -> None:
+        self._allowed = min(self._config.max_collection_timeout_s, 2 * self._allowed)
 
 
 def node_view(raw: Mapping[str, Any]) -> slurm_sync.SlurmView:
@@ -158,6 +197,7 @@ class SlurmRest:
             ),
         )
         self._slots = asyncio.Semaphore(config.max_in_flight)
+        self._collection_timeouts: dict[str, CollectionTimeout] = {}
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -167,12 +207,50 @@ class SlurmRest:
         """Whether the negotiated version has node update and reconfigure (v0.0.40+)."""
         return self.version is not None and version_key(self.version) >= NODE_UPDATES_SINCE
 
-    async def _get(self, path: str) -> dict[str, Any]:
+    def collection_timeout(self, name: str) -> CollectionTimeout:
+        """The learned allowance for reading collection ``name`` (``nodes``, ``jobs``)."""
+        if name not in self._collection_timeouts:
+            self._collection_timeouts[name] = CollectionTimeout(self.config)
+        return self._collection_timeouts[name]
+
+    async def _get(
+        self,
+        path: str,
+        *,
+        learned: CollectionTimeout | None = None,
+        since: float | None = None,
+    ) -> dict[str, Any]:
+        """One read; with ``learned``, under that allowance and teaching it this read's time.
+
+        With ``since`` (epoch seconds) Slurm is asked for the data only if it changed after
+        that (``update_time``); an answer of 304 Not Modified raises :class:`Unchanged`."""
+        params = {"update_time": str(int(since))} if since is not None else None
         try:
             async with self._slots:
-                resp = await self._client.get(path)
+                started = time.monotonic()
+                if learned is None:
+                    resp = await self._client.get(path, params=params)
+                else:
+                    resp = await self._client.get(path, params=params, timeout=learned.seconds)
+                took = time.monotonic() - started
+        except httpx.TimeoutException as e:
+            if learned is None:
+                raise SlurmUnavailable(f"slurmrestd {self.config.url}{path}: {e!r}") from e
+            allowed = learned.seconds
+            if await self._answers_ping():
+                learned.timed_out()  # alive, only slower than its last read: more time
+                after = f"it answers a ping: the next read may take {learned.seconds:g} s"
+            else:
+                after = "no answer to a ping either"
+            raise SlurmUnavailable(
+                f"slurmrestd {self.config.url}{path}: no answer within {allowed:g} s ({after})"
+            ) from e
         except httpx.HTTPError as e:
             raise SlurmUnavailable(f"slurmrestd {self.config.url}{path}: {e!r}") from e
+        if since is not None and resp.status_code == 304:
+            raise Unchanged(path)  # not a full read: teaches the allowance nothing
+        if learned is not None and resp.status_code == 200:
+            learned.succeeded(took)
         if resp.status_code != 200:
             raise SlurmUnavailable(
                 f"slurmrestd {path}: HTTP {resp.status_code} {resp.text[:200]!r}"
@@ -229,13 +307,37 @@ class SlurmRest:
     async def ping(self) -> dict[str, Any]:
         return await self._get(self._list("ping"))
 
+    async def _answers_ping(self) -> bool:
+        """Whether slurmrestd answers a ping within ``timeout_s``: after a collection read
+        ran out, it tells a server that is slower than before (more time next read) from
+        one that is frozen (the same allowance: a frozen server is then noticed as fast on
+        every poll, not after ever longer waits)."""
+        try:
+            await self.ping()
+        except SlurmUnavailable:
+            return False
+        return True
+
+    async def _read_collection(self, name: str, since: float | None = None) -> dict[str, Any]:
+        return await self._get(self._list(name), learned=self.collection_timeout(name), since=since)
+
     async def raw_nodes(self) -> list[dict[str, Any]]:
-        data = await self._get(self._list("nodes"))
+        data = await self._read_collection("nodes")
         return list(data.get("nodes") or [])
 
     async def nodes(self) -> dict[str, slurm_sync.SlurmView]:
         """Every node's view. ``/nodes`` rather than ``/node/{name}``: see :meth:`node`."""
         return {str(n["name"]): node_view(n) for n in await self.raw_nodes()}
+
+    async def nodes_if_changed(self, since: float) -> dict[str, slurm_sync.SlurmView] | None:
+        """Every node's view if any node changed after ``since`` (epoch seconds, slurmctld's
+        clock), else None: slurmctld answers "no change" without packing 12,500 nodes and
+        the syncer parses nothing."""
+        try:
+            data = await self._read_collection("nodes", since)
+        except Unchanged:
+            return None
+        return {str(n["name"]): node_view(n) for n in data.get("nodes") or []}
 
     async def node(self, name: str) -> slurm_sync.SlurmView | None:
         """One node, fresh (before a write). In 22.05 this endpoint may report the base
@@ -248,12 +350,20 @@ class SlurmRest:
         return None
 
     async def raw_jobs(self) -> list[dict[str, Any]]:
-        data = await self._get(self._list("jobs"))
+        data = await self._read_collection("jobs")
         return list(data.get("jobs") or [])
 
     async def running_jobs(self) -> list[slurm_sync.JobView]:
         """Jobs holding nodes (finished jobs stay in ``/jobs`` for MinJobAge: filtered here)."""
         return [job_view(j) for j in await self.raw_jobs() if is_running(j)]
+
+    async def running_jobs_if_changed(self, since: float) -> list[slurm_sync.JobView] | None:
+        """:meth:`running_jobs` if any job changed after ``since``, else None."""
+        try:
+            data = await self._read_collection("jobs", since)
+        except Unchanged:
+            return None
+        return [job_view(j) for j in data.get("jobs") or [] if is_running(j)]
 
     # -- writes (v0.0.40+) ---------------------------------------------------------
 
@@ -310,6 +420,11 @@ class SlurmRest:
     async def reconfigure(self) -> None:
         self._require_updates()
         await self._send("GET", self._list("reconfigure"))
+
+
+class Unchanged(Exception):
+    """slurmrestd answered 304 Not Modified to a read with ``update_time``: nothing in the
+    collection changed since. Internal to this module (the public reads return None)."""
 
 
 def _collection(version: str, name: str) -> str:

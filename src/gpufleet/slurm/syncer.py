@@ -110,7 +110,14 @@ class SyncSettings:
     """The poll (``/nodes``, ``/jobs``, the reconciles it starts) takes at most this share
     of the syncer's time: after a pass of ``t`` seconds the next starts no sooner than
     ``t / max_poll_share`` later (at least ``poll_interval_s``). A large fleet is then
-    polled less often instead of the syncer spending a core on it."""
+    polled less often instead of the syncer spending a core on it. A failed poll (no
+    answer: time spent waiting, not working) is followed by the plain interval."""
+    changed_since_margin_s: float = 30.0
+    """Between full reads (one every ``full_pass_s``) a poll asks slurmrestd for nodes and
+    jobs only if they changed since the previous successful poll began, less this margin
+    (``update_time``; 304 Not Modified when nothing did): the syncer's and slurmctld's
+    clocks may differ by up to this much without a change being missed. A negative value
+    reads everything on every poll."""
     reservation_interval_s: float = 15.0
     """Seconds between passes over the MaintenancePlans' Slurm reservations
     (:mod:`gpufleet.slurm.reservations`); 0 turns them off."""
@@ -179,6 +186,11 @@ class Syncer:
         """Per node, what its last poll-driven reconcile saw (Node resourceVersion, Slurm
         view, job ids) while it was at rest: the same again needs no reconcile."""
         self._last_full_pass = float("-inf")
+        self._last_full_read = float("-inf")
+        """When (monotonic) the last poll read every node and job in full."""
+        self._view_current_at: float | None = None
+        """When (epoch seconds) the last successful poll began: the view held is Slurm's
+        as of then (a later "unchanged" answer is relative to it)."""
         self.stats = SyncStats()
         self.metrics = metrics or SyncerMetrics()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -272,17 +284,18 @@ class Syncer:
         """Refresh the Slurm snapshot; on failure forget it (fail closed)."""
         m = self.metrics
         started = self.clock.monotonic()
+        began = self.clock.now()
         try:
             if self.rest.version is None:
                 await self.rest.connect()
-            views = await self.rest.nodes()
-            jobs = await self.rest.running_jobs()
+            views, jobs, full = await self._read_views()
         except SlurmUnavailable as e:
             if self.stats.slurm_up or self.slurm is not None:
                 log.warning("slurm view unknown, failing closed: %s", e)
             self.stats.slurm_errors += 1
             self.stats.slurm_up = False
             self.slurm, self.jobs = None, None
+            self._view_current_at = None
             m.poll_seconds.labels(result="failed").observe(self.clock.monotonic() - started)
             m.slurm_errors.labels(op="poll").inc()
             m.slurm_up.set(0)
@@ -290,10 +303,45 @@ class Syncer:
         if not self.stats.slurm_up:
             log.info("slurm view available (%d nodes, API %s)", len(views), self.rest.version)
         self.stats.slurm_up = True
-        self.slurm, self.jobs = views, jobs
+        read = "full" if full else "changed"
+        if views is self.slurm and jobs is self.jobs:
+            read = "unchanged"
+        self.slurm = views
+        if jobs is not self.jobs:
+            self.jobs = jobs  # re-indexes the jobs by node
+        self._view_current_at = began
+        if full:
+            self._last_full_read = started
         m.poll_seconds.labels(result="ok").observe(self.clock.monotonic() - started)
+        m.poll_reads.labels(read=read).inc()
         m.slurm_up.set(1)
         return True
+
+    async def _read_views(
+        self,
+    ) -> tuple[dict[str, slurm_sync.SlurmView], list[slurm_sync.JobView], bool]:
+        """Nodes and running jobs, and whether both were read in full. Between full reads
+        (every ``full_pass_s``) slurmrestd is asked only for what changed since the view
+        held was current (less the clock margin); "unchanged" keeps the view held, so an
+        idle 12,500-node fleet costs slurmctld no packing and the syncer no parsing."""
+        margin = self.settings.changed_since_margin_s
+        held_nodes, held_jobs, current_at = self.slurm, self.jobs, self._view_current_at
+        if (
+            margin < 0
+            or held_nodes is None
+            or held_jobs is None
+            or current_at is None
+            or self.clock.monotonic() - self._last_full_read >= self.settings.full_pass_s
+        ):
+            return await self.rest.nodes(), await self.rest.running_jobs(), True
+        since = current_at - margin
+        views = await self.rest.nodes_if_changed(since)
+        jobs = await self.rest.running_jobs_if_changed(since)
+        return (
+            held_nodes if views is None else views,
+            held_jobs if jobs is None else jobs,
+            False,
+        )
 
     # -- one node ----------------------------------------------------------------------
 
@@ -681,7 +729,8 @@ class Syncer:
     async def slurm_loop(self) -> None:
         while True:
             started = self.clock.monotonic()
-            if await self.poll_slurm() and self.nodes:
+            polled = await self.poll_slurm()
+            if polled and self.nodes:
                 names = self.due_for_pass([n for n in self.nodes if self.managed(n)])
                 self.stats.reconciles += len(names)
                 await asyncio.gather(*(self.reconcile(n) for n in names))
@@ -692,7 +741,10 @@ class Syncer:
             self.stats.passes += 1
             self.metrics.passes.inc()
             elapsed = self.clock.monotonic() - started
-            await asyncio.sleep(poll_pause(elapsed, self.settings))
+            # A failed poll spent its time waiting for an answer, not working: the next
+            # one comes after the plain interval, so a Slurm that is back is seen soon.
+            pause = poll_pause(elapsed, self.settings) if polled else self.settings.poll_interval_s
+            await asyncio.sleep(pause)
 
     def observe_views(self) -> None:
         """Set the node gauges from the views as they stand (after each poll pass)."""

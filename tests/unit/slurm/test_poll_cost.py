@@ -95,3 +95,58 @@ def test_a_slow_poll_stretches_the_pause_after_it() -> None:
     assert poll_pause(0.1, settings) == 0.9  # a quick poll: the rest of the interval
     assert poll_pause(2.0, settings) == 8.0  # a 2 s poll: polling stays at 20% of the time
     assert poll_pause(5.0, SyncSettings(poll_interval_s=1.0, max_poll_share=1.0)) == 0.05
+
+
+def test_between_full_reads_a_poll_asks_only_for_changes_and_keeps_the_view_it_holds() -> None:
+    """At rest slurmrestd answers "unchanged" (304) and the syncer keeps its view, parsing
+    nothing; every ``full_pass_s`` it reads everything; after a failed poll it reads
+    everything; the "since" it asks about is when its view was current, less the margin."""
+    clock = ManualClock(1_800_000_000.0)
+    s, slurm = make(10, clock)
+    s.slurm, s.jobs = None, None  # a syncer that has not polled yet
+
+    async def poll() -> bool:
+        return await s.poll_slurm()
+
+    assert asyncio.run(poll()) and slurm.reads == ["*"] and slurm.since == []
+    held = s.slurm
+    slurm.unchanged = True
+    clock.advance(5)
+    assert asyncio.run(poll())
+    assert slurm.reads == ["*"], "asked for changes only"
+    assert slurm.since == [1_800_000_000.0 - s.settings.changed_since_margin_s]
+    assert s.slurm is held, "an unchanged answer keeps the view held"
+    clock.advance(5)
+    asyncio.run(poll())
+    assert slurm.since[-1] == 1_800_000_005.0 - s.settings.changed_since_margin_s
+    # A change: Slurm answers with every node; the view is replaced.
+    slurm.unchanged = False
+    slurm.views[next(iter(slurm.views))] = slurm_sync.SlurmView("down", frozenset(), "x")
+    clock.advance(5)
+    asyncio.run(poll())
+    assert s.slurm is not held and s.slurm == slurm.views
+    # The safety net: a full read every full_pass_s, whatever Slurm says.
+    slurm.unchanged = True
+    reads = len(slurm.reads)
+    clock.advance(s.settings.full_pass_s)
+    asyncio.run(poll())
+    assert len(slurm.reads) == reads + 1 and slurm.reads[-1] == "*"
+    # A failed poll forgets the view (fail closed); the next poll reads in full.
+    slurm.down = True
+    clock.advance(1)
+    assert not asyncio.run(poll()) and s.slurm is None
+    slurm.down = False
+    since = len(slurm.since)
+    clock.advance(1)
+    assert asyncio.run(poll()) and slurm.reads[-1] == "*" and len(slurm.since) == since
+
+
+def test_a_negative_margin_reads_everything_on_every_poll() -> None:
+    clock = ManualClock(1_800_000_000.0)
+    s, slurm = make(4, clock)
+    s.settings = replace(s.settings, changed_since_margin_s=-1)
+    slurm.unchanged = True
+    for _ in range(3):
+        clock.advance(1)
+        asyncio.run(s.poll_slurm())
+    assert slurm.since == [] and slurm.reads == ["*", "*", "*"]
