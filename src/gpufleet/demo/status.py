@@ -32,8 +32,8 @@ class FleetStatus:
     (name, node, why). Shown apart, never counted as repairs."""
     partitions: list[tuple[str, str, str]] = field(default_factory=list)
     """(partition, avail, node counts: allocated/idle/other/total)."""
-    breakers: list[tuple[str, bool, int]] = field(default_factory=list)
-    """(FleetPolicy, open, faulting nodes)."""
+    breakers: list[tuple[str, bool, int, int]] = field(default_factory=list)
+    """(FleetPolicy, open, faulting nodes, nodes whose fault the rails withheld)."""
 
 
 def _ago(stamp: str | None, now: float) -> str:
@@ -119,9 +119,20 @@ def gather(info: ClusterInfo) -> FleetStatus:
         found = answered(api, f"{GV}/fleetpolicies")
         if found is not None:
             for item in found.get("items") or []:
-                b = (item.get("status") or {}).get("breaker") or {}
+                status = item.get("status") or {}
+                b = status.get("breaker") or {}
+                waiting = sum(
+                    int(p.get("waiting") or 0)
+                    for p in (status.get("budget") or {}).values()
+                    if isinstance(p, dict)
+                )
                 st.breakers.append(
-                    (item["metadata"]["name"], bool(b.get("open")), int(b.get("faultingNodes", 0)))
+                    (
+                        item["metadata"]["name"],
+                        bool(b.get("open")),
+                        int(b.get("faultingNodes", 0)),
+                        waiting,
+                    )
                 )
     finally:
         api.close()
@@ -162,7 +173,8 @@ def to_data(st: FleetStatus) -> dict[str, object]:
             {"name": n, "avail": avail, "nodes": counts(c)} for n, avail, c in st.partitions
         ],
         "breakers": [
-            {"fleetPolicy": n, "open": is_open, "faultingNodes": f} for n, is_open, f in st.breakers
+            {"fleetPolicy": n, "open": is_open, "faultingNodes": f, "faultsWaiting": w}
+            for n, is_open, f, w in st.breakers
         ],
     }
 
@@ -186,9 +198,14 @@ def render(st: FleetStatus, *, wide: bool = False) -> Group:
     foreign = Table("NODEREMEDIATION", "NODE", "WHY IGNORED", box=None)
     for frow in st.not_ours:
         foreign.add_row(*(Text(c) for c in frow))
-    brk = Table("FLEETPOLICY", "BREAKER", "FAULTING NODES", box=None)
-    for name, is_open, faulting in st.breakers:
-        brk.add_row(name, "[red]OPEN[/red]" if is_open else "[green]closed[/green]", str(faulting))
+    brk = Table("FLEETPOLICY", "BREAKER", "FAULTING NODES", "FAULTS WAITING", box=None)
+    for name, is_open, faulting, waiting in st.breakers:
+        brk.add_row(
+            name,
+            "[red]OPEN[/red]" if is_open else "[green]closed[/green]",
+            str(faulting),
+            f"[yellow]{waiting}[/yellow]" if waiting else "0",
+        )
     return Group(
         Panel(states, title="fleet by state", title_align="left"),
         Panel(out if st.out else "none", title="nodes out", title_align="left"),
@@ -205,7 +222,7 @@ def render(st: FleetStatus, *, wide: bool = False) -> Group:
         Panel(parts if st.partitions else "no Slurm", title="Slurm", title_align="left"),
         Panel(
             brk if st.breakers else "no FleetPolicy",
-            title="circuit breaker",
+            title="safety rails",
             title_align="left",
         ),
     )

@@ -89,6 +89,12 @@ class Metrics:
         self.budget_allowed = Gauge(
             "gpufleet_budget_allowed", "Disruption budget, per pool.", ["pool"], registry=r
         )
+        self.faults_waiting = Gauge(
+            "gpufleet_faults_waiting",
+            "Nodes holding a fault a safety rail withheld (retried every tick), per pool.",
+            ["pool"],
+            registry=r,
+        )
         self.breaker_open = Gauge(
             "gpufleet_breaker_open", "1 while the circuit breaker is open.", registry=r
         )

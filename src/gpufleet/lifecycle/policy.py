@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -175,15 +176,8 @@ class PolicyKeeping(ControllerCore):
         fleet = self.fleet
         fleet.dirty_breaker = False
         b = fleet.breaker
-        view = fleet.view()
-        budget = {
-            pool: {
-                "size": p.size,
-                "outOfService": p.out_of_service,
-                "allowed": self.policy.safety.budget.allowed(p.size),
-            }
-            for pool, p in view.pools.items()
-        }
+        budget = self._budget_use()
+        waiting, why = self._waiting()
         status: Json = {
             "breaker": {
                 "open": b.is_open,
@@ -203,6 +197,10 @@ class PolicyKeeping(ControllerCore):
                 generation=self._policy_generation[1],
             ),
         }
+        status["conditions"] = self._set_policy_condition(
+            "FaultsWaiting", *_waiting_condition(sum(waiting.values()), why),
+            generation=self._policy_generation[1],
+        )  # fmt: skip
         try:
             await self.client.patch(
                 _POLICIES, self.settings.policy_name, {"status": status}, status=True
@@ -224,12 +222,11 @@ class PolicyKeeping(ControllerCore):
         b = self.fleet.breaker
         m.breaker_open.set(1 if b.is_open else 0)
         m.breaker_nodes.set(b.faulting_nodes())
-        budget: dict[str, dict[str, int]] = {}
-        for pool, p in self.fleet.view().pools.items():
-            allowed = self.policy.safety.budget.allowed(p.size)
-            m.budget_out.labels(pool=pool).set(p.out_of_service)
-            m.budget_allowed.labels(pool=pool).set(allowed)
-            budget[pool] = {"size": p.size, "outOfService": p.out_of_service, "allowed": allowed}
+        budget = self._budget_use()
+        for pool, use in budget.items():
+            m.budget_out.labels(pool=pool).set(use["outOfService"])
+            m.budget_allowed.labels(pool=pool).set(use["allowed"])
+            m.faults_waiting.labels(pool=pool).set(use["waiting"])
         if self.policy_seen and budget != self._saved_budget:
             self.fleet.dirty_breaker = True  # "dirty status": saved by the coalescing saver
             try:
@@ -237,6 +234,33 @@ class PolicyKeeping(ControllerCore):
             except RuntimeError:  # called outside the event loop: the next pass saves it
                 return
             self._schedule_status_save()
+
+    def _budget_use(self) -> dict[str, dict[str, int]]:
+        """Per pool: its size, the nodes automation holds out, how many it may, and how
+        many nodes wait with a fault the rails withheld (the status's ``budget``)."""
+        waiting, _ = self._waiting()
+        return {
+            pool: {
+                "size": p.size,
+                "outOfService": p.out_of_service,
+                "allowed": self.policy.safety.budget.allowed(p.size),
+                "waiting": waiting.get(pool, 0),
+            }
+            for pool, p in self.fleet.view().pools.items()
+        }
+
+    def _waiting(self) -> tuple[Counter[str], Counter[str]]:
+        """Nodes holding a fault a safety rail withheld (kept, retried every tick: never
+        dropped), counted per pool and per rail. Read from the tick's index, which holds
+        every such node, so this costs what the busy nodes cost, not the fleet."""
+        by_pool: Counter[str] = Counter()
+        by_rail: Counter[str] = Counter()
+        for name, record in self.fleet.ticking():
+            if record.pending is None:
+                continue
+            by_pool[record.pool] += 1
+            by_rail[self._held_said.get(name, "to be decided again").split(":", 1)[0]] += 1
+        return by_pool, by_rail
 
     def _schedule_status_save(self) -> None:
         """Save the fleet status soon, coalescing bursts: one write in flight at most."""
@@ -249,6 +273,19 @@ class PolicyKeeping(ControllerCore):
             await self.save_fleet_status()
             if self.fleet.dirty_breaker:
                 await asyncio.sleep(self.settings.status_save_delay_s)
+
+
+def _waiting_condition(waiting: int, why: Counter[str]) -> tuple[Status, str, str]:
+    """The ``FaultsWaiting`` condition: whether nodes wait for the rails, and which."""
+    if not waiting:
+        return "False", "NoneWaiting", "no node waits with a withheld fault"
+    rails = ", ".join(f"{rail} {n}" for rail, n in sorted(why.items()))
+    return (
+        "True",
+        "RailsHold",
+        f"{waiting} node(s) wait with a fault the safety rails withheld ({rails}); each is"
+        " acted on as soon as the rails allow (its ActionWithheld Event says what waits)",
+    )
 
 
 def _breaker_request(text: str) -> tuple[float, str, str, str] | str:

@@ -154,7 +154,7 @@ def test_fleet_status_as_data() -> None:
         by_state=Counter({"production": 3, "remediating": 1}),
         out=[("gpu-node-0003", "remediating", "xid 79", "GpuProblem: Xid79")],
         partitions=[("batch", "up", "2/1/1/4")],
-        breakers=[("default", False, 1)],
+        breakers=[("default", False, 1, 2)],
     )
     d = fleet_status.to_data(st)
     assert d["nodesByState"] == {"production": 3, "remediating": 1}
@@ -165,7 +165,9 @@ def test_fleet_status_as_data() -> None:
             "nodes": {"allocated": 2, "idle": 1, "other": 1, "total": 4},
         }
     ]
-    assert d["breakers"] == [{"fleetPolicy": "default", "open": False, "faultingNodes": 1}]
+    assert d["breakers"] == [
+        {"fleetPolicy": "default", "open": False, "faultingNodes": 1, "faultsWaiting": 2}
+    ]
     assert d["nodesOut"][0]["why"] == "xid 79"
 
 
