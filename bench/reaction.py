@@ -25,6 +25,10 @@ cordoned, and until each has walked its ladder to a resting state. Run:
     .venv/bin/python bench/reaction.py --nodes 500
     .venv/bin/python bench/reaction.py --nodes 500 2000 5000 --samples 200
     .venv/bin/python bench/reaction.py --nodes 12500 --samples 32 --burst
+    .venv/bin/python bench/reaction.py --nodes 12500 --rounds 32 100 1000/60
+
+``--rounds`` runs several rounds on one cluster, one after another, each on nodes not
+faulted before (a burst of 32, of 100, then 1,000 spread over a minute).
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -60,7 +63,7 @@ from integration.controller_harness import (  # noqa: E402
     put_policy,
     wait_for,
 )
-from procstat import process_cpu_seconds  # noqa: E402 (bench/, the script's directory)
+from procstat import process_cpu_seconds, profile  # noqa: E402 (bench/, the script's directory)
 
 WRITES = ("POST", "PATCH", "PUT", "DELETE")
 RESTING = ("triage", "rma", "production", "maintenance")
@@ -119,13 +122,25 @@ def rss_mib(pid: int, key: str = "VmRSS") -> float:
     return 0.0
 
 
-def histogram_quantiles(text: str, name: str) -> tuple[float, float]:
-    """p50 and p99 upper bounds from a Prometheus histogram's cumulative buckets."""
-    buckets: list[tuple[float, float]] = []
+def histogram_counts(text: str, name: str) -> dict[float, float]:
+    """A Prometheus histogram's cumulative bucket counts by upper bound."""
+    out: dict[float, float] = {}
     for line in text.splitlines():
         if line.startswith(f"{name}_bucket{{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((float(le), float(line.rsplit(" ", 1)[1])))
+            out[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def histogram_quantiles(
+    text: str, name: str, since: dict[float, float] | None = None
+) -> tuple[float, float]:
+    """p50 and p99 upper bounds from a Prometheus histogram's cumulative buckets (of the
+    observations after ``since``, the counts read earlier, when given)."""
+    before = since or {}
+    buckets = sorted(
+        (le, n - before.get(le, 0.0)) for le, n in histogram_counts(text, name).items()
+    )
     if not buckets or buckets[-1][1] == 0:
         return (float("nan"), float("nan"))
     total = buckets[-1][1]
@@ -226,54 +241,40 @@ def measure_idle(pid: int, watch: CordonWatch, seconds: float) -> tuple[float, f
     return statistics.mean(tail), rate
 
 
-def profile_idle(pid: int, seconds: float, out: Path) -> None:
-    """Sample the controller at rest with py-spy (``$PY_SPY`` or ``py-spy`` on PATH);
-    print the functions that hold the most samples (self and inclusive)."""
-    spy = os.environ.get("PY_SPY") or shutil.which("py-spy")
-    if not spy:
-        raise SystemExit("--profile-idle needs py-spy: set PY_SPY or put it on PATH")
-    subprocess.run(
-        [
-            spy,
-            "record",
-            "--format",
-            "raw",
-            "-r",
-            "50",
-            "-d",
-            str(int(seconds)),
-            "-p",
-            str(pid),
-            "-o",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    own: dict[str, int] = {}
-    inclusive: dict[str, int] = {}
-    total = 0
-    for line in out.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        n = int(count)
-        frames = stack.split(";")
-        total += n
-        own[frames[-1]] = own.get(frames[-1], 0) + n
-        for frame in set(frames):
-            inclusive[frame] = inclusive.get(frame, 0) + n
-    print(f"controller at rest: {total} samples in {seconds:g} s (50/s while on CPU)")
-    for title, table in (("self", own), ("inclusive", inclusive)):
-        print(f"  top {title}:")
-        for frame, n in sorted(table.items(), key=lambda kv: -kv[1])[:25]:
-            print(f"    {100 * n / max(total, 1):5.1f}%  {frame}")
-    print(f"  stacks: {out}")
+class Round:
+    """How one round of faults comes: ``count`` faults on distinct nodes, written all at
+    once (a burst) or evenly over ``seconds``. Spelled ``32`` (a burst of 32) or
+    ``1000/60`` (1,000 over a minute) on the command line."""
+
+    def __init__(self, count: int, seconds: float | None = None) -> None:
+        if count < 1 or (seconds is not None and seconds <= 0):
+            raise ValueError("a round needs at least one fault and a positive duration")
+        self.count, self.seconds = count, seconds
+
+    @classmethod
+    def parse(cls, text: str) -> Round:
+        try:
+            count, _, over = text.partition("/")
+            return cls(int(count), float(over) if over else None)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: a round is N (a burst of N) or N/SECONDS (N spread over SECONDS)"
+            ) from e
+
+    @property
+    def burst(self) -> bool:
+        return self.seconds is None
+
+    @property
+    def how(self) -> str:
+        if self.burst:
+            return f"burst of {self.count}"
+        return f"{self.count} over {self.seconds:g} s"
 
 
-def write_faults(
-    api: Api, names: list[str], rate: float, burst: bool, writers: int
-) -> dict[str, float]:
-    """Write one XID 79 condition per node, at ``rate`` per second or all at once (a
-    burst, ``writers`` in parallel); returns when each was written (wall clock)."""
+def write_faults(api: Api, names: list[str], round_: Round, writers: int) -> dict[str, float]:
+    """Write one XID 79 condition per node as ``round_`` says (a burst: ``writers`` in
+    parallel); returns when each was written (wall clock)."""
     written: dict[str, float] = {}
 
     def one(i: int, name: str) -> None:
@@ -282,16 +283,20 @@ def write_faults(
         written[name] = time.time()
         api.set_condition(name, conditions.problem(Subsystem.PCIE, [fault]))
 
-    if burst:
+    if round_.seconds is None:
         chunks = [list(enumerate(names))[k::writers] for k in range(writers)]
-        threads = [
-            threading.Thread(target=lambda c=c: [one(i, name) for i, name in c]) for c in chunks
-        ]
+
+        def write_chunk(chunk: list[tuple[int, str]]) -> None:
+            for i, name in chunk:
+                one(i, name)
+
+        threads = [threading.Thread(target=write_chunk, args=(c,)) for c in chunks]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         return written
+    rate = len(names) / round_.seconds
     w0 = time.monotonic()
     for i, name in enumerate(names):
         one(i, name)
@@ -301,16 +306,85 @@ def write_faults(
     return written
 
 
+def measure_round(
+    api: Api, ctl: ControllerProcess, watch: CordonWatch, names: list[str], round_: Round,
+    writers: int, n: int, profile_s: float = 0.0,
+) -> dict[str, Any]:  # fmt: skip
+    """One round on ``names`` (not faulted before): latency to cordon, the controller's CPU
+    meanwhile, its own histogram's buckets, and its API writes per fault until cordoned and
+    until every faulted node rests. With ``profile_s``, py-spy samples the controller for
+    that long from just before the first fault is written."""
+    assert ctl.proc is not None
+    pid = ctl.proc.pid
+    sampler = None
+    if profile_s:
+        out = Path(tempfile.gettempdir()) / f"reaction-round-{n}-{round_.count}.txt"
+        sampler = threading.Thread(
+            target=profile,
+            args=(pid, profile_s, out),
+            kwargs={"what": f"controller, {round_.how}", "rate": 250},
+        )
+        sampler.start()
+        time.sleep(1.0)  # py-spy attached
+    own0 = histogram_counts(ctl.metrics(), "gpufleet_time_to_cordon_seconds")
+    writes0 = api_writes(ctl.metrics())
+    c0, w0 = process_cpu_seconds(pid), time.monotonic()
+    written = write_faults(api, names, round_, writers)
+    spread = max(written.values()) - min(written.values())
+    wait_for("every cordon", lambda: all(x in watch.seen for x in names), timeout=900)
+    busy_cpu = (process_cpu_seconds(pid) - c0) / (time.monotonic() - w0) * 100
+    if sampler is not None:
+        sampler.join()
+    metrics = ctl.metrics()
+    own = histogram_quantiles(metrics, "gpufleet_time_to_cordon_seconds", since=own0)
+    to_cordon = per_fault(writes0, api_writes(metrics), len(names))
+
+    def resting() -> bool:
+        return labelled(api, f"{well_known.LABEL_STATE} in ({','.join(RESTING)})") >= n
+
+    wait_for("every faulted node at rest", resting, timeout=900, step=1.0)
+    time.sleep(5)  # the last status and Event writes of the last decisions
+    to_rest = per_fault(writes0, api_writes(ctl.metrics()), len(names))
+    for title, table in (("until cordoned", to_cordon), ("until at rest", to_rest)):
+        print(
+            f"[{n} nodes, {round_.how}] API writes per fault {title}:"
+            f" {sum(table.values()):.1f} ("
+            + ", ".join(f"{k} {v:.2f}" for k, v in table.items())
+            + ")",
+            flush=True,
+        )
+    lat = sorted((watch.seen[x] - written[x]) * 1000 for x in names)
+    row = {
+        "how": round_.how,
+        "samples": len(lat),
+        "p50_ms": statistics.median(lat),
+        "p99_ms": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))],
+        "max_ms": lat[-1],
+        "cpu_busy_pct": busy_cpu,
+        "own_p50_ms": own[0] * 1000,
+        "own_p99_ms": own[1] * 1000,
+        "spread_ms": spread * 1000,
+        "writes_cordon": sum(to_cordon.values()),
+        "writes_rest": sum(to_rest.values()),
+    }
+    print(
+        f"[{n} nodes, {round_.how}] cordoned p50 {row['p50_ms']:.0f} ms, p99"
+        f" {row['p99_ms']:.0f} ms, max {row['max_ms']:.0f} ms; controller"
+        f" {busy_cpu:.0f}% of a core meanwhile",
+        flush=True,
+    )
+    return row
+
+
 def run_one(
     n: int,
-    samples: int,
-    rate: float,
+    rounds: list[Round],
     keep: bool,
-    profile: float = 0.0,
+    profile_s: float = 0.0,
     idle_s: float = 20.0,
-    burst: bool = False,
     writers: int = 16,
-) -> dict[str, Any]:
+    profile_rounds: float = 0.0,
+) -> list[dict[str, Any]]:
     spec = ClusterSpec(nodes=n, slurm=False, redfish=False, ready_timeout_s=1200)
     print(f"[{n} nodes] starting the local cluster ...", flush=True)
     t0 = time.monotonic()
@@ -341,34 +415,18 @@ def run_one(
                 f" {min(idle_s, 10):g} s; {idle_events:.1f} Node events/s",
                 flush=True,
             )
-            if profile:
-                profile_idle(pid, profile, Path(tempfile.gettempdir()) / f"reaction-idle-{n}.txt")
+            if profile_s:
+                out = Path(tempfile.gettempdir()) / f"reaction-idle-{n}.txt"
+                profile(pid, profile_s, out, what="controller at rest")
             # The adoption's probe (the last node) is faulted already: not a sample.
-            names = [x for x in info.node_names[:samples] if x != info.node_names[-1]]
-            writes0 = api_writes(ctl.metrics())
-            c0, w0 = process_cpu_seconds(pid), time.monotonic()
-            written = write_faults(api, names, rate, burst, writers)
-            spread = max(written.values()) - min(written.values())
-            wait_for("every cordon", lambda: all(x in watch.seen for x in names), timeout=300)
-            busy_cpu = (process_cpu_seconds(pid) - c0) / (time.monotonic() - w0) * 100
-            metrics = ctl.metrics()
-            own = histogram_quantiles(metrics, "gpufleet_time_to_cordon_seconds")
-            to_cordon = per_fault(writes0, api_writes(metrics), len(names))
-            watch.stop = True
-
-            def resting() -> bool:
-                return labelled(api, f"{well_known.LABEL_STATE} in ({','.join(RESTING)})") >= n
-
-            wait_for("every faulted node at rest", resting, timeout=600, step=1.0)
-            time.sleep(5)  # the last status and Event writes of the last decisions
-            to_rest = per_fault(writes0, api_writes(ctl.metrics()), len(names))
-            for title, table in (("until cordoned", to_cordon), ("until at rest", to_rest)):
-                print(
-                    f"[{n} nodes] API writes per fault {title}: {sum(table.values()):.1f} ("
-                    + ", ".join(f"{k} {v:.2f}" for k, v in table.items())
-                    + ")",
-                    flush=True,
+            rows, used = [], 0
+            for round_ in rounds:
+                names = info.node_names[used : used + round_.count]
+                used += round_.count
+                rows.append(
+                    measure_round(api, ctl, watch, names, round_, writers, n, profile_rounds)
                 )
+            watch.stop = True
             rss, rss_peak = rss_mib(pid), rss_mib(pid, "VmHWM")
             restart_s, reads = restart(ctl, info, logs, n)
             print(
@@ -377,27 +435,17 @@ def run_one(
                 + ", ".join(f"{k} {v:.0f}" for k, v in sorted(reads.items())),
                 flush=True,
             )
-            lat = sorted((watch.seen[x] - written[x]) * 1000 for x in names)
-            return {
+            fleet = {
                 "nodes": n,
                 "gpus": n * info.gpus_per_node,
-                "samples": len(lat),
-                "p50_ms": statistics.median(lat),
-                "p99_ms": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))],
-                "max_ms": lat[-1],
-                "cpu_busy_pct": busy_cpu,
                 "cpu_idle_pct": idle_cpu,
                 "rss_mib": rss,
                 "rss_peak_mib": rss_peak,
-                "own_p50_ms": own[0] * 1000,
-                "own_p99_ms": own[1] * 1000,
                 "adopted_s": adopted_s,
                 "acting_s": acting_s,
-                "spread_ms": spread * 1000,
-                "writes_cordon": sum(to_cordon.values()),
-                "writes_rest": sum(to_rest.values()),
                 "restart_s": restart_s,
             }
+            return [{**fleet, **row} for row in rows]
         finally:
             ctl.stop()
             if keep:
@@ -425,12 +473,12 @@ def adopt(
     n = len(names)
     wait_for(
         "every record held",
-        lambda: (metric_or_none(lambda: records_held(ctl.metrics())) or 0) >= n,
+        lambda: (metric_or_none(ctl.records_held) or 0) >= n,
         timeout=900,
         step=0.5,
     )
     probe = names[-1]
-    written = write_faults(api, [probe], rate=1.0, burst=False, writers=1)[probe]
+    written = write_faults(api, [probe], Round(1), writers=1)[probe]
     wait_for(
         f"{probe} cordoned",
         lambda: api.get(f"/api/v1/nodes/{probe}")["spec"].get("unschedulable") is True,
@@ -449,15 +497,6 @@ def adopt(
     return cordoned - started, probe_ms, time.monotonic() - started
 
 
-def records_held(metrics: str) -> float:
-    """Nodes the controller holds a record of (its ``gpufleet_nodes`` gauges summed)."""
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("gpufleet_nodes{")
-    )
-
-
 def restart(
     ctl: ControllerProcess, info: Any, logs: Path, n: int
 ) -> tuple[float, dict[str, float]]:
@@ -470,7 +509,7 @@ def restart(
     try:
         wait_for(
             "every record held again",
-            lambda: (metric_or_none(lambda: records_held(fresh.metrics())) or 0) >= n,
+            lambda: (metric_or_none(fresh.records_held) or 0) >= n,
             timeout=600,
             step=0.5,
         )
@@ -492,6 +531,15 @@ def main() -> None:
         action="store_true",
         help="write all --samples faults at once (--writers in parallel) instead of at --rate",
     )
+    parser.add_argument(
+        "--rounds",
+        type=Round.parse,
+        nargs="+",
+        metavar="N[/SECONDS]",
+        help="rounds of faults one after another on one cluster, each on nodes not faulted"
+        " before: N is a burst of N, N/SECONDS N faults spread over SECONDS"
+        " (replaces --samples, --rate and --burst)",
+    )
     parser.add_argument("--writers", type=int, default=16, help="parallel writers of a burst")
     parser.add_argument("--keep-logs", action="store_true")
     parser.add_argument(
@@ -507,31 +555,38 @@ def main() -> None:
         metavar="SECONDS",
         help="sample the controller at rest with py-spy for SECONDS and print where it spends",
     )
+    parser.add_argument(
+        "--profile-rounds",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sample the controller with py-spy for SECONDS from the start of each round"
+        " (250 samples/s) and print where it spends",
+    )
     args = parser.parse_args()
     rows = []
     for n in args.nodes:
-        rows.append(
-            run_one(
-                n,
-                min(args.samples, n),
-                args.rate,
-                args.keep_logs,
-                args.profile_idle,
-                args.idle_seconds,
-                args.burst,
-                args.writers,
-            )
-        )
+        if args.rounds:
+            rounds = args.rounds
+        elif args.burst:
+            rounds = [Round(min(args.samples, n - 1))]
+        else:
+            count = min(args.samples, n - 1)
+            rounds = [Round(count, count / args.rate)]
+        if sum(r.count for r in rounds) > n - 1:
+            parser.error(f"the rounds need more than the {n - 1} nodes a {n}-node fleet offers")
+        rows += run_one(n, rounds, args.keep_logs, args.profile_idle, args.idle_seconds,
+                        args.writers, args.profile_rounds)  # fmt: skip
     print()
     print(
-        f"{'nodes':>6} {'GPUs':>6} {'faults':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}"
+        f"{'nodes':>6} {'GPUs':>6} {'how':>16} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}"
         f" {'CPU busy':>9} {'CPU idle':>9} {'RSS MiB':>8} {'peak MiB':>9}"
-        f" {'own p50<=':>9} {'own p99<=':>9} {'acting s':>8} {'adopt s':>7} {'burst ms':>8}"
+        f" {'own p50<=':>9} {'own p99<=':>9} {'acting s':>8} {'adopt s':>7} {'write ms':>8}"
         f" {'w/cordon':>8} {'w/fault':>7} {'restart s':>9}"
     )
     for r in rows:
         print(
-            f"{r['nodes']:>6} {r['gpus']:>6} {r['samples']:>6}"
+            f"{r['nodes']:>6} {r['gpus']:>6} {r['how']:>16}"
             f" {r['p50_ms']:>7.0f} {r['p99_ms']:>7.0f}"
             f" {r['max_ms']:>7.0f} {r['cpu_busy_pct']:>8.0f}% {r['cpu_idle_pct']:>8.1f}%"
             f" {r['rss_mib']:>8.0f} {r['rss_peak_mib']:>9.0f}"
@@ -540,14 +595,15 @@ def main() -> None:
             f" {r['spread_ms']:>8.0f} {r['writes_cordon']:>8.1f} {r['writes_rest']:>7.1f}"
             f" {r['restart_s']:>9.1f}"
         )
-    cores = os.cpu_count()
-    how = f"burst ({args.writers} writers)" if args.burst else f"rate {args.rate:g} faults/s"
     print(
-        f"\n{how}; CPU in % of one core; burst ms: first to last fault written;"
-        f" w/cordon, w/fault: controller API writes per fault until cordoned, until at rest;"
-        f" acting s: start -> a fault on the last node cordoned; adopt s: -> every node labelled;"
-        f" machine: {cores} cores"
+        f"\nbursts: {args.writers} writers; CPU in % of one core; write ms: first to last"
+        " fault written; w/cordon, w/fault: controller API writes per fault until cordoned,"
+        " until at rest; acting s: start -> a fault on the last node cordoned; adopt s: ->"
+        f" every node labelled; machine: {os.cpu_count()} cores"
     )
+    print("json: " + json.dumps([
+        {k: r[k] for k in ("nodes", "samples", "how", "p50_ms", "p99_ms")} for r in rows
+    ]))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -28,8 +28,10 @@ import json
 import os
 import statistics
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpufleet.domain import well_known
@@ -39,7 +41,7 @@ from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, running
 from gpufleet.slurm.background import SlurmEndpoints, SyncerThread
 from gpufleet.slurm.syncer import Syncer, SyncSettings
-from procstat import cpu_seconds  # bench/, the script's directory
+from procstat import cpu_seconds, profile  # bench/, the script's directory
 
 
 def pct(values: list[float], p: float) -> float:
@@ -140,6 +142,14 @@ def main() -> None:
     ap.add_argument("--idle-seconds", type=float, default=30.0)
     ap.add_argument("--settle", type=float, default=90.0, help="wait before measuring at rest")
     ap.add_argument(
+        "--profile-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="after the at-rest figure, sample the syncer's thread with py-spy for SECONDS"
+        " and print where it spends",
+    )
+    ap.add_argument(
         "--full-pass-s",
         type=float,
         default=SyncSettings.full_pass_s,
@@ -192,6 +202,10 @@ def main() -> None:
         # syncer's first reports of them are written; then nothing happens.
         time.sleep(a.settle)
         at_rest(rs, info, a.idle_seconds)
+        if a.profile_idle:
+            out = Path(tempfile.gettempdir()) / f"slurm-sync-idle-{a.nodes}.txt"
+            syncer_thread = rs._thread.native_id
+            profile(os.getpid(), a.profile_idle, out, what="syncer at rest", thread=syncer_thread)
 
         # 1b. what one fault's path costs at least: the fresh read and the scontrol
         # call, measured on the syncer's own event loop while its poll runs.

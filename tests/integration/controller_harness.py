@@ -358,6 +358,14 @@ class ControllerProcess:
                 return float(line.rsplit(" ", 1)[1])
         return None
 
+    def records_held(self) -> float:
+        """Nodes the controller holds a record of (its ``gpufleet_nodes`` gauges summed)."""
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in self.metrics().splitlines()
+            if line.startswith("gpufleet_nodes{")
+        )
+
     def wait_ticks(self, count: int = 3, timeout: float = 30.0) -> None:
         """Wait until the controller has completed ``count`` more passes over every node:
         an assertion that nothing changed is then about passes that provably ran."""
