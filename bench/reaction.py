@@ -177,6 +177,13 @@ class CordonWatch(threading.Thread):
         self.stop = False
 
     def run(self) -> None:
+        try:
+            self._watch()
+        except httpx.HTTPError:
+            if not self.stop:  # the cluster stopping under a stopped watch is expected
+                raise
+
+    def _watch(self) -> None:
         with httpx.Client(
             base_url=self.info.apiserver_url,
             verify=str(self.info.ca_file),
