@@ -105,7 +105,7 @@ def run_syncer(
             --preempt-priority 1000000 --metrics-port 29442
     """
     from gpufleet.cli.policy_cmd import load_or_exit
-    from gpufleet.kubeapi import KubeApi
+    from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
     from gpufleet.slurm.metrics import SyncerMetrics
     from gpufleet.slurm.syncer import Syncer, SyncSettings
 
@@ -129,7 +129,7 @@ def run_syncer(
         )
 
     async def main() -> None:
-        kube = await KubeApi.connect(kubeconfig_arg(kubeconfig))
+        kube = await KubeApi.connect(kubeconfig_arg(kubeconfig), max_in_flight=SERVICE_IN_FLIGHT)
         rest, scontrol, writes = _clients(slurmrestd_url, slurm_user, token, slurm_conf)
         syncer = Syncer(
             kube=kube,

@@ -4,7 +4,7 @@ Every product reaches the apiserver through :class:`KubePort` (``KubeApi`` in
 production, a typed fake in unit tests); only this package imports kr8s.
 """
 
-from gpufleet.kubeapi.client import KubeApi
+from gpufleet.kubeapi.client import SERVICE_IN_FLIGHT, KubeApi
 from gpufleet.kubeapi.errors import (
     ApiError,
     Conflict,
@@ -34,6 +34,7 @@ __all__ = [
     "NODES",
     "PODS",
     "SECRETS",
+    "SERVICE_IN_FLIGHT",
     "ApiError",
     "Conflict",
     "Forbidden",

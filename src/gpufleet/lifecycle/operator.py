@@ -26,7 +26,7 @@ from prometheus_client import start_http_server
 
 from gpufleet.api import maintenanceplan
 from gpufleet.domain import well_known
-from gpufleet.kubeapi import KubeApi
+from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
 from gpufleet.lifecycle import crds
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
 from gpufleet.lifecycle.metrics import Metrics
@@ -38,13 +38,6 @@ ERROR_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21)
 """Seconds between retries of a failing API connection (finite, as kopf's own default)."""
 QUEUE_ERROR_DELAYS = (1, 1, 2, 3, 5, 8, 13, 21, 34, 55)
 """Seconds between retries of a handler that raised (finite)."""
-MAX_IN_FLIGHT = 8
-"""The controller's own apiserver requests in flight at once (kopf's watches apart). A
-burst of faults then queues here over a few kept-alive connections instead of opening a
-TLS connection per request (a handshake costs more CPU than the request it carries), and
-httpcore, which looks at every pooled connection for each request, has few to look at.
-Events use at most two of these slots. A burst of 32 at 2,000 nodes: p99 1.26 s unbounded,
-0.54-0.66 s with 8 (docs/controller.md)."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +154,7 @@ async def run(
         start_http_server(
             options.metrics_port, addr=options.metrics_address, registry=metrics.registry
         )
-    client = await KubeApi.connect(options.kubeconfig, max_in_flight=MAX_IN_FLIGHT)
+    client = await KubeApi.connect(options.kubeconfig, max_in_flight=SERVICE_IN_FLIGHT)
     metrics.count_requests(client.requests)
     ctl = Controller(client, settings, metrics)
     registry = build_registry(ctl, options)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from gpufleet.kubeapi import KubeApi
+from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
 from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
@@ -77,7 +77,7 @@ class SyncerThread:
 
     async def _run(self) -> None:
         ep = self.endpoints
-        kube = await KubeApi.connect(str(ep.kubeconfig))
+        kube = await KubeApi.connect(str(ep.kubeconfig), max_in_flight=SERVICE_IN_FLIGHT)
         self.rest = rest = SlurmRest(RestConfig(ep.slurmrestd_url, ep.user, ep.jwt))
         self.scontrol = scontrol = Scontrol(
             ScontrolConfig(scontrol=ep.scontrol, env={"SLURM_CONF": str(ep.slurm_conf)})
