@@ -189,7 +189,7 @@ def main() -> None:
         # 1. full pass timing
         async def one_pass() -> float:
             start = time.monotonic()
-            await s.poll_slurm()
+            await s.poll_slurm(full=True)  # every node and job read, not only what changed
             await asyncio.gather(*(s.reconcile(n) for n in list(s.nodes) if s.managed(n)))
             return time.monotonic() - start
 

@@ -252,9 +252,7 @@ class SlurmRest:
         if learned is not None and resp.status_code == 200:
             learned.succeeded(took)
         if resp.status_code != 200:
-            raise SlurmUnavailable(
-                f"slurmrestd {path}: HTTP {resp.status_code} {resp.text[:200]!r}"
-            )
+            raise Refused(f"slurmrestd {path}: HTTP {resp.status_code} {_why(resp)}")
         try:
             data = resp.json()
         except ValueError as e:
@@ -332,11 +330,17 @@ class SlurmRest:
     async def nodes_if_changed(self, since: float) -> dict[str, slurm_sync.SlurmView] | None:
         """Every node's view if any node changed after ``since`` (epoch seconds, slurmctld's
         clock), else None: slurmctld answers "no change" without packing 12,500 nodes and
-        the syncer parses nothing."""
+        the syncer parses nothing.
+
+        Slurm 22.05 refuses (500, "Unspecified error") a read with ``update_time`` when the
+        nodes changed but the partitions it also loads did not; a refused read is made
+        again in full (one that gets no answer is not: Slurm is away)."""
         try:
             data = await self._read_collection("nodes", since)
         except Unchanged:
             return None
+        except Refused:
+            return await self.nodes()
         return {str(n["name"]): node_view(n) for n in data.get("nodes") or []}
 
     async def node(self, name: str) -> slurm_sync.SlurmView | None:
@@ -363,6 +367,8 @@ class SlurmRest:
             data = await self._read_collection("jobs", since)
         except Unchanged:
             return None
+        except Refused:
+            return await self.running_jobs()
         return [job_view(j) for j in data.get("jobs") or [] if is_running(j)]
 
     # -- writes (v0.0.40+) ---------------------------------------------------------
@@ -422,9 +428,30 @@ class SlurmRest:
         await self._send("GET", self._list("reconfigure"))
 
 
+class Refused(SlurmUnavailable):
+    """slurmrestd answered a read with an HTTP error: it is there, but refused this one."""
+
+
 class Unchanged(Exception):
     """slurmrestd answered 304 Not Modified to a read with ``update_time``: nothing in the
     collection changed since. Internal to this module (the public reads return None)."""
+
+
+def _why(resp: httpx.Response) -> str:
+    """What a refusing slurmrestd said: its ``errors`` (after a long ``meta`` block that a
+    cut of the body would show instead), else the start of the body."""
+    try:
+        errors = resp.json().get("errors")
+    except (ValueError, AttributeError):
+        errors = None
+    if errors:
+        return "; ".join(
+            f"{e.get('error') or ''} ({e.get('error_number', '')}: {e.get('description') or ''})"
+            if isinstance(e, Mapping)
+            else str(e)
+            for e in errors
+        )[:500]
+    return repr(resp.text[:200])
 
 
 def _collection(version: str, name: str) -> str:

@@ -280,15 +280,16 @@ class Syncer:
                 self._seen.pop(name, None)
         return due
 
-    async def poll_slurm(self) -> bool:
-        """Refresh the Slurm snapshot; on failure forget it (fail closed)."""
+    async def poll_slurm(self, *, full: bool = False) -> bool:
+        """Refresh the Slurm snapshot; on failure forget it (fail closed). ``full``: read
+        every node and job even between full reads (a benchmark's worst case)."""
         m = self.metrics
         started = self.clock.monotonic()
         began = self.clock.now()
         try:
             if self.rest.version is None:
                 await self.rest.connect()
-            views, jobs, full = await self._read_views()
+            views, jobs, full = await self._read_views(full=full)
         except SlurmUnavailable as e:
             if self.stats.slurm_up or self.slurm is not None:
                 log.warning("slurm view unknown, failing closed: %s", e)
@@ -318,7 +319,7 @@ class Syncer:
         return True
 
     async def _read_views(
-        self,
+        self, *, full: bool = False
     ) -> tuple[dict[str, slurm_sync.SlurmView], list[slurm_sync.JobView], bool]:
         """Nodes and running jobs, and whether both were read in full. Between full reads
         (every ``full_pass_s``) slurmrestd is asked only for what changed since the view
@@ -327,7 +328,8 @@ class Syncer:
         margin = self.settings.changed_since_margin_s
         held_nodes, held_jobs, current_at = self.slurm, self.jobs, self._view_current_at
         if (
-            margin < 0
+            full
+            or margin < 0
             or held_nodes is None
             or held_jobs is None
             or current_at is None

@@ -56,6 +56,9 @@ class SlowSlurm:
         self.asked_since: list[str] = []
         self.frozen = False
         """Answer nothing at all (a SIGSTOPped slurmrestd)."""
+        self.refuse_since = False
+        """Refuse a read with ``update_time`` as 22.05 does when the nodes changed but
+        the partitions did not (500, "Unspecified error")."""
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -67,6 +70,17 @@ class SlowSlurm:
                 path, _, query = target.partition("?")
                 if query.startswith("update_time="):
                     self.asked_since.append(query.split("=", 1)[1])
+                    if self.refuse_since:
+                        refused = json.dumps(
+                            {"meta": {}, "errors": [{"error": "Unspecified error", "errno": -1}]}
+                        ).encode()
+                        writer.write(
+                            b"HTTP/1.1 500 Internal Server Error\r\n"
+                            + f"Content-Length: {len(refused)}\r\n\r\n".encode()
+                            + refused
+                        )
+                        await writer.drain()
+                        continue
                     if self.unchanged:
                         writer.write(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 0\r\n\r\n")
                         await writer.drain()
@@ -168,3 +182,23 @@ def test_unchanged_since_is_none_and_does_not_teach_the_allowance() -> None:
 
     asyncio.run(main())
     assert server.asked_since == ["1800000000", "1800000000"]
+
+
+def test_a_refused_changed_since_read_is_made_again_in_full() -> None:
+    server = SlowSlurm()
+
+    async def main() -> None:
+        listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        rest = restapi.SlurmRest(restapi.RestConfig(f"http://127.0.0.1:{port}", "root", "t"))
+        try:
+            await rest.connect()
+            server.refuse_since = True
+            views = await rest.nodes_if_changed(1_800_000_000.0)
+            assert views is not None and set(views) == {"n0"}
+        finally:
+            await rest.aclose()
+            listener.close()
+
+    asyncio.run(main())
+    assert server.asked_since == ["1800000000"] and server.nodes_served == 1

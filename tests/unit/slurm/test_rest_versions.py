@@ -199,3 +199,25 @@ def test_a_refused_rest_write_is_a_command_failure() -> None:
             await rest.drain("nosuch", "gpufleet: x")
 
     asyncio.run(main())
+
+
+def test_a_refused_read_names_slurms_errors_not_its_meta_block() -> None:
+    """slurmrestd puts a long ``meta`` block first: the error a person needs is after it."""
+    meta = {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"}} | {
+        f"padding{i}": "x" * 40 for i in range(10)
+    }
+    error = {"error": "Unable to query nodes", "error_number": 1007, "description": "busy"}
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, json={"meta": meta, "errors": [error]})
+
+    async def main() -> None:
+        rest = restapi.SlurmRest(restapi.RestConfig("http://slurm", "root", "t"), version="v0.0.38")
+        rest._client = httpx.AsyncClient(
+            base_url="http://slurm", transport=httpx.MockTransport(refuse)
+        )
+        refused = r"HTTP 500 Unable to query nodes \(1007: busy\)"
+        with pytest.raises(SlurmUnavailable, match=refused):
+            await rest.nodes()
+
+    asyncio.run(main())
