@@ -186,6 +186,12 @@ class Syncer:
         """Per node, what its last poll-driven reconcile saw (Node resourceVersion, Slurm
         view, job ids) while it was at rest: the same again needs no reconcile."""
         self._last_full_pass = float("-inf")
+        self._changes = 0
+        """Incremented whenever either view changes (a Node event or relist, a poll that
+        brought news or failed, our own write): the gauges and the list of managed nodes,
+        each a pass over the fleet, are computed again only then."""
+        self._observed_at: int | None = None
+        self._managed: tuple[int, list[str]] | None = None
         self._last_full_read = float("-inf")
         """When (monotonic) the last poll read every node and job in full."""
         self._view_current_at: float | None = None
@@ -297,6 +303,7 @@ class Syncer:
             self.stats.slurm_up = False
             self.slurm, self.jobs = None, None
             self._view_current_at = None
+            self._changes += 1
             m.poll_seconds.labels(result="failed").observe(self.clock.monotonic() - started)
             m.slurm_errors.labels(op="poll").inc()
             m.slurm_up.set(0)
@@ -307,6 +314,8 @@ class Syncer:
         read = "full" if full else "changed"
         if views is self.slurm and jobs is self.jobs:
             read = "unchanged"
+        else:
+            self._changes += 1
         self.slurm = views
         if jobs is not self.jobs:
             self.jobs = jobs  # re-indexes the jobs by node
@@ -507,6 +516,7 @@ class Syncer:
                 view = slurm_sync.SlurmView(view.state, view.flags - {"DRAIN"}, None)
             if self.slurm is not None:
                 self.slurm[name] = view
+                self._changes += 1
             seen = batch[name].seen
             if seen is not None:  # a Kubernetes change, not a poll, asked for it
                 m.sync_latency.labels(verb=verb.value).observe(acted - seen)
@@ -709,6 +719,7 @@ class Syncer:
                 sel = self.settings.node_selector
                 listing = await self.kube.list(NODES, label_selector=sel)
                 self.nodes = {kn.name_of(n): n for n in listing.items}
+                self._changes += 1
                 async for event in self.kube.watch(
                     NODES, listing.resource_version, label_selector=sel
                 ):
@@ -718,9 +729,11 @@ class Syncer:
                     if kind == "DELETED":
                         self.nodes.pop(name, None)
                         self._seen.pop(name, None)
+                        self._changes += 1
                         continue
                     if kind in ("ADDED", "MODIFIED"):
                         self.nodes[name] = obj
+                        self._changes += 1
                         self.spawn(self.reconcile(name, seen=seen))
             except asyncio.CancelledError:
                 raise
@@ -733,7 +746,7 @@ class Syncer:
             started = self.clock.monotonic()
             polled = await self.poll_slurm()
             if polled and self.nodes:
-                names = self.due_for_pass([n for n in self.nodes if self.managed(n)])
+                names = self.due_for_pass(self.managed_names())
                 self.stats.reconciles += len(names)
                 await asyncio.gather(*(self.reconcile(n) for n in names))
                 if self.lender is not None:
@@ -748,10 +761,20 @@ class Syncer:
             pause = poll_pause(elapsed, self.settings) if polled else self.settings.poll_interval_s
             await asyncio.sleep(pause)
 
+    def managed_names(self) -> list[str]:
+        """Every managed node (a pass over the fleet, done again only after a change)."""
+        if self._managed is None or self._managed[0] != self._changes:
+            self._managed = (self._changes, [n for n in self.nodes if self.managed(n)])
+        return self._managed[1]
+
     def observe_views(self) -> None:
-        """Set the node gauges from the views as they stand (after each poll pass)."""
+        """Set the node gauges from the views as they stand (after each poll pass; at
+        rest, when nothing changed since the last time, they stand as they were set)."""
+        if self._observed_at == self._changes:
+            return
+        self._observed_at = self._changes
         m = self.metrics
-        managed = [n for n in self.nodes if self.managed(n)]
+        managed = self.managed_names()
         m.kube_nodes.set(len(self.nodes))
         m.managed_nodes.set(len(managed))
         m.set_slurm_states(None if self.slurm is None else [self.slurm[n] for n in managed])
