@@ -17,7 +17,7 @@ slurm.conf only (not responding, then down): a 12,500-node Slurm fleet on one ma
 
     .venv/bin/python bench/slurm_sync.py --nodes 4 --faults 100
     .venv/bin/python bench/slurm_sync.py --nodes 500 --faults 50
-    .venv/bin/python bench/slurm_sync.py --nodes 12500 --slurmd-nodes 8 --faults 20 --burst 32
+    .venv/bin/python bench/slurm_sync.py --nodes 12500 --slurmd-nodes 100 --faults 20 --burst 32 100
 """
 
 from __future__ import annotations
@@ -132,13 +132,64 @@ def wait_verb(s: Syncer, node: str, verb: str, before: int, timeout: float = 10)
     raise AssertionError(f"no {verb} of {node} within {timeout} s")
 
 
+def burst_drain(s: Syncer, kube: SyncKube, info: ClusterInfo, burst: list[str]) -> None:
+    """Fault every node of ``burst`` at once (one writer, as fast as the apiserver takes
+    the patches), print when all were drained and each node's fault -> DRAIN, then heal
+    them and wait until Slurm resumed them all."""
+    first = len(s.stats.timings)
+    start = time.monotonic()
+    patched_at: dict[str, float] = {}
+    for n in burst:
+        patched_at[n] = time.monotonic()
+        set_condition(kube, n, "True", "Xid79")
+    patched = time.monotonic() - start
+    wait_until(
+        "burst drained",
+        lambda: all((v := (s.slurm or {}).get(n)) is not None and v.ours for n in burst),
+        120,
+        step=0.05,
+    )
+    took = time.monotonic() - start
+    confirmed = sinfo_nodes(info)
+    ok = sum(1 for n in burst if "DRAIN" in (confirmed[n].get("state_flags") or []))
+    print(
+        f"burst: {len(burst)} nodes faulted (patches took {patched:.2f} s) -> all drained "
+        f"{took:.2f} s after the first patch; sinfo confirms {ok}/{len(burst)}"
+    )
+    per_node = [
+        (t.acted - patched_at[t.node]) * 1000
+        for t in s.stats.timings[first:]
+        if t.verb == "drain" and t.node in patched_at
+    ]
+    if per_node:
+        print(
+            f"  burst of {len(burst)}, fault -> DRAIN per node (from its own patch): "
+            f"p50 {pct(per_node, 50):.0f} ms, p99 {pct(per_node, 99):.0f} ms, "
+            f"max {max(per_node):.0f} ms"
+        )
+    for n in burst:
+        set_condition(kube, n, "False", "Healthy")
+    wait_until(
+        "burst resumed",
+        lambda: not any((v := (s.slurm or {}).get(n)) is not None and v.drained for n in burst),
+        120,
+        0.1,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--faults", type=int, default=100)
     ap.add_argument("--poll", type=float, default=1.0)
     ap.add_argument("--slurmd-nodes", type=int, default=None, help="nodes with a slurmd")
-    ap.add_argument("--burst", type=int, default=0, help="nodes in the burst (0: 10%%)")
+    ap.add_argument(
+        "--burst",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="nodes in each burst, one burst after another (0: 10%% of the slurmd nodes)",
+    )
     ap.add_argument("--idle-seconds", type=float, default=30.0)
     ap.add_argument("--settle", type=float, default=90.0, help="wait before measuring at rest")
     ap.add_argument(
@@ -257,47 +308,9 @@ def main() -> None:
             f"p99 {pct(ms, 99):.0f} ms, max {max(ms):.0f} ms"
         )
 
-        # 3. burst
-        burst = names[: a.burst or max(1, len(names) // 10)]
-        first = len(s.stats.timings)
-        start = time.monotonic()
-        patched_at: dict[str, float] = {}
-        for n in burst:
-            patched_at[n] = time.monotonic()
-            set_condition(kube, n, "True", "Xid79")
-        patched = time.monotonic() - start
-        wait_until(
-            "burst drained",
-            lambda: all((v := (s.slurm or {}).get(n)) is not None and v.ours for n in burst),
-            120,
-            step=0.05,
-        )
-        took = time.monotonic() - start
-        confirmed = sinfo_nodes(info)
-        ok = sum(1 for n in burst if "DRAIN" in (confirmed[n].get("state_flags") or []))
-        print(
-            f"burst: {len(burst)} nodes faulted (patches took {patched:.2f} s) -> all drained "
-            f"{took:.2f} s after the first patch; sinfo confirms {ok}/{len(burst)}"
-        )
-        per_node = [
-            (t.acted - patched_at[t.node]) * 1000
-            for t in s.stats.timings[first:]
-            if t.verb == "drain" and t.node in patched_at
-        ]
-        if per_node:
-            print(
-                f"  burst, fault -> DRAIN per node (from its own patch): "
-                f"p50 {pct(per_node, 50):.0f} ms, p99 {pct(per_node, 99):.0f} ms, "
-                f"max {max(per_node):.0f} ms"
-            )
-        for n in burst:
-            set_condition(kube, n, "False", "Healthy")
-        wait_until(
-            "burst resumed",
-            lambda: not any((v := (s.slurm or {}).get(n)) is not None and v.drained for n in burst),
-            120,
-            0.1,
-        )
+        # 3. bursts, one after another (each resumed before the next)
+        for size in a.burst:
+            burst_drain(s, kube, info, names[: size or max(1, len(names) // 10)])
         print(
             f"syncer stats: drains {s.stats.drains}, resumes {s.stats.resumes}, "
             f"slurm errors {s.stats.slurm_errors}"
