@@ -10,7 +10,10 @@ answer to ``/nodes`` takes as long as the test says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -106,26 +109,30 @@ class SlowSlurm:
             writer.close()
 
 
+@contextlib.asynccontextmanager
+async def connected(
+    server: SlowSlurm, config: restapi.RestConfig = restapi.RestConfig("http://-", "root", "t")
+) -> AsyncIterator[restapi.SlurmRest]:
+    """``server`` listening on 127.0.0.1 and a client with ``config`` (its URL replaced)
+    that has negotiated its API version."""
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    rest = restapi.SlurmRest(dataclasses.replace(config, url=f"http://127.0.0.1:{port}"))
+    try:
+        await rest.connect()
+        yield rest
+    finally:
+        await rest.aclose()
+        listener.close()
+
+
 def test_a_slow_first_read_succeeds_and_a_frozen_server_is_noticed_within_the_learned_time() -> (
     None
 ):
     server = SlowSlurm()
 
     async def main() -> tuple[str, float]:
-        listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        config = restapi.RestConfig(
-            f"http://127.0.0.1:{port}",
-            "root",
-            "t",
-            timeout_s=CONFIG.timeout_s,
-            first_collection_timeout_s=CONFIG.first_collection_timeout_s,
-            collection_timeout_factor=CONFIG.collection_timeout_factor,
-            max_collection_timeout_s=CONFIG.max_collection_timeout_s,
-        )
-        rest = restapi.SlurmRest(config)
-        try:
-            await rest.connect()
+        async with connected(server, CONFIG) as rest:
             server.delay = 0.5  # slower than the 0.2 s per request: a big fleet
             assert (await rest.nodes())["n0"].state == "idle"
             allowed = rest.collection_timeout("nodes").seconds
@@ -145,9 +152,6 @@ def test_a_slow_first_read_succeeds_and_a_frozen_server_is_noticed_within_the_le
                 await rest.nodes()
             assert rest.collection_timeout("nodes").seconds == grown
             return str(failed.value), waited
-        finally:
-            await rest.aclose()
-            listener.close()
 
     message, waited = asyncio.run(main())
     assert waited < 10, f"noticed only after {waited:.1f} s: the learned allowance was not used"
@@ -161,11 +165,7 @@ def test_unchanged_since_is_none_and_does_not_teach_the_allowance() -> None:
     server = SlowSlurm()
 
     async def main() -> None:
-        listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        rest = restapi.SlurmRest(restapi.RestConfig(f"http://127.0.0.1:{port}", "root", "t"))
-        try:
-            await rest.connect()
+        async with connected(server) as rest:
             server.delay = 0.6
             assert set(await rest.nodes()) == {"n0"}
             allowed = rest.collection_timeout("nodes").seconds
@@ -176,9 +176,6 @@ def test_unchanged_since_is_none_and_does_not_teach_the_allowance() -> None:
             server.unchanged = False
             changed = await rest.nodes_if_changed(1_800_000_000.9)
             assert changed is not None and changed["n0"].state == "idle"
-        finally:
-            await rest.aclose()
-            listener.close()
 
     asyncio.run(main())
     assert server.asked_since == ["1800000000", "1800000000"]
@@ -188,17 +185,10 @@ def test_a_refused_changed_since_read_is_made_again_in_full() -> None:
     server = SlowSlurm()
 
     async def main() -> None:
-        listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        rest = restapi.SlurmRest(restapi.RestConfig(f"http://127.0.0.1:{port}", "root", "t"))
-        try:
-            await rest.connect()
+        async with connected(server) as rest:
             server.refuse_since = True
             views = await rest.nodes_if_changed(1_800_000_000.0)
             assert views is not None and set(views) == {"n0"}
-        finally:
-            await rest.aclose()
-            listener.close()
 
     asyncio.run(main())
     assert server.asked_since == ["1800000000"] and server.nodes_served == 1
