@@ -187,11 +187,12 @@ class Syncer:
         view, job ids) while it was at rest: the same again needs no reconcile."""
         self._last_full_pass = float("-inf")
         self._changes = 0
-        """Incremented whenever either view changes (a Node event or relist, a poll that
-        brought news or failed, our own write): the gauges and the list of managed nodes,
-        each a pass over the fleet, are computed again only then."""
+        """Incremented whenever either view changes (:meth:`view_changed`): the gauges, the
+        list of managed nodes and the fingerprints of :meth:`due_for_pass`, each a pass over
+        the fleet, are computed again only then."""
         self._observed_at: int | None = None
         self._managed: tuple[int, list[str]] | None = None
+        self._due_at: int | None = None
         self._last_full_read = float("-inf")
         """When (monotonic) the last poll read every node and job in full."""
         self._view_current_at: float | None = None
@@ -260,14 +261,24 @@ class Syncer:
         since = self._unresponsive_since.get(name)
         return since is None or now - since < self.settings.not_responding_grace_s
 
+    def view_changed(self) -> None:
+        """Either view changed: a Node event or relist, a poll that brought news or failed,
+        the syncer's own write to Slurm (and a test that edits a view by hand)."""
+        self._changes += 1
+
     def due_for_pass(self, names: list[str]) -> list[str]:
         """The managed nodes a poll reconciles: all of them every ``full_pass_s``; else
-        those not at rest or changed since their last poll-driven reconcile."""
+        those not at rest or changed since their last poll-driven reconcile. When neither
+        view changed since the last call, only the nodes that call left due can be due
+        (a poll at rest over 12,500 nodes then computes no fingerprint)."""
         now = self.clock.monotonic()
         full = now - self._last_full_pass >= self.settings.full_pass_s
         if full:
             self._last_full_pass = now
         assert self.slurm is not None
+        if not full and self._due_at == self._changes:
+            names = [name for name in names if name not in self._seen]
+        self._due_at = self._changes
         due = []
         for name in names:
             node = self.nodes.get(name) or {}
@@ -303,7 +314,7 @@ class Syncer:
             self.stats.slurm_up = False
             self.slurm, self.jobs = None, None
             self._view_current_at = None
-            self._changes += 1
+            self.view_changed()
             m.poll_seconds.labels(result="failed").observe(self.clock.monotonic() - started)
             m.slurm_errors.labels(op="poll").inc()
             m.slurm_up.set(0)
@@ -315,7 +326,7 @@ class Syncer:
         if views is self.slurm and jobs is self.jobs:
             read = "unchanged"
         else:
-            self._changes += 1
+            self.view_changed()
         self.slurm = views
         if jobs is not self.jobs:
             self.jobs = jobs  # re-indexes the jobs by node
@@ -516,7 +527,7 @@ class Syncer:
                 view = slurm_sync.SlurmView(view.state, view.flags - {"DRAIN"}, None)
             if self.slurm is not None:
                 self.slurm[name] = view
-                self._changes += 1
+                self.view_changed()
             seen = batch[name].seen
             if seen is not None:  # a Kubernetes change, not a poll, asked for it
                 m.sync_latency.labels(verb=verb.value).observe(acted - seen)
@@ -719,7 +730,7 @@ class Syncer:
                 sel = self.settings.node_selector
                 listing = await self.kube.list(NODES, label_selector=sel)
                 self.nodes = {kn.name_of(n): n for n in listing.items}
-                self._changes += 1
+                self.view_changed()
                 async for event in self.kube.watch(
                     NODES, listing.resource_version, label_selector=sel
                 ):
@@ -729,11 +740,11 @@ class Syncer:
                     if kind == "DELETED":
                         self.nodes.pop(name, None)
                         self._seen.pop(name, None)
-                        self._changes += 1
+                        self.view_changed()
                         continue
                     if kind in ("ADDED", "MODIFIED"):
                         self.nodes[name] = obj
-                        self._changes += 1
+                        self.view_changed()
                         self.spawn(self.reconcile(name, seen=seen))
             except asyncio.CancelledError:
                 raise

@@ -49,6 +49,7 @@ def test_a_poll_at_rest_reconciles_only_what_changed_and_what_is_not_at_rest() -
     s.jobs = [slurm_sync.JobView(job_id=7, priority=1, requeueable=True, nodes=frozenset({c}))]
     s.nodes[d] = node(d, "Xid79", state="draining")
     s.nodes[d]["metadata"]["resourceVersion"] = "out"
+    s.view_changed()
     clock.advance(1)
     assert sorted(s.due_for_pass(every)) == sorted([a, b, c, d])
     # Next poll: the changed ones are at rest again; the one out of service stays due
@@ -58,6 +59,7 @@ def test_a_poll_at_rest_reconciles_only_what_changed_and_what_is_not_at_rest() -
     # A not-responding node stays due while its report waits for the grace period;
     # once reported (the grace passed), it is at rest like any other.
     s.slurm[b] = replace(s.slurm[b], flags=frozenset({"NOT_RESPONDING"}))
+    s.view_changed()
     clock.advance(1)
     assert sorted(s.due_for_pass(every)) == sorted([b, d])
     asyncio.run(s.reconcile(b))  # the poll's reconcile: the grace starts
@@ -70,6 +72,7 @@ def test_a_poll_at_rest_reconciles_only_what_changed_and_what_is_not_at_rest() -
     assert s.due_for_pass(every) == [d]
     # Down and not responding (a node whose slurmd is gone) is reported at once: at rest.
     s.slurm[b] = replace(s.slurm[b], state="down", flags=frozenset({"NOT_RESPONDING"}))
+    s.view_changed()
     clock.advance(1)
     assert sorted(s.due_for_pass(every)) == sorted([b, d])
     clock.advance(1)
