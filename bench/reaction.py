@@ -26,9 +26,13 @@ cordoned, and until each has walked its ladder to a resting state. Run:
     .venv/bin/python bench/reaction.py --nodes 500 2000 5000 --samples 200
     .venv/bin/python bench/reaction.py --nodes 12500 --samples 32 --burst
     .venv/bin/python bench/reaction.py --nodes 12500 --rounds 32 100 1000/60
+    .venv/bin/python bench/reaction.py --nodes 12500 --rounds 32 100 1000/60 --slurm-bursts 32 100
 
 ``--rounds`` runs several rounds on one cluster, one after another, each on nodes not
-faulted before (a burst of 32, of 100, then 1,000 spread over a minute).
+faulted before (a burst of 32, of 100, then 1,000 spread over a minute). ``--slurm-bursts``
+then measures the Slurm side at the same fleet size (bench/slurm_sync.py, on a cluster of
+its own with Slurm: fault -> DRAIN one at a time and in bursts, the syncer at rest), so one
+command drives every figure of docs/controller.md's and docs/slurm.md's 12,500-node tables.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))  # controller_harness im
 
 from gpufleet.domain import conditions, well_known  # noqa: E402
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem  # noqa: E402
+from gpufleet.local import processes  # noqa: E402
 from gpufleet.local.cluster import ClusterSpec, LocalCluster  # noqa: E402
 from integration.controller_harness import (  # noqa: E402
     Api,
@@ -570,7 +575,24 @@ def main() -> None:
         help="sample the controller with py-spy for SECONDS from the start of each round"
         " (250 samples/s) and print where it spends",
     )
+    parser.add_argument(
+        "--slurm-bursts",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="then the Slurm side on a fleet of the largest --nodes: bench/slurm_sync.py"
+        " (fault -> Slurm DRAIN one at a time and in bursts of N, the syncer at rest) on a"
+        " cluster of its own with --slurmd-nodes slurmd daemons",
+    )
+    parser.add_argument(
+        "--slurmd-nodes",
+        type=int,
+        default=100,
+        help="with --slurm-bursts: nodes with a slurmd (the rest are in slurm.conf only)",
+    )
     args = parser.parse_args()
+    if args.slurm_bursts and max(args.slurm_bursts) > args.slurmd_nodes:
+        parser.error("a Slurm burst needs as many nodes with a slurmd (--slurmd-nodes)")
     rows = []
     for n in args.nodes:
         if args.rounds:
@@ -611,7 +633,17 @@ def main() -> None:
     print("json: " + json.dumps([
         {k: r[k] for k in ("nodes", "samples", "how", "p50_ms", "p99_ms")} for r in rows
     ]))  # fmt: skip
+    if args.slurm_bursts:
+        import slurm_sync  # bench/, the script's directory
+
+        print(f"\nThe Slurm side at {max(args.nodes)} nodes (bench/slurm_sync.py):", flush=True)
+        slurm_sync.main(
+            ["--nodes", str(max(args.nodes)), "--slurmd-nodes", str(args.slurmd_nodes),
+             "--faults", "20", "--settle", "60", "--idle-seconds", "120",
+             "--burst", *(str(b) for b in args.slurm_bursts)]
+        )  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    with processes.terminate_on_signals():  # a killed bench still stops its cluster
+        main()

@@ -177,8 +177,12 @@ def burst_drain(s: Syncer, kube: SyncKube, info: ClusterInfo, burst: list[str]) 
     )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with ``argv`` (default: the command line); bench/reaction.py's
+    ``--slurm-bursts`` calls it after the controller's rounds."""
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--faults", type=int, default=100)
     ap.add_argument("--poll", type=float, default=1.0)
@@ -212,7 +216,7 @@ def main() -> None:
         default=SyncSettings.max_poll_share,
         help="share of the time a poll may take (1: poll back to back, the old way)",
     )
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     t0 = time.monotonic()
     spec = ClusterSpec(
         nodes=a.nodes, redfish=False, ready_timeout_s=900, slurmd_nodes=a.slurmd_nodes
@@ -320,4 +324,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with processes.terminate_on_signals():  # a killed bench still stops its cluster
+        main()
