@@ -106,5 +106,6 @@ def test_fleetpolicy_valid_survives_the_breaker_save(api: Api, local_cluster: An
     assert row["Paused"] is False and row["DryRun"] is False  # defaulted, not blank
     obj = api.get(f"{GV}/{fleetpolicy.PLURAL}/{POLICY}")
     conds = {c["type"]: c for c in obj["status"]["conditions"]}
-    assert set(conds) == {"Valid", "BreakerOpen"}
+    assert set(conds) == {"Valid", "BreakerOpen", "FaultsWaiting"}
+    assert conds["FaultsWaiting"]["status"] == "False"  # no node holds a withheld fault
     assert all(c["observedGeneration"] == obj["metadata"]["generation"] for c in conds.values())
