@@ -176,8 +176,15 @@ class PolicyKeeping(ControllerCore):
         fleet = self.fleet
         fleet.dirty_breaker = False
         b = fleet.breaker
-        budget = self._budget_use()
         waiting, why = self._waiting()
+        budget = self._budget_use(waiting)
+        self._set_policy_condition(
+            "BreakerOpen",
+            "True" if b.is_open else "False",
+            "Tripped" if b.is_open else "Closed",
+            f"{b.faulting_nodes()} nodes faulted within the window",
+            generation=self._policy_generation[1],
+        )
         status: Json = {
             "breaker": {
                 "open": b.is_open,
@@ -189,18 +196,13 @@ class PolicyKeeping(ControllerCore):
             "recentActions": list(fleet.recent_actions),
             # A merge patch keeps keys it does not name: a pool that is gone is removed.
             "budget": {**{p: None for p in self._saved_budget or {} if p not in budget}, **budget},
+            # Every condition at once (a merge patch replaces the list whole).
             "conditions": self._set_policy_condition(
-                "BreakerOpen",
-                "True" if b.is_open else "False",
-                "Tripped" if b.is_open else "Closed",
-                f"{b.faulting_nodes()} nodes faulted within the window",
+                "FaultsWaiting",
+                *_waiting_condition(sum(waiting.values()), why),
                 generation=self._policy_generation[1],
             ),
         }
-        status["conditions"] = self._set_policy_condition(
-            "FaultsWaiting", *_waiting_condition(sum(waiting.values()), why),
-            generation=self._policy_generation[1],
-        )  # fmt: skip
         try:
             await self.client.patch(
                 _POLICIES, self.settings.policy_name, {"status": status}, status=True
@@ -222,7 +224,7 @@ class PolicyKeeping(ControllerCore):
         b = self.fleet.breaker
         m.breaker_open.set(1 if b.is_open else 0)
         m.breaker_nodes.set(b.faulting_nodes())
-        budget = self._budget_use()
+        budget = self._budget_use(self._waiting()[0])
         for pool, use in budget.items():
             m.budget_out.labels(pool=pool).set(use["outOfService"])
             m.budget_allowed.labels(pool=pool).set(use["allowed"])
@@ -235,10 +237,10 @@ class PolicyKeeping(ControllerCore):
                 return
             self._schedule_status_save()
 
-    def _budget_use(self) -> dict[str, dict[str, int]]:
+    def _budget_use(self, waiting: Counter[str]) -> dict[str, dict[str, int]]:
         """Per pool: its size, the nodes automation holds out, how many it may, and how
-        many nodes wait with a fault the rails withheld (the status's ``budget``)."""
-        waiting, _ = self._waiting()
+        many nodes wait with a fault the rails withheld (``waiting``, per pool, from
+        :meth:`_waiting`): the status's ``budget``."""
         return {
             pool: {
                 "size": p.size,

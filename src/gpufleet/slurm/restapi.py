@@ -228,10 +228,8 @@ class SlurmRest:
         try:
             async with self._slots:
                 started = time.monotonic()
-                if learned is None:
-                    resp = await self._client.get(path, params=params)
-                else:
-                    resp = await self._client.get(path, params=params, timeout=learned.seconds)
+                timeout = httpx.USE_CLIENT_DEFAULT if learned is None else learned.seconds
+                resp = await self._client.get(path, params=params, timeout=timeout)
                 took = time.monotonic() - started
         except httpx.TimeoutException as e:
             if learned is None:
@@ -319,29 +317,29 @@ class SlurmRest:
     async def _read_collection(self, name: str, since: float | None = None) -> dict[str, Any]:
         return await self._get(self._list(name), learned=self.collection_timeout(name), since=since)
 
-    async def raw_nodes(self) -> list[dict[str, Any]]:
-        data = await self._read_collection("nodes")
-        return list(data.get("nodes") or [])
-
     async def nodes(self) -> dict[str, slurm_sync.SlurmView]:
         """Every node's view. ``/nodes`` rather than ``/node/{name}``: see :meth:`node`."""
-        return {str(n["name"]): node_view(n) for n in await self.raw_nodes()}
+        return _node_views(await self._read_collection("nodes"))
 
     async def nodes_if_changed(self, since: float) -> dict[str, slurm_sync.SlurmView] | None:
         """Every node's view if any node changed after ``since`` (epoch seconds, slurmctld's
         clock), else None: slurmctld answers "no change" without packing 12,500 nodes and
-        the syncer parses nothing.
+        the syncer parses nothing."""
+        data = await self._collection_if_changed("nodes", since)
+        return None if data is None else _node_views(data)
+
+    async def _collection_if_changed(self, name: str, since: float) -> dict[str, Any] | None:
+        """Collection ``name`` if it changed after ``since``, else None (304).
 
         Slurm 22.05 refuses (500, "Unspecified error") a read with ``update_time`` when the
         nodes changed but the partitions it also loads did not; a refused read is made
         again in full (one that gets no answer is not: Slurm is away)."""
         try:
-            data = await self._read_collection("nodes", since)
+            return await self._read_collection(name, since)
         except Unchanged:
             return None
         except Refused:
-            return await self.nodes()
-        return {str(n["name"]): node_view(n) for n in data.get("nodes") or []}
+            return await self._read_collection(name)
 
     async def node(self, name: str) -> slurm_sync.SlurmView | None:
         """One node, fresh (before a write). In 22.05 this endpoint may report the base
@@ -353,23 +351,14 @@ class SlurmRest:
                 return node_view(raw)
         return None
 
-    async def raw_jobs(self) -> list[dict[str, Any]]:
-        data = await self._read_collection("jobs")
-        return list(data.get("jobs") or [])
-
     async def running_jobs(self) -> list[slurm_sync.JobView]:
         """Jobs holding nodes (finished jobs stay in ``/jobs`` for MinJobAge: filtered here)."""
-        return [job_view(j) for j in await self.raw_jobs() if is_running(j)]
+        return _running_jobs(await self._read_collection("jobs"))
 
     async def running_jobs_if_changed(self, since: float) -> list[slurm_sync.JobView] | None:
         """:meth:`running_jobs` if any job changed after ``since``, else None."""
-        try:
-            data = await self._read_collection("jobs", since)
-        except Unchanged:
-            return None
-        except Refused:
-            return await self.running_jobs()
-        return [job_view(j) for j in data.get("jobs") or [] if is_running(j)]
+        data = await self._collection_if_changed("jobs", since)
+        return None if data is None else _running_jobs(data)
 
     # -- writes (v0.0.40+) ---------------------------------------------------------
 
@@ -426,6 +415,16 @@ class SlurmRest:
     async def reconfigure(self) -> None:
         self._require_updates()
         await self._send("GET", self._list("reconfigure"))
+
+
+def _node_views(data: Mapping[str, Any]) -> dict[str, slurm_sync.SlurmView]:
+    """Every node of a ``/nodes`` answer, by name."""
+    return {str(n["name"]): node_view(n) for n in data.get("nodes") or []}
+
+
+def _running_jobs(data: Mapping[str, Any]) -> list[slurm_sync.JobView]:
+    """The jobs of a ``/jobs`` answer that hold nodes."""
+    return [job_view(j) for j in data.get("jobs") or [] if is_running(j)]
 
 
 class Refused(SlurmUnavailable):
