@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -74,6 +75,13 @@ def controller(
             "label and record; they are acted on at once); 0: each at once.",
         ),
     ] = 50.0,
+    node_selector: Annotated[
+        str,
+        typer.Option(
+            help="key=value[,key=value]: manage only the Nodes with these labels (e.g. "
+            "nvidia.com/gpu.present=true); '' manages every Node."
+        ),
+    ] = "",
     verbose: VerboseOpt = False,
 ) -> None:
     """Run the lifecycle controller: faults -> cordon, drain, remediation ladder, verification.
@@ -86,6 +94,8 @@ def controller(
 
         gpufleet controller --kubeconfig ~/.kube/config --policy-name default --metrics-port 29441
 
+        gpufleet controller --node-selector nvidia.com/gpu.present=true
+
         gpufleet controller --ticket-webhook https://tickets.example.com/gpufleet \\
             --ticket-auth-file /etc/gpufleet/ticket/authorization
     """
@@ -93,6 +103,10 @@ def controller(
         raise typer.BadParameter(
             f"must be an http(s) URL, got {ticket_webhook!r}", param_hint="--ticket-webhook"
         )
+    try:
+        selector = parse_node_selector(node_selector)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--node-selector") from None
     logs.configure(verbose)
     # Imported here: kopf and the controller take a second to import, which
     # every other gpufleet command would pay at start-up.
@@ -111,6 +125,7 @@ def controller(
         ticket_retry_max_s=max(ticket_retry_max, ticket_retry),
         evidence_namespace=evidence_namespace,
         adoption_writes_per_s=adoption_rate,
+        node_selector=selector,
     )
     options = RunOptions(
         kubeconfig=kubeconfig_arg(kubeconfig),
@@ -120,3 +135,23 @@ def controller(
         priority=priority,
     )
     asyncio.run(run(settings, options))
+
+
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?{_NAME}$")
+LABEL_VALUE = re.compile(rf"^({_NAME})?$")
+
+
+def parse_node_selector(text: str) -> dict[str, str]:
+    """``key=value,...`` -> labels; ValueError naming what is wrong (only equality: kopf
+    filters the watch by exact label values, the list by the same selector)."""
+    labels: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not LABEL_KEY.match(key) or not LABEL_VALUE.match(value):
+            raise ValueError(f"{part!r}: expected key=value with a label's key and value")
+        if key in labels:
+            raise ValueError(f"{key!r} given twice")
+        labels[key] = value
+    return labels

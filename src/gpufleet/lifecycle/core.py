@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.clock import SYSTEM_CLOCK, Clock
@@ -72,6 +72,9 @@ class ControllerSettings:
     """...up to this (the call is retried until the receiver acknowledges it)."""
     evidence_namespace: str | None = None
     """Where evidence bundles (ConfigMaps) are stored; None: the event namespace."""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    """Labels (exact values) of the Nodes the controller manages; empty: every Node. A
+    cluster's CPU and system nodes (where the controller itself runs) are left alone."""
     adoption_writes_per_s: float = 50.0
     """First writes of healthy nodes gpufleet has never seen, per second (decision 0124):
     they are acted on at once and labelled at this pace; 0 writes each at once."""

@@ -18,6 +18,7 @@ import logging
 import os
 import random
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,12 +56,61 @@ class RunOptions:
     """Peering priority; None: random (two replicas never tie)."""
 
 
-def build_registry(ctl: Controller, options: RunOptions) -> kopf.OperatorRegistry:
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SERVICE_ACCOUNT_TOKEN = f"{SERVICE_ACCOUNT_DIR}/token"
+
+
+def uses_service_account(env: Mapping[str, str], token_file: str = SERVICE_ACCOUNT_TOKEN) -> bool:
+    """In a pod with no kubeconfig named: the pod's ServiceAccount, as kr8s does for
+    :class:`~gpufleet.kubeapi.KubeApi` (kopf's kubeconfig login finds no file there)."""
+    return not env.get("KUBECONFIG") and os.path.isfile(token_file)
+
+
+def service_account_login(
+    env: Mapping[str, str], directory: str = SERVICE_ACCOUNT_DIR
+) -> kopf.ConnectionInfo:
+    """The pod's ServiceAccount, at the address the kubelet put in the environment
+    (``KUBERNETES_SERVICE_HOST``/``_PORT``), as client-go's in-cluster config does.
+
+    Not kopf's own service-account login: it dials ``kubernetes.default.svc``, which
+    needs cluster DNS, so a controller on a cluster whose DNS is down could not act,
+    and that is when nodes need it. The token is read on every login: kopf logs in again
+    after a 401, which is how a rotated (projected) token is picked up.
+    """
+    host = env.get("KUBERNETES_SERVICE_HOST", "")
+    port = env.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host:
+        raise kopf.LoginError("in a pod without KUBERNETES_SERVICE_HOST: no apiserver to call")
+    if ":" in host:
+        host = f"[{host}]"  # IPv6
+    with open(f"{directory}/token", encoding="utf-8") as f:
+        token = f.read().strip()
+    namespace = None
+    if os.path.isfile(f"{directory}/namespace"):
+        with open(f"{directory}/namespace", encoding="utf-8") as f:
+            namespace = f.read().strip() or None
+    ca = f"{directory}/ca.crt"
+    return kopf.ConnectionInfo(
+        server=f"https://{host}:{port}",
+        ca_path=ca if os.path.isfile(ca) else None,
+        token=token or None,
+        default_namespace=namespace,
+    )
+
+
+def build_registry(
+    ctl: Controller, options: RunOptions, primed: Callable[[], None] = lambda: None
+) -> kopf.OperatorRegistry:
+    """The controller's handlers; ``primed`` is called once every record is held (the
+    metrics endpoint starts then: the chart's probes read it, so a replica is Ready only
+    once it could log in and list the fleet, active or standing by)."""
     registry = kopf.OperatorRegistry()
     policy_name = ctl.settings.policy_name
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:
+        if uses_service_account(os.environ):
+            return service_account_login(os.environ)
         return kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
@@ -75,12 +125,15 @@ def build_registry(ctl: Controller, options: RunOptions) -> kopf.OperatorRegistr
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         await ctl.prime()
+        primed()
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
         await ctl.close()
 
-    @kopf.on.event("", "v1", "nodes", registry=registry)
+    @kopf.on.event(
+        "", "v1", "nodes", registry=registry, labels=dict(ctl.settings.node_selector) or None
+    )
     async def node_event(type: str, body: kopf.Body, **_: Any) -> None:
         if type == "DELETED":
             ctl.on_node_deleted(body["metadata"]["name"])
@@ -150,14 +203,17 @@ async def run(
     if options.kubeconfig:
         os.environ["KUBECONFIG"] = options.kubeconfig
     metrics = Metrics()
-    if options.metrics_port:
-        start_http_server(
-            options.metrics_port, addr=options.metrics_address, registry=metrics.registry
-        )
+
+    def serve_metrics() -> None:
+        if options.metrics_port:
+            start_http_server(
+                options.metrics_port, addr=options.metrics_address, registry=metrics.registry
+            )
+
     client = await KubeApi.connect(options.kubeconfig, max_in_flight=SERVICE_IN_FLIGHT)
     metrics.count_requests(client.requests)
     ctl = Controller(client, settings, metrics)
-    registry = build_registry(ctl, options)
+    registry = build_registry(ctl, options, primed=serve_metrics)
     priority = options.priority if options.priority is not None else random.randint(1, 32767)
     await kopf.operator(
         registry=registry,

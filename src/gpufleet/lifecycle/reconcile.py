@@ -32,7 +32,8 @@ class NodePass(ControllerCore):
 
     async def prime(self) -> None:
         """Load every Node's record before the first decision (budget needs the whole fleet)."""
-        listing = await self.client.list(NODES)
+        selector = ",".join(f"{k}={v}" for k, v in sorted(self.settings.node_selector.items()))
+        listing = await self.client.list(NODES, label_selector=selector)
         now = self.clock.now()
         for body in listing.items:
             record, _ = nodes.record_of(body, now)
