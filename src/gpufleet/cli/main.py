@@ -17,6 +17,7 @@ from gpufleet.cli import (
     demo_cmd,
     health_cmd,
     image_cmd,
+    images_cmd,
     local_cmd,
     maintenance_cmd,
     nodes_cmd,
@@ -76,6 +77,7 @@ app.add_typer(agent_cmd.app, name="agent")
 app.add_typer(local_cmd.app, name="local")
 local_cmd.app.add_typer(image_cmd.app, name="image")  # gpufleet local image ...
 local_cmd.app.add_typer(slurm_image_cmd.app, name="slurm-image")
+local_cmd.app.add_typer(images_cmd.app, name="images")  # gpufleet local images ...
 app.command("demo")(demo_cmd.demo)
 app.command("status")(status_cmd.status)
 app.command("controller")(controller_cmd.controller)

@@ -1,4 +1,5 @@
-"""Single-binary OCI images, written as an image-layout tar that ``ctr images import`` reads.
+"""OCI images: single-binary ones as an image-layout tar that ``ctr images import`` reads,
+and the blobs of the gpufleet and Slurm images (:mod:`gpufleet.local.images`).
 
 No registry is reachable from the machines of the local cluster, so the node
 image carries the one image every pod needs, the sandbox ("pause") image,
@@ -47,8 +48,71 @@ def _tar_member(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644)
     tar.addfile(info, io.BytesIO(data))
 
 
-def _json(obj: object) -> bytes:
+def dumps(obj: object) -> bytes:
+    """Canonical JSON (sorted keys, no spaces): the same object always has the same digest."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class ImageBlobs:
+    """An image's config and manifest blobs (its layers are stored apart)."""
+
+    config: Blob
+    manifest: Blob
+
+    @property
+    def blobs(self) -> tuple[Blob, Blob]:
+        return (self.config, self.manifest)
+
+
+def image_blobs(config: dict[str, object], layers: list[tuple[str, int]]) -> ImageBlobs:
+    """Config and manifest of a linux/amd64 image of uncompressed ``layers`` ((digest, size),
+    bottom first): an uncompressed layer's diff ID is its digest."""
+    config_blob = Blob(
+        CONFIG_TYPE,
+        dumps(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": config,
+                "rootfs": {"type": "layers", "diff_ids": [digest for digest, _ in layers]},
+            }
+        ),
+    )
+    manifest = Blob(
+        MANIFEST_TYPE,
+        dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": MANIFEST_TYPE,
+                "config": config_blob.descriptor(),
+                "layers": [
+                    {"mediaType": LAYER_TYPE, "digest": digest, "size": size}
+                    for digest, size in layers
+                ],
+            }
+        ),
+    )
+    return ImageBlobs(config_blob, manifest)
+
+
+def _check_reference(reference: str) -> None:
+    if ":" not in reference.rsplit("/", 1)[-1]:
+        raise ValueError(f"reference needs a tag (name:tag), got {reference!r}")
+
+
+def index_entry(manifest: Blob, reference: str) -> dict[str, object]:
+    """The image index's entry naming ``manifest`` as ``reference`` (containerd's and OCI's
+    annotations)."""
+    _check_reference(reference)
+    return {
+        **manifest.descriptor(),
+        "platform": {"architecture": "amd64", "os": "linux"},
+        "annotations": {
+            "io.containerd.image.name": reference,
+            "org.opencontainers.image.ref.name": reference.rsplit(":", 1)[1],
+        },
+    }
 
 
 def single_binary_image(binary: bytes, *, path: str, reference: str) -> bytes:
@@ -59,53 +123,24 @@ def single_binary_image(binary: bytes, *, path: str, reference: str) -> bytes:
     """
     if "/" in path or not path:
         raise ValueError(f"path must be a file name in /, got {path!r}")
-    if ":" not in reference.rsplit("/", 1)[-1]:
-        raise ValueError(f"reference needs a tag (name:tag), got {reference!r}")
+    _check_reference(reference)
     layer_buf = io.BytesIO()
     with tarfile.open(fileobj=layer_buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _tar_member(tar, path, binary, mode=0o755)
     layer = Blob(LAYER_TYPE, layer_buf.getvalue())
-    config = Blob(
-        CONFIG_TYPE,
-        _json(
-            {
-                "architecture": "amd64",
-                "os": "linux",
-                "config": {"Entrypoint": [f"/{path}"], "User": "65535:65535"},
-                "rootfs": {"type": "layers", "diff_ids": [layer.digest]},
-            }
-        ),
-    )
-    manifest = Blob(
-        MANIFEST_TYPE,
-        _json(
-            {
-                "schemaVersion": 2,
-                "mediaType": MANIFEST_TYPE,
-                "config": config.descriptor(),
-                "layers": [layer.descriptor()],
-            }
-        ),
+    image = image_blobs(
+        {"Entrypoint": [f"/{path}"], "User": "65535:65535"}, [(layer.digest, len(layer.data))]
     )
     index = {
         "schemaVersion": 2,
         "mediaType": INDEX_TYPE,
-        "manifests": [
-            {
-                **manifest.descriptor(),
-                "platform": {"architecture": "amd64", "os": "linux"},
-                "annotations": {
-                    "io.containerd.image.name": reference,
-                    "org.opencontainers.image.ref.name": reference.rsplit(":", 1)[1],
-                },
-            }
-        ],
+        "manifests": [index_entry(image.manifest, reference)],
     }
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _tar_member(tar, "oci-layout", _json({"imageLayoutVersion": "1.0.0"}))
-        _tar_member(tar, "index.json", _json(index))
-        for blob in (config, layer, manifest):
+        _tar_member(tar, "oci-layout", dumps({"imageLayoutVersion": "1.0.0"}))
+        _tar_member(tar, "index.json", dumps(index))
+        for blob in (image.config, layer, image.manifest):
             _tar_member(tar, f"blobs/sha256/{blob.digest.removeprefix('sha256:')}", blob.data)
     return out.getvalue()
 

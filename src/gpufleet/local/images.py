@@ -1,0 +1,477 @@
+"""Container images of gpufleet and Slurm, built from this checkout with no registry.
+
+Two images share their first layer::
+
+    gpufleet.local/slurm:24.11-<k>      [slurm]
+    gpufleet.local/gpufleet:<v>-<k>     [slurm, python, app]
+
+- **slurm**: the Slurm 24.11 root (:mod:`gpufleet.local.slurm_root`: Debian 13
+  minbase, slurmctld, slurmd, slurmrestd, sackd, slurmdbd, munge, the clients and
+  the JWT plugin) as one layer. The chart's Slurm pods run it.
+- **python**: Debian 13's Python and a venv at ``/opt/gpufleet`` holding
+  gpufleet's runtime dependencies at the versions the tests ran (the node image's
+  list: :func:`gpufleet.local.node_image.node_requirements`).
+- **app**: this checkout's wheel installed into that venv, byte-compiled.
+
+gpufleet's image sits on the Slurm root because the syncer and the operator run
+the release's ``scontrol`` (requeue, reservations, reconfigure on 22.05); the
+agent and the controller do not need it, and one image is simpler to ship. A
+node pulls the shared layer once.
+
+The python and app layers are written by a command chrooted into an overlay of
+the layers below (``scripts/images/overlay-run.sh``): the overlay's upper
+directory *is* the layer, its whiteouts become OCI whiteouts. Layers are
+uncompressed tars (the local registry is on loopback; a gunzip under software
+emulation costs more than the bytes), cached by key under
+``~/.cache/gpufleet/images/layers/<key>``; a commit that changes only gpufleet's
+code rebuilds only the app layer (seconds). The images are an OCI image layout
+per combination under ``images/store/<key>`` (blobs hard-linked to the
+layers), which :mod:`gpufleet.local.registry` serves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from gpufleet.local import binaries, node_image, oci, slurm_root
+
+REGISTRY_HOST = "gpufleet.local"
+"""The registry name in every image reference; a node's containerd maps it to the
+local registry (``/etc/containerd/certs.d/gpufleet.local/hosts.toml``)."""
+GPUFLEET_REPOSITORY = f"{REGISTRY_HOST}/gpufleet"
+SLURM_REPOSITORY = f"{REGISTRY_HOST}/slurm"
+ROOT_PATH = "/opt/gpufleet/bin:" + slurm_root.ROOT_PATH
+KEY_SCHEMA = 1
+KEEP_STORES = 3
+KEEP_APP_LAYERS = 4
+NOT_IN_LAYERS = ("dev", "proc", "sys", "tmp")
+"""Directories kept empty in a layer: the runtime mounts them."""
+OPAQUE_XATTR = "trusted.overlay.opaque"
+
+Progress = Callable[[str], None]
+
+
+class ImageError(RuntimeError):
+    """An image cannot be built; the message says why and what to do."""
+
+
+def cache_root() -> Path:
+    """``$GPUFLEET_CACHE/images`` (default ``~/.cache/gpufleet/images``)."""
+    return node_image.cache_root().with_name("images")
+
+
+def scripts_dir() -> Path:
+    repo = binaries.repo_root()
+    if repo is None:
+        raise ImageError("images are built from a gpufleet source checkout (pip install -e .)")
+    return repo / "scripts" / "images"
+
+
+def _key(kind: str, inputs: dict[str, Any]) -> str:
+    blob = json.dumps({"schema": KEY_SCHEMA, **inputs}, sort_keys=True).encode()
+    return f"{kind}-{hashlib.sha256(blob).hexdigest()[:12]}"
+
+
+# ------------------------------------------------------------------ layer tars
+
+
+class _HashingWriter:
+    """A write-only file that hashes and counts what passes through it."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.out.write(data)
+
+
+def _walk(tree: Path, directory: Path | None = None) -> Iterator[Path]:
+    """Every path under ``tree`` in name order, parents first, links not followed; the
+    contents of :data:`NOT_IN_LAYERS` left out."""
+    for entry in sorted(os.scandir(directory or tree), key=lambda e: e.name):
+        path = Path(entry.path)
+        yield path
+        rel = path.relative_to(tree).as_posix()
+        if entry.is_dir(follow_symlinks=False) and rel not in NOT_IN_LAYERS:
+            yield from _walk(tree, path)
+
+
+def _is_opaque(path: Path) -> bool:
+    try:
+        return os.getxattr(path, OPAQUE_XATTR, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def write_layer(tree: Path, out: Path, *, overlay_upper: bool = False) -> tuple[str, int]:
+    """Write ``tree`` as an uncompressed layer tar at ``out``; returns (digest, bytes).
+
+    Owners, modes, times and hard links are kept (the venv's byte code checks the
+    times of its sources); entries are in name order. With ``overlay_upper``,
+    overlayfs whiteouts (0/0 character devices) become ``.wh.<name>`` files and
+    opaque directories get ``.wh..wh..opq``, as the OCI layer format says.
+    """
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "wb") as raw:
+        sink = _HashingWriter(raw)
+        with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+            for path in _walk(tree):
+                arc = path.relative_to(tree).as_posix()
+                st = path.lstat()
+                if overlay_upper and stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                    info = tarfile.TarInfo(f"{os.path.dirname(arc)}/.wh.{path.name}".lstrip("/"))
+                    info.mtime = int(st.st_mtime)
+                    tar.addfile(info)
+                    continue
+                if stat.S_ISSOCK(st.st_mode):
+                    continue
+                info = tar.gettarinfo(str(path), arcname=arc)
+                info.uname = info.gname = ""
+                if info.isreg():
+                    with open(path, "rb") as f:
+                        tar.addfile(info, f)
+                else:
+                    tar.addfile(info)
+                if overlay_upper and info.isdir() and _is_opaque(path):
+                    tar.addfile(tarfile.TarInfo(f"{arc}/.wh..wh..opq"))
+        raw.flush()
+        os.fsync(raw.fileno())
+    os.replace(tmp, out)
+    return "sha256:" + sink.sha.hexdigest(), sink.size
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A cached layer: its tar, and the tree it was made from (a lower for the next)."""
+
+    key: str
+    directory: Path
+    tree: Path
+    digest: str
+    size: int
+
+    @property
+    def tar(self) -> Path:
+        return self.directory / "layer.tar"
+
+
+def _load_layer(directory: Path, tree: Path) -> Layer | None:
+    try:
+        meta = json.loads((directory / "layer.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not (directory / "layer.tar").is_file() or not tree.is_dir():
+        return None
+    return Layer(directory.name, directory, tree, str(meta["digest"]), int(meta["size"]))
+
+
+def _layer(
+    key: str,
+    progress: Progress,
+    make: Callable[[Path], Path],
+    *,
+    overlay_upper: bool,
+    extra: dict[str, object] | None = None,
+) -> tuple[Layer, bool]:
+    """The cached layer ``key``, or build it: ``make(staging)`` fills a tree, returns it."""
+    root = cache_root() / "layers"
+    final = root / key
+    if (found := _load_layer(final, _tree_of(final, overlay_upper))) is not None:
+        return found, False
+    root.mkdir(parents=True, exist_ok=True)
+    staging_root = node_image.staging_root(root)
+    for stale in node_image.remove_stale_builds(staging_root):
+        progress(f"removed an interrupted build: {stale}")
+    staging = staging_root / f"{key}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        tree = make(staging)
+        progress(f"writing layer {key}")
+        digest, size = write_layer(tree, staging / "layer.tar", overlay_upper=overlay_upper)
+        meta = {"key": key, "digest": digest, "size": size, "tree": str(tree), **(extra or {})}
+        (staging / "layer.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        node_image.publish(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    found = _load_layer(final, _tree_of(final, overlay_upper))
+    assert found is not None
+    return found, True
+
+
+def _tree_of(directory: Path, overlay_upper: bool) -> Path:
+    """The tree a layer was made from: its own ``upper/``, or (the Slurm root's) another."""
+    if overlay_upper:
+        return directory / "upper"
+    try:
+        return Path(json.loads((directory / "layer.json").read_text())["tree"])
+    except (OSError, ValueError, KeyError):
+        return directory / "missing"
+
+
+def _overlay_run(
+    lowers: list[Path],
+    upper: Path,
+    work: Path,
+    command: list[str],
+    *,
+    binds: dict[Path, str],
+    net: bool,
+    what: str,
+    progress: Progress,
+) -> list[str]:
+    """Run ``command`` chrooted into lowers + upper; returns its output lines."""
+    cmd = [
+        str(scripts_dir() / "overlay-run.sh"),
+        "--lower", ":".join(str(p) for p in reversed(lowers)),
+        "--upper", str(upper), "--work", str(work),
+    ]  # fmt: skip
+    for src, dst in binds.items():
+        cmd += ["--bind", f"{src}:{dst}"]
+    if net:
+        cmd.append("--net")
+    proc = subprocess.run(
+        [*cmd, "--", *command], capture_output=True, text=True, timeout=1800, check=False
+    )
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    for line in lines[-5:]:
+        progress(f"  {line}")
+    if proc.returncode != 0:
+        tail = "\n".join(lines[-20:])
+        raise ImageError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+    return lines
+
+
+# ------------------------------------------------------------------ the images
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """The built images: an OCI image layout holding both, and their references."""
+
+    layout: Path
+    gpufleet: str
+    slurm: str
+    built: list[str]
+    """Keys of the layers this call built (empty when all were cached)."""
+    seconds: float
+
+    @property
+    def gpufleet_tag(self) -> str:
+        return self.gpufleet.rsplit(":", 1)[1]
+
+    @property
+    def slurm_tag(self) -> str:
+        return self.slurm.rsplit(":", 1)[1]
+
+
+def _check_host() -> None:
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("needs root (overlay mounts and chroot): run it as root")
+    if shutil.which("unshare") is None:
+        problems.append("unshare is missing: apt-get install util-linux")
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        problems.append("the kernel has no overlay filesystem (modprobe overlay)")
+    if problems:
+        raise ImageError("cannot build the images:\n  " + "\n  ".join(problems))
+
+
+def build(*, progress: Progress = print, wheel: Path | None = None) -> ImageSet:
+    """Build (or find cached) the Slurm and gpufleet images of this checkout.
+
+    Builds the Slurm root first when it is missing (about two minutes), then
+    the python layer (a minute, once per dependency set), the app layer (seconds,
+    once per wheel) and the image layout.
+    """
+    from gpufleet.local.wheel import WheelError, build_wheel
+
+    start = time.monotonic()
+    _check_host()
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    built: list[str] = []
+    with node_image.build_lock(root, progress, what="image"):
+        try:
+            slurm = slurm_root.build(progress=progress).root
+        except slurm_root.SlurmRootError as exc:
+            raise ImageError(str(exc)) from exc
+        slurm_version = slurm.version.split("-")[0]
+
+        base, new = _layer(
+            _key("slurm", {"slurm_root": slurm.directory.name}),
+            progress,
+            lambda _staging: slurm.tree,
+            overlay_upper=False,
+            extra={"slurm": slurm.version},
+        )
+        if new:
+            built.append(base.key)
+
+        requirements = node_image.node_requirements()
+        scripts = node_image.tree_digests(scripts_dir())
+        python_key = _key(
+            "python", {"below": base.key, "requirements": requirements, "scripts": scripts}
+        )
+
+        def make_python(staging: Path) -> Path:
+            mirror = os.environ.get("GPUFLEET_DEBIAN_MIRROR") or node_image.host_mirror()
+            wheels = staging / "wheels"
+            wheels.mkdir()
+            progress(f"python layer: wheels of {len(requirements)} dependencies")
+            node_image.download_wheels(requirements, wheels.parent)
+            shutil.move(str(staging / "requirements.txt"), wheels / "requirements.txt")
+            progress("python layer: Debian 13's python3 and the venv (about a minute)")
+            upper = staging / "upper"
+            _overlay_run(
+                [base.tree], upper, staging / "work",
+                ["/bin/sh", "/mnt/build/python-layer.sh", mirror, slurm_root.SUITE],
+                binds={wheels: "/mnt/wheels", scripts_dir(): "/mnt/build"},
+                net=True, what="the python layer", progress=progress,
+            )  # fmt: skip
+            shutil.rmtree(wheels)
+            shutil.rmtree(staging / "work", ignore_errors=True)
+            return upper
+
+        python, new = _layer(python_key, progress, make_python, overlay_upper=True)
+        if new:
+            built.append(python.key)
+
+        wheel_dir = root / "wheel"
+        if wheel is None:
+            try:
+                wheel = build_wheel(wheel_dir)
+            except WheelError as exc:
+                raise ImageError(str(exc)) from exc
+        wheel_sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        app_key = _key("app", {"below": python.key, "wheel": wheel_sha})
+
+        def make_app(staging: Path) -> Path:
+            upper = staging / "upper"
+            drop = staging / "wheel"
+            drop.mkdir()
+            shutil.copy2(wheel, drop / wheel.name)
+            _overlay_run(
+                [base.tree, python.tree], upper, staging / "work",
+                ["/opt/gpufleet/bin/pip", "install", "--quiet", "--no-cache-dir", "--no-index",
+                 "--no-deps", f"/mnt/wheel/{wheel.name}"],
+                binds={drop: "/mnt/wheel"}, net=False, what="the app layer", progress=progress,
+            )  # fmt: skip
+            shutil.rmtree(drop)
+            shutil.rmtree(staging / "work", ignore_errors=True)
+            return upper
+
+        app, new = _layer(app_key, progress, make_app, overlay_upper=True)
+        if new:
+            built.append(app.key)
+        version = wheel.name.split("-")[1]
+        gpufleet_ref = f"{GPUFLEET_REPOSITORY}:{version}-{app.key.split('-')[1][:8]}"
+        slurm_ref = f"{SLURM_REPOSITORY}:{slurm_version}-{base.key.split('-')[1][:8]}"
+        store = root / "store" / app.key
+        if not (store / "index.json").is_file():
+            _write_store(
+                store,
+                {
+                    slurm_ref: ([base], SLURM_CONFIG),
+                    gpufleet_ref: ([base, python, app], gpufleet_config(version)),
+                },
+            )
+        node_image.prune(root / "store", KEEP_STORES, app.key)
+        _prune_app_layers(root / "layers", keep=KEEP_APP_LAYERS, current=app.key)
+    return ImageSet(store, gpufleet_ref, slurm_ref, built, time.monotonic() - start)
+
+
+def _prune_app_layers(layers: Path, *, keep: int, current: str) -> None:
+    apps = sorted(
+        (p for p in layers.glob("app-*") if p.name != current),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in apps[keep - 1 :]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+SLURM_CONFIG: dict[str, Any] = {
+    "Env": [f"PATH={slurm_root.ROOT_PATH}"],
+    "Cmd": ["/bin/sh"],
+    "WorkingDir": "/",
+    "Labels": {"org.opencontainers.image.title": "Slurm 24.11 (Debian 13) for gpufleet"},
+}
+
+
+def gpufleet_config(version: str) -> dict[str, Any]:
+    return {
+        "Env": [f"PATH={ROOT_PATH}", "PYTHONUNBUFFERED=1", "PYTHONDONTWRITEBYTECODE=1"],
+        "Entrypoint": ["/opt/gpufleet/bin/gpufleet"],
+        "WorkingDir": "/",
+        "Labels": {
+            "org.opencontainers.image.title": "gpufleet",
+            "org.opencontainers.image.version": version,
+        },
+    }
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    if dst.exists():
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _write_store(store: Path, images: dict[str, tuple[list[Layer], dict[str, Any]]]) -> None:
+    """An OCI image layout at ``store`` naming every image of ``images``."""
+    staging = store.with_name(f".{store.name}-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    blobs = staging / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    manifests = []
+    for reference, (layers, config) in images.items():
+        for layer in layers:
+            _link_or_copy(layer.tar, blobs / layer.digest.removeprefix("sha256:"))
+        blob_list = oci.image_blobs(config, [(layer.digest, layer.size) for layer in layers])
+        for blob in blob_list.blobs:
+            (blobs / blob.digest.removeprefix("sha256:")).write_bytes(blob.data)
+        manifests.append(oci.index_entry(blob_list.manifest, reference))
+    (staging / "oci-layout").write_bytes(oci.dumps({"imageLayoutVersion": "1.0.0"}))
+    (staging / "index.json").write_bytes(
+        oci.dumps({"schemaVersion": 2, "mediaType": oci.INDEX_TYPE, "manifests": manifests})
+    )
+    node_image.publish(staging, store)
+
+
+def layout_images(layout: Path) -> dict[str, str]:
+    """``reference -> manifest digest`` of an image layout's index."""
+    index = json.loads((layout / "index.json").read_text())
+    return {
+        m["annotations"]["io.containerd.image.name"]: m["digest"]
+        for m in index.get("manifests", [])
+        if "io.containerd.image.name" in (m.get("annotations") or {})
+    }
+
+
+def link_layout(src: Path, dst: Path) -> None:
+    """A copy of layout ``src`` at ``dst`` made of hard links (a cluster serves its own:
+    a rebuild that prunes the cache does not pull images from under a running cluster)."""
+    (dst / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    for blob in (src / "blobs" / "sha256").iterdir():
+        _link_or_copy(blob, dst / "blobs" / "sha256" / blob.name)
+    for name in ("oci-layout", "index.json"):
+        shutil.copyfile(src / name, dst / name)
