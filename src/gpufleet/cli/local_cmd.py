@@ -75,6 +75,10 @@ def _print_usage(info: local_cluster.ClusterInfo, name_args: str) -> None:
                 f"    {m.name}  MAC {m.mac}  BMC {info.bmcs[m.name].url}  console {m.console_log}",
                 highlight=False,
             )
+    if info.images:
+        out.print(f"  registry:    {info.registry_url} (machines pull from it)", highlight=False)
+        for image in info.images.values():
+            out.print(f"    {image}", highlight=False)
     out.print(
         f'\nPoint kubectl and sinfo at it (or run: eval "$(gpufleet local env{name_args})"):',
         highlight=False,
@@ -110,7 +114,24 @@ def up(
         "through gpufleet provision and join with kubeadm (needs `gpufleet local image build`).",
     ),
     machine_memory: int = typer.Option(
-        1536, "--machine-memory", min=512, max=2048, help="MiB of memory per machine."
+        1536, "--machine-memory", min=512, max=4096, help="MiB of memory per machine."
+    ),
+    images: bool = typer.Option(
+        False,
+        "--images",
+        help="Build this checkout's gpufleet and Slurm images (`gpufleet local images build`) "
+        "and serve them to the machines from a local registry: the chart's pods pull them.",
+    ),
+    machine_pools: str = typer.Option(
+        "",
+        "--machine-pools",
+        help="Comma-separated pool of each machine in order (the rest: machines), e.g. "
+        "system,machines: the first is a system node for the chart's controller.",
+    ),
+    no_machine_agent: bool = typer.Option(
+        False,
+        "--no-machine-agent",
+        help="Run no agent on the machines as a host service (the chart's DaemonSet runs it).",
     ),
     node_image: Path | None = typer.Option(
         None,
@@ -136,6 +157,12 @@ def up(
     a few minutes, its console is logs/machine-vm-node-0000.console.log):
 
         gpufleet local up --nodes 2 --machines 1
+
+    Ready for the Helm chart (docs/install.md, "On the local cluster"): images served to the
+    machines, a system machine for the controller, the agent left to the chart:
+
+        gpufleet local up --nodes 1 --no-slurm --machines 2 --machine-pools system \\
+            --machine-memory 2560 --images --no-machine-agent
     """
     spec = local_cluster.ClusterSpec(
         nodes=nodes,
@@ -147,6 +174,8 @@ def up(
         machines=machines,
         machine_memory_mib=machine_memory,
         node_image=node_image,
+        images=images,
+        machine_agent=not no_machine_agent,
     )
     cluster = local_cluster.LocalCluster(spec, progress=lambda msg: console.print(f"  {msg}"))
     console.print(f"Starting a local cluster with {nodes} nodes x {gpus_per_node} GPUs ...")

@@ -79,6 +79,13 @@ def serve_cmd(
     agent_args: Annotated[
         str, typer.Option(help="Extra `gpufleet agent` arguments on the node.")
     ] = "",
+    registry_mirror: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="REGISTRY=URL: the nodes' containerd pulls REGISTRY/... images from URL "
+            "(repeatable), e.g. gpufleet.local=http://10.0.2.100:5000."
+        ),
+    ] = None,
 ) -> None:
     """Serve iPXE scripts, cloud-init and single-use join tokens to known machines.
 
@@ -93,6 +100,10 @@ def serve_cmd(
             --boot-dir ~/.cache/gpufleet/node-image/KEY \\
             --kernel-url http://10.0.2.100:8080/boot/vmlinuz
 
+    Pointing the nodes' containerd at a registry without TLS (the local cluster's):
+
+        gpufleet provision serve --registry-mirror gpufleet.local=http://10.0.2.100:5000
+
     Serving named image versions for reimages (a MaintenancePlan with spec.image v2 boots
     http://10.0.0.2/images/v2/vmlinuz, initrd.img, rootfs.squashfs):
 
@@ -101,8 +112,13 @@ def serve_cmd(
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from gpufleet.provision.render import parse_registry_mirror
     from gpufleet.provision.server import ServeOptions, serve  # fastapi: slow to import
 
+    try:
+        mirrors = tuple(parse_registry_mirror(m) for m in registry_mirror or [])
+    except ValueError as exc:
+        fail(f"--registry-mirror {exc}")
     options = ServeOptions(
         kubeconfig=kubeconfig,
         host=host,
@@ -117,6 +133,7 @@ def serve_cmd(
         agent_wheel_url=agent_wheel_url,
         agent_wheel_sha256=agent_wheel_sha256,
         agent_args=agent_args,
+        registry_mirrors=mirrors,
     )
     if boot_dir is not None and not boot_dir.is_dir():
         fail(f"--boot-dir {boot_dir}: not a directory")

@@ -85,6 +85,19 @@ class ClusterSpec:
     """Press every machine's power button at the end of start-up."""
     token_ttl_s: float = 900.0
     """Lifetime of the machines' join tokens (the provisioning service's ``--token-ttl``)."""
+    images: bool = False
+    """Ready the machines for the Helm chart: build this checkout's gpufleet and Slurm
+    images (:mod:`gpufleet.local.images`) and serve them from a registry on 127.0.0.1
+    (component ``registry``) whose ``gpufleet.local/...`` their containerd pulls; the
+    Machines name their BMCs at the address machines reach the host by (the chart's
+    controller runs in a pod on a machine), and every machine may reach them."""
+    machine_pools: tuple[str, ...] = ()
+    """The pool (Machine ``spec.pool``, Node label ``gpufleet.io/pool``) of each machine,
+    in order; machines past the end are in ``machines``. E.g. ``("system",)``: the first
+    machine is a system node (where the chart's controller runs) and the rest GPU nodes."""
+    machine_agent: bool = True
+    """Run the agent on each machine as a host service installed from the wheel; False
+    when the chart's agent DaemonSet runs it instead."""
 
     def node_names(self) -> tuple[str, ...]:
         return tuple(f"{self.node_prefix}{i:04d}" for i in range(self.nodes))
@@ -145,6 +158,11 @@ class ClusterInfo:
     """The real machines (``ClusterSpec.machines``); their BMCs are in ``bmcs``."""
     provision_url: str | None = None
     """``gpufleet provision serve`` of the machines, from the host."""
+    images: dict[str, str] = field(default_factory=dict)
+    """``gpufleet`` and ``slurm`` -> the image reference the machines pull
+    (``ClusterSpec.images``)."""
+    registry_url: str | None = None
+    """The machines' registry, from the host (``GET /v2/...``)."""
 
     @property
     def logs_dir(self) -> Path:
@@ -225,6 +243,7 @@ class LocalCluster:
         self.info: ClusterInfo | None = None
         self._owns_run_dir = spec.run_dir is None
         self._boot_dir = Path()
+        self._images_layout = Path()
 
     # -- helpers -------------------------------------------------------------
 
@@ -303,7 +322,7 @@ class LocalCluster:
         need_quiet = 1 if spec.slurm and n_with < len(names) else 0
         need_bmc = len(names) if spec.redfish else 0
         per_node = need_slurmd + need_quiet + need_bmc
-        got = processes.free_ports(9 + per_node + 1 + spec.machines * 2)
+        got = processes.free_ports(9 + per_node + 2 + spec.machines * 2)
         chosen = iter(got[9 : 9 + per_node])
         slurmd = [next(chosen) if i < need_slurmd else 0 for i in range(len(names))]
         quiet_port = next(chosen) if need_quiet else 0
@@ -407,9 +426,9 @@ class LocalCluster:
         assert self.info is not None
         if spec.machines <= 0:
             return {}
-        if spec.machine_memory_mib > 2048 or spec.machine_memory_mib < 512:
+        if spec.machine_memory_mib > 4096 or spec.machine_memory_mib < 512:
             raise ComponentError(
-                "machines", None, f"machine memory {spec.machine_memory_mib} MiB: 512 to 2048"
+                "machines", None, f"machine memory {spec.machine_memory_mib} MiB: 512 to 4096"
             )
         if vm.qemu_binary() is None:
             raise ComponentError(
@@ -419,8 +438,13 @@ class LocalCluster:
                 "(apt-get install qemu-system-x86 ipxe-qemu socat)",
             )
         self._boot_dir = machines.boot_dir(spec.node_image)  # before anything starts
-        provision_port, rest = ports[0], ports[1:]
+        provision_port, registry_port, rest = ports[0], ports[-1], ports[1:]
+        if spec.images:
+            self._build_images(registry_port)
         entries: dict[str, Any] = {}
+        # With the chart, the controller runs in a pod on a machine: it reaches the BMCs
+        # (on the host's 127.0.0.1) as machines reach the host, through qemu's forwards.
+        bmc_ports = rest[0 : 2 * spec.machines : 2] if spec.images else []
         for i, name in enumerate(machines.names(spec.machines)):
             bmc_port, inject_port = rest[2 * i], rest[2 * i + 1]
             mac = machines.mac_of(i)
@@ -435,6 +459,8 @@ class LocalCluster:
                 apiserver_port=kl.apiserver_port,
                 inject_port=inject_port,
                 memory_mib=spec.machine_memory_mib,
+                registry_port=registry_port if spec.images else None,
+                bmc_ports=bmc_ports,
             )
             self.info.machines[name] = MachineInfo(
                 name=name,
@@ -474,13 +500,24 @@ class LocalCluster:
                 if time.monotonic() > deadline:
                     raise ComponentError("machines", None, "the Machine CRD was not established")
                 time.sleep(0.1)
-            for name, m in self.info.machines.items():
+            for index, (name, m) in enumerate(self.info.machines.items()):
                 bmc = self.info.bmcs[name]
-                machines.register(api, name, m.mac, bmc.url, bmc.user, bmc.password)
+                pool = machines.pool_of(self.spec.machine_pools, index)
+                # The Machine names its BMC where the controller reaches it: in a pod on a
+                # machine with the chart (--images), on the host otherwise.
+                url = (
+                    bmc.url.replace("127.0.0.1", vm.CLUSTER_ADDRESS)
+                    if self.spec.images
+                    else bmc.url
+                )
+                machines.register(api, name, m.mac, url, bmc.user, bmc.password, pool)
         finally:
             api.close()
         boot = machines.prepare_boot_files(run_dir, self._boot_dir)
         self._ready(f"boot files (node image {self._boot_dir.name}, {boot.wheel})")
+        mirrors: tuple[tuple[str, str], ...] = ()
+        if self.info.registry_url is not None:
+            mirrors = self._start_registry(run_dir)
         service = self._launch(
             machines.provision_service(
                 run_dir=run_dir,
@@ -489,6 +526,8 @@ class LocalCluster:
                 apiserver_port=kl.apiserver_port,
                 boot=boot,
                 token_ttl_s=self.spec.token_ttl_s,
+                agent=self.spec.machine_agent,
+                registry_mirrors=mirrors,
             )
         )
         with httpx.Client(timeout=2) as http:
@@ -504,6 +543,37 @@ class LocalCluster:
                 log_file = run_dir / "logs" / "redfish.log"
                 raise ComponentError("machines", log_file, str(exc)) from exc
             self._ready(f"machines ({len(self.info.machines)} powered on)")
+
+    def _build_images(self, registry_port: int) -> None:
+        """This checkout's images, built (or found cached) before anything starts."""
+        from gpufleet.local import images
+
+        assert self.info is not None
+        try:
+            built = images.build(progress=lambda line: self._progress(f"images: {line}"))
+        except images.ImageError as exc:
+            raise ComponentError("registry", None, str(exc)) from exc
+        self._images_layout = built.layout
+        self.info.images = {"gpufleet": built.gpufleet, "slurm": built.slurm}
+        self.info.registry_url = f"http://127.0.0.1:{registry_port}"
+
+    def _start_registry(self, run_dir: Path) -> tuple[tuple[str, str], ...]:
+        """The machines' registry, serving this cluster's copy of the images; returns the
+        (registry, URL) the machines' containerd is told to pull from."""
+        from gpufleet.local import images, registry
+
+        assert self.info is not None and self.info.registry_url is not None
+        layout = run_dir / "registry"
+        images.link_layout(self._images_layout, layout)
+        port = int(self.info.registry_url.rsplit(":", 1)[1])
+        service = self._launch(registry.process(run_dir, port, layout))
+        with httpx.Client(timeout=2) as http:
+            service.wait_ready(
+                lambda: http.get(f"{self.info.registry_url}/v2/").status_code == 200,  # type: ignore[union-attr]
+                timeout=self.spec.ready_timeout_s,
+            )
+        self._ready(f"registry ({', '.join(self.info.images.values())})")
+        return ((images.REGISTRY_HOST, f"http://{vm.CLUSTER_ADDRESS}:{port}"),)
 
     def _kube_lane(
         self,

@@ -80,11 +80,9 @@ def prepare_boot_files(run_dir: Path, image: Path) -> BootFiles:
     import hashlib
     import os
     import shutil
-    import subprocess
-    import tempfile
 
-    from gpufleet.local.binaries import repo_root
     from gpufleet.local.processes import ComponentError
+    from gpufleet.local.wheel import WheelError, build_wheel
 
     out = run_dir / "boot"
     out.mkdir(parents=True, exist_ok=True)
@@ -97,43 +95,10 @@ def prepare_boot_files(run_dir: Path, image: Path) -> BootFiles:
             os.link(image / name, target)
         except OSError:
             shutil.copyfile(image / name, target)
-    root = repo_root()
-    if root is None:
-        raise ComponentError(
-            "machines", None, "the machines' agent wheel is built from a gpufleet source checkout"
-        )
-    with tempfile.TemporaryDirectory(prefix="gpufleet-wheel-", dir=run_dir) as tmp:
-        # A copy: building in the checkout would leave build/ behind and race other builds.
-        src = Path(tmp) / "src"
-        shutil.copytree(
-            root / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
-        )
-        for name in ("pyproject.toml", "README.md"):
-            shutil.copy2(root / name, src / name)
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-deps",
-                "--no-build-isolation",
-                "--no-index",
-                "--quiet",
-                "-w",
-                str(out),
-                str(src),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    wheels = sorted(out.glob("gpufleet-*.whl"))
-    if done.returncode != 0 or not wheels:
-        raise ComponentError(
-            "machines", None, f"building the agent wheel failed: {done.stderr[-2000:]}"
-        )
-    wheel = wheels[-1]
+    try:
+        wheel = build_wheel(out)
+    except WheelError as exc:
+        raise ComponentError("machines", None, f"the machines' agent wheel: {exc}") from exc
     return BootFiles(out, wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest())
 
 
@@ -205,6 +170,8 @@ def vm_entry(
     apiserver_port: int,
     inject_port: int,
     memory_mib: int,
+    registry_port: int | None = None,
+    bmc_ports: list[int] | tuple[int, ...] = (),
 ) -> Json:
     """The ``vm`` object of the machine's BMC entry in the Redfish emulator's config."""
     return {
@@ -215,9 +182,19 @@ def vm_entry(
         "console_log": str(console_log(run_dir / "logs", name)),
         "state_dir": str(run_dir / "machines"),
         "memory_mib": memory_mib,
-        "guest_ports": [provision_port, apiserver_port],
+        "guest_ports": [
+            provision_port,
+            apiserver_port,
+            *([registry_port] if registry_port is not None else []),
+            *bmc_ports,
+        ],
         "forwards": [[inject_port, AGENT_INJECT_PORT]],
     }
+
+
+def pool_of(pools: tuple[str, ...], index: int) -> str:
+    """The pool of machine ``index``: ``pools[index]``, else :data:`POOL`."""
+    return pools[index] if index < len(pools) else POOL
 
 
 def install_crds(api: SyncKube) -> None:
@@ -239,8 +216,16 @@ def machines_established(api: SyncKube) -> bool:
     )
 
 
-def register(api: SyncKube, name: str, mac: str, bmc_url: str, user: str, password: str) -> None:
-    """The machine's BMC Secret and its Machine (kept when present)."""
+def register(
+    api: SyncKube,
+    name: str,
+    mac: str,
+    bmc_url: str,
+    user: str,
+    password: str,
+    pool: str = POOL,
+) -> None:
+    """The machine's BMC Secret and its Machine in ``pool`` (kept when present)."""
     secret = f"bmc-{name}"
     data = {
         k: base64.b64encode(v.encode()).decode()
@@ -255,7 +240,7 @@ def register(api: SyncKube, name: str, mac: str, bmc_url: str, user: str, passwo
             "macs": [mac],
             "serial": f"SN-{name}",
             "bmc": {"endpoint": bmc_url, "credentialsSecret": f"{SYSTEM_NS}/{secret}"},
-            "pool": POOL,
+            "pool": pool,
             "hardware": {"gpuModel": GPU_MODEL, "gpuCount": 8, "hcaCount": 8},
         }
     )
@@ -270,11 +255,20 @@ def provision_service(
     apiserver_port: int,
     boot: BootFiles,
     token_ttl_s: float,
+    agent: bool = True,
+    registry_mirrors: tuple[tuple[str, str], ...] = (),
 ) -> ManagedProcess:
     """``gpufleet provision serve`` for the machines: on 127.0.0.1, reached by them at
-    :data:`~gpufleet.local.vm.CLUSTER_ADDRESS`, serving ``boot.dir`` at ``/boot``."""
+    :data:`~gpufleet.local.vm.CLUSTER_ADDRESS`, serving ``boot.dir`` at ``/boot``. With
+    ``agent`` the machines install and run the agent from the wheel; without, the
+    chart's DaemonSet is theirs."""
     public = f"http://{vm.CLUSTER_ADDRESS}:{port}"
     files = BOOT_FILES
+    agent_args = [
+        f"--agent-wheel-url={public}/boot/{boot.wheel}",
+        f"--agent-wheel-sha256={boot.wheel_sha256}",
+        f"--agent-args={AGENT_ARGS}",
+    ]
     return ManagedProcess(
         "provision",
         [
@@ -293,9 +287,8 @@ def provision_service(
             f"--initrd-url={public}/boot/{files['initrd']}",
             f"--image-url={public}/boot/{files['image']}",
             f"--token-ttl={token_ttl_s:g}",
-            f"--agent-wheel-url={public}/boot/{boot.wheel}",
-            f"--agent-wheel-sha256={boot.wheel_sha256}",
-            f"--agent-args={AGENT_ARGS}",
+            *(agent_args if agent else []),
+            *(f"--registry-mirror={name}={url}" for name, url in registry_mirrors),
         ],
         run_dir / "logs" / "provision.log",
         cwd=run_dir,
@@ -304,6 +297,34 @@ def provision_service(
 
 class PowerOnFailed(Exception):
     """A machine's power-on was refused or failed (the message names it and why)."""
+
+
+class HostSideMachines(MachineStore):
+    """Machines as the host reaches their BMCs: a Machine that names its BMC at
+    :data:`~gpufleet.local.vm.CLUSTER_ADDRESS` (for a controller in a pod on a machine,
+    ``ClusterSpec.images``) is reached at the host's 127.0.0.1, where the emulator listens
+    and where qemu forwards that address to; the host never dials the machines' side."""
+
+    async def machine(self, name: str) -> dict[str, Any]:
+        body = dict(await super().machine(name))
+        spec = dict(body.get("spec") or {})
+        bmc = dict(spec.get("bmc") or {})
+        if "endpoint" in bmc:
+            bmc["endpoint"] = host_side(str(bmc["endpoint"]))
+        body["spec"] = {**spec, "bmc": bmc}
+        return body
+
+    async def secret(self, namespace: str, name: str) -> dict[str, str]:
+        data = await super().secret(namespace, name)
+        if "endpoint" in data:
+            data["endpoint"] = host_side(data["endpoint"])
+        return data
+
+
+def host_side(url: str) -> str:
+    """``http://10.0.2.100:PORT`` (the machines' view of a host port) -> ``127.0.0.1``."""
+    prefix = f"http://{vm.CLUSTER_ADDRESS}:"
+    return "http://127.0.0.1:" + url.removeprefix(prefix) if url.startswith(prefix) else url
 
 
 def power_on(kubeconfig: Path, names: list[str]) -> None:
@@ -316,7 +337,7 @@ def power_on(kubeconfig: Path, names: list[str]) -> None:
         for name in names:
             try:
                 await machine_power.network_boot(
-                    MachineStore(api), name, by="local-cluster", now=time.time()
+                    HostSideMachines(api), name, by="local-cluster", now=time.time()
                 )
             except (machine_power.PowerRefused, redfish.RedfishError, ApiError) as exc:
                 raise PowerOnFailed(f"{name} not powered on: {exc}") from exc

@@ -48,6 +48,7 @@ def boot_config(
     agent_wheel_url: str = "",
     agent_wheel_sha256: str = "",
     agent_args: str = "",
+    registry_mirrors: tuple[tuple[str, str], ...] = (),
 ) -> render.BootConfig:
     """A :class:`~gpufleet.provision.render.BootConfig` for the kubeconfig's cluster."""
     endpoint, ca = endpoint_and_ca(kubeconfig)
@@ -63,4 +64,5 @@ def boot_config(
         agent_wheel_url=agent_wheel_url,
         agent_wheel_sha256=agent_wheel_sha256,
         agent_args=agent_args,
+        registry_mirrors=registry_mirrors,
     )

@@ -11,6 +11,7 @@ registers the Node with.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,28 @@ class BootConfig:
     agent_args: str = ""
     """Extra ``gpufleet agent`` arguments, e.g. ``--backend simulated`` on a machine
     without GPUs."""
+    registry_mirrors: tuple[tuple[str, str], ...] = ()
+    """(registry, URL): the node's containerd pulls ``<registry>/...`` images from URL
+    (``/etc/containerd/certs.d/<registry>/hosts.toml``), e.g. the local cluster's
+    ``("gpufleet.local", "http://10.0.2.100:5000")``."""
+
+
+def parse_registry_mirror(text: str) -> tuple[str, str]:
+    """``REGISTRY=URL`` (``--registry-mirror``) -> (registry, URL); ValueError says why not."""
+    registry, sep, url = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?", registry):
+        raise ValueError(
+            f"{text!r}: expected REGISTRY=URL, e.g. gpufleet.local=http://10.0.0.2:5000"
+        )
+    if not re.fullmatch(r"https?://[A-Za-z0-9.\[\]:-]+(:[0-9]+)?/?", url):
+        raise ValueError(f"{text!r}: the URL must be http(s)://host[:port]")
+    return registry, url.rstrip("/")
+
+
+def containerd_hosts(url: str) -> str:
+    """containerd's ``hosts.toml``: pull and resolve from ``url`` only (plain HTTP allowed
+    when the URL says http: the local registry has no TLS)."""
+    return f'server = "{url}"\n\n[host."{url}"]\n  capabilities = ["pull", "resolve"]\n'
 
 
 def ca_hash(ca_pem: bytes) -> str:
@@ -204,6 +227,14 @@ def user_data(config: BootConfig, name: str, spec: MachineSpec, token: str) -> s
                 "content": agent_env(config, name),
             }
         )
+    files += [
+        {
+            "path": f"/etc/containerd/certs.d/{registry}/hosts.toml",
+            "permissions": "0644",
+            "content": containerd_hosts(url),
+        }
+        for registry, url in config.registry_mirrors
+    ]
     doc = {
         "hostname": name,
         "fqdn": name,

@@ -47,6 +47,8 @@ class ServeOptions:
     agent_wheel_sha256: str = ""
     agent_args: str = ""
     """The node's agent (:func:`gpufleet.provision.render.agent_env`); no URL: none."""
+    registry_mirrors: tuple[tuple[str, str], ...] = ()
+    """(registry, URL) the nodes' containerd pulls from (``--registry-mirror``)."""
 
 
 def boot_config(options: ServeOptions) -> render.BootConfig:
@@ -66,6 +68,7 @@ def boot_config(options: ServeOptions) -> render.BootConfig:
         agent_wheel_url=options.agent_wheel_url,
         agent_wheel_sha256=options.agent_wheel_sha256,
         agent_args=options.agent_args,
+        registry_mirrors=options.registry_mirrors,
     )
 
 

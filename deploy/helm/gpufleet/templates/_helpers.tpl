@@ -94,6 +94,7 @@ priorityClassName: {{ . }}
 - name: munged
   image: {{ include "gpufleet.slurmImage" . }}
   imagePullPolicy: {{ .Values.slurmImage.pullPolicy }}
+  terminationMessagePolicy: FallbackToLogsOnError
   # Everything it writes lives in /run/munge, so its root filesystem can be read-only.
   command: [munged, --foreground, --key-file=/etc/munge-key/munge.key, --socket=/run/munge/munge.socket.2,
             --pid-file=/run/munge/munged.pid, --seed-file=/run/munge/munged.seed]
@@ -150,4 +151,12 @@ prometheus.io/path: /metrics
 {{- else }}
 - {apiGroups: [""], resources: [secrets], verbs: [get]}
 {{- end }}
+{{- end -}}
+{{- /* controller.managedNodes as the controller's --node-selector (key=value,...). */ -}}
+{{- define "gpufleet.managedNodes" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := .Values.controller.managedNodes -}}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $pairs -}}
 {{- end -}}

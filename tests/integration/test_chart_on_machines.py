@@ -1,0 +1,291 @@
+"""The Helm chart installed for real, as an operator does, on two real machines.
+
+The local cluster builds this checkout's images (gpufleet, Slurm 24.11) and serves them
+from its registry; two qemu machines network-boot and join with kubeadm: ``vm-node-0000``
+a system node (pool ``system``), ``vm-node-0001`` a GPU node (pool ``machines``, simulated
+GPUs). ``helm install`` then runs the controller (2 replicas, kopf peering) on the system
+node and the agent DaemonSet on the GPU node; their containerd pulls the images from the
+registry. The test checks what an operator relies on:
+
+- every pod Ready behind its probes, the images pulled from the registry;
+- one controller acting: both replicas announce themselves on the ClusterKopfPeering
+  with different priorities (kopf pauses all but the highest);
+- the controller in its pod takes the GPU node through burn-in (run by the agent in its
+  pod) to production, and leaves the system node, where it runs, alone;
+- an XID 79 on the GPU node, reported by the agent's pod: cordon, drain, a power cycle
+  through the BMC, a network boot, the images pulled again, verification, production;
+- ``helm upgrade`` rolls the controller: new pods, nothing done twice to the node;
+- ``helm uninstall`` removes every object of the release.
+
+Slurm in pods (slurmctld, slurmd, slurmrestd, login) needs a pod network between machines
+and cluster DNS, which the local cluster does not have yet: ``slurm.enabled=false`` here.
+Bounded waits only; nothing timed is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from controller_harness import GV, Api, bmc_counters, policy_spec, put_policy
+from test_machine_day0 import BOOT_TIMEOUT, node_ready, state
+from test_slurm_chart import CHART, helm_binary
+from waiting import wait_for
+
+from gpufleet.domain import well_known
+from gpufleet.local import processes
+from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.machines, pytest.mark.timeout(2400)]
+
+SYSTEM, GPU = "vm-node-0000", "vm-node-0001"
+NS = "gpufleet"
+RELEASE = "gpufleet"
+POLICY = "machines"
+INJECT_PORT = 9401
+"""The agent pod's fault-injection API (a hostPort on the GPU node, forwarded by qemu)."""
+POD_TIMEOUT = 900.0
+"""Pull (about 400 MB into a machine's RAM) and a Python start under software emulation on
+2 shared cores: minutes. Generous: a slow run must not fail, only a broken one."""
+
+
+def values(info: ClusterInfo, **extra: Any) -> dict[str, Any]:
+    """The chart's values for this cluster: its images, the BMC Secrets' namespace of the
+    local cluster, the controller on the system node managing the GPU pool only."""
+    gpufleet_repo, gpufleet_tag = info.images["gpufleet"].rsplit(":", 1)
+    slurm_repo, slurm_tag = info.images["slurm"].rsplit(":", 1)
+    pool = {well_known.LABEL_POOL: POLICY}
+    return {
+        "image": {"repository": gpufleet_repo, "tag": gpufleet_tag},
+        "slurmImage": {"repository": slurm_repo, "tag": slurm_tag},
+        "bmcSecretsNamespace": "gpufleet-system",
+        "createBmcSecretsNamespace": False,
+        "slurm": {"enabled": False},
+        "syncer": {"enabled": False},
+        "controller": {
+            "policyName": POLICY,
+            "managedNodes": {**pool, "nvidia.com/gpu.present": None},
+            "nodeSelector": {well_known.LABEL_POOL: "system"},
+            **extra,
+        },
+        "agent": {
+            "backend": "simulated",
+            "injectPort": INJECT_PORT,
+            "nodeSelector": {**pool, "nvidia.com/gpu.present": None},
+        },
+    }
+
+
+def helm(info: ClusterInfo, *args: str, stdin: str | None = None) -> str:
+    path = helm_binary()
+    assert path is not None, "helm is not built: run scripts/build-helm.sh (scripts/test does)"
+    r = subprocess.run(
+        [path, *args], capture_output=True, text=True, env=info.kube_env(), input=stdin, timeout=300
+    )
+    assert r.returncode == 0, f"helm {' '.join(args)}:\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def install(info: ClusterInfo, verb: str, **extra: Any) -> None:
+    create = ["--create-namespace"] if verb == "install" else []
+    helm(
+        info, verb, RELEASE, str(CHART), "-n", NS, *create,
+        "-f", "-", stdin=json.dumps(values(info, **extra)),
+    )  # fmt: skip
+
+
+def pods(api: Api, component: str) -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/name%3D{RELEASE}-{component}"
+    items: list[dict[str, Any]] = api.get(f"/api/v1/namespaces/{NS}/pods?labelSelector={selector}")[
+        "items"
+    ]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in pod.get("status", {}).get("conditions") or []
+    )
+
+
+def all_ready(api: Api, component: str, count: int, image: str) -> list[dict[str, Any]] | None:
+    found = pods(api, component)
+    if len(found) != count or not all(ready(p) for p in found):
+        return None
+    assert all(p["spec"]["containers"][0]["image"] == image for p in found)
+    return found
+
+
+def failures(api: Api) -> str:
+    """What the pods of the release say when they fail (their logs' tails: the host cannot
+    reach a machine's kubelet for logs)."""
+    out = []
+    for pod in api.get(f"/api/v1/namespaces/{NS}/pods")["items"]:
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            last = (status.get("lastState") or {}).get("terminated") or {}
+            if last:
+                out.append(f"{pod['metadata']['name']}: {last.get('message', '')[-1500:]}")
+    return "\n".join(out)
+
+
+def peers(api: Api) -> dict[str, Any]:
+    """The replicas on the ClusterKopfPeering: identity -> {priority, lifetime, lastseen}."""
+    body = api.get(f"/apis/kopf.dev/v1/clusterkopfpeerings/{RELEASE}")
+    return dict(body.get("status") or {})
+
+
+def history(api: Api, node: str) -> list[Any]:
+    body = api.get(f"/api/v1/nodes/{node}")
+    record = json.loads(body["metadata"]["annotations"][well_known.ANNOTATION_RECORD])
+    return list(record.get("history") or [])
+
+
+@pytest.fixture(scope="module")
+def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInfo, Api]]:
+    spec = ClusterSpec(
+        nodes=1,
+        slurm=False,
+        machines=2,
+        machine_pools=("system",),
+        machine_memory_mib=2560,
+        images=True,
+        machine_agent=False,
+    )
+    with processes.terminate_on_signals(), LocalCluster(spec) as info:
+        api = Api(info)
+        policy = policy_spec()
+        policy["checks"]["verificationTimeoutSeconds"] = int(BOOT_TIMEOUT)
+        for entry in policy["ladder"]:
+            entry["timeoutSeconds"] = int(BOOT_TIMEOUT)
+        for rule in policy["rules"]:
+            if rule["match"].get("xid") == 79:
+                rule["action"] = "reimage"  # a stateless machine: a reboot is a reimage
+        put_policy(api, POLICY, policy)
+        try:
+            wait_for(
+                "both machines Ready",
+                lambda: all(node_ready(api, n) for n in (SYSTEM, GPU)),
+                BOOT_TIMEOUT,
+            )
+            install(info, "install")
+            yield info, api
+        finally:
+            print(failures(api))
+            for name in (SYSTEM, GPU):
+                console = Path(info.machines[name].console_log)
+                if console.exists():
+                    print(console.read_text(errors="replace")[-3000:])
+
+
+def test_the_chart_runs_on_real_nodes_with_one_controller_acting(chart: Any) -> None:
+    info, api = chart
+    image = info.images["gpufleet"]
+    controllers = wait_for(
+        "2 controller replicas Ready", lambda: all_ready(api, "controller", 2, image), POD_TIMEOUT
+    )
+    assert {p["spec"]["nodeName"] for p in controllers} == {SYSTEM}
+    (agent,) = wait_for("the agent Ready", lambda: all_ready(api, "agent", 1, image), POD_TIMEOUT)
+    assert agent["spec"]["nodeName"] == GPU
+    # Pulled from the cluster's registry by the machines' containerd.
+    registry_log = (info.logs_dir / "registry.log").read_text()
+    assert "GET /v2/gpufleet/manifests/" in registry_log
+
+    # Both replicas announce themselves with distinct priorities: kopf lets the highest act.
+    announced = wait_for(
+        "both replicas on the peering", lambda: len(peers(api)) == 2 and peers(api), 300
+    )
+    priorities = [p["priority"] for p in announced.values()]
+    assert len(set(priorities)) == 2, announced
+
+    # The controller in its pod takes the GPU node to production, burn-in run by the agent
+    # in its pod; the system node, where the controller runs, is not its to manage.
+    wait_for("the GPU node in production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
+    assert history(api, GPU), "production was reached through recorded transitions"
+    system = api.get(f"/api/v1/nodes/{SYSTEM}")
+    assert well_known.ANNOTATION_RECORD not in (system["metadata"].get("annotations") or {})
+    assert not system["spec"].get("unschedulable")
+    assert not [
+        t for t in system["spec"].get("taints") or [] if t["key"].startswith("gpufleet.io/")
+    ]
+
+
+def test_xid_79_from_the_agent_pod_ends_in_a_reimage_and_production(chart: Any) -> None:
+    """The whole remediation with every gpufleet component in a pod: the agent's pod reports
+    the fault, the controller's pod cordons and drains the node and reimages it through its
+    BMC (reached from the pod's machine), the machine boots again, pulls the images again
+    and passes verification."""
+    info, api = chart
+    wait_for("the GPU node in production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
+    before = bmc_counters(info, GPU)
+    inject = f"{info.machines[GPU].inject_url}/inject"  # the agent pod's hostPort, via qemu
+    r = httpx.post(inject, json={"fault": "xid=79,gpu=3"}, timeout=30)
+    assert r.status_code == 200, r.text
+    wait_for("the GPU node taken out", lambda: state(api, GPU) != "production", 300)
+    wait_for(
+        "the node cordoned",
+        lambda: api.get(f"/api/v1/nodes/{GPU}")["spec"].get("unschedulable"),
+        300,
+    )
+    wait_for(
+        "a one-time network boot through the BMC",
+        lambda: bmc_counters(info, GPU)["BootCount"] > before["BootCount"],
+        BOOT_TIMEOUT,
+    )
+    wait_for("production again", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
+    after = bmc_counters(info, GPU)
+    assert after["LastBootSource"] == "Pxe"
+    assert after["ResetCount"] > before["ResetCount"]
+    wait_for(
+        "the agent Ready again",
+        lambda: all_ready(api, "agent", 1, info.images["gpufleet"]),
+        POD_TIMEOUT,
+    )
+
+
+def test_helm_upgrade_rolls_the_controller_and_acts_once(chart: Any) -> None:
+    info, api = chart
+    image = info.images["gpufleet"]
+    wait_for("production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
+    old = {p["metadata"]["name"] for p in pods(api, "controller")}
+    entries = len(history(api, GPU))
+    resets = bmc_counters(info, GPU)["ResetCount"]
+    install(info, "upgrade", adoptionRate=20)
+    wait_for(
+        "new controller pods Ready",
+        lambda: (
+            (found := all_ready(api, "controller", 2, image))
+            and not {p["metadata"]["name"] for p in found} & old
+        ),
+        POD_TIMEOUT,
+    )
+    assert all(
+        "--adoption-rate" in (args := p["spec"]["containers"][0]["args"])
+        and args[args.index("--adoption-rate") + 1] == "20"
+        for p in pods(api, "controller")
+    )
+    assert state(api, GPU) == "production"
+    assert len(history(api, GPU)) == entries
+    assert bmc_counters(info, GPU)["ResetCount"] == resets
+
+
+def test_helm_uninstall_removes_the_release(chart: Any) -> None:
+    info, api = chart
+    helm(info, "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "10m")
+    wait_for(
+        "no pod of the release", lambda: not api.get(f"/api/v1/namespaces/{NS}/pods")["items"], 600
+    )
+    for path in (
+        f"/apis/apps/v1/namespaces/{NS}/deployments",
+        f"/apis/apps/v1/namespaces/{NS}/daemonsets",
+        f"/api/v1/namespaces/{NS}/services",
+    ):
+        assert not api.get(path)["items"], path
+    assert api.http.get(f"/apis/kopf.dev/v1/clusterkopfpeerings/{RELEASE}").status_code == 404
+    # The CRDs stay (helm keeps crds/): Machines and policies survive an uninstall.
+    assert api.http.get(f"{GV}/fleetpolicies/{POLICY}").status_code == 200
