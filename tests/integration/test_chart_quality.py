@@ -512,6 +512,11 @@ def test_chart_slurmcluster_renders_typed_gres_and_gpu_tres(accounting: bool) ->
     assert "Type=h100" in slurm_render.render_gres_conf(spec, pools)
     assert f"SlurmctldHost={cluster['metadata']['name']}-slurm-controller-0" in conf.splitlines()
     assert ("AccountingStorageTRES=gres/gpu" in conf.splitlines()) is accounting
+    # Jobs in cgroups, confined to the GPUs they were given.
+    assert "ProctrackType=proctrack/cgroup" in conf.splitlines()
+    assert "TaskPlugin=task/cgroup,task/affinity" in conf.splitlines()
+    cgroup = slurm_render.render_all(spec, nodes)["cgroup.conf"].splitlines()
+    assert {"CgroupPlugin=cgroup/v2", "ConstrainDevices=yes", "IgnoreSystemd=yes"} <= set(cgroup)
     if accounting:
         assert "AccountingStorageHost=gpufleet-slurm-accounting" in conf.splitlines()
 

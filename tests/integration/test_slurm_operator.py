@@ -86,7 +86,7 @@ def test_slurmcluster_is_rendered_reconfigured_and_reported(local_cluster: Clust
         obj = kube.get(f"{base}/research")
         assert obj["status"]["conditions"][0]["status"] == "True"
         cm = kube.get(f"/api/v1/namespaces/{NS}/configmaps/research-slurm-config")
-        assert set(cm["data"]) == {"slurm.conf", "gres.conf", "topology.conf"}
+        assert set(cm["data"]) == {"slurm.conf", "gres.conf", "cgroup.conf", "topology.conf"}
         for name in info.node_names:
             assert f"NodeName={name} " in cm["data"]["slurm.conf"]
             labels = kube.node(name)["metadata"]["labels"]

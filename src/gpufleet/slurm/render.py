@@ -152,8 +152,10 @@ def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]
         "AuthAltParameters=jwt_key=/etc/slurm/jwt/jwt_hs256.key",
         "StateSaveLocation=/var/spool/slurmctld",
         "SlurmdSpoolDir=/var/spool/slurmd",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
+        # Jobs confined in cgroups: a job sees only the GPUs (and cores, memory) it was
+        # given, and its processes are found and killed by their cgroup (cgroup.conf).
+        "ProctrackType=proctrack/cgroup",
+        "TaskPlugin=task/cgroup,task/affinity",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",
         "DefMemPerCPU=500",
@@ -233,6 +235,21 @@ def render_gres_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]]
     return "\n".join(lines) + "\n"
 
 
+CGROUP_CONF = """\
+# Rendered by the gpufleet SlurmCluster operator. slurmd runs in a privileged pod with
+# the node's cgroup v2 tree; no systemd there, so Slurm makes its own cgroups.
+CgroupPlugin=cgroup/v2
+IgnoreSystemd=yes
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+ConstrainSwapSpace=yes
+ConstrainDevices=yes
+"""
+"""cgroup.conf: each job confined to its cores, memory and devices (``ConstrainDevices``:
+a job opens only the ``/dev/nvidia*`` of the GPUs it was given, whatever
+``CUDA_VISIBLE_DEVICES`` says)."""
+
+
 def render_topology_conf(spec: SlurmClusterSpec, nodes: Sequence[NodeInfo]) -> str:
     """Two-level tree: ``SwitchName=<leaf> Nodes=...`` and ``SwitchName=<spine> Switches=...``."""
     leaves: dict[str, list[str]] = {}
@@ -262,6 +279,7 @@ def render_all(spec: SlurmClusterSpec, nodes: Sequence[NodeInfo]) -> dict[str, s
     data = {
         "slurm.conf": render_slurm_conf(spec, pools),
         "gres.conf": render_gres_conf(spec, pools),
+        "cgroup.conf": CGROUP_CONF,
     }
     if spec.topology.enabled:
         data["topology.conf"] = render_topology_conf(spec, selected)

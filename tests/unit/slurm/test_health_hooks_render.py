@@ -21,7 +21,7 @@ def spec(**health: object) -> crd.SlurmClusterSpec:
 
 def test_off_by_default_nothing_is_added() -> None:
     data = render.render_all(spec(), NODES)
-    assert set(data) == {"slurm.conf", "gres.conf", "topology.conf"}
+    assert set(data) == {"slurm.conf", "gres.conf", "cgroup.conf", "topology.conf"}
     assert "Prolog" not in data["slurm.conf"] and "HealthCheck" not in data["slurm.conf"]
 
 
