@@ -71,6 +71,9 @@ def values(info: ClusterInfo, **extra: Any) -> dict[str, Any]:
             "policyName": POLICY,
             "managedNodes": {**pool, "nvidia.com/gpu.present": None},
             "nodeSelector": {well_known.LABEL_POOL: "system"},
+            # The BMCs listen on the host's loopback; a pod on a machine reaches the host
+            # at qemu's 10.0.2.100.
+            "bmcAddressMap": {"127.0.0.1": "10.0.2.100"},
             **extra,
         },
         "agent": {

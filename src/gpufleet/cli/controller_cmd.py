@@ -82,6 +82,14 @@ def controller(
             "nvidia.com/gpu.present=true); '' manages every Node."
         ),
     ] = "",
+    bmc_address_map: Annotated[
+        str,
+        typer.Option(
+            help="FROM=TO[,...]: reach a BMC named at host FROM (in Machines and BMC Secrets) "
+            "at host TO instead, when this controller's network sees the BMCs at other "
+            "addresses than the provisioning network does (a NAT)."
+        ),
+    ] = "",
     verbose: VerboseOpt = False,
 ) -> None:
     """Run the lifecycle controller: faults -> cordon, drain, remediation ladder, verification.
@@ -96,6 +104,8 @@ def controller(
 
         gpufleet controller --node-selector nvidia.com/gpu.present=true
 
+        gpufleet controller --bmc-address-map 10.0.0.5=192.168.100.5
+
         gpufleet controller --ticket-webhook https://tickets.example.com/gpufleet \\
             --ticket-auth-file /etc/gpufleet/ticket/authorization
     """
@@ -107,6 +117,12 @@ def controller(
         selector = parse_node_selector(node_selector)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--node-selector") from None
+    from gpufleet.remediate import redfish
+
+    try:
+        redfish.set_address_map(redfish.parse_address_map(bmc_address_map))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--bmc-address-map") from None
     logs.configure(verbose)
     # Imported here: kopf and the controller take a second to import, which
     # every other gpufleet command would pay at start-up.

@@ -88,9 +88,9 @@ class ClusterSpec:
     images: bool = False
     """Ready the machines for the Helm chart: build this checkout's gpufleet and Slurm
     images (:mod:`gpufleet.local.images`) and serve them from a registry on 127.0.0.1
-    (component ``registry``) whose ``gpufleet.local/...`` their containerd pulls; the
-    Machines name their BMCs at the address machines reach the host by (the chart's
-    controller runs in a pod on a machine), and every machine may reach them."""
+    (component ``registry``) whose ``gpufleet.local/...`` their containerd pulls; every
+    machine may reach the BMCs (at ``10.0.2.100:<port>``: the chart's controller runs in a
+    pod on a machine, with ``--bmc-address-map 127.0.0.1=10.0.2.100``)."""
     machine_pools: tuple[str, ...] = ()
     """The pool (Machine ``spec.pool``, Node label ``gpufleet.io/pool``) of each machine,
     in order; machines past the end are in ``machines``. E.g. ``("system",)``: the first
@@ -503,14 +503,7 @@ class LocalCluster:
             for index, (name, m) in enumerate(self.info.machines.items()):
                 bmc = self.info.bmcs[name]
                 pool = machines.pool_of(self.spec.machine_pools, index)
-                # The Machine names its BMC where the controller reaches it: in a pod on a
-                # machine with the chart (--images), on the host otherwise.
-                url = (
-                    bmc.url.replace("127.0.0.1", vm.CLUSTER_ADDRESS)
-                    if self.spec.images
-                    else bmc.url
-                )
-                machines.register(api, name, m.mac, url, bmc.user, bmc.password, pool)
+                machines.register(api, name, m.mac, bmc.url, bmc.user, bmc.password, pool)
         finally:
             api.close()
         boot = machines.prepare_boot_files(run_dir, self._boot_dir)

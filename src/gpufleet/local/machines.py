@@ -299,34 +299,6 @@ class PowerOnFailed(Exception):
     """A machine's power-on was refused or failed (the message names it and why)."""
 
 
-class HostSideMachines(MachineStore):
-    """Machines as the host reaches their BMCs: a Machine that names its BMC at
-    :data:`~gpufleet.local.vm.CLUSTER_ADDRESS` (for a controller in a pod on a machine,
-    ``ClusterSpec.images``) is reached at the host's 127.0.0.1, where the emulator listens
-    and where qemu forwards that address to; the host never dials the machines' side."""
-
-    async def machine(self, name: str) -> dict[str, Any]:
-        body = dict(await super().machine(name))
-        spec = dict(body.get("spec") or {})
-        bmc = dict(spec.get("bmc") or {})
-        if "endpoint" in bmc:
-            bmc["endpoint"] = host_side(str(bmc["endpoint"]))
-        body["spec"] = {**spec, "bmc": bmc}
-        return body
-
-    async def secret(self, namespace: str, name: str) -> dict[str, str]:
-        data = await super().secret(namespace, name)
-        if "endpoint" in data:
-            data["endpoint"] = host_side(data["endpoint"])
-        return data
-
-
-def host_side(url: str) -> str:
-    """``http://10.0.2.100:PORT`` (the machines' view of a host port) -> ``127.0.0.1``."""
-    prefix = f"http://{vm.CLUSTER_ADDRESS}:"
-    return "http://127.0.0.1:" + url.removeprefix(prefix) if url.startswith(prefix) else url
-
-
 def power_on(kubeconfig: Path, names: list[str]) -> None:
     """Press each machine's power button the way an operator does on Day 0
     (``gpufleet machines power-on``: BMC identity checked, re-armed, the boot recorded
@@ -337,7 +309,7 @@ def power_on(kubeconfig: Path, names: list[str]) -> None:
         for name in names:
             try:
                 await machine_power.network_boot(
-                    HostSideMachines(api), name, by="local-cluster", now=time.time()
+                    MachineStore(api), name, by="local-cluster", now=time.time()
                 )
             except (machine_power.PowerRefused, redfish.RedfishError, ApiError) as exc:
                 raise PowerOnFailed(f"{name} not powered on: {exc}") from exc

@@ -21,7 +21,7 @@ Event can say which machine refused what.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +91,38 @@ class SystemInfo:
     """The system's ``LogServices`` collection, if it has one."""
 
 
+ADDRESS_MAP: dict[str, str] = {}
+"""BMC host -> the host this process reaches it at (``--bmc-address-map``): Machines and
+BMC Secrets name a BMC as the provisioning network sees it; a controller on another
+network (a NAT, a pod on a machine of the local cluster) reaches the same BMC at another
+address. Set once at start-up, before any client is made."""
+
+
+def set_address_map(pairs: Mapping[str, str]) -> None:
+    ADDRESS_MAP.clear()
+    ADDRESS_MAP.update(pairs)
+
+
+def reachable(endpoint: str) -> str:
+    """``endpoint`` with its host replaced as :data:`ADDRESS_MAP` says (else unchanged)."""
+    if not ADDRESS_MAP:
+        return endpoint
+    url = httpx.URL(endpoint)
+    host = ADDRESS_MAP.get(url.host)
+    return str(url.copy_with(host=host)) if host else endpoint
+
+
+def parse_address_map(text: str) -> dict[str, str]:
+    """``FROM=TO[,FROM=TO]`` -> {FROM: TO}; ValueError naming a bad pair."""
+    pairs: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        old, sep, new = part.partition("=")
+        if not sep or not old.strip() or not new.strip() or "/" in part or ":" in part:
+            raise ValueError(f"{part!r}: expected FROM=TO, two host names or IPv4 addresses")
+        pairs[old.strip()] = new.strip()
+    return pairs
+
+
 class RedfishClient:
     """One BMC. Use as ``async with RedfishClient(creds, name=node) as bmc:``."""
 
@@ -109,7 +141,7 @@ class RedfishClient:
         self._retry_delays = tuple(retry_delays)
         self._power_wait_s = power_wait_s
         self._http = httpx.AsyncClient(
-            base_url=creds.endpoint.rstrip("/"),
+            base_url=reachable(creds.endpoint).rstrip("/"),
             auth=(creds.username, creds.password),
             timeout=timeout_s,
             transport=transport,

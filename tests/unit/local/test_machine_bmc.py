@@ -218,10 +218,3 @@ def test_a_missing_node_image_stops_start_up_naming_what_is_missing(
     with pytest.raises(ComponentError, match="gpufleet local image build"):
         machines.boot_dir(None)
 
-
-def test_the_host_reaches_a_bmc_named_for_the_machines_on_its_loopback() -> None:
-    from gpufleet.local.machines import host_side
-
-    assert host_side("http://10.0.2.100:17687") == "http://127.0.0.1:17687"
-    assert host_side("http://127.0.0.1:17687") == "http://127.0.0.1:17687"
-    assert host_side("https://bmc.example:443") == "https://bmc.example:443"

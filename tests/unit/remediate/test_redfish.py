@@ -268,3 +268,28 @@ def test_the_control_endpoint_refuses_unknown_switches(bmc) -> None:  # type: ig
     with pytest.raises(emulator.RedfishError):
         state.set_control({"refuse": -1})
     assert state.control()["refuse"] == 0
+
+
+def test_a_bmc_is_reached_where_the_address_map_says() -> None:
+    """``--bmc-address-map``: the Machine names the BMC as the provisioning network sees it;
+    this controller reaches it at another host (the port and path stay)."""
+    from gpufleet.remediate import redfish as rf
+
+    try:
+        rf.set_address_map(rf.parse_address_map("127.0.0.1=10.0.2.100"))
+        assert rf.reachable("http://127.0.0.1:17687") == "http://10.0.2.100:17687"
+        assert rf.reachable("https://127.0.0.1/redfish/v1") == "https://10.0.2.100/redfish/v1"
+        assert rf.reachable("https://bmc-7.example:443") == "https://bmc-7.example:443"
+        client = rf.RedfishClient(rf.BmcCredentials("http://127.0.0.1:17687", "u", "p"))
+        assert str(client._http.base_url) == "http://10.0.2.100:17687"
+    finally:
+        rf.set_address_map({})
+    assert rf.reachable("http://127.0.0.1:17687") == "http://127.0.0.1:17687"
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1", "a=", "=b", "a:1=b", "http://a=b"])
+def test_a_bad_address_map_is_refused(text: str) -> None:
+    from gpufleet.remediate import redfish as rf
+
+    with pytest.raises(ValueError, match="FROM=TO"):
+        rf.parse_address_map(text)

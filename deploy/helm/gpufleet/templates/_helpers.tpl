@@ -154,8 +154,12 @@ prometheus.io/path: /metrics
 {{- end -}}
 {{- /* controller.managedNodes as the controller's --node-selector (key=value,...). */ -}}
 {{- define "gpufleet.managedNodes" -}}
+{{- include "gpufleet.pairs" .Values.controller.managedNodes -}}
+{{- end -}}
+{{- /* A map as key=value,... (sorted by key). */ -}}
+{{- define "gpufleet.pairs" -}}
 {{- $pairs := list -}}
-{{- range $k, $v := .Values.controller.managedNodes -}}
+{{- range $k, $v := . -}}
 {{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
 {{- end -}}
 {{- join "," $pairs -}}
