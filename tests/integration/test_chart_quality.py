@@ -510,7 +510,10 @@ def test_chart_slurmcluster_renders_typed_gres_and_gpu_tres(accounting: bool) ->
     assert "GresTypes=gpu" in conf.splitlines()
     assert conf.count("Gres=gpu:h100:8") == 2
     assert "Type=h100" in slurm_render.render_gres_conf(spec, pools)
-    assert f"SlurmctldHost={cluster['metadata']['name']}-slurm-controller-0" in conf.splitlines()
+    # slurmctld's pod name, and where the others reach it: its DNS name under the headless
+    # Service (the bare pod name does not resolve).
+    ctld = f"{cluster['metadata']['name']}-slurm-controller"
+    assert f"SlurmctldHost={ctld}-0({ctld}-0.{ctld})" in conf.splitlines()
     assert ("AccountingStorageTRES=gres/gpu" in conf.splitlines()) is accounting
     # Jobs in cgroups, confined to the GPUs they were given.
     assert "ProctrackType=proctrack/cgroup" in conf.splitlines()

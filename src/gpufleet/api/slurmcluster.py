@@ -142,6 +142,14 @@ class SlurmClusterSpec(_Model):
         max_length=253,
         description="slurmctld host name (the StatefulSet pod).",
     )
+    controller_address: str = Field(
+        default="",
+        pattern=r"^([A-Za-z0-9_.:-]+)?$",
+        max_length=253,
+        description="Where slurmd, slurmrestd and the clients reach slurmctld when its host "
+        "name does not resolve by itself: a StatefulSet pod resolves as <pod>.<service> "
+        "(cluster DNS), not as <pod>. Empty: the host name.",
+    )
     controller_port: int = 6817
     slurmd_port: int = 6818
     node_pools: list[NodePool] = Field(min_length=1)

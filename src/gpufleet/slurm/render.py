@@ -130,6 +130,15 @@ def _gres(pool: NodePool) -> str:
     return f"{kind}:{pool.gpus}"
 
 
+def _controller(spec: SlurmClusterSpec) -> str:
+    """``host`` or ``host(address)``: slurmctld checks its own host name against the first,
+    everyone else dials the second."""
+    host = _safe("spec.controllerHost", spec.controller_host, HOST)
+    if not spec.controller_address:
+        return host
+    return f"{host}({_safe('spec.controllerAddress', spec.controller_address, HOST)})"
+
+
 def _node_name(node: NodeInfo) -> str:
     return _safe(f"Node {node.name!r} name", node.name, HOST)
 
@@ -142,7 +151,7 @@ def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]
     lines = [
         "# Rendered by the gpufleet SlurmCluster operator; edit the SlurmCluster, not this.",
         f"ClusterName={_safe('spec.clusterName', spec.cluster_name)}",
-        f"SlurmctldHost={_safe('spec.controllerHost', spec.controller_host, HOST)}",
+        f"SlurmctldHost={_controller(spec)}",
         f"SlurmctldPort={spec.controller_port}",
         f"SlurmdPort={spec.slurmd_port}",
         "SlurmUser=slurm",

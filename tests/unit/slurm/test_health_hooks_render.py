@@ -57,3 +57,15 @@ def test_no_health_program_without_an_interval_and_bad_values_are_refused() -> N
         spec(enabled=True, gpufleet="/bin/gpufleet\nPrologSlurmctld=/tmp/x")
     with pytest.raises(ValueError):
         spec(enabled=True, timeoutSeconds=0)
+
+
+def test_slurmctld_is_reached_at_its_address_when_its_host_name_does_not_resolve() -> None:
+    """A StatefulSet pod resolves as <pod>.<service>, not <pod>: slurmctld keeps checking
+    its own host name, everyone else dials the address."""
+    plain = crd.SlurmClusterSpec.model_validate({**BASE, "controllerHost": "s-0"})
+    assert "SlurmctldHost=s-0" in render.render_all(plain, NODES)["slurm.conf"].splitlines()
+    addressed = crd.SlurmClusterSpec.model_validate(
+        {**BASE, "controllerHost": "s-0", "controllerAddress": "s-0.s"}
+    )
+    conf = render.render_all(addressed, NODES)["slurm.conf"].splitlines()
+    assert "SlurmctldHost=s-0(s-0.s)" in conf
