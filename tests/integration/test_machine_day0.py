@@ -91,16 +91,7 @@ def day0(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInfo
     logs = tmp_path_factory.mktemp("machine-day0")
     with processes.terminate_on_signals(), LocalCluster(spec) as info:
         api = Api(info)
-        policy = policy_spec()
-        # After a reimage the machine boots again before it can be verified: minutes
-        # under software emulation, not the two minutes the KWOK tests allow.
-        policy["checks"]["verificationTimeoutSeconds"] = int(BOOT_TIMEOUT)
-        for entry in policy["ladder"]:
-            entry["timeoutSeconds"] = int(BOOT_TIMEOUT)
-        for rule in policy["rules"]:
-            if rule["match"].get("xid") == 79:
-                rule["action"] = "reimage"  # a stateless machine: a reboot is a reimage
-        put_policy(api, POLICY, policy)
+        put_policy(api, POLICY, machine_policy())
         with TokenWatch(info, MACHINE) as tokens, running(info, logs, policy=POLICY):
             power(info, "On")
             try:
@@ -109,6 +100,20 @@ def day0(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInfo
                 console = Path(info.machines[MACHINE].console_log)
                 if console.exists():  # where a failure shows first
                     print(console.read_text(errors="replace")[-6000:])
+
+
+def machine_policy() -> dict[str, Any]:
+    """The test policy for machines: after a reimage the machine boots again before it can
+    be verified (minutes under software emulation, not the two minutes the KWOK tests
+    allow), and XID 79 reimages (a stateless machine: a reboot is a reimage)."""
+    policy = policy_spec()
+    policy["checks"]["verificationTimeoutSeconds"] = int(BOOT_TIMEOUT)
+    for entry in policy["ladder"]:
+        entry["timeoutSeconds"] = int(BOOT_TIMEOUT)
+    for rule in policy["rules"]:
+        if rule["match"].get("xid") == 79:
+            rule["action"] = "reimage"
+    return policy
 
 
 def power(info: ClusterInfo, reset_type: str) -> None:
@@ -210,6 +215,21 @@ def create_pod(api: Api, name: str, node: str, args: list[str], **spec: Any) -> 
     )
 
 
+def serve_behind_a_service(api: Api, name: str, node: str, **spec: Any) -> None:
+    """A netcheck server pod ``name`` on ``node`` answering on 8080, and a Service ``name``
+    (port 80) in front of it."""
+    create_pod(api, name, node, ["serve", ":8080"], **spec)
+    api.post(
+        "/api/v1/namespaces/default/services",
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name},
+            "spec": {"selector": {"app": name}, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+    )
+
+
 def pod_phase(api: Api, name: str, *phases: str) -> dict[str, Any] | None:
     pod: dict[str, Any] = api.get(f"/api/v1/namespaces/default/pods/{name}")
     return pod if pod.get("status", {}).get("phase") in phases else None
@@ -221,16 +241,7 @@ def check_pod_network(api: Api, node: str) -> tuple[dict[str, Any], str]:
     the node's own pod subnet, the bridge CNI). Returns the server pod and what the client
     wrote to its termination message."""
     server, client = "netcheck-server", "netcheck-client"
-    create_pod(api, server, node, ["serve", ":8080"])
-    api.post(
-        "/api/v1/namespaces/default/services",
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": server},
-            "spec": {"selector": {"app": server}, "ports": [{"port": 80, "targetPort": 8080}]},
-        },
-    )
+    serve_behind_a_service(api, server, node)
     try:
         running = wait_for(f"pod {server} Running", lambda: pod_phase(api, server, "Running"), 300)
         service_ip = api.get(f"/api/v1/namespaces/default/services/{server}")["spec"]["clusterIP"]

@@ -322,6 +322,18 @@ def remove_stale_builds(staging: Path) -> list[Path]:
     return removed
 
 
+def fresh_staging(root: Path, key: str, progress: Progress) -> Path:
+    """An empty ``<staging>/<key>-<pid>`` for a build of ``key`` under cache ``root``,
+    after removing what interrupted builds left (also :mod:`slurm_root`'s and
+    :mod:`images`')."""
+    for stale in remove_stale_builds(staging_root(root)):
+        progress(f"removed an interrupted build: {stale}")
+    staging = staging_root(root) / f"{key}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
 def write_manifest(
     staging: Path, key: str, inputs: Inputs, extra: dict[str, object]
 ) -> dict[str, object]:
@@ -406,11 +418,7 @@ def build(
     with build_lock(root, progress):
         if not rebuild and (image := _complete(root / key, key)) is not None:
             return BuildReport(image, built=False, seconds=time.monotonic() - start)
-        for stale in remove_stale_builds(staging_root(root)):
-            progress(f"removed an interrupted build: {stale}")
-        staging = staging_root(root) / f"{key}-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        staging = fresh_staging(root, key, progress)
         try:
             extra = (builder or run_build_script)(staging, inputs, progress)
             extra = {

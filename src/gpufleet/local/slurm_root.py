@@ -172,12 +172,7 @@ def build(*, rebuild: bool = False, progress: Progress = print) -> BuildReport:
     with node_image.build_lock(root, progress, what="Slurm root"):
         if not rebuild and (found := _complete(root / key, key)) is not None:
             return BuildReport(found, built=False, seconds=time.monotonic() - start)
-        staging_root = node_image.staging_root(root)
-        for stale in node_image.remove_stale_builds(staging_root):
-            progress(f"removed an interrupted build: {stale}")
-        staging = staging_root / f"{key}-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        staging = node_image.fresh_staging(root, key, progress)
         try:
             packages = _run_build_script(staging, inputs, progress)
             manifest = {

@@ -6,20 +6,10 @@ from __future__ import annotations
 import tomllib
 
 import pytest
-import yaml
 
 from gpufleet.provision import render
 
-from .test_agent_env import SPEC
-
-
-def _files(config: render.BootConfig) -> dict[str, dict[str, str]]:
-    doc = yaml.safe_load(
-        render.user_data(config, "vm-node-0000", SPEC, "abcdef.0123456789abcdef").removeprefix(
-            "#cloud-config\n"
-        )
-    )
-    return {f["path"]: f for f in doc["write_files"]}
+from .test_agent_env import _files
 
 
 def test_a_mirror_writes_hosts_toml_that_pulls_over_plain_http() -> None:
