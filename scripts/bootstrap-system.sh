@@ -21,10 +21,11 @@ start=$(date +%s)
 # used by the cluster tooling; ca-certificates lets Go reach the module proxy.
 # qemu-system-x86, ipxe-qemu (the NIC's network-boot ROM) and socat (one per
 # forwarded connection) run the local cluster's real machines (--machines);
-# debootstrap and squashfs-tools build the image they boot.
+# debootstrap and squashfs-tools build the image they boot; vde2 (vde_switch)
+# links their second NICs, the pod network between machines (--images).
 packages=(munge slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin
           time openssl procps ca-certificates qemu-system-x86 ipxe-qemu socat
-          debootstrap squashfs-tools)
+          debootstrap squashfs-tools vde2)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -66,6 +67,14 @@ if [[ $(id -u) -eq 0 ]]; then
     || echo "bootstrap-system: the Slurm 24.11 root was not built (above); its tests will fail" >&2
 else
   echo "bootstrap-system: not root, Slurm 24.11 root not built (needs root)" >&2
+fi
+# The gpufleet and Slurm images the chart's pods run (tests/integration/
+# test_chart_on_machines.py): on that root, a minute once, seconds per code change.
+if [[ $(id -u) -eq 0 ]]; then
+  "$root/.venv/bin/gpufleet" local images build >&2 \
+    || echo "bootstrap-system: the images were not built (above); the chart's tests on machines will fail" >&2
+else
+  echo "bootstrap-system: not root, images not built (needs root)" >&2
 fi
 
 echo "== system dependencies ready ($(( $(date +%s) - start )) s)" >&2

@@ -32,8 +32,16 @@ from typing import Any
 
 import httpx
 import pytest
-from controller_harness import GV, Api, bmc_counters, policy_spec, put_policy
-from test_machine_day0 import BOOT_TIMEOUT, node_ready, state
+from controller_harness import GV, Api, bmc_counters, put_policy
+from test_machine_day0 import (
+    BOOT_TIMEOUT,
+    create_pod,
+    machine_policy,
+    node_ready,
+    pod_phase,
+    serve_behind_a_service,
+    state,
+)
 from test_slurm_chart import CHART, helm_binary
 from waiting import wait_for
 
@@ -162,14 +170,7 @@ def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInf
     )
     with processes.terminate_on_signals(), LocalCluster(spec) as info:
         api = Api(info)
-        policy = policy_spec()
-        policy["checks"]["verificationTimeoutSeconds"] = int(BOOT_TIMEOUT)
-        for entry in policy["ladder"]:
-            entry["timeoutSeconds"] = int(BOOT_TIMEOUT)
-        for rule in policy["rules"]:
-            if rule["match"].get("xid") == 79:
-                rule["action"] = "reimage"  # a stateless machine: a reboot is a reimage
-        put_policy(api, POLICY, policy)
+        put_policy(api, POLICY, machine_policy())
         try:
             wait_for(
                 "both machines Ready",
@@ -216,6 +217,48 @@ def test_the_chart_runs_on_real_nodes_with_one_controller_acting(chart: Any) -> 
     assert not [
         t for t in system["spec"].get("taints") or [] if t["key"].startswith("gpufleet.io/")
     ]
+
+
+def test_pods_on_two_machines_reach_each_other_by_service_name(chart: Any) -> None:
+    """What Slurm's pods will need: a pod on the system machine reaches a pod on the GPU
+    machine by its Service's DNS name (CoreDNS on a machine, the fabric between the
+    machines, each Node's InternalIP on it, routes to the other's pod subnet)."""
+    _, api = chart
+    for name in (SYSTEM, GPU):
+        node = api.get(f"/api/v1/nodes/{name}")
+        internal = [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"]
+        assert internal and internal[0].startswith("10.1."), (name, internal)
+    wait_for(
+        "CoreDNS Ready",
+        lambda: any(
+            ready(p)
+            for p in api.get(
+                "/api/v1/namespaces/kube-system/pods?labelSelector=k8s-app%3Dkube-dns"
+            )["items"]
+        ),
+        POD_TIMEOUT,
+    )
+    server, client = "fabric-server", "fabric-client"
+    serve_behind_a_service(api, server, GPU)
+    try:
+        wait_for(f"pod {server} Running", lambda: pod_phase(api, server, "Running"), 300)
+        create_pod(
+            api,
+            client,
+            SYSTEM,
+            ["get", f"http://{server}.default.svc.cluster.local/"],
+            restartPolicy="Never",
+        )
+        done = wait_for(
+            f"pod {client} finished", lambda: pod_phase(api, client, "Succeeded", "Failed"), 300
+        )
+        message = str(done["status"]["containerStatuses"][0]["state"]["terminated"].get("message"))
+        assert done["status"]["phase"] == "Succeeded", message
+        assert f" 200 netcheck {server}" in message, message
+    finally:
+        for name in (server, client):
+            api.delete(f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
+        api.delete(f"/api/v1/namespaces/default/services/{server}")
 
 
 def test_xid_79_from_the_agent_pod_ends_in_a_reimage_and_production(chart: Any) -> None:

@@ -68,7 +68,8 @@ def test_the_kubelet_kubeadm_and_kube_proxy_are_the_pinned_ones(
 def test_the_units_are_enabled_where_the_boot_needs_them(listing: set[str]) -> None:
     wants = {
         "multi-user.target.wants": ["kubelet.service", "containerd.service",
-                                    "gpufleet-pause-image.service", "gpufleet-pod-network.path"],
+                                    "gpufleet-pause-image.service", "gpufleet-pod-network.path",
+                                    "gpufleet-fabric.service"],
         "cloud-init.target.wants": ["gpufleet-agent.service", "gpufleet-agent-install.service"],
         "local-fs.target.wants": ["var-lib-containerd.mount"],
     }  # fmt: skip
@@ -80,6 +81,8 @@ def test_the_units_are_enabled_where_the_boot_needs_them(listing: set[str]) -> N
         "usr/lib/gpufleet/install-agent",
         "etc/cloud/cloud.cfg.d/90-gpufleet.cfg",
         "usr/lib/gpufleet/pod-network",
+        "usr/lib/gpufleet/fabric",
+        "usr/lib/systemd/system/gpufleet-pod-routes.service",
         "usr/lib/gpufleet/kube-proxy.yaml",
         "usr/lib/systemd/system/kube-proxy.service",
         "usr/lib/cni/bridge",

@@ -24,7 +24,8 @@ def build() -> None:
 
     Three layers: the Slurm 24.11 root (`gpufleet local slurm-image build`, built first
     when missing), Debian 13's Python with gpufleet's dependencies, this checkout's
-    wheel. Only what changed is rebuilt: after a code change, seconds. Needs root
+    wheel. Beside them, the local cluster's CoreDNS (a static Go build; a few minutes the
+    first time). Only what changed is rebuilt: after a code change, seconds. Needs root
     (overlay mounts, chroot) and the Debian mirror this host's apt uses. The result is
     an OCI image layout under ~/.cache/gpufleet/images/store/KEY, which `gpufleet local
     up --images` serves to its machines (docs/install.md).
@@ -46,3 +47,4 @@ def build() -> None:
     console.print(f"{verb} ({time.perf_counter() - start:.1f} s): {built.layout}", soft_wrap=True)
     typer.echo(built.gpufleet)
     typer.echo(built.slurm)
+    typer.echo(built.coredns)

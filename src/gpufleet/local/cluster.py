@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from gpufleet.domain import slurm_jwt
-from gpufleet.local import joining, kube, machines, processes, slurm, slurm_root, vm
+from gpufleet.local import dns, joining, kube, machines, processes, slurm, slurm_root, vm
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.machines import MachineInfo
 from gpufleet.local.processes import ComponentError, ManagedProcess, ProcessRecord
@@ -461,6 +461,8 @@ class LocalCluster:
                 memory_mib=spec.machine_memory_mib,
                 registry_port=registry_port if spec.images else None,
                 bmc_ports=bmc_ports,
+                fabric=run_dir / "fabric" if spec.images else None,
+                fabric_mac=machines.fabric_mac_of(i),
             )
             self.info.machines[name] = MachineInfo(
                 name=name,
@@ -511,6 +513,18 @@ class LocalCluster:
         mirrors: tuple[tuple[str, str], ...] = ()
         if self.info.registry_url is not None:
             mirrors = self._start_registry(run_dir)
+            fabric = self._launch(machines.fabric_switch(run_dir))
+            fabric.wait_ready(
+                lambda: (run_dir / "fabric" / "ctl").exists(), timeout=self.spec.ready_timeout_s
+            )
+            self._ready("fabric (vde_switch)")
+            api = kube.client(kl)
+            try:
+                system = "system" if "system" in self.spec.machine_pools else None
+                dns.install(api, self.info.images["coredns"], system)
+            finally:
+                api.close()
+            self._ready("cluster DNS (CoreDNS, scheduled once a machine joins)")
         service = self._launch(
             machines.provision_service(
                 run_dir=run_dir,
@@ -547,7 +561,11 @@ class LocalCluster:
         except images.ImageError as exc:
             raise ComponentError("registry", None, str(exc)) from exc
         self._images_layout = built.layout
-        self.info.images = {"gpufleet": built.gpufleet, "slurm": built.slurm}
+        self.info.images = {
+            "gpufleet": built.gpufleet,
+            "slurm": built.slurm,
+            "coredns": built.coredns,
+        }
         self.info.registry_url = f"http://127.0.0.1:{registry_port}"
 
     def _start_registry(self, run_dir: Path) -> tuple[tuple[str, str], ...]:

@@ -51,6 +51,7 @@ REGISTRY_HOST = "gpufleet.local"
 local registry (``/etc/containerd/certs.d/gpufleet.local/hosts.toml``)."""
 GPUFLEET_REPOSITORY = f"{REGISTRY_HOST}/gpufleet"
 SLURM_REPOSITORY = f"{REGISTRY_HOST}/slurm"
+COREDNS_REPOSITORY = f"{REGISTRY_HOST}/coredns"
 ROOT_PATH = "/opt/gpufleet/bin:" + slurm_root.ROOT_PATH
 KEY_SCHEMA = 1
 KEEP_STORES = 3
@@ -194,12 +195,7 @@ def _layer(
     if (found := _load_layer(final, _tree_of(final, overlay_upper))) is not None:
         return found, False
     root.mkdir(parents=True, exist_ok=True)
-    staging_root = node_image.staging_root(root)
-    for stale in node_image.remove_stale_builds(staging_root):
-        progress(f"removed an interrupted build: {stale}")
-    staging = staging_root / f"{key}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = node_image.fresh_staging(root, key, progress)
     try:
         tree = make(staging)
         progress(f"writing layer {key}")
@@ -268,6 +264,8 @@ class ImageSet:
     layout: Path
     gpufleet: str
     slurm: str
+    coredns: str
+    """The local cluster's DNS (:mod:`gpufleet.local.dns`), not part of the chart."""
     built: list[str]
     """Keys of the layers this call built (empty when all were cached)."""
     seconds: float
@@ -325,7 +323,11 @@ def build(*, progress: Progress = print, wheel: Path | None = None) -> ImageSet:
             built.append(base.key)
 
         requirements = node_image.node_requirements()
-        scripts = node_image.tree_digests(scripts_dir())
+        scripts = {
+            name: digest
+            for name, digest in node_image.tree_digests(scripts_dir()).items()
+            if name in ("overlay-run.sh", "python-layer.sh")
+        }
         python_key = _key(
             "python", {"below": base.key, "requirements": requirements, "scripts": scripts}
         )
@@ -380,21 +382,81 @@ def build(*, progress: Progress = print, wheel: Path | None = None) -> ImageSet:
         app, new = _layer(app_key, progress, make_app, overlay_upper=True)
         if new:
             built.append(app.key)
+
+        coredns_sources = scripts_dir() / "coredns"
+
+        def make_coredns(staging: Path) -> Path:
+            progress("coredns: go build (a few minutes the first time: its modules)")
+            tree = staging / "upper"
+            tree.mkdir()
+            _go_build(coredns_sources, tree / "coredns")
+            return tree
+
+        coredns, new = _layer(
+            _key("coredns", {"sources": node_image.tree_digests(coredns_sources)}),
+            progress,
+            make_coredns,
+            overlay_upper=True,
+        )
+        if new:
+            built.append(coredns.key)
         version = wheel.name.split("-")[1]
         gpufleet_ref = f"{GPUFLEET_REPOSITORY}:{version}-{app.key.split('-')[1][:8]}"
         slurm_ref = f"{SLURM_REPOSITORY}:{slurm_version}-{base.key.split('-')[1][:8]}"
-        store = root / "store" / app.key
+        coredns_ref = f"{COREDNS_REPOSITORY}:{COREDNS_VERSION}-{coredns.key.split('-')[1][:8]}"
+        store_key = _key("store", {"layers": [base.key, python.key, app.key, coredns.key]})
+        store = root / "store" / store_key
         if not (store / "index.json").is_file():
             _write_store(
                 store,
                 {
                     slurm_ref: ([base], SLURM_CONFIG),
                     gpufleet_ref: ([base, python, app], gpufleet_config(version)),
+                    coredns_ref: ([coredns], COREDNS_CONFIG),
                 },
             )
-        node_image.prune(root / "store", KEEP_STORES, app.key)
+        node_image.prune(root / "store", KEEP_STORES, store_key)
         _prune_app_layers(root / "layers", keep=KEEP_APP_LAYERS, current=app.key)
-    return ImageSet(store, gpufleet_ref, slurm_ref, built, time.monotonic() - start)
+    return ImageSet(store, gpufleet_ref, slurm_ref, coredns_ref, built, time.monotonic() - start)
+
+
+COREDNS_VERSION = "1.14.2"
+"""The CoreDNS module ``scripts/images/coredns/go.mod`` requires (its image tag)."""
+COREDNS_CONFIG: dict[str, Any] = {
+    "Entrypoint": ["/coredns"],
+    "User": "65534:65534",
+    "Labels": {"org.opencontainers.image.title": "CoreDNS for the gpufleet local cluster"},
+}
+
+
+def _go_build(sources: Path, out: Path) -> None:
+    """A static binary of the Go module at ``sources`` (the module proxy fills the cache)."""
+    go = subprocess.run(
+        [str(sources.parents[2] / "scripts" / "find-go.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if go.returncode != 0:
+        raise ImageError(f"no Go toolchain for {sources.name}: {go.stderr.strip()}")
+    env = {
+        **os.environ,
+        "CGO_ENABLED": "0",
+        "GOFLAGS": "-mod=readonly -buildvcs=false",
+        "GOTOOLCHAIN": os.environ.get("GOTOOLCHAIN", "auto"),
+    }
+    done = subprocess.run(
+        [go.stdout.strip(), "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), "."],
+        cwd=sources,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise ImageError(f"go build of {sources} failed (exit {done.returncode}):\n{tail}")
 
 
 def _prune_app_layers(layers: Path, *, keep: int, current: str) -> None:

@@ -152,6 +152,39 @@ def mac_of(index: int) -> str:
     return f"52:54:00:67:{index // 256:02x}:{index % 256:02x}"
 
 
+FABRIC_MAC_PREFIX = "52:54:01:67"
+"""The fabric NIC's MACs: the node image's ``gpufleet-fabric`` recognises the NIC by it."""
+FABRIC_SUBNET = "10.1.0.0/16"
+"""Node addresses on the fabric: apart from qemu's 10.0.2.0/24, the pod range
+10.128.0.0/9 and the service range."""
+
+
+def fabric_mac_of(index: int) -> str:
+    return f"{FABRIC_MAC_PREFIX}:{index // 256:02x}:{index % 256:02x}"
+
+
+def fabric_address_of(mac: str) -> str:
+    """The node address the image derives from a fabric MAC (``10.1.0.1`` for index 0),
+    as ``scripts/node-image/files/usr/lib/gpufleet/fabric`` does."""
+    import ipaddress
+
+    parts = mac.split(":")
+    index = int(parts[4], 16) * 256 + int(parts[5], 16)
+    return str(ipaddress.ip_network(FABRIC_SUBNET)[index + 1])
+
+
+def fabric_switch(run_dir: Path) -> ManagedProcess:
+    """The fabric's switch (``vde_switch``; it stops at end of input, so a pipe that never
+    ends feeds it). Its control directory is ``<run_dir>/fabric``."""
+    sock = run_dir / "fabric"
+    return ManagedProcess(
+        "fabric",
+        ["sh", "-c", f'sleep 2147483647 | exec vde_switch --sock "{sock}" --numports 64'],
+        run_dir / "logs" / "fabric.log",
+        cwd=run_dir,
+    )
+
+
 def console_log(logs: Path, name: str) -> Path:
     return logs / f"machine-{name}.console.log"
 
@@ -172,6 +205,8 @@ def vm_entry(
     memory_mib: int,
     registry_port: int | None = None,
     bmc_ports: list[int] | tuple[int, ...] = (),
+    fabric: Path | None = None,
+    fabric_mac: str = "",
 ) -> Json:
     """The ``vm`` object of the machine's BMC entry in the Redfish emulator's config."""
     return {
@@ -189,6 +224,7 @@ def vm_entry(
             *bmc_ports,
         ],
         "forwards": [[inject_port, AGENT_INJECT_PORT]],
+        **({"fabric_socket": str(fabric), "fabric_mac": fabric_mac} if fabric else {}),
     }
 
 

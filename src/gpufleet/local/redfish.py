@@ -754,6 +754,8 @@ def vm_from_config(entry: Json, system_uuid: str = "") -> Vm:
             serial=str(entry.get("serial", "")),
             forwards=tuple(Forward(int(h), int(g)) for h, g in entry.get("forwards", [])),
             guest_ports=tuple(int(p) for p in entry.get("guest_ports", [])),
+            fabric_socket=Path(entry["fabric_socket"]) if entry.get("fabric_socket") else None,
+            fabric_mac=str(entry.get("fabric_mac", "")),
             uuid=system_uuid,
             **({"accel": str(entry["accel"])} if entry.get("accel") else {}),
         )

@@ -9,6 +9,11 @@ gone, it network-boots again). The Redfish emulator (:mod:`gpufleet.local.redfis
 owns the :class:`Vm` of each machine BMC, so ``ForceOff``/``On``/``ForceRestart``
 act on the real thing and ``PowerState`` reads whether the process runs.
 
+With a cluster fabric (``ClusterSpec.images``), a second virtio NIC is plugged into a
+``vde_switch`` on the host (a unix socket, no host interface): the machines' node
+addresses (``10.1.0.0/16``, from the NIC's MAC) and pod traffic between machines go
+there (:mod:`gpufleet.local.machines`, ``gpufleet-fabric.service`` in the node image).
+
 Networking is qemu's user mode with ``restrict=on``: the guest reaches nothing
 but the ports forwarded to it at :data:`CLUSTER_ADDRESS` (the provisioning
 service and the apiserver, each to the same port on the host's 127.0.0.1; no
@@ -91,6 +96,10 @@ class VmSpec:
     forwards: tuple[Forward, ...] = ()
     guest_ports: tuple[int, ...] = ()
     """Host loopback ports the guest may reach, at :data:`CLUSTER_ADDRESS`."""
+    fabric_socket: Path | None = None
+    """The cluster fabric's switch (``vde_switch`` control directory): a second NIC on it
+    carries node and pod traffic between machines; None: no second NIC."""
+    fabric_mac: str = ""
     accel: str = field(default_factory=accelerator)
 
     @property
@@ -145,6 +154,16 @@ def argv(spec: VmSpec, qemu: str = QEMU, socat: str = "socat") -> list[str]:
         "chardev:console",
         "-qmp",
         f"unix:{spec.qmp_socket},server=on,wait=off",
+        *(
+            [
+                "-netdev",
+                f"vde,id=fabric,sock={spec.fabric_socket}",
+                "-device",
+                f"virtio-net-pci,netdev=fabric,mac={spec.fabric_mac}",
+            ]
+            if spec.fabric_socket is not None
+            else []
+        ),
         "-device",
         "virtio-rng-pci",
         *(["-smbios", f"type=1,serial={spec.serial}"] if spec.serial else []),

@@ -217,4 +217,3 @@ def test_a_missing_node_image_stops_start_up_naming_what_is_missing(
     monkeypatch.setenv("GPUFLEET_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(ComponentError, match="gpufleet local image build"):
         machines.boot_dir(None)
-

@@ -215,3 +215,42 @@ def test_the_script_gives_up_after_its_deadline_and_writes_nothing(
     assert asked and set(asked) == {"/api/v1/nodes/node-b"}
     assert not conflist.exists()
     assert "no pod subnet for node-b" in capsys.readouterr().err
+
+
+def _node(name: str, subnet: str | None, *addresses: tuple[str, str]) -> dict[str, object]:
+    return {
+        "metadata": {"name": name},
+        "spec": {"podCIDR": subnet} if subnet else {},
+        "status": {"addresses": [{"type": t, "address": a} for t, a in addresses]},
+    }
+
+
+def test_routes_go_to_other_nodes_pod_subnets_via_their_fabric_address(
+    script: ModuleType,
+) -> None:
+    nodes = [
+        _node("vm-node-0000", "10.128.1.0/24", ("InternalIP", "10.1.0.1")),
+        _node("vm-node-0001", "10.128.2.0/24", ("InternalIP", "10.1.0.2"), ("Hostname", "x")),
+        # Not on the fabric (a machine without a second NIC, a KWOK node): no route.
+        _node("vm-node-0002", "10.128.3.0/24", ("InternalIP", "10.0.2.15")),
+        _node("gpu-node-0000", None, ("InternalIP", "127.0.0.1")),
+        # Its subnet not allocated yet.
+        _node("vm-node-0003", None, ("InternalIP", "10.1.0.4")),
+    ]
+    assert script.wanted_routes(nodes, "vm-node-0000") == {"10.128.2.0/24": "10.1.0.2"}
+
+
+def test_the_image_and_the_cluster_derive_the_same_fabric_address() -> None:
+    from gpufleet.local import machines
+
+    fabric = SourceFileLoader("fabric", str(SCRIPT.with_name("fabric")))
+    spec = importlib.util.spec_from_loader("fabric", fabric)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    fabric.exec_module(module)
+    for index in (0, 1, 255, 256, 1000):
+        mac = machines.fabric_mac_of(index)
+        assert mac.startswith(module.PREFIX)
+        assert str(module.address_of(mac)) == machines.fabric_address_of(mac)
+    assert machines.fabric_address_of(machines.fabric_mac_of(0)) == "10.1.0.1"
+    assert str(module.SUBNET) == machines.FABRIC_SUBNET
