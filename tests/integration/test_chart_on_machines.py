@@ -322,6 +322,10 @@ def test_helm_upgrade_rolls_the_controller_and_acts_once(chart: Any) -> None:
 
 def test_helm_uninstall_removes_the_release(chart: Any) -> None:
     info, api = chart
+    # The system machine, where the controller runs and whose Node it does not manage, was
+    # powered on once and never since: its boot was seen joining, not judged stalled.
+    assert bmc_counters(info, SYSTEM)["ResetCount"] == 1
+    assert api.get(f"{GV}/machines/{SYSTEM}")["status"]["boot"]["outcome"] == "Joined"
     helm(info, "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "10m")
     wait_for(
         "no pod of the release", lambda: not api.get(f"/api/v1/namespaces/{NS}/pods")["items"], 600

@@ -30,7 +30,7 @@ from typing import Any
 
 from gpufleet.api import conditions
 from gpufleet.domain import boot_watch, enrollment, well_known
-from gpufleet.kubeapi import ApiError
+from gpufleet.kubeapi import NODES, ApiError, NotFound
 from gpufleet.kubeapi.machines import MACHINES, MachineStore
 from gpufleet.lifecycle import machines, nodes
 from gpufleet.lifecycle.core import ControllerCore, Json, log
@@ -62,6 +62,23 @@ class BootWatch(ControllerCore):
                 return body
         return None
 
+    async def _read_node(self, name: str, status: Mapping[str, Any]) -> Json | None:
+        """The machine's Node read from the API (None when there is none, or on an error:
+        then the stall is judged as before, without a Node)."""
+        for candidate in (status.get("node"), name):
+            if not candidate:
+                continue
+            try:
+                body = await self.client.get(NODES, str(candidate))
+            except NotFound:
+                continue
+            except ApiError as exc:
+                log.warning("machine=%s its Node not read: %s", name, exc)
+                return None
+            if machines.machine_of(body) == name:
+                return dict(body)
+        return None
+
     async def watch_boots(self) -> None:
         """Judge every boot in progress once; act on stalls (bounded: one action per stall)."""
         now = self.clock.now()
@@ -83,6 +100,13 @@ class BootWatch(ControllerCore):
             )
             if isinstance(verdict, boot_watch.Waiting):
                 continue
+            if node is None and self.settings.node_selector:
+                # A Node outside the managed set (a system node) is not in the Node watch:
+                # read it before calling its boot stalled (once per stall judged).
+                node = await self._read_node(name, status)
+                if node is not None and _ready_since(node, progress.requested_at):
+                    await self._joined(name, body)
+                    continue
             said = f"{progress.attempt}:{verdict.stage}"
             if node is not None:
                 if self._boot_said.get(name) != said:
