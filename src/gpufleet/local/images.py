@@ -56,6 +56,9 @@ ROOT_PATH = "/opt/gpufleet/bin:" + slurm_root.ROOT_PATH
 KEY_SCHEMA = 1
 KEEP_STORES = 3
 KEEP_APP_LAYERS = 4
+"""App layers kept (a few MB each: one per code change)."""
+KEEP_LAYERS = 2
+"""Slurm, Python (250 MB) and CoreDNS layers kept: the current and the one before."""
 NOT_IN_LAYERS = ("dev", "proc", "sys", "tmp")
 """Directories kept empty in a layer: the runtime mounts them."""
 OPAQUE_XATTR = "trusted.overlay.opaque"
@@ -416,7 +419,14 @@ def build(*, progress: Progress = print, wheel: Path | None = None) -> ImageSet:
                 },
             )
         node_image.prune(root / "store", KEEP_STORES, store_key)
-        _prune_app_layers(root / "layers", keep=KEEP_APP_LAYERS, current=app.key)
+        kept = (
+            (app, KEEP_APP_LAYERS),
+            (base, KEEP_LAYERS),
+            (python, KEEP_LAYERS),
+            (coredns, KEEP_LAYERS),
+        )
+        for layer, keep in kept:
+            _prune_layers(root / "layers", keep=keep, current=layer.key)
     return ImageSet(store, gpufleet_ref, slurm_ref, coredns_ref, built, time.monotonic() - start)
 
 
@@ -459,13 +469,16 @@ def _go_build(sources: Path, out: Path) -> None:
         raise ImageError(f"go build of {sources} failed (exit {done.returncode}):\n{tail}")
 
 
-def _prune_app_layers(layers: Path, *, keep: int, current: str) -> None:
-    apps = sorted(
-        (p for p in layers.glob("app-*") if p.name != current),
+def _prune_layers(layers: Path, *, keep: int, current: str) -> None:
+    """Keep ``current`` and the newest ``keep - 1`` other layers of its kind (its key's
+    prefix: ``app``, ``python``...); a running cluster serves hard links of its own."""
+    kind = current.split("-", 1)[0]
+    others = sorted(
+        (p for p in layers.glob(f"{kind}-*") if p.name != current),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
-    for old in apps[keep - 1 :]:
+    for old in others[keep - 1 :]:
         shutil.rmtree(old, ignore_errors=True)
 
 
