@@ -33,7 +33,17 @@ from typing import Any
 import httpx
 
 from gpufleet.domain import slurm_jwt
-from gpufleet.local import dns, joining, kube, machines, processes, slurm, slurm_root, vm
+from gpufleet.local import (
+    dns,
+    joining,
+    kube,
+    machines,
+    processes,
+    slurm,
+    slurm_root,
+    storage,
+    vm,
+)
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.machines import MachineInfo
 from gpufleet.local.processes import ComponentError, ManagedProcess, ProcessRecord
@@ -522,9 +532,10 @@ class LocalCluster:
             try:
                 system = "system" if "system" in self.spec.machine_pools else None
                 dns.install(api, self.info.images["coredns"], system)
+                storage.install(api, system)
             finally:
                 api.close()
-            self._ready("cluster DNS (CoreDNS, scheduled once a machine joins)")
+            self._ready("cluster DNS (CoreDNS, scheduled once a machine joins), storage")
         service = self._launch(
             machines.provision_service(
                 run_dir=run_dir,

@@ -62,3 +62,19 @@ def test_the_image_tag_names_the_coredns_release_the_build_requires() -> None:
     m = re.search(r"^require github.com/coredns/coredns v(\S+)$", go_mod, re.MULTILINE)
     assert m is not None
     assert m.group(1) == images.COREDNS_VERSION
+
+
+def test_storage_binds_where_the_claim_s_pod_runs_on_a_system_machine() -> None:
+    from gpufleet.local import storage
+
+    kinds = [body["kind"] for _, body in storage.objects("system")]
+    assert kinds == ["StorageClass"] + ["PersistentVolume"] * storage.VOLUMES
+    sc = storage.objects("system")[0][1]
+    assert sc["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"] == "true"
+    assert sc["volumeBindingMode"] == "WaitForFirstConsumer"  # bound once the pod is placed
+    for _, pv in storage.objects("system")[1:]:
+        spec = pv["spec"]
+        assert spec["storageClassName"] == storage.CLASS
+        assert spec["capacity"]["storage"] == storage.SIZE
+        terms = spec["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"]
+        assert {"key": "gpufleet.io/pool", "operator": "In", "values": ["system"]} in terms
