@@ -91,18 +91,25 @@ priorityClassName: {{ . }}
 - {name: munge-run, mountPath: /run/munge}
 {{- end -}}
 {{- define "gpufleet.munged" -}}
+# A native sidecar (an init container that keeps running): the Slurm daemon starts only
+# once munged's socket exists (its startup probe), else it fails to create credentials.
 - name: munged
+  restartPolicy: Always
   image: {{ include "gpufleet.slurmImage" . }}
   imagePullPolicy: {{ .Values.slurmImage.pullPolicy }}
   terminationMessagePolicy: FallbackToLogsOnError
   # Everything it writes lives in /run/munge, so its root filesystem can be read-only.
-  command: [munged, --foreground, --key-file=/etc/munge-key/munge.key, --socket=/run/munge/munge.socket.2,
-            --pid-file=/run/munge/munged.pid, --seed-file=/run/munge/munged.seed]
+  # munged refuses a group- or world-writable socket directory: an emptyDir is 0777.
+  command: [sh, -c, 'chmod 0755 /run/munge && exec munged --foreground --key-file=/etc/munge-key/munge.key --socket=/run/munge/munge.socket.2 --pid-file=/run/munge/munged.pid --seed-file=/run/munge/munged.seed']
   volumeMounts:
     - {name: munge-key, mountPath: /etc/munge-key}
     - {name: munge-run, mountPath: /run/munge}
   securityContext: {{- toYaml .Values.slurm.munge.securityContext | nindent 4 }}
   # munged answers on its socket once the key is loaded.
+  startupProbe:
+    exec: {command: [test, -S, /run/munge/munge.socket.2]}
+    periodSeconds: 1
+    failureThreshold: 120
   readinessProbe:
     exec: {command: [test, -S, /run/munge/munge.socket.2]}
     periodSeconds: 10
