@@ -99,8 +99,10 @@ priorityClassName: {{ . }}
   imagePullPolicy: {{ .Values.slurmImage.pullPolicy }}
   terminationMessagePolicy: FallbackToLogsOnError
   # Everything it writes lives in /run/munge, so its root filesystem can be read-only.
-  # munged refuses a group- or world-writable socket directory: an emptyDir is 0777.
-  command: [sh, -c, 'chmod 0755 /run/munge && exec munged --foreground --key-file=/etc/munge-key/munge.key --socket=/run/munge/munge.socket.2 --pid-file=/run/munge/munged.pid --seed-file=/run/munge/munged.seed']
+  # munged refuses a group- or world-writable socket directory (an emptyDir is 0777) and a
+  # key that is a symbolic link or readable by others (a Secret volume's file is both): it
+  # gets a 0755 directory and a 0400 copy of the key there.
+  command: [sh, -c, 'chmod 0755 /run/munge && install -m 0400 /etc/munge-key/munge.key /run/munge/munge.key && exec munged --foreground --key-file=/run/munge/munge.key --socket=/run/munge/munge.socket.2 --pid-file=/run/munge/munged.pid --seed-file=/run/munge/munged.seed']
   volumeMounts:
     - {name: munge-key, mountPath: /etc/munge-key}
     - {name: munge-run, mountPath: /run/munge}
