@@ -160,6 +160,8 @@ def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]
         "AuthAltTypes=auth/jwt",
         "AuthAltParameters=jwt_key=/etc/slurm/jwt/jwt_hs256.key",
         "StateSaveLocation=/var/spool/slurmctld",
+        # slurmctld's root filesystem is read-only; /run/slurm is its own emptyDir.
+        "SlurmctldPidFile=/run/slurm/slurmctld.pid",
         "SlurmdSpoolDir=/var/spool/slurmd",
         # Jobs confined in cgroups: a job sees only the GPUs (and cores, memory) it was
         # given, and its processes are found and killed by their cgroup (cgroup.conf).
