@@ -392,7 +392,12 @@ def build(*, progress: Progress = print, wheel: Path | None = None) -> ImageSet:
             progress("coredns: go build (a few minutes the first time: its modules)")
             tree = staging / "upper"
             tree.mkdir()
-            _go_build(coredns_sources, tree / "coredns")
+            repo = binaries.repo_root()
+            assert repo is not None  # scripts_dir() found the checkout
+            try:
+                node_image.go_build(repo, coredns_sources, tree / "coredns")
+            except node_image.NodeImageError as exc:
+                raise ImageError(str(exc)) from exc
             return tree
 
         coredns, new = _layer(
@@ -437,36 +442,6 @@ COREDNS_CONFIG: dict[str, Any] = {
     "User": "65534:65534",
     "Labels": {"org.opencontainers.image.title": "CoreDNS for the gpufleet local cluster"},
 }
-
-
-def _go_build(sources: Path, out: Path) -> None:
-    """A static binary of the Go module at ``sources`` (the module proxy fills the cache)."""
-    go = subprocess.run(
-        [str(sources.parents[2] / "scripts" / "find-go.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if go.returncode != 0:
-        raise ImageError(f"no Go toolchain for {sources.name}: {go.stderr.strip()}")
-    env = {
-        **os.environ,
-        "CGO_ENABLED": "0",
-        "GOFLAGS": "-mod=readonly -buildvcs=false",
-        "GOTOOLCHAIN": os.environ.get("GOTOOLCHAIN", "auto"),
-    }
-    done = subprocess.run(
-        [go.stdout.strip(), "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), "."],
-        cwd=sources,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise ImageError(f"go build of {sources} failed (exit {done.returncode}):\n{tail}")
 
 
 def _prune_layers(layers: Path, *, keep: int, current: str) -> None:

@@ -508,15 +508,14 @@ def _run(cmd: Sequence[str | Path], what: str, **kw: object) -> None:
         raise NodeImageError(f"{what} failed (exit {result.returncode}):\n{tail}")
 
 
-def build_static_image(repo: Path, out: Path, name: str, reference: str) -> Path:
-    """Build ``scripts/node-image/<name>`` (static Go, no dependencies) into ``out`` and
-    pack it as an OCI image tar named ``reference``; returns the tar."""
+def go_build(repo: Path, sources: Path, binary: Path) -> None:
+    """A static binary of the Go module at ``sources`` (no cgo; the module proxy fills the
+    cache); raises :class:`NodeImageError` naming what failed."""
     go = subprocess.run(
         [str(repo / "scripts" / "find-go.sh")], capture_output=True, text=True, check=False
     )
     if go.returncode != 0:
-        raise NodeImageError(f"no Go toolchain for the {name} binary: {go.stderr.strip()}")
-    binary = out / name
+        raise NodeImageError(f"no Go toolchain for {sources.name}: {go.stderr.strip()}")
     env = {
         **os.environ,
         "CGO_ENABLED": "0",
@@ -525,10 +524,18 @@ def build_static_image(repo: Path, out: Path, name: str, reference: str) -> Path
     }
     _run(
         [go.stdout.strip(), "build", "-trimpath", "-ldflags", "-s -w", "-o", binary, "."],
-        f"go build of scripts/node-image/{name}",
-        cwd=scripts_dir(repo) / name,
+        f"go build of {sources.relative_to(repo) if sources.is_relative_to(repo) else sources}",
+        cwd=sources,
         env=env,
+        timeout=1800,
     )
+
+
+def build_static_image(repo: Path, out: Path, name: str, reference: str) -> Path:
+    """Build ``scripts/node-image/<name>`` (static Go, no dependencies) into ``out`` and
+    pack it as an OCI image tar named ``reference``; returns the tar."""
+    binary = out / name
+    go_build(repo, scripts_dir(repo) / name, binary)
     tar = out / f"{name}.tar"
     oci.write_single_binary_image(binary, tar, reference=reference)
     return tar
