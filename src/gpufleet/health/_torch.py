@@ -8,6 +8,7 @@ on the CPU) in spawned processes on a loopback rendezvous.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import multiprocessing as mp
 import queue
 import socket
@@ -21,12 +22,9 @@ from gpufleet.health.hardware import HardwareError
 
 
 def available() -> bool:
-    """Whether torch can be imported."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether torch is installed (found, not imported: importing it costs the
+    agent seconds and hundreds of MB it does not need until a check runs)."""
+    return importlib.util.find_spec("torch") is not None
 
 
 def cuda_count() -> int:
@@ -87,6 +85,20 @@ class TorchDevice:
             dst.copy_(src)
         self._sync()
         return compute.CopyRun(nbytes, iters, time.perf_counter() - start)
+
+
+def gemm_all(n: int, iters: int, seed: int) -> dict[int, compute.GemmRun]:
+    """The GEMM on every CUDA GPU in turn ({} without torch or CUDA).
+
+    Meant to run in a child process (:mod:`gpufleet.health.isolated`): it
+    leaves a CUDA context on every GPU until its process exits."""
+    return {d.index: d.gemm(n, iters, seed) for d in cuda_devices() or []}
+
+
+def copy_all(nbytes: int, iters: int) -> dict[int, compute.CopyRun]:
+    """The device copy on every CUDA GPU in turn ({} without torch or CUDA); like
+    :func:`gemm_all`, meant for a child process."""
+    return {d.index: d.copy(nbytes, iters) for d in cuda_devices() or []}
 
 
 def _free_port() -> int:

@@ -570,19 +570,32 @@ class Agent:
                 snap.observations[sub] = debounce.Observation(at=now)
 
     def run_active(self, now: float) -> list[Any]:
-        """Run the scheduled active checks (skipping the rest if a workload starts).
+        """Run the scheduled active checks; each asks the idle guard first, so a
+        workload that starts meanwhile leaves the rest unrun (unknown, "not run").
+        One call, so ``sdc`` judges the GEMM ``gemm`` ran instead of running it again.
 
         A failed check is a fault like any other: it is reported on the next poll.
         """
         self._last_active = now
-        results = []
-        for name in self.settings.active_checks:
-            if self.gpu_busy() is not False:
-                log.info("node=%s active checks preempted by a workload", self.node)
-                break
-            results.extend(
-                checks.run_checks(self.hw, self.profile, [name], node=self.node, clock=self.clock)
-            )
+        idle = checks.idle_guard(self.hw)
+        held: list[str] = []
+
+        def guard() -> str | None:
+            why = idle()
+            if why is not None:
+                held.append(why)
+            return why
+
+        results = checks.run_checks(
+            self.hw,
+            self.profile,
+            self.settings.active_checks,
+            node=self.node,
+            clock=self.clock,
+            guard=guard,
+        )
+        if held:
+            log.info("node=%s %d active check(s) not run: %s", self.node, len(held), held[0])
         if self.metrics is not None:
             for r in results:
                 self.metrics.check(r, self.clock())

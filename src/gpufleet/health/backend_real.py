@@ -13,12 +13,18 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from gpufleet.health import compute, fabric, kmsg, nvml_values
+from gpufleet.health import compute, fabric, isolated, kmsg, nvml_values
 from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
 
 KMSG = "/dev/kmsg"
+
+ACTIVE_TIMEOUT_S = 300.0
+"""Longest one GEMM or copy pass over every GPU may take before its process is
+killed and the check reports the hang (8 GPUs at the default size take seconds)."""
+
+R = TypeVar("R")
 
 
 class KmsgReader:
@@ -166,20 +172,36 @@ class RealHardware(Hardware):
         # dcgmi exits non-zero when a test fails; the JSON still says which.
         return proc.stdout or proc.stderr
 
-    def compute_devices(self) -> list[compute.ComputeDevice]:
+    def run_gemm(self, n: int, iters: int, seed: int) -> dict[int, compute.GemmRun]:
         from gpufleet.health import _torch
 
-        devices = _torch.cuda_devices()
-        if devices is None:
+        runs = isolated.call(
+            _torch.gemm_all, (n, iters, seed), what="GEMM", timeout_s=ACTIVE_TIMEOUT_S
+        )
+        return self._some(runs)
+
+    def run_copy(self, nbytes: int, iters: int) -> dict[int, compute.CopyRun]:
+        from gpufleet.health import _torch
+
+        runs = isolated.call(
+            _torch.copy_all, (nbytes, iters), what="device copy", timeout_s=ACTIVE_TIMEOUT_S
+        )
+        return self._some(runs)
+
+    def _some(self, runs: dict[int, R]) -> dict[int, R]:
+        """``runs``, or the reason there are none: NVML's when it sees no GPU,
+        else that torch with CUDA is missing."""
+        if not runs:
             self._session()  # raises NoGpuFound with NVML's reason when there is no GPU
             raise HardwareError("torch with CUDA is not installed (pip install 'gpufleet[gpu]')")
-        return devices
+        return runs
 
     def allreduce(self, nbytes: int, iters: int) -> compute.AllReduceRun | None:
         from gpufleet.health import _torch
 
-        world = _torch.cuda_count()
-        if world < 2:
+        # NVML's count, not torch's: asking CUDA here would start it in this process.
+        world = len(self._session().gpus())
+        if world < 2 or not _torch.available():
             return None
         return _torch.allreduce(world=world, nbytes=nbytes, iters=iters, backend="nccl")
 

@@ -369,8 +369,16 @@ class SimulatedHardware(Hardware):
         return json.dumps(doc)
 
     def compute_devices(self) -> list[compute.ComputeDevice]:
+        """The present GPUs as devices for the active checks (tests replace them
+        with :class:`compute.NumpyDevice` to measure the CPU)."""
         with self._lock:
             return [SimDevice(g) for g in self._gpus if g.present]
+
+    def run_gemm(self, n: int, iters: int, seed: int) -> dict[int, compute.GemmRun]:
+        return {d.index: d.gemm(n, iters, seed) for d in self.compute_devices()}
+
+    def run_copy(self, nbytes: int, iters: int) -> dict[int, compute.CopyRun]:
+        return {d.index: d.copy(nbytes, iters) for d in self.compute_devices()}
 
     def allreduce(self, nbytes: int, iters: int) -> compute.AllReduceRun | None:
         world = len(self.compute_devices())

@@ -425,9 +425,7 @@ def run_checks(
     def gemm_runs_once() -> dict[int, compute.GemmRun]:
         nonlocal gemm_runs
         if gemm_runs is None:
-            gemm_runs = {
-                d.index: d.gemm(profile.gemm_size, iters, seed) for d in hw.compute_devices()
-            }
+            gemm_runs = hw.run_gemm(profile.gemm_size, iters, seed)
         return gemm_runs
 
     for name in names:
@@ -459,7 +457,7 @@ def run_checks(
                 timed(
                     name,
                     lambda: judge_hbm(
-                        {d.index: d.copy(profile.hbm_bytes, iters) for d in hw.compute_devices()},
+                        hw.run_copy(profile.hbm_bytes, iters),
                         profile,
                         node=node,
                         now=now,  # noqa: B023

@@ -57,8 +57,16 @@ class Hardware(Protocol):
         """The JSON output of ``dcgmi diag -r <level> -j``; None when DCGM is absent."""
         ...
 
-    def compute_devices(self) -> list[compute.ComputeDevice]:
-        """Devices for the active checks (GPUs, or simulated ones)."""
+    def run_gemm(self, n: int, iters: int, seed: int) -> dict[int, compute.GemmRun]:
+        """The active checks' GEMM on every GPU (or simulated one), by GPU index.
+
+        Raises :class:`HardwareError` when it cannot run or did not finish."""
+        ...
+
+    def run_copy(self, nbytes: int, iters: int) -> dict[int, compute.CopyRun]:
+        """The active checks' device-to-device copy on every GPU, by GPU index.
+
+        Raises :class:`HardwareError` when it cannot run or did not finish."""
         ...
 
     def allreduce(self, nbytes: int, iters: int) -> compute.AllReduceRun | None:

@@ -273,10 +273,13 @@ def gpu_faults(g: GpuReading, profile: SkuProfile, *, node: str, now: float) -> 
         active = sum(g.nvlink_state)
         down = [i for i, up in enumerate(g.nvlink_state) if not up]
         if active < profile.nvlinks_per_gpu or down:
-            links = ",".join(str(i) for i in down) or "-"
+            if g.nvlink_state:
+                why = f"down: {','.join(str(i) for i in down) or '-'}"
+            else:  # every link query NOT_SUPPORTED (seen on an H100 passed through alone)
+                why = "NVML reports no NVLink on this GPU"
             add(
                 FaultKind.NVLINK_DOWN,
-                f"{active} of {profile.nvlinks_per_gpu} NVLink links active (down: {links})",
+                f"{active} of {profile.nvlinks_per_gpu} NVLink links active ({why})",
                 nvlink_active=active,
                 nvlink_expected=profile.nvlinks_per_gpu,
             )

@@ -12,9 +12,11 @@ from typer.testing import CliRunner
 from gpufleet.cli.main import app
 from gpufleet.domain import conditions, node_reports
 from gpufleet.domain.policy import Detection, default_policy
+from gpufleet.health import compute
 from gpufleet.health.agent import Agent, InjectionServer
 from gpufleet.health.backend_sim import SimulatedHardware
 from gpufleet.health.metrics import AgentMetrics
+from gpufleet.health.results import CheckStatus
 from gpufleet.health.skus import bundled
 
 runner = CliRunner()
@@ -191,3 +193,48 @@ def test_metrics_expose_gpu_port_and_check_series() -> None:
     assert families["gpufleet_gpu_ecc_uncorrected_volatile"].type == "counter"
     assert 'gpufleet_check_duration_seconds{check="gemm",node="n1"}' in text
     assert 'gpufleet_condition{condition="GpuProblem",node="n1"} 0.0' in text
+
+
+class CountingHardware(SimulatedHardware):
+    """Counts GEMM passes; optionally a workload starts while the GEMM runs."""
+
+    def __init__(self, *, workload_starts_during_gemm: bool = False) -> None:
+        super().__init__(node="n1")
+        self.gemm_passes = 0
+        self.workload_starts = workload_starts_during_gemm
+
+    def run_gemm(self, n: int, iters: int, seed: int) -> dict[int, compute.GemmRun]:
+        self.gemm_passes += 1
+        if self.workload_starts:
+            self.inject("busy")
+        return super().run_gemm(n, iters, seed)
+
+
+def scheduled_agent(hw: SimulatedHardware) -> Agent:
+    return Agent(
+        hw, bundled().get("h100-sxm"), default_policy(), node="n1", reporter=ListReporter()
+    )
+
+
+def test_scheduled_active_checks_share_one_gemm_between_gemm_and_sdc() -> None:
+    hw = CountingHardware()
+    try:
+        results = {r.name: r for r in scheduled_agent(hw).run_active(now=10.0)}
+    finally:
+        hw.close()
+    assert results["gemm"].status is CheckStatus.OK and results["sdc"].status is CheckStatus.OK
+    assert results["hbm"].status is CheckStatus.OK
+    assert hw.gemm_passes == 1
+
+
+def test_a_workload_that_starts_during_the_checks_stops_the_rest() -> None:
+    hw = CountingHardware(workload_starts_during_gemm=True)
+    try:
+        results = {r.name: r for r in scheduled_agent(hw).run_active(now=10.0)}
+    finally:
+        hw.close()
+    assert results["gemm"].status is CheckStatus.OK  # it had started before the workload
+    for name in ("sdc", "hbm", "allreduce"):
+        assert results[name].status is CheckStatus.UNKNOWN
+        assert results[name].reason == "not run: GPU processes are running"
+        assert results[name].faults == ()
