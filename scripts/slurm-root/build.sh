@@ -72,6 +72,8 @@ mkdir -p "$root/run" "$root/tmp"
 
 step 4 "clean the tree (apt lists and caches, docs, logs)"
 chroot "$root" apt-get clean
+# openssh-server's postinst made host keys: every copy of this tree would share them.
+rm -f "$root"/etc/ssh/ssh_host_*
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/log/*.log "$root"/var/log/apt/* \
   "$root"/tmp/* "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/usr/share/locale/*/
 find "$root/usr/share/doc" -type f ! -name copyright -delete

@@ -15,7 +15,8 @@ registry. The test checks what an operator relies on:
 - an XID 79 on the GPU node, reported by the agent's pod: cordon, drain, a power cycle
   through the BMC, a network boot, the images pulled again, verification, production;
 - ``helm upgrade`` rolls the controller: new pods, nothing done twice to the node;
-- ``helm uninstall`` removes every object of the release.
+- ``helm uninstall`` removes every object of the release, and its pre-delete hook first
+  takes gpufleet's labels, annotations, taints, conditions and cordon off the GPU node.
 
 Slurm in pods (slurmctld, slurmd, slurmrestd, login) needs a pod network between machines
 and cluster DNS, which the local cluster does not have yet: ``slurm.enabled=false`` here.
@@ -45,7 +46,7 @@ from test_machine_day0 import (
 from test_slurm_chart import CHART, helm_binary
 from waiting import wait_for
 
-from gpufleet.domain import well_known
+from gpufleet.domain import uninstall, well_known
 from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
 
@@ -331,7 +332,23 @@ def test_helm_uninstall_removes_the_release(chart: Any) -> None:
         f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3D{SYSTEM}"
     )["items"]
     assert not [e for e in events if e["reason"] in ("BootRetried", "BootFailed")], events
+    wait_for("production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
+    marked = api.get(f"/api/v1/nodes/{GPU}")
+    assert well_known.LABEL_STATE in marked["metadata"]["labels"]
     helm(info, "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "10m")
+    # The pre-delete hook stopped the controller, then took gpufleet off the GPU node, which
+    # was in production: no state label, record or taint of ours, no cordon. What identifies
+    # the machine (its pool, its Machine) stays.
+    node = api.get(f"/api/v1/nodes/{GPU}")
+    labels, annotations = node["metadata"]["labels"], node["metadata"].get("annotations") or {}
+    assert well_known.LABEL_STATE not in labels, labels
+    assert labels[well_known.LABEL_POOL] == POLICY and labels[well_known.LABEL_MACHINE] == GPU
+    assert not [a for a in annotations if a in uninstall.ANNOTATIONS], annotations
+    assert not [t for t in node["spec"].get("taints") or [] if t["key"] in uninstall.TAINTS]
+    assert not node["spec"].get("unschedulable")
+    assert not [
+        c for c in node["status"].get("conditions") or [] if c["type"] in uninstall.CONDITIONS
+    ]
     wait_for(
         "no pod of the release", lambda: not api.get(f"/api/v1/namespaces/{NS}/pods")["items"], 600
     )

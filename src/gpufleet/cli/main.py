@@ -13,6 +13,7 @@ import typer
 from gpufleet.cli import (
     agent_cmd,
     breaker_cmd,
+    cleanup_cmd,
     controller_cmd,
     demo_cmd,
     health_cmd,
@@ -87,6 +88,7 @@ app.add_typer(breaker_cmd.app, name="breaker")
 app.add_typer(maintenance_cmd.app, name="maintenance")
 app.add_typer(provision_cmd.app, name="provision")
 app.add_typer(provision_cmd.machines_app, name="machines")
+app.command("cleanup")(cleanup_cmd.cleanup)
 app.command("version")(version_cmd.version)
 
 

@@ -121,6 +121,50 @@ priorityClassName: {{ . }}
     periodSeconds: 30
   resources: {{- toYaml .Values.slurm.munge.resources | nindent 4 }}
 {{- end -}}
+{{- /* The accounts of slurm.users, for pods where jobs run or users log in: an init
+     container appends them to copies of the image's passwd and group, which the
+     containers mount over /etc/passwd and /etc/group (slurmAccountMounts). */ -}}
+{{- define "gpufleet.slurmAccounts" -}}
+- name: accounts
+  image: {{ include "gpufleet.slurmImage" . }}
+  imagePullPolicy: {{ .Values.slurmImage.pullPolicy }}
+  terminationMessagePolicy: FallbackToLogsOnError
+  command:
+    - sh
+    - -c
+    - |
+      cp /etc/passwd /etc/group /accounts/
+      while read -r name uid gid; do
+        [ -n "$name" ] || continue
+        echo "$name:x:$uid:$gid::/home/$name:/bin/bash" >>/accounts/passwd
+        grep -q "^$name:" /accounts/group || echo "$name:x:$gid:" >>/accounts/group
+      done </etc/slurm-users/accounts
+  securityContext:
+    runAsUser: 65534
+    runAsGroup: 65534
+    runAsNonRoot: true
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities: {drop: [ALL]}
+  resources:
+    requests: {cpu: 10m, memory: 16Mi}
+    limits: {memory: 32Mi}
+  volumeMounts:
+    - {name: accounts, mountPath: /accounts}
+    - {name: slurm-users, mountPath: /etc/slurm-users}
+{{- end -}}
+{{- define "gpufleet.slurmAccountMounts" -}}
+- {name: accounts, mountPath: /etc/passwd, subPath: passwd, readOnly: true}
+- {name: accounts, mountPath: /etc/group, subPath: group, readOnly: true}
+- {name: slurm-users, mountPath: /etc/slurm-users}
+{{- end -}}
+{{- define "gpufleet.slurmAccountVolumes" -}}
+- name: accounts
+  emptyDir: {sizeLimit: 16Mi}
+- name: slurm-users
+  configMap:
+    name: {{ include "gpufleet.fullname" . }}-slurm-users
+{{- end -}}
 {{- define "gpufleet.slurmTolerations" -}}
 # Slurm pods stay on nodes gpufleet holds, lends or takes out: Slurm's drain
 # state, not Kubernetes scheduling, keeps jobs off those nodes.

@@ -1,0 +1,102 @@
+"""``gpufleet cleanup``: take gpufleet off the cluster's Nodes before an uninstall."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpufleet.cli.errors import EXIT_NO, fail
+from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
+from gpufleet.cli.output import Format, OutputOpt, print_data, structured
+from gpufleet.kubeapi import KubeApi
+from gpufleet.lifecycle import uninstall
+
+
+def cleanup(
+    namespace: Annotated[
+        str, typer.Option("--namespace", "-n", help="Namespace of the workloads to stop.")
+    ] = "gpufleet-system",
+    stop: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--stop",
+            help="A workload to stop first, and wait for (repeatable): deployment/NAME "
+            "(scaled to 0) or daemonset/NAME (its pods sent nowhere); every writer of "
+            "gpufleet's marks (controller, Slurm syncer and operator, agent).",
+        ),
+    ] = None,
+    stop_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for the stopped workloads' pods to go.")
+    ] = 120.0,
+    selector: Annotated[
+        str,
+        typer.Option(
+            "--selector", "-l", help="Only Nodes with these labels (k=v,...); default: all."
+        ),
+    ] = "",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be removed; change nothing.")
+    ] = False,
+    kubeconfig: KubeconfigOpt = None,
+    output: OutputOpt = Format.TABLE,
+) -> None:
+    """Before removing gpufleet: stop its controllers and agents, then take its labels,
+    annotations, taints, conditions and cordons off every Node it may release.
+
+    A Node gpufleet holds out of service (faulted, in repair, burn-in, triage or
+    RMA, a power action in flight) is kept exactly as it is and named with why:
+    handing it back would give work to a broken or unverified machine. Labels
+    that identify a machine (pool, Machine, BMC Secret, InfiniBand position) stay.
+    The chart runs this as a pre-delete hook; exits 0 with kept Nodes (they are
+    reported), 1 when the API refused or the controllers did not stop.
+
+    Example:
+
+        gpufleet cleanup -n gpufleet --dry-run --stop deployment/gpufleet-controller
+    """
+    progress = (lambda line: None) if structured(output) else (lambda line: print(line))
+    try:
+        report = asyncio.run(
+            _run(namespace, stop or [], stop_timeout, selector, dry_run, kubeconfig, progress)
+        )
+    except TimeoutError as exc:
+        fail(
+            f"the controllers did not stop: {exc}; no Node was changed",
+            hint="look at why their pods stay (kubectl get pods -n NAMESPACE), then run again",
+            code=EXIT_NO,
+        )
+    if structured(output):
+        print_data(output, report.as_json())
+        return
+    verb = "would release" if dry_run else "released"
+    print(
+        f"{verb} {len(report.released)} node(s), kept {len(report.kept)}, "
+        f"{report.untouched} without gpufleet marks"
+    )
+    for name, why in sorted(report.kept.items()):
+        print(f"kept {name}: {why}", file=sys.stderr)
+
+
+async def _run(
+    namespace: str,
+    stop: list[str],
+    stop_timeout: float,
+    selector: str,
+    dry_run: bool,
+    kubeconfig: Path | None,
+    progress: uninstall.Progress,
+) -> uninstall.Report:
+    client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
+    report = uninstall.Report(dry_run=dry_run)
+    if stop and not dry_run:
+        report.stopped = await uninstall.stop_writers(
+            client, namespace, stop, timeout_s=stop_timeout, progress=progress
+        )
+    await uninstall.release_nodes(
+        client, dry_run=dry_run, progress=progress, report=report, selector=selector
+    )
+    return report
