@@ -18,15 +18,18 @@ registry. The test checks what an operator relies on:
 - ``helm uninstall`` removes every object of the release, and its pre-delete hook first
   takes gpufleet's labels, annotations, taints, conditions and cordon off the GPU node.
 
-Slurm in pods (slurmctld, slurmd, slurmrestd, login) needs a pod network between machines
-and cluster DNS, which the local cluster does not have yet: ``slurm.enabled=false`` here.
-Bounded waits only; nothing timed is asserted.
+Slurm 24.11 runs in pods too (slurmctld, slurmrestd, login and the syncer on the system
+machine, slurmd on the GPU machine), all Ready behind their probes: a job submitted as a user
+of ``slurm.users`` runs on the GPU machine, that user logs in to the login pod with her key.
+Slurm commands run in one-shot pods (the host reaches no pod). Bounded waits only; nothing
+timed is asserted.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,8 @@ from typing import Any
 import httpx
 import pytest
 from controller_harness import GV, Api, bmc_counters, put_policy
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from test_machine_day0 import (
     BOOT_TIMEOUT,
     create_pod,
@@ -63,19 +68,78 @@ POD_TIMEOUT = 900.0
 2 shared cores: minutes. Generous: a slow run must not fail, only a broken one."""
 
 
+SMALL = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "512Mi"}}
+"""Slurm's pods share 2 emulated cores and a few GiB: small requests, or they do not fit."""
+
+
+def slurm_values() -> dict[str, Any]:
+    """Slurm 24.11 in pods: slurmctld (its state on the system machine's volume), slurmrestd,
+    a login pod and the syncer on the system machine; slurmd on the GPU machine, one CPU and
+    no GPU gres (the machine's GPUs are simulated: there is no /dev/nvidia* to bind)."""
+    system = {well_known.LABEL_POOL: "system"}
+    return {
+        "enabled": True,
+        "nodePools": [
+            {
+                "name": "gpu",
+                "nodeSelector": {well_known.LABEL_POOL: POLICY},
+                "cpus": 1,
+                "realMemoryMib": 1024,
+                "gpus": 0,
+                "featureLabels": [],
+            }
+        ],
+        "partitions": [
+            {"name": "batch", "pools": ["gpu"], "default": True, "preemptMode": "REQUEUE"}
+        ],
+        "topology": {"enabled": False},
+        "controller": {"resources": SMALL, "nodeSelector": system},
+        "slurmd": {"resources": SMALL},
+        "restd": {"resources": SMALL, "nodeSelector": system},
+        "login": {"replicas": 1, "resources": SMALL, "nodeSelector": system},
+        "munge": {"resources": SMALL},
+        "users": [{"name": "alice", "uid": 20001, "authorizedKeys": [ALICE_KEY]}],
+    }
+
+
+def _keypair() -> tuple[str, str]:
+    """An ed25519 key pair in OpenSSH's formats (private, public): alice's login key."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+    return private, f"{public} alice@lab"
+
+
+ALICE_PRIVATE, ALICE_KEY = _keypair()
+
+
 def values(info: ClusterInfo, **extra: Any) -> dict[str, Any]:
     """The chart's values for this cluster: its images, the BMC Secrets' namespace of the
-    local cluster, the controller on the system node managing the GPU pool only."""
+    local cluster, the controller on the system node managing the GPU pool only, Slurm."""
     gpufleet_repo, gpufleet_tag = info.images["gpufleet"].rsplit(":", 1)
     slurm_repo, slurm_tag = info.images["slurm"].rsplit(":", 1)
     pool = {well_known.LABEL_POOL: POLICY}
+    system = {well_known.LABEL_POOL: "system"}
     return {
         "image": {"repository": gpufleet_repo, "tag": gpufleet_tag},
         "slurmImage": {"repository": slurm_repo, "tag": slurm_tag},
         "bmcSecretsNamespace": "gpufleet-system",
         "createBmcSecretsNamespace": False,
-        "slurm": {"enabled": False},
-        "syncer": {"enabled": False},
+        "slurm": slurm_values(),
+        "syncer": {
+            "enabled": True,
+            "nodeSelector": system,
+            "resources": SMALL,
+            "operatorResources": SMALL,
+        },
         "controller": {
             "policyName": POLICY,
             "managedNodes": {**pool, "nvidia.com/gpu.present": None},
@@ -146,6 +210,114 @@ def failures(api: Api) -> str:
     return "\n".join(out)
 
 
+def slurm(
+    info: ClusterInfo,
+    api: Api,
+    script: str,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Run ``script`` with the Slurm commands, as a one-shot pod on the system machine (the
+    host reaches no pod: its output comes back as the pod's termination message), with a
+    munged beside it and the cluster's slurm.conf. Returns the output; fails the test if
+    the script failed."""
+    name = f"slurm-cmd-{uuid.uuid4().hex[:6]}"
+    image = info.images["slurm"]
+    munged = (  # as the chart runs it (templates/_helpers.tpl, gpufleet.munged)
+        "chmod 0755 /run/munge && install -m 0400 /etc/munge-key/munge.key "
+        "/run/munge/munge.key && exec munged --foreground --key-file=/run/munge/munge.key "
+        "--socket=/run/munge/munge.socket.2 --pid-file=/run/munge/munged.pid "
+        "--seed-file=/run/munge/munged.seed"
+    )
+    api.post(
+        f"/api/v1/namespaces/{NS}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": False,
+                "nodeSelector": {well_known.LABEL_POOL: "system"},
+                "initContainers": [
+                    {
+                        "name": "munged",
+                        "image": image,
+                        "restartPolicy": "Always",
+                        "command": ["sh", "-c", munged],
+                        "startupProbe": {
+                            "exec": {"command": ["test", "-S", "/run/munge/munge.socket.2"]},
+                            "periodSeconds": 1,
+                            "timeoutSeconds": 10,
+                            "failureThreshold": 300,
+                        },
+                        "volumeMounts": [
+                            {"name": "munge-key", "mountPath": "/etc/munge-key"},
+                            {"name": "munge-run", "mountPath": "/run/munge"},
+                        ],
+                    }
+                ],
+                "containers": [
+                    {
+                        "name": "cmd",
+                        "image": image,
+                        "command": ["sh", "-c", f"( {script} ) >/dev/termination-log 2>&1"],
+                        "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+                        "volumeMounts": [
+                            {"name": "config", "mountPath": "/etc/slurm"},
+                            {"name": "munge-run", "mountPath": "/run/munge"},
+                        ],
+                    }
+                ],
+                "volumes": [
+                    {"name": "config", "configMap": {"name": f"{RELEASE}-slurm-config"}},
+                    {
+                        "name": "munge-key",
+                        "secret": {"secretName": f"{RELEASE}-munge-key", "defaultMode": 0o400},
+                    },
+                    {"name": "munge-run", "emptyDir": {}},
+                ],
+            },
+        },
+    )
+    try:
+        done = wait_for(
+            f"pod {name} finished",
+            lambda: (
+                (p := api.get(f"/api/v1/namespaces/{NS}/pods/{name}"))["status"].get("phase")
+                in ("Succeeded", "Failed")
+                and p
+            ),
+            timeout,
+        )
+    finally:
+        api.delete(f"/api/v1/namespaces/{NS}/pods/{name}?gracePeriodSeconds=0")
+    statuses = done["status"].get("containerStatuses") or []
+    terminated = statuses[0]["state"].get("terminated") or {} if statuses else {}
+    output = str(terminated.get("message") or "")
+    assert done["status"]["phase"] == "Succeeded", f"{script}:\n{output}"
+    return output
+
+
+def slurm_node(info: ClusterInfo, api: Api, node: str) -> dict[str, str]:
+    """``scontrol show node -o``, as key=value pairs (State, Reason)."""
+    line = slurm(info, api, f"scontrol show node -o {node}")
+    return dict(part.split("=", 1) for part in line.split() if "=" in part)
+
+
+def slurm_job(info: ClusterInfo, api: Api, job: str) -> dict[str, str]:
+    """``scontrol show job -o``, as key=value pairs (JobState, Restarts, NodeList)."""
+    line = slurm(info, api, f"scontrol show job -o {job}")
+    return dict(part.split("=", 1) for part in line.split() if "=" in part)
+
+
+def slurm_work(api: Api, node: str) -> str:
+    """The Slurm state the syncer reports on a Node taken out (``idle+DRAIN``); "" if none."""
+    annotations = api.get(f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {}
+    text = annotations.get(well_known.ANNOTATION_SLURM_WORK)
+    return str(json.loads(text).get("state", "")) if text else ""
+
+
 def peers(api: Api) -> dict[str, Any]:
     """The replicas on the ClusterKopfPeering: identity -> {priority, lifetime, lastseen}."""
     body = api.get(f"/apis/kopf.dev/v1/clusterkopfpeerings/{RELEASE}")
@@ -165,7 +337,7 @@ def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInf
         slurm=False,
         machines=2,
         machine_pools=("system",),
-        machine_memory_mib=2560,
+        machine_memory_mib=3072,
         images=True,
         machine_agent=False,
     )
@@ -197,9 +369,24 @@ def test_the_chart_runs_on_real_nodes_with_one_controller_acting(chart: Any) -> 
     assert {p["spec"]["nodeName"] for p in controllers} == {SYSTEM}
     (agent,) = wait_for("the agent Ready", lambda: all_ready(api, "agent", 1, image), POD_TIMEOUT)
     assert agent["spec"]["nodeName"] == GPU
+    # Slurm 24.11 in pods, each Ready behind its probe: slurmctld answers `scontrol ping`,
+    # slurmrestd and sshd their ports, slurmd on the GPU machine (where the SlurmCluster
+    # operator labelled the node), the syncer and operator.
+    slurm_image = info.images["slurm"]
+    for component in ("slurm-controller", "slurm-rest", "slurm-login"):
+        (pod,) = wait_for(
+            f"{component} Ready", lambda c=component: all_ready(api, c, 1, slurm_image), POD_TIMEOUT
+        )
+        assert pod["spec"]["nodeName"] == SYSTEM
+    (slurmd,) = wait_for(
+        "slurmd Ready", lambda: all_ready(api, "slurmd", 1, slurm_image), POD_TIMEOUT
+    )
+    assert slurmd["spec"]["nodeName"] == GPU
+    wait_for("the syncer Ready", lambda: all_ready(api, "slurm-syncer", 1, image), POD_TIMEOUT)
     # Pulled from the cluster's registry by the machines' containerd.
     registry_log = (info.logs_dir / "registry.log").read_text()
     assert "GET /v2/gpufleet/manifests/" in registry_log
+    assert "GET /v2/slurm/manifests/" in registry_log
 
     # Both replicas announce themselves with distinct priorities: kopf lets the highest act.
     announced = wait_for(
@@ -262,6 +449,41 @@ def test_pods_on_two_machines_reach_each_other_by_service_name(chart: Any) -> No
         api.delete(f"/api/v1/namespaces/default/services/{server}")
 
 
+def test_a_job_runs_on_the_gpu_machine_as_a_user_of_the_chart(chart: Any) -> None:
+    """slurmctld answers, the GPU node is in the batch partition, and a job submitted as
+    alice (slurm.users: the same uid on slurmctld and slurmd) runs there to completion."""
+    info, api = chart
+    wait_for("the GPU node in production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
+    out = slurm(
+        info,
+        api,
+        "scontrol ping && sinfo -h -N -o '%N %P %t' && "
+        "echo alice:x:20001:20001::/tmp:/bin/sh >>/etc/passwd && "
+        "job=$(setpriv --reuid=20001 --regid=20001 --clear-groups "
+        f"sbatch --parsable --wait -N1 -w {GPU} -t 5 -D /tmp --wrap 'hostname') ; "
+        "scontrol show job -o $job",
+        timeout=1500,
+    )
+    assert "is UP" in out, out
+    assert f"{GPU} batch*" in out, out
+    assert "UserId=alice(20001)" in out and "JobState=COMPLETED" in out, out
+
+
+def test_a_user_logs_in_to_the_login_pod_with_her_key(chart: Any) -> None:
+    """sshd in the login pod (host keys made at its start), alice from slurm.users with the
+    key the chart gave her, the Slurm commands there reaching slurmctld."""
+    info, api = chart
+    out = slurm(
+        info,
+        api,
+        'printf "%s" "$KEY" >/tmp/key && chmod 600 /tmp/key && '
+        "ssh -i /tmp/key -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+        f"-o BatchMode=yes alice@{RELEASE}-slurm-login 'id -un; sinfo -h -o %P'",
+        env={"KEY": ALICE_PRIVATE},
+    )
+    assert "alice" in out and "batch*" in out, out
+
+
 def test_xid_79_from_the_agent_pod_ends_in_a_reimage_and_production(chart: Any) -> None:
     """The whole remediation with every gpufleet component in a pod: the agent's pod reports
     the fault, the controller's pod cordons and drains the node and reimages it through its
@@ -279,6 +501,9 @@ def test_xid_79_from_the_agent_pod_ends_in_a_reimage_and_production(chart: Any) 
         lambda: api.get(f"/api/v1/nodes/{GPU}")["spec"].get("unschedulable"),
         300,
     )
+    # The syncer, in its pod, drained the node in Slurm (through slurmrestd, in its pod) and
+    # says so on the Node: the controller reboots a Slurm node only after that word.
+    wait_for("the node drained in Slurm", lambda: "DRAIN" in slurm_work(api, GPU), POD_TIMEOUT)
     wait_for(
         "a one-time network boot through the BMC",
         lambda: bmc_counters(info, GPU)["BootCount"] > before["BootCount"],
@@ -288,6 +513,8 @@ def test_xid_79_from_the_agent_pod_ends_in_a_reimage_and_production(chart: Any) 
     after = bmc_counters(info, GPU)
     assert after["LastBootSource"] == "Pxe"
     assert after["ResetCount"] > before["ResetCount"]
+    # Back in service, the syncer lifted the drain and withdrew its report.
+    wait_for("the Slurm report withdrawn", lambda: "DRAIN" not in slurm_work(api, GPU), 300)
     wait_for(
         "the agent Ready again",
         lambda: all_ready(api, "agent", 1, info.images["gpufleet"]),

@@ -9,11 +9,14 @@ from typing import Annotated
 
 import typer
 
+from gpufleet.cli import slurm_cmd
 from gpufleet.cli.errors import EXIT_NO, fail
 from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
 from gpufleet.cli.output import Format, OutputOpt, print_data, structured
 from gpufleet.kubeapi import KubeApi
 from gpufleet.lifecycle import uninstall
+from gpufleet.slurm.errors import SlurmError
+from gpufleet.slurm.restapi import RestConfig, SlurmRest
 
 
 def cleanup(
@@ -38,6 +41,18 @@ def cleanup(
             "--selector", "-l", help="Only Nodes with these labels (k=v,...); default: all."
         ),
     ] = "",
+    slurmrestd_url: Annotated[
+        str,
+        typer.Option(
+            "--slurmrestd-url",
+            help="Also lift gpufleet's Slurm drains (reason 'gpufleet: ...') on the Nodes "
+            "released, through this slurmrestd (v0.0.40+, Slurm 23.11 and later).",
+        ),
+    ] = "",
+    jwt_key_file: Annotated[
+        Path | None, typer.Option(help="Mint slurmrestd tokens with this HS256 key.")
+    ] = None,
+    token_file: Annotated[Path | None, typer.Option(help="A token from `scontrol token`.")] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say what would be removed; change nothing.")
     ] = False,
@@ -46,6 +61,9 @@ def cleanup(
 ) -> None:
     """Before removing gpufleet: stop its controllers and agents, then take its labels,
     annotations, taints, conditions and cordons off every Node it may release.
+
+    With --slurmrestd-url, gpufleet's own Slurm drains on the released Nodes are
+    lifted too (a drain on a kept Node, or anyone else's, stays).
 
     A Node gpufleet holds out of service (faulted, in repair, burn-in, triage or
     RMA, a power action in flight) is kept exactly as it is and named with why:
@@ -59,14 +77,24 @@ def cleanup(
         gpufleet cleanup -n gpufleet --dry-run --stop deployment/gpufleet-controller
     """
     progress = (lambda line: None) if structured(output) else (lambda line: print(line))
+    rest = None
+    if slurmrestd_url:
+        token = slurm_cmd.token_from(token_file, jwt_key_file, "root")
+        rest = SlurmRest(RestConfig(slurmrestd_url, "root", token, timeout_s=10.0))
     try:
         report = asyncio.run(
-            _run(namespace, stop or [], stop_timeout, selector, dry_run, kubeconfig, progress)
+            _run(namespace, stop or [], stop_timeout, selector, dry_run, kubeconfig, progress, rest)
         )
     except TimeoutError as exc:
         fail(
             f"the controllers did not stop: {exc}; no Node was changed",
             hint="look at why their pods stay (kubectl get pods -n NAMESPACE), then run again",
+            code=EXIT_NO,
+        )
+    except SlurmError as exc:
+        fail(
+            f"the Nodes were cleaned, but gpufleet's Slurm drains were not lifted: {exc}",
+            hint="lift them with scontrol update nodename=... state=undrain, or run again",
             code=EXIT_NO,
         )
     if structured(output):
@@ -75,10 +103,13 @@ def cleanup(
     verb = "would release" if dry_run else "released"
     print(
         f"{verb} {len(report.released)} node(s), kept {len(report.kept)}, "
-        f"{report.untouched} without gpufleet marks"
+        f"{len(report.untouched)} without gpufleet marks"
+        + (f"; Slurm: {len(report.slurm_undrained)} undrained" if rest is not None else "")
     )
     for name, why in sorted(report.kept.items()):
         print(f"kept {name}: {why}", file=sys.stderr)
+    for name, why in sorted(report.slurm_kept.items()):
+        print(f"kept the Slurm drain of {name}: {why}", file=sys.stderr)
 
 
 async def _run(
@@ -89,6 +120,7 @@ async def _run(
     dry_run: bool,
     kubeconfig: Path | None,
     progress: uninstall.Progress,
+    rest: SlurmRest | None,
 ) -> uninstall.Report:
     client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
     report = uninstall.Report(dry_run=dry_run)
@@ -99,4 +131,10 @@ async def _run(
     await uninstall.release_nodes(
         client, dry_run=dry_run, progress=progress, report=report, selector=selector
     )
+    if rest is not None:
+        try:
+            await rest.connect()
+            await uninstall.release_slurm(rest, dry_run=dry_run, progress=progress, report=report)
+        finally:
+            await rest.aclose()
     return report

@@ -37,7 +37,8 @@ def _logging(verbose: bool) -> None:
     logs.configure(verbose)
 
 
-def _token(token_file: Path | None, jwt_key_file: Path | None, user: str) -> str:
+def token_from(token_file: Path | None, jwt_key_file: Path | None, user: str) -> str:
+    """A slurmrestd token: read from a file, minted with the JWT key, or $SLURM_JWT."""
     if token_file is not None:
         return token_file.read_text().strip().removeprefix("SLURM_JWT=")
     if jwt_key_file is not None:
@@ -110,7 +111,7 @@ def run_syncer(
     from gpufleet.slurm.syncer import Syncer, SyncSettings
 
     _logging(verbose)
-    token = _token(token_file, jwt_key_file, slurm_user)
+    token = token_from(token_file, jwt_key_file, slurm_user)
     settings = SyncSettings(
         poll_interval_s=poll_interval,
         node_selector=node_selector,
@@ -173,7 +174,7 @@ def run_operator(
         kube = await KubeApi.connect(kubeconfig_arg(kubeconfig))
         rest = writes = None
         if slurmrestd_url:
-            token = _token(None, jwt_key_file, "root")
+            token = token_from(None, jwt_key_file, "root")
             rest, _, writes = _clients(slurmrestd_url, "root", token, slurm_conf)
         op = ClusterOperator(
             kube=kube,

@@ -22,6 +22,7 @@ from gpufleet.kubeapi.client import KubeApi
 from gpufleet.kubeapi.errors import Conflict, NotFound
 from gpufleet.kubeapi.events import event_body
 from gpufleet.kubeapi.resources import NODES, PODS, Json, Patch, Resource
+from gpufleet.slurm.restapi import SlurmRest
 
 DEPLOYMENTS = Resource("deployments", "apps/v1")
 DAEMONSETS = Resource("daemonsets", "apps/v1")
@@ -39,7 +40,9 @@ class Report:
     stopped: list[str] = field(default_factory=list)
     released: dict[str, list[str]] = field(default_factory=dict)
     kept: dict[str, str] = field(default_factory=dict)
-    untouched: int = 0
+    untouched: list[str] = field(default_factory=list)
+    slurm_undrained: list[str] = field(default_factory=list)
+    slurm_kept: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
 
     def as_json(self) -> dict[str, object]:
@@ -48,7 +51,9 @@ class Report:
             "stopped": self.stopped,
             "released": self.released,
             "kept": self.kept,
-            "untouched": self.untouched,
+            "untouched": len(self.untouched),
+            "slurmUndrained": self.slurm_undrained,
+            "slurmKept": self.slurm_kept,
         }
 
 
@@ -121,7 +126,7 @@ async def release_nodes(
                     await _tell(client, node, plan.kept)
                 break
             if not plan.removed:
-                report.untouched += 1
+                report.untouched.append(name)
                 break
             try:
                 if not dry_run and plan.patch is not None:
@@ -158,3 +163,26 @@ async def _tell(client: KubeApi, node: Json, why: str) -> None:
         first=rfc3339(time.time()),
     )
     await client.create_event("default", event)
+
+
+async def release_slurm(
+    rest: SlurmRest, *, dry_run: bool, progress: Progress, report: Report
+) -> None:
+    """Lift gpufleet's own Slurm drains (reason ``gpufleet: ...``) on the Nodes
+    :func:`release_nodes` released or found clean; a drain on a kept Node, on a node
+    Kubernetes does not know, or set by anyone else stays."""
+    clean = set(report.released) | set(report.untouched)
+    for name, view in sorted((await rest.nodes()).items()):
+        if not (view.drained and view.ours):
+            continue
+        if name not in clean:
+            why = report.kept.get(name) or "no Kubernetes Node of that name was cleaned"
+            report.slurm_kept[name] = why
+            progress(f"slurm node {name}: drain kept ({why})")
+            continue
+        if not dry_run:
+            await rest.undrain(name)
+        report.slurm_undrained.append(name)
+        progress(
+            f"slurm node {name}: {'would undrain' if dry_run else 'undrained'} ({view.reason})"
+        )

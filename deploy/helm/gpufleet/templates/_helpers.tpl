@@ -108,17 +108,20 @@ priorityClassName: {{ . }}
     - {name: munge-run, mountPath: /run/munge}
   securityContext: {{- toYaml .Values.slurm.munge.securityContext | nindent 4 }}
   # munged answers on its socket once the key is loaded.
+  # Exec probes start a process in the container: on a loaded node that takes seconds.
   startupProbe:
     exec: {command: [test, -S, /run/munge/munge.socket.2]}
     periodSeconds: 1
-    failureThreshold: 120
+    timeoutSeconds: 10
+    failureThreshold: 300
   readinessProbe:
     exec: {command: [test, -S, /run/munge/munge.socket.2]}
     periodSeconds: 10
+    timeoutSeconds: 10
   livenessProbe:
     exec: {command: [test, -S, /run/munge/munge.socket.2]}
-    initialDelaySeconds: 10
     periodSeconds: 30
+    timeoutSeconds: 10
   resources: {{- toYaml .Values.slurm.munge.resources | nindent 4 }}
 {{- end -}}
 {{- /* The accounts of slurm.users, for pods where jobs run or users log in: an init
