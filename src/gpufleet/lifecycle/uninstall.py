@@ -94,7 +94,8 @@ async def stop_writers(
             stop = {"spec": {"replicas": 0}}
         await client.patch(resource, name, stop, namespace=namespace)
         labels = ((obj.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-        selectors.append(",".join(f"{k}={v}" for k, v in sorted(labels.items())))
+        if labels:  # an empty selector would match every pod, this Job's own included
+            selectors.append(",".join(f"{k}={v}" for k, v in sorted(labels.items())))
         stopped.append(what)
         progress(f"{what}: stopped")
     deadline = time.monotonic() + timeout_s
