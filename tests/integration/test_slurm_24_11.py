@@ -140,3 +140,66 @@ def test_maintenance_reservations_through_the_24_11_scontrol(cluster: ClusterInf
         Reservation(name, start + 600, frozenset(cluster.node_names[:1]))
     ]
     assert not [r for r in deleted if r.name == name]
+
+
+def test_cleanup_lifts_our_drain_on_a_released_node_only(cluster: ClusterInfo) -> None:
+    """``gpufleet cleanup --slurmrestd-url`` (the chart's uninstall hook): gpufleet's drain on a
+    Node it releases is lifted through the API; its drain on a Node it keeps (held for a
+    fault), and a person's drain, stay."""
+    import json
+    import sys
+
+    kube = Kube(cluster)
+    released, held = cluster.node_names[:2]
+    kube.set_state(released, "production")
+    kube.set_state(held, "remediating")
+    run(
+        cluster,
+        "scontrol",
+        "update",
+        f"nodename={released}",
+        "state=drain",
+        "reason=gpufleet: cordoned",
+    )
+    run(
+        cluster,
+        "scontrol",
+        "update",
+        f"nodename={held}",
+        "state=drain",
+        "reason=gpufleet: GpuProblem Xid79",
+    )
+    token = cluster.run_dir / "cleanup-token"
+    token.write_text(cluster.slurm_jwt or "")
+    try:
+        r = subprocess.run(
+            [
+                sys.executable, "-m", "gpufleet.cli.main", "cleanup",
+                "--kubeconfig", str(cluster.kubeconfig),
+                "--slurmrestd-url", str(cluster.slurmrestd_url), "--token-file", str(token),
+                "-o", "json",
+            ],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert report["slurmUndrained"] == [released]
+        assert report["slurmKept"] == {held: "state remediating"}
+        assert drained(cluster, released) is None
+        assert drained(cluster, held) == "gpufleet: GpuProblem Xid79"
+        # A person's drain is never ours to lift, on any node.
+        run(cluster, "scontrol", "update", f"nodename={released}", "state=drain", "reason=bad dimm")
+        again = subprocess.run(
+            [
+                sys.executable, "-m", "gpufleet.cli.main", "cleanup",
+                "--kubeconfig", str(cluster.kubeconfig),
+                "--slurmrestd-url", str(cluster.slurmrestd_url), "--token-file", str(token),
+            ],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        assert drained(cluster, released) == "bad dimm"
+    finally:
+        for node in (released, held):
+            run(cluster, "scontrol", "update", f"nodename={node}", "state=resume")
+            kube.set_state(node, None)
