@@ -108,13 +108,27 @@ def why_kept(node: dict[str, Any]) -> str | None:
         state = state_of(node)
     except ValueError:
         return "its gpufleet state cannot be read (failing closed)"
-    if state is not None and state not in IN_SERVICE:
+    if state is not None and state not in IN_SERVICE and _holds(node):
         reason = annotations.get(wk.ANNOTATION_REASON) or ""
         return f"state {state.value}" + (f": {reason}" if reason else "")
     taints = (node.get("spec") or {}).get("taints") or []
     if any(t.get("key") == wk.TAINT_UNHEALTHY for t in taints):
         return f"taint {wk.TAINT_UNHEALTHY} is set"
     return None
+
+
+def _holds(node: dict[str, Any]) -> bool:
+    """Whether gpufleet holds the Node: it keeps a record of it, or its taint or cordon is
+    on it. A state label alone (``provisioning``, which a machine registers with) on a Node
+    no controller took on holds nothing: work already reaches it."""
+    meta = node.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    spec = node.get("spec") or {}
+    if annotations.get(wk.ANNOTATION_RECORD):
+        return True
+    if annotations.get(wk.ANNOTATION_CORDONED) == wk.CONTROLLER and spec.get("unschedulable"):
+        return True
+    return any(t.get("key") in wk.OWNED_TAINTS for t in spec.get("taints") or [])
 
 
 def cleanup(node: dict[str, Any]) -> Cleanup:

@@ -103,3 +103,14 @@ def test_a_node_gpufleet_never_touched_needs_nothing() -> None:
     plan = uninstall.cleanup(node(None))
     assert plan.kept is None and plan.patch is None and plan.status_patch is None
     assert plan.removed == ()
+
+
+def test_a_machine_that_only_registered_as_provisioning_is_released() -> None:
+    """A Node joined by provisioning carries ``gpufleet.io/state=provisioning`` from its
+    registration; no controller took it on (a system node): nothing holds it."""
+    n = node(None)
+    n["metadata"]["labels"][wk.LABEL_STATE] = "provisioning"
+    plan = uninstall.cleanup(n)
+    assert plan.kept is None and plan.removed == (f"label {wk.LABEL_STATE}",)
+    taken_on = node("provisioning", taints=[{"key": wk.TAINT_UNVERIFIED, "effect": "NoSchedule"}])
+    assert uninstall.cleanup(taken_on).kept == "state provisioning"
