@@ -119,6 +119,9 @@ def values(info: ClusterInfo, **extra: Any) -> dict[str, Any]:
         "bmcSecretsNamespace": "gpufleet-system",
         "createBmcSecretsNamespace": False,
         "slurm": slurm_values(),
+        # A pod start on the emulated system machine takes minutes: the uninstall hook's
+        # Job gets time for that and for the controllers' pods to go.
+        "cleanupOnUninstall": {"timeoutSeconds": 1200, "stopTimeoutSeconds": 600},
         "syncer": {
             "enabled": True,
             "nodeSelector": system,
