@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 from slurm_support import Kube, RunningSyncer, wait_for
 
+from gpufleet.domain import well_known
 from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
 from gpufleet.slurm.syncer import SyncSettings
@@ -153,6 +154,8 @@ def test_cleanup_lifts_our_drain_on_a_released_node_only(cluster: ClusterInfo) -
     released, held = cluster.node_names[:2]
     kube.set_state(released, "production")
     kube.set_state(held, "remediating")
+    record = json.dumps({"state": "remediating", "since": 1.0})
+    kube.patch_node(held, {"metadata": {"annotations": {well_known.ANNOTATION_RECORD: record}}})
     run(
         cluster,
         "scontrol",
@@ -201,5 +204,9 @@ def test_cleanup_lifts_our_drain_on_a_released_node_only(cluster: ClusterInfo) -
         assert drained(cluster, released) == "bad dimm"
     finally:
         for node in (released, held):
-            run(cluster, "scontrol", "update", f"nodename={node}", "state=resume")
+            subprocess.run(  # fails on a node that is not drained: fine
+                ["scontrol", "update", f"nodename={node}", "state=resume"],
+                env=cluster.slurm_env(), capture_output=True, timeout=30,
+            )  # fmt: skip
             kube.set_state(node, None)
+        kube.patch_node(held, {"metadata": {"annotations": {well_known.ANNOTATION_RECORD: None}}})

@@ -15,6 +15,7 @@ from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
 from gpufleet.cli.output import Format, OutputOpt, print_data, structured
 from gpufleet.kubeapi import KubeApi
 from gpufleet.lifecycle import uninstall
+from gpufleet.slurm import uninstall as slurm_uninstall
 from gpufleet.slurm.errors import SlurmError
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 
@@ -134,7 +135,13 @@ async def _run(
     if rest is not None:
         try:
             await rest.connect()
-            await uninstall.release_slurm(rest, dry_run=dry_run, progress=progress, report=report)
+            report.slurm_undrained, report.slurm_kept = await slurm_uninstall.release_drains(
+                rest,
+                clean={*report.released, *report.untouched},
+                kept=report.kept,
+                dry_run=dry_run,
+                progress=progress,
+            )
         finally:
             await rest.aclose()
     return report

@@ -22,7 +22,6 @@ from gpufleet.kubeapi.client import KubeApi
 from gpufleet.kubeapi.errors import Conflict, NotFound
 from gpufleet.kubeapi.events import event_body
 from gpufleet.kubeapi.resources import NODES, PODS, Json, Patch, Resource
-from gpufleet.slurm.restapi import SlurmRest
 
 DEPLOYMENTS = Resource("deployments", "apps/v1")
 DAEMONSETS = Resource("daemonsets", "apps/v1")
@@ -164,26 +163,3 @@ async def _tell(client: KubeApi, node: Json, why: str) -> None:
         first=rfc3339(time.time()),
     )
     await client.create_event("default", event)
-
-
-async def release_slurm(
-    rest: SlurmRest, *, dry_run: bool, progress: Progress, report: Report
-) -> None:
-    """Lift gpufleet's own Slurm drains (reason ``gpufleet: ...``) on the Nodes
-    :func:`release_nodes` released or found clean; a drain on a kept Node, on a node
-    Kubernetes does not know, or set by anyone else stays."""
-    clean = set(report.released) | set(report.untouched)
-    for name, view in sorted((await rest.nodes()).items()):
-        if not (view.drained and view.ours):
-            continue
-        if name not in clean:
-            why = report.kept.get(name) or "no Kubernetes Node of that name was cleaned"
-            report.slurm_kept[name] = why
-            progress(f"slurm node {name}: drain kept ({why})")
-            continue
-        if not dry_run:
-            await rest.undrain(name)
-        report.slurm_undrained.append(name)
-        progress(
-            f"slurm node {name}: {'would undrain' if dry_run else 'undrained'} ({view.reason})"
-        )
