@@ -49,7 +49,7 @@ from test_machine_day0 import (
 from test_slurm_chart import CHART, helm_binary
 from waiting import wait_for
 
-from gpufleet.domain import uninstall, well_known
+from gpufleet.domain import emptiness, uninstall, well_known
 from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
 
@@ -201,8 +201,8 @@ def failures(api: Api) -> str:
 def slurm_work(api: Api, node: str) -> str:
     """The Slurm state the syncer reports on a Node taken out (``idle+DRAIN``); "" if none."""
     annotations = api.get(f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {}
-    text = annotations.get(well_known.ANNOTATION_SLURM_WORK)
-    return str(json.loads(text).get("state", "")) if text else ""
+    work = emptiness.SlurmWork.from_annotation(annotations.get(well_known.ANNOTATION_SLURM_WORK))
+    return work.state if work is not None else ""
 
 
 def peers(api: Api) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from test_cli_output import gpufleet
 from waiting import wait_for
 
 from gpufleet.domain import well_known as wk
+from gpufleet.domain.records import NodeRecord, record_to_json
+from gpufleet.domain.states import NodeState
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -22,7 +24,7 @@ SELECTOR = "test.gpufleet.io/cleanup"
 
 
 def make_node(api: Api, name: str, run: str, *, state: str, taints: list[Any], **spec: Any) -> None:
-    record = json.dumps({"state": state, "since": 1.0})
+    record = record_to_json(NodeRecord.new(name, at=1.0, state=NodeState(state), reason="xid-79"))
     api.post(
         "/api/v1/nodes",
         {

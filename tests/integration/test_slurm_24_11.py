@@ -17,6 +17,8 @@ import pytest
 from slurm_support import Kube, RunningSyncer, wait_for
 
 from gpufleet.domain import well_known
+from gpufleet.domain.records import NodeRecord, record_to_json
+from gpufleet.domain.states import NodeState
 from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
 from gpufleet.slurm.syncer import SyncSettings
@@ -154,7 +156,8 @@ def test_cleanup_lifts_our_drain_on_a_released_node_only(cluster: ClusterInfo) -
     released, held = cluster.node_names[:2]
     kube.set_state(released, "production")
     kube.set_state(held, "remediating")
-    record = json.dumps({"state": "remediating", "since": 1.0})
+    remediating = NodeRecord.new(held, at=1.0, state=NodeState.REMEDIATING, reason="Xid79")
+    record = record_to_json(remediating)
     kube.patch_node(held, {"metadata": {"annotations": {well_known.ANNOTATION_RECORD: record}}})
     run(
         cluster,

@@ -77,7 +77,7 @@ def cleanup(
 
         gpufleet cleanup -n gpufleet --dry-run --stop deployment/gpufleet-controller
     """
-    progress = (lambda line: None) if structured(output) else (lambda line: print(line))
+    progress: uninstall.Progress = (lambda line: None) if structured(output) else print
     rest = None
     if slurmrestd_url:
         token = slurm_cmd.token_from(token_file, jwt_key_file, "root")

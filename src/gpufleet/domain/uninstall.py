@@ -14,11 +14,11 @@ by provisioning or an admin, not by gpufleet's controllers, and stays.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.domain import well_known as wk
+from gpufleet.domain.records import record_from_json
 from gpufleet.domain.states import NodeState
 
 LABELS = (
@@ -86,15 +86,10 @@ def state_of(node: dict[str, Any]) -> NodeState | None:
     cannot be read."""
     meta = node.get("metadata") or {}
     raw = (meta.get("annotations") or {}).get(wk.ANNOTATION_RECORD)
-    value: Any = None
     if raw:
-        try:
-            value = json.loads(raw).get("state")
-        except (ValueError, AttributeError):
-            raise ValueError("record is not JSON") from None
-    if value is None:
-        value = (meta.get("labels") or {}).get(wk.LABEL_STATE)
-    return None if value is None else NodeState(value)
+        return record_from_json(raw).state
+    label = (meta.get("labels") or {}).get(wk.LABEL_STATE)
+    return None if label is None else NodeState(label)
 
 
 def why_kept(node: dict[str, Any]) -> str | None:

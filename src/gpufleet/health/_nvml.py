@@ -31,12 +31,17 @@ class Nvml:
             raise NoGpuFound(
                 f"NVML could not start ({exc}); is the NVIDIA driver installed and loaded?"
             ) from exc
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-        except pynvml.NVMLError as exc:
-            raise HardwareError(f"nvmlDeviceGetCount failed: {exc}") from exc
-        if count == 0:
+        if self.count() == 0:
             raise NoGpuFound("the NVIDIA driver is loaded but reports no GPU")
+
+    def count(self) -> int:
+        """GPUs NVML sees (without touching CUDA); raises HardwareError when it cannot say."""
+        nv = self._nv
+        try:
+            count: int = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as exc:
+            raise HardwareError(f"nvmlDeviceGetCount failed: {exc}") from exc
+        return count
 
     def close(self) -> None:
         try:  # noqa: SIM105
@@ -54,11 +59,7 @@ class Nvml:
         """Whether any GPU has running compute processes; raises HardwareError when
         a GPU's processes cannot be read (unknown is not idle)."""
         nv = self._nv
-        try:
-            count = nv.nvmlDeviceGetCount()
-        except nv.NVMLError as exc:
-            raise HardwareError(f"nvmlDeviceGetCount failed: {exc}") from exc
-        for i in range(count):
+        for i in range(self.count()):
             try:
                 h = nv.nvmlDeviceGetHandleByIndex(i)
             except nv.NVMLError as exc:
@@ -72,12 +73,8 @@ class Nvml:
 
     def gpus(self) -> list[dict[str, Any]]:
         nv = self._nv
-        try:
-            count = nv.nvmlDeviceGetCount()
-        except nv.NVMLError as exc:
-            raise HardwareError(f"nvmlDeviceGetCount failed: {exc}") from exc
         out = []
-        for i in range(count):
+        for i in range(self.count()):
             try:
                 h = nv.nvmlDeviceGetHandleByIndex(i)
             except nv.NVMLError as exc:

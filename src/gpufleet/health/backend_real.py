@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -175,22 +176,20 @@ class RealHardware(Hardware):
     def run_gemm(self, n: int, iters: int, seed: int) -> dict[int, compute.GemmRun]:
         from gpufleet.health import _torch
 
-        runs = isolated.call(
-            _torch.gemm_all, (n, iters, seed), what="GEMM", timeout_s=ACTIVE_TIMEOUT_S
-        )
-        return self._some(runs)
+        return self._on_every_gpu(_torch.gemm_all, (n, iters, seed), "GEMM")
 
     def run_copy(self, nbytes: int, iters: int) -> dict[int, compute.CopyRun]:
         from gpufleet.health import _torch
 
-        runs = isolated.call(
-            _torch.copy_all, (nbytes, iters), what="device copy", timeout_s=ACTIVE_TIMEOUT_S
-        )
-        return self._some(runs)
+        return self._on_every_gpu(_torch.copy_all, (nbytes, iters), "device copy")
 
-    def _some(self, runs: dict[int, R]) -> dict[int, R]:
-        """``runs``, or the reason there are none: NVML's when it sees no GPU,
-        else that torch with CUDA is missing."""
+    def _on_every_gpu(
+        self, fn: Callable[..., dict[int, R]], args: tuple[Any, ...], what: str
+    ) -> dict[int, R]:
+        """One pass of ``fn`` over every GPU in a child process (:mod:`isolated`), or the
+        reason there is none: NVML's when it sees no GPU, else that torch with CUDA is
+        missing."""
+        runs = isolated.call(fn, args, what=what, timeout_s=ACTIVE_TIMEOUT_S)
         if not runs:
             self._session()  # raises NoGpuFound with NVML's reason when there is no GPU
             raise HardwareError("torch with CUDA is not installed (pip install 'gpufleet[gpu]')")
@@ -200,7 +199,7 @@ class RealHardware(Hardware):
         from gpufleet.health import _torch
 
         # NVML's count, not torch's: asking CUDA here would start it in this process.
-        world = len(self._session().gpus())
+        world = self._session().count()
         if world < 2 or not _torch.available():
             return None
         return _torch.allreduce(world=world, nbytes=nbytes, iters=iters, backend="nccl")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gpufleet.domain import uninstall
 from gpufleet.domain import well_known as wk
+from gpufleet.domain.records import NodeRecord, record_to_json
+from gpufleet.domain.states import NodeState
 
 
 def node(
@@ -22,7 +23,8 @@ def node(
     labels = {"gpufleet.io/pool": "train", "kubernetes.io/hostname": "n1"}
     if state is not None:
         labels[wk.LABEL_STATE] = state
-        ann[wk.ANNOTATION_RECORD] = json.dumps({"state": state, "since": 1.0})
+        record = NodeRecord.new("n1", at=1.0, state=NodeState(state), reason="test")
+        ann[wk.ANNOTATION_RECORD] = record_to_json(record)
         ann[wk.ANNOTATION_LEMON_SCORE] = "0.50"
     if cordoned_by_us:
         ann[wk.ANNOTATION_CORDONED] = wk.CONTROLLER
@@ -95,7 +97,8 @@ def test_a_power_action_in_flight_or_an_unreadable_record_keeps_the_node() -> No
     assert uninstall.cleanup(inflight).kept is not None
     broken = node(annotations={wk.ANNOTATION_RECORD: "{not json"})
     assert uninstall.cleanup(broken).kept == "its gpufleet state cannot be read (failing closed)"
-    unknown_state = node("sideways")
+    unknown_state = node(None)
+    unknown_state["metadata"]["labels"][wk.LABEL_STATE] = "sideways"
     assert uninstall.cleanup(unknown_state).kept is not None
 
 
