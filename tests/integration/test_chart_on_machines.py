@@ -13,7 +13,9 @@ registry. The test checks what an operator relies on:
 - the controller in its pod takes the GPU node through burn-in (run by the agent in its
   pod) to production, and leaves the system node, where it runs, alone;
 - an XID 79 on the GPU node, reported by the agent's pod: cordon, drain, a power cycle
-  through the BMC, a network boot, the images pulled again, verification, production;
+  through the BMC, a network boot with a new single-use join token, the images pulled
+  again, verification, production (the reimage of test_machine_day0's machine, with every
+  component in a pod);
 - ``helm upgrade`` rolls the controller: new pods, nothing done twice to the node;
 - ``helm uninstall`` removes every object of the release, and its pre-delete hook first
   takes gpufleet's labels, annotations, taints, conditions and cordon off the GPU node.
@@ -21,9 +23,10 @@ registry. The test checks what an operator relies on:
 Slurm 24.11 runs in pods too (slurmctld, slurmrestd, login and the syncer on the system
 machine, slurmd on the GPU machine), all Ready behind their probes (slurmctld's is
 ``scontrol ping``: munge, its name in cluster DNS and its state volume work); the XID 79 is
-drained in Slurm by the syncer's pod before the reimage and the drain lifted after. Jobs
-through Slurm in pods are not run here (see docs/install.md). Bounded waits only; nothing
-timed is asserted.
+drained in Slurm by the syncer's pod before the reimage and the drain lifted after. A user
+of slurm.users runs a step and a batch job there (as that user, in cgroups), and the batch
+job, running when the XID 79 comes, is requeued and runs again after the reimage. Bounded
+waits only; nothing timed is asserted.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from typing import Any
 
 import httpx
 import pytest
-from controller_harness import GV, Api, bmc_counters, put_policy
+from controller_harness import GV, Api, bmc_counters, put_policy, self_subject_review
 from test_machine_day0 import (
     BOOT_TIMEOUT,
+    TokenWatch,
     create_pod,
     machine_policy,
     node_ready,
@@ -145,11 +149,17 @@ def values(info: ClusterInfo, **extra: Any) -> dict[str, Any]:
     }
 
 
-def helm(info: ClusterInfo, *args: str, stdin: str | None = None) -> str:
+def helm(info: ClusterInfo, *args: str, stdin: str | None = None, timeout: float = 300) -> str:
+    """Runs helm; ``timeout`` must exceed any ``--timeout`` passed to it."""
     path = helm_binary()
     assert path is not None, "helm is not built: run scripts/build-helm.sh (scripts/test does)"
     r = subprocess.run(
-        [path, *args], capture_output=True, text=True, env=info.kube_env(), input=stdin, timeout=300
+        [path, *args],
+        capture_output=True,
+        text=True,
+        env=info.kube_env(),
+        input=stdin,
+        timeout=timeout,
     )
     assert r.returncode == 0, f"helm {' '.join(args)}:\n{r.stdout}\n{r.stderr}"
     return r.stdout
@@ -203,6 +213,84 @@ def slurm_work(api: Api, node: str) -> str:
     annotations = api.get(f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {}
     work = emptiness.SlurmWork.from_annotation(annotations.get(well_known.ANNOTATION_SLURM_WORK))
     return work.state if work is not None else ""
+
+
+ALICE_UID = 20001
+AS_ALICE = f"setpriv --reuid={ALICE_UID} --regid={ALICE_UID} --clear-groups"
+"""Runs a command as slurm.users' alice in a Slurm client pod."""
+
+
+def slurm_client(info: ClusterInfo, api: Api, name: str, script: str) -> str:
+    """Runs ``script`` (sh) in a one-shot pod of the Slurm image on the GPU machine, where
+    pods start fastest, with the release's Slurm config and munge key (what the login pod
+    has) and alice in its passwd; returns what it printed (its termination message: the
+    host cannot reach a machine's kubelet for logs). A user's own client, as on a
+    workstation: the login pod is reached over ssh, which the host cannot reach either."""
+    munged = (
+        "mkdir -p /run/munge && chmod 0755 /run/munge"
+        " && install -m 0400 /etc/munge-key/munge.key /run/munge/munge.key"
+        " && munged --force --key-file=/run/munge/munge.key --socket=/run/munge/munge.socket.2"
+        " --pid-file=/run/munge/munged.pid --seed-file=/run/munge/munged.seed"
+    )
+    account = (
+        f"echo alice:x:{ALICE_UID}:{ALICE_UID}::/tmp:/bin/sh >>/etc/passwd"
+        f" && echo alice:x:{ALICE_UID}: >>/etc/group"
+    )
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodeName": GPU,
+            "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "client",
+                    "image": info.images["slurm"],
+                    "workingDir": "/tmp",
+                    "securityContext": {"runAsUser": 0},
+                    "command": [
+                        "sh",
+                        "-c",
+                        f"({munged} && {account} && {script}) >/tmp/out 2>&1;"
+                        " rc=$?; tail -c 3500 /tmp/out >/dev/termination-log; exit $rc",
+                    ],
+                    "volumeMounts": [
+                        {"name": "config", "mountPath": "/etc/slurm"},
+                        {"name": "munge-key", "mountPath": "/etc/munge-key"},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "config", "configMap": {"name": f"{RELEASE}-slurm-config"}},
+                {"name": "munge-key", "secret": {"secretName": f"{RELEASE}-munge-key"}},
+            ],
+        },
+    }
+    path = f"/api/v1/namespaces/{NS}/pods"
+    api.post(path, body)
+    try:
+        done = wait_for(
+            f"pod {name} finished",
+            lambda: (
+                (pod := api.get(f"{path}/{name}"))["status"].get("phase") in ("Succeeded", "Failed")
+                and pod
+            ),
+            POD_TIMEOUT,
+        )
+        terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
+        message = str(terminated.get("message", ""))
+        assert done["status"]["phase"] == "Succeeded", message
+        return message
+    finally:
+        api.delete(f"{path}/{name}?gracePeriodSeconds=0")
+
+
+LONG_JOB: dict[str, str] = {}
+"""The id of alice's long batch job, submitted once the node is in production; the XID
+79 must requeue it, and it runs again after the reimage."""
 
 
 def peers(api: Api) -> dict[str, Any]:
@@ -294,6 +382,27 @@ def test_the_chart_runs_on_real_nodes_with_one_controller_acting(chart: Any) -> 
     ]
 
 
+def test_a_users_jobs_run_through_slurm_in_pods(chart: Any) -> None:
+    """What a researcher does: alice (slurm.users) runs a step with srun and submits a
+    batch job; slurmctld (system machine) schedules them on slurmd (GPU machine, host
+    network, proctrack/cgroup), which runs them as alice. The batch job keeps running for
+    the XID 79 test."""
+    info, api = chart
+    wait_for("the GPU node in production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
+    out = slurm_client(
+        info,
+        api,
+        "slurm-client-jobs",
+        f"{AS_ALICE} srun -N1 -t 2 sh -c 'echo \"ran as $(id -un) on $(hostname)\"'"
+        f" && echo submitted $({AS_ALICE} sbatch --parsable --requeue -t 120 -o /dev/null"
+        " --wrap 'sleep 7200')",
+    )
+    assert f"ran as alice on {GPU}" in out, out
+    job = out.split("submitted ", 1)[1].split()[0]
+    assert job.isdigit(), out
+    LONG_JOB["id"] = job
+
+
 def test_pods_on_two_machines_reach_each_other_by_service_name(chart: Any) -> None:
     """What Slurm's pods will need: a pod on the system machine reaches a pod on the GPU
     machine by its Service's DNS name (CoreDNS on a machine, the fabric between the
@@ -344,7 +453,15 @@ def test_xid_79_from_the_agent_pod_ends_in_a_reimage_and_production(chart: Any) 
     verification, and the Slurm drain is lifted."""
     info, api = chart
     wait_for("the GPU node in production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
+    with TokenWatch(info, GPU) as tokens:
+        reimage_after_xid_79(info, api, tokens)
+
+
+def reimage_after_xid_79(info: ClusterInfo, api: Api, tokens: TokenWatch) -> None:
     before = bmc_counters(info, GPU)
+    issued = api.get(f"{GV}/machines/{GPU}")["status"]["tokensIssued"]
+    console = Path(info.machines[GPU].console_log)
+    console_before = console.stat().st_size
     inject = f"{info.machines[GPU].inject_url}/inject"  # the agent pod's hostPort, via qemu
     r = httpx.post(inject, json={"fault": "xid=79,gpu=3"}, timeout=30)
     assert r.status_code == 200, r.text
@@ -362,10 +479,23 @@ def test_xid_79_from_the_agent_pod_ends_in_a_reimage_and_production(chart: Any) 
         lambda: bmc_counters(info, GPU)["BootCount"] > before["BootCount"],
         BOOT_TIMEOUT,
     )
+    wait_for("a new join token issued", lambda: tokens.tokens, BOOT_TIMEOUT)
     wait_for("production again", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
     after = bmc_counters(info, GPU)
     assert after["LastBootSource"] == "Pxe"
     assert after["ResetCount"] > before["ResetCount"]
+    machine = api.get(f"{GV}/machines/{GPU}")["status"]
+    assert machine["tokensIssued"] == issued + 1, machine
+    assert machine["armedBy"] == well_known.CONTROLLER, machine
+    # The machine really booted again (its console shows a new kernel), and the reimage
+    # boot's token is refused once the Node is back (single use).
+    assert b"Linux version" in console.read_bytes()[console_before:]
+    assert len(tokens.tokens) == 1, "one token per boot"
+    wait_for(
+        "the reimage boot's token refused",
+        lambda: self_subject_review(info, tokens.tokens[0]).status_code == 401,
+        60,
+    )
     # Back in service, the syncer lifted the drain and withdrew its report.
     wait_for("the Slurm report withdrawn", lambda: "DRAIN" not in slurm_work(api, GPU), 300)
     wait_for(
@@ -373,6 +503,25 @@ def test_xid_79_from_the_agent_pod_ends_in_a_reimage_and_production(chart: Any) 
         lambda: all_ready(api, "agent", 1, info.images["gpufleet"]),
         POD_TIMEOUT,
     )
+    # alice's batch job, running when the fault came, was requeued before the reimage
+    # (the rule's `requeue: now`) and runs again on the machine.
+    job = LONG_JOB.get("id")
+    assert job, "test_a_users_jobs_run_through_slurm_in_pods submitted it"
+    wait_for(
+        "slurmd Ready again",
+        lambda: all_ready(api, "slurmd", 1, info.images["slurm"]),
+        POD_TIMEOUT,
+    )
+    shown = slurm_client(
+        info,
+        api,
+        "slurm-client-requeued",
+        f"for i in $(seq 60); do scontrol show job {job} | grep -q JobState=RUNNING && break;"
+        f" sleep 2; done; scontrol show job {job}",
+    )
+    assert "JobState=RUNNING" in shown, shown
+    restarts = int(shown.split("Restarts=", 1)[1].split()[0])
+    assert restarts >= 1, shown
 
 
 def test_helm_upgrade_rolls_the_controller_and_acts_once(chart: Any) -> None:
@@ -415,7 +564,9 @@ def test_helm_uninstall_removes_the_release(chart: Any) -> None:
     wait_for("production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
     marked = api.get(f"/api/v1/nodes/{GPU}")
     assert well_known.LABEL_STATE in marked["metadata"]["labels"]
-    helm(info, "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "10m")
+    # helm waits for the hook Job (up to its activeDeadlineSeconds, 1200) and then for the
+    # release's objects to go.
+    helm(info, "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "25m", timeout=1560)
     # The pre-delete hook stopped the controller, then took gpufleet off the GPU node, which
     # was in production: no state label, record or taint of ours, no cordon. What identifies
     # the machine (its pool, its Machine) stays.
