@@ -25,8 +25,9 @@ machine, slurmd on the GPU machine), all Ready behind their probes (slurmctld's 
 ``scontrol ping``: munge, its name in cluster DNS and its state volume work); the XID 79 is
 drained in Slurm by the syncer's pod before the reimage and the drain lifted after. A user
 of slurm.users runs a step and a batch job there (as that user, in cgroups), and the batch
-job, running when the XID 79 comes, is requeued and runs again after the reimage. Bounded
-waits only; nothing timed is asserted.
+job, a training job checkpointing as it runs, is requeued when the XID 79 comes and
+resumes from its checkpoint after the reimage. Bounded waits only; nothing timed is
+asserted.
 """
 
 from __future__ import annotations
@@ -288,9 +289,23 @@ def slurm_client(info: ClusterInfo, api: Api, name: str, script: str) -> str:
         api.delete(f"{path}/{name}?gracePeriodSeconds=0")
 
 
+TRAINING_JOB = r"""#!/bin/sh
+# A training job that checkpoints its step every few seconds and resumes from the last
+# checkpoint when it is started again. The machines share no filesystem (a reimage wipes
+# the node's): the checkpoint lives in the job's own Comment, in slurmctld's saved state.
+from=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/.*Comment=step:\([0-9]*\).*/\1/p')
+step=${from:-0}
+while true; do
+    step=$((step + 1))
+    scontrol update jobid="$SLURM_JOB_ID" comment="step:$step,from:${from:-0}"
+    sleep 5
+done
+"""
+"""alice's batch job, submitted once the node is in production: the XID 79 must requeue
+it, and after the reimage it runs again from its checkpoint."""
+
 LONG_JOB: dict[str, str] = {}
-"""The id of alice's long batch job, submitted once the node is in production; the XID
-79 must requeue it, and it runs again after the reimage."""
+"""The training job's id."""
 
 
 def peers(api: Api) -> dict[str, Any]:
@@ -385,8 +400,8 @@ def test_the_chart_runs_on_real_nodes_with_one_controller_acting(chart: Any) -> 
 def test_a_users_jobs_run_through_slurm_in_pods(chart: Any) -> None:
     """What a researcher does: alice (slurm.users) runs a step with srun and submits a
     batch job; slurmctld (system machine) schedules them on slurmd (GPU machine, host
-    network, proctrack/cgroup), which runs them as alice. The batch job keeps running for
-    the XID 79 test."""
+    network, proctrack/cgroup), which runs them as alice. The batch job, a training job
+    that checkpoints, keeps running for the XID 79 test."""
     info, api = chart
     wait_for("the GPU node in production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
     out = slurm_client(
@@ -394,8 +409,9 @@ def test_a_users_jobs_run_through_slurm_in_pods(chart: Any) -> None:
         api,
         "slurm-client-jobs",
         f"{AS_ALICE} srun -N1 -t 2 sh -c 'echo \"ran as $(id -un) on $(hostname)\"'"
-        f" && echo submitted $({AS_ALICE} sbatch --parsable --requeue -t 120 -o /dev/null"
-        " --wrap 'sleep 7200')",
+        f" && cat >/tmp/train.sh <<'JOB'\n{TRAINING_JOB}JOB\n"
+        f"echo submitted $({AS_ALICE} sbatch --parsable --requeue -t 120 -o /dev/null"
+        " /tmp/train.sh)",
     )
     assert f"ran as alice on {GPU}" in out, out
     job = out.split("submitted ", 1)[1].split()[0]
@@ -503,8 +519,8 @@ def reimage_after_xid_79(info: ClusterInfo, api: Api, tokens: TokenWatch) -> Non
         lambda: all_ready(api, "agent", 1, info.images["gpufleet"]),
         POD_TIMEOUT,
     )
-    # alice's batch job, running when the fault came, was requeued before the reimage
-    # (the rule's `requeue: now`) and runs again on the machine.
+    # alice's training job, running when the fault came, was requeued before the reimage
+    # (the rule's `requeue: now`) and runs again on the machine, from its checkpoint.
     job = LONG_JOB.get("id")
     assert job, "test_a_users_jobs_run_through_slurm_in_pods submitted it"
     wait_for(
@@ -522,6 +538,8 @@ def reimage_after_xid_79(info: ClusterInfo, api: Api, tokens: TokenWatch) -> Non
     assert "JobState=RUNNING" in shown, shown
     restarts = int(shown.split("Restarts=", 1)[1].split()[0])
     assert restarts >= 1, shown
+    resumed_from = int(shown.split("Comment=step:", 1)[1].split(",from:", 1)[1].split()[0])
+    assert resumed_from >= 1, f"started again from step 0, not its checkpoint:\n{shown}"
 
 
 def test_helm_upgrade_rolls_the_controller_and_acts_once(chart: Any) -> None:
