@@ -209,6 +209,20 @@ def failures(api: Api) -> str:
     return "\n".join(out)
 
 
+def node_story(api: Api, node: str) -> str:
+    """What happened to ``node``, for a failure: its lifecycle history and its Events."""
+    lines = [f"== {node}"]
+    r = api.http.get(f"/api/v1/nodes/{node}")
+    if r.status_code == 200:
+        annotations = r.json()["metadata"].get("annotations") or {}
+        record = json.loads(annotations.get(well_known.ANNOTATION_RECORD) or "{}")
+        lines += [json.dumps(entry) for entry in record.get("history") or []]
+    events = api.get(f"/api/v1/events?fieldSelector=involvedObject.name%3D{node}")["items"]
+    for e in sorted(events, key=lambda e: e.get("lastTimestamp") or ""):
+        lines.append(f"{e.get('lastTimestamp')} {e['reason']}: {e.get('message', '')[:300]}")
+    return "\n".join(lines)
+
+
 def slurm_work(api: Api, node: str) -> str:
     """The Slurm state the syncer reports on a Node taken out (``idle+DRAIN``); "" if none."""
     annotations = api.get(f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {}
@@ -344,6 +358,7 @@ def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInf
             yield info, api
         finally:
             print(failures(api))
+            print(node_story(api, GPU))
             for name in (SYSTEM, GPU):
                 console = Path(info.machines[name].console_log)
                 if console.exists():

@@ -191,11 +191,15 @@ def test_the_script_writes_the_nodes_own_subnet_with_the_kubelets_credentials(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     conflist = _as_node(script, apiserver, tmp_path, monkeypatch, "node-a")
+    masqueraded: list[str] = []  # not this host's iptables
+    monkeypatch.setattr(script, "apply_masquerade", masqueraded.append)
     assert script.main() == 0
     assert apiserver[2] == ["/api/v1/nodes/node-a"]
     written = json.loads(conflist.read_text())
     bridge = written["plugins"][0]
-    assert bridge["type"] == "bridge" and bridge["ipMasq"] is True
+    # The script masquerades, before the kubelet can start a pod (the file is the signal).
+    assert bridge["type"] == "bridge" and bridge["ipMasq"] is False
+    assert masqueraded == ["10.128.7.0/24"]
     assert bridge["ipam"]["ranges"] == [[{"subnet": "10.128.7.0/24"}]]
     assert not conflist.with_name(conflist.name + ".tmp").exists()
 
@@ -275,6 +279,25 @@ def test_the_service_ranges_go_out_of_the_fabric_nic_from_its_address(
     without = "\n".join(line for line in IP_ADDR.splitlines() if "ens3" not in line)
     assert script.fabric_nic(without) is None
     assert script.wanted_service_routes(ranges, None) == {}
+
+
+def test_pod_traffic_is_masqueraded_only_when_it_leaves_the_cluster_network(
+    script: ModuleType,
+) -> None:
+    """Pods keep their address to pods and hosts across the fabric (Slurm calls srun back
+    at its request's source address); traffic out of qemu's user network, to the host,
+    is masqueraded."""
+    chain = script.MASQ_CHAIN
+    assert script.masquerade_rules("10.128.2.0/24", "ens3") == [
+        ["-A", "POSTROUTING", "-s", "10.128.2.0/24", "-j", chain],
+        ["-A", chain, "-o", "cni0", "-j", "RETURN"],
+        ["-A", chain, "-o", "ens3", "-j", "RETURN"],
+        ["-A", chain, "-d", "224.0.0.0/4", "-j", "RETURN"],
+        ["-A", chain, "-j", "MASQUERADE"],
+    ]
+    # A machine without a fabric: everything that leaves the bridge is masqueraded.
+    rules = script.masquerade_rules("10.128.2.0/24", None)
+    assert ["-A", chain, "-j", "MASQUERADE"] in rules and len(rules) == 4
 
 
 def test_the_image_and_the_cluster_derive_the_same_fabric_address() -> None:
