@@ -244,21 +244,8 @@ def test_routes_go_to_other_nodes_pod_subnets_via_their_fabric_address(
     assert script.wanted_routes(nodes, "vm-node-0000") == {"10.128.2.0/24": "10.1.0.2"}
 
 
-_LFT = "\\       valid_lft forever preferred_lft forever"
-IP_ADDR = "\n".join(
-    (
-        f"1: lo    inet 127.0.0.1/8 scope host lo{_LFT}",
-        f"2: ens2    inet 10.0.2.15/24 metric 1024 brd 10.0.2.255 scope global dynamic ens2{_LFT}",
-        f"3: ens3    inet 10.1.0.2/16 brd 10.1.255.255 scope global ens3{_LFT}",
-        f"4: cni0    inet 10.128.2.1/24 brd 10.128.2.255 scope global cni0{_LFT}",
-    )
-)
-"""``ip -o -4 addr show`` on a machine of the local cluster (qemu's user network, the
-fabric, the pod bridge)."""
-
-
 def test_the_service_ranges_go_out_of_the_fabric_nic_from_its_address(
-    script: ModuleType,
+    script: ModuleType, tmp_path: Path
 ) -> None:
     """A machine has no default route: a host-network pod reaches a ClusterIP (cluster
     DNS above all) only through this route."""
@@ -269,15 +256,16 @@ def test_the_service_ranges_go_out_of_the_fabric_nic_from_its_address(
     ]
     ranges = script.service_ranges(cidrs)
     assert ranges == ["10.0.0.0/24", "10.0.1.0/24"]
-    nic = script.fabric_nic(IP_ADDR)
+    marker = tmp_path / "fabric"  # what the fabric unit writes
+    marker.write_text("ens3 10.1.0.2\n")
+    nic = script.fabric_nic(str(marker))
     assert nic == ("ens3", "10.1.0.2")
     assert script.wanted_service_routes(ranges, nic) == {
         "10.0.0.0/24": ("dev", "ens3", "src", "10.1.0.2"),
         "10.0.1.0/24": ("dev", "ens3", "src", "10.1.0.2"),
     }
     # Without a fabric NIC there is nowhere to send them: no route.
-    without = "\n".join(line for line in IP_ADDR.splitlines() if "ens3" not in line)
-    assert script.fabric_nic(without) is None
+    assert script.fabric_nic(str(tmp_path / "absent")) is None
     assert script.wanted_service_routes(ranges, None) == {}
 
 
@@ -300,7 +288,7 @@ def test_pod_traffic_is_masqueraded_only_when_it_leaves_the_cluster_network(
     assert ["-A", chain, "-j", "MASQUERADE"] in rules and len(rules) == 4
 
 
-def test_the_image_and_the_cluster_derive_the_same_fabric_address() -> None:
+def test_the_image_and_the_cluster_derive_the_same_fabric_address(script: ModuleType) -> None:
     from gpufleet.local import machines
 
     fabric = SourceFileLoader("fabric", str(SCRIPT.with_name("fabric")))
@@ -314,3 +302,5 @@ def test_the_image_and_the_cluster_derive_the_same_fabric_address() -> None:
         assert str(module.address_of(mac)) == machines.fabric_address_of(mac)
     assert machines.fabric_address_of(machines.fabric_mac_of(0)) == "10.1.0.1"
     assert str(module.SUBNET) == machines.FABRIC_SUBNET
+    # pod-network reads the NIC and address from the file the fabric unit writes.
+    assert script.FABRIC_MARKER == module.MARKER
