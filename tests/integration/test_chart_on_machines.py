@@ -212,11 +212,8 @@ def failures(api: Api) -> str:
 def node_story(api: Api, node: str) -> str:
     """What happened to ``node``, for a failure: its lifecycle history and its Events."""
     lines = [f"== {node}"]
-    r = api.http.get(f"/api/v1/nodes/{node}")
-    if r.status_code == 200:
-        annotations = r.json()["metadata"].get("annotations") or {}
-        record = json.loads(annotations.get(well_known.ANNOTATION_RECORD) or "{}")
-        lines += [json.dumps(entry) for entry in record.get("history") or []]
+    if api.http.get(f"/api/v1/nodes/{node}").status_code == 200:
+        lines += [json.dumps(entry) for entry in history(api, node)]
     events = api.get(f"/api/v1/events?fieldSelector=involvedObject.name%3D{node}")["items"]
     for e in sorted(events, key=lambda e: e.get("lastTimestamp") or ""):
         lines.append(f"{e.get('lastTimestamp')} {e['reason']}: {e.get('message', '')[:300]}")
@@ -329,8 +326,9 @@ def peers(api: Api) -> dict[str, Any]:
 
 
 def history(api: Api, node: str) -> list[Any]:
-    body = api.get(f"/api/v1/nodes/{node}")
-    record = json.loads(body["metadata"]["annotations"][well_known.ANNOTATION_RECORD])
+    """The Node's recorded lifecycle transitions; [] while it has no record."""
+    annotations = api.get(f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {}
+    record = json.loads(annotations.get(well_known.ANNOTATION_RECORD) or "{}")
     return list(record.get("history") or [])
 
 
