@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the local cluster (gpufleet.local) needs outside the Python
 # virtual environment. Idempotent and quick when everything is present:
-#   1. Debian packages for Slurm and munge (apt-get only when one is missing);
+#   1. Debian packages for Slurm, munge, MariaDB and qemu (apt-get only when one is missing);
 #   2. etcd, Kubernetes control-plane binaries, kubectl and KWOK, built from the
 #      Go module proxy into ~/.cache/gpufleet (skipped when cached), see
 #      scripts/build-go-binaries.sh; then helm (scripts/build-helm.sh) and
@@ -23,9 +23,11 @@ start=$(date +%s)
 # forwarded connection) run the local cluster's real machines (--machines);
 # debootstrap and squashfs-tools build the image they boot; vde2 (vde_switch)
 # links their second NICs, the pod network between machines (--images).
+# mariadb-server is the database of Slurm accounting (--slurm-accounting): each
+# cluster runs its own instance; the packaged service is never started.
 packages=(munge slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin
           time openssl procps ca-certificates qemu-system-x86 ipxe-qemu socat
-          debootstrap squashfs-tools vde2)
+          debootstrap squashfs-tools vde2 mariadb-server)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -41,9 +43,17 @@ if ((${#missing[@]})); then
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq || { echo "bootstrap-system: apt-get update failed" >&2; exit 1; }
-  # policy-rc.d may refuse to start the packaged services; we never use them.
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-    || { echo "bootstrap-system: apt-get install ${missing[*]} failed" >&2; exit 1; }
+  # The packaged services (slurmctld, munge, mariadb) are never used: a policy-rc.d
+  # keeps their postinst from starting them, only for this install when none exists.
+  own_policy=""
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  rc=0
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
+  [[ -z "$own_policy" ]] || rm -f /usr/sbin/policy-rc.d
+  ((rc == 0)) || { echo "bootstrap-system: apt-get install ${missing[*]} failed" >&2; exit 1; }
 fi
 
 # Go binaries (version-pinned by deps/*/go.mod, cached outside the repository).

@@ -529,6 +529,40 @@ def test_chart_slurmcluster_renders_typed_gres_and_gpu_tres(accounting: bool) ->
         assert "AccountingStorageHost=gpufleet-slurm-accounting" in conf.splitlines()
 
 
+def test_chart_slurmdbd_writes_the_conf_slurmdbd_reads() -> None:
+    """The chart's slurmdbd writes slurmdbd.conf in a shell heredoc (its database password
+    comes from a Secret at start). It says what the domain's slurmdbd.conf says (which
+    the local cluster runs against real slurmdbd and MariaDB), where slurmdbd looks for
+    it: slurmdbd has no option naming its file and refuses a DbdHost not its own."""
+    from gpufleet.domain import slurm_accounting
+
+    docs = render("gpufleet", "--set", "slurm.accounting.enabled=true")
+    dbd = next(d for d in docs if d["metadata"]["name"] == "gpufleet-slurm-accounting"
+               and d["kind"] == "Deployment")  # fmt: skip
+    container = dbd["spec"]["template"]["spec"]["containers"][0]
+    script = container["command"][-1]
+    assert script.rstrip().splitlines()[-1].split() == ["exec", "slurmdbd", "-D"]
+    heredoc = script.split("<<CONF\n", 1)[1].split("\nCONF", 1)[0]
+    written = dict(line.split("=", 1) for line in heredoc.splitlines())
+    conf_dir = "/run/slurmdbd"
+    assert script.count(f"cat > {conf_dir}/slurmdbd.conf") == 1
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SLURM_CONF"]["value"].rsplit("/", 1)[0] == conf_dir
+    assert written["DbdHost"] == "$(cat /proc/sys/kernel/hostname)"
+    assert written["StoragePass"] == "$DB_PASSWORD" and "DB_PASSWORD" in env
+    reference = slurm_accounting.slurmdbd_conf(
+        slurm_accounting.DbdConfig(
+            dbd_host="h", storage_host="mariadb", storage_user="slurm",
+            storage_password="p", pid_file=f"{conf_dir}/slurmdbd.pid",
+        )
+    )  # fmt: skip
+    expected = dict(line.split("=", 1) for line in reference.splitlines()[1:])
+    assert written.keys() == expected.keys()
+    same = ("AuthType", "DbdPort", "SlurmUser", "PidFile", "StorageType", "StorageUser",
+            "StorageLoc", "StorageHost")  # fmt: skip
+    assert {k: written[k] for k in same} == {k: expected[k] for k in same}
+
+
 # -- BMC Secrets: resourceNames enforced by the real authorizer ------------------------------
 
 

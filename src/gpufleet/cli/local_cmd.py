@@ -50,7 +50,8 @@ def _print_usage(info: local_cluster.ClusterInfo, name_args: str) -> None:
     out.print(f"  apiserver:   {info.apiserver_url}", highlight=False)
     if info.slurm_conf is not None:
         out.print(f"  SLURM_CONF:  {info.slurm_conf}", highlight=False)
-        out.print(f"  Slurm:       {info.slurm_version}", highlight=False)
+        accounted = " with accounting (slurmdbd, MariaDB: sacct)" if info.slurm_accounting else ""
+        out.print(f"  Slurm:       {info.slurm_version}{accounted}", highlight=False)
         out.print(
             f"  slurmrestd:  {info.slurmrestd_url} (API {info.slurm_api_version}; "
             "JWT: slurm_jwt in cluster.json)",
@@ -104,6 +105,13 @@ def up(
         help="Slurm release: 22.05 (this host's Debian 12 packages) or 24.11 (Debian 13's, "
         "in the root `gpufleet local slurm-image build` makes; slurmrestd v0.0.40-v0.0.42).",
     ),
+    slurm_accounting: bool = typer.Option(
+        False,
+        "--slurm-accounting",
+        help="Slurm accounting: a private MariaDB (the host's mariadb-server). With --slurm "
+        "24.11 also slurmdbd, and `sacct` shows each job's GPUs (gres/gpu); with --images and "
+        "--no-slurm, MariaDB alone at 10.0.2.100:PORT for the chart's slurm.accounting.",
+    ),
     no_bmcs: bool = typer.Option(False, "--no-bmcs", help="Do not start the Redfish BMCs."),
     machines: int = typer.Option(
         0,
@@ -153,6 +161,10 @@ def up(
 
         gpufleet local up --nodes 2 --slurm 24.11
 
+    With Slurm accounting (MariaDB and slurmdbd; then `sacct -o JobID,State,AllocTRES`):
+
+        gpufleet local up --nodes 2 --slurm 24.11 --slurm-accounting
+
     With one real machine (a qemu VM, powered on through its BMC; it joins within
     a few minutes, its console is logs/machine-vm-node-0000.console.log):
 
@@ -170,6 +182,7 @@ def up(
         run_dir=local_run_dir(name, run_dir),
         slurm=not no_slurm,
         slurm_version=slurm_version,
+        slurm_accounting=slurm_accounting,
         redfish=not no_bmcs,
         machines=machines,
         machine_memory_mib=machine_memory,

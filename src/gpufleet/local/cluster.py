@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -34,6 +35,7 @@ import httpx
 
 from gpufleet.domain import slurm_jwt
 from gpufleet.local import (
+    accounting,
     dns,
     joining,
     kube,
@@ -74,6 +76,11 @@ class ClusterSpec:
     slurm_version: str = "22.05"
     """The Slurm release: the host's ``22.05``, or ``24.11`` from the root
     :mod:`gpufleet.local.slurm_root` builds (``gpufleet local slurm-image build``)."""
+    slurm_accounting: bool = False
+    """Slurm accounting: a private MariaDB (:mod:`gpufleet.local.accounting`). With Slurm
+    (24.11 only) also slurmdbd, slurmctld sending it every job; ``sacct`` reads them back.
+    With ``images`` and no Slurm, MariaDB alone, reachable from the machines, for the
+    chart's slurmdbd."""
     redfish: bool = True
     ready_timeout_s: float = 120.0
     bmc_boot_hooks: Mapping[str, str] = field(default_factory=dict)
@@ -158,6 +165,11 @@ class ClusterInfo:
     slurm_bin_dir: Path | None = None
     """The Slurm commands of this cluster's release when they are not the host's
     (24.11): :meth:`slurm_env` puts them first on PATH."""
+    slurm_accounting: bool = False
+    """MariaDB runs, and slurmdbd beside the host's Slurm: ``sacct`` answers."""
+    accounting_db: accounting.DatabaseEndpoint | None = None
+    """The accounting database, as the machines reach it (for the chart's
+    ``slurm.accounting``) and for slurmdbd on this host."""
     bmcs: dict[str, BmcEndpoint] = field(default_factory=dict)
     processes: list[ProcessRecord] = field(default_factory=list)
     owner: ProcessRecord | None = None
@@ -213,6 +225,8 @@ class ClusterInfo:
         d["processes"] = [ProcessRecord(**p) for p in d.get("processes", [])]
         if d.get("owner"):
             d["owner"] = ProcessRecord(**d["owner"])
+        if d.get("accounting_db"):
+            d["accounting_db"] = accounting.DatabaseEndpoint(**d["accounting_db"])
         return cls(**d)
 
 
@@ -368,6 +382,9 @@ class LocalCluster:
             ctld_on_loopback=slurm.resolves_to_loopback(hostname),
             slurm_root=self._slurm_root() if spec.slurm else None,
         )
+        acct = self._plan_accounting(sl)
+        if acct is not None and acct.dbd is not None:
+            sl = dataclasses.replace(sl, accounting_port=acct.dbd.port)
         bmc_ports = ports[9 + spec.nodes : 9 + spec.nodes * 2]
         bmc_password = secrets.token_hex(8)
         self.info = ClusterInfo(
@@ -389,7 +406,7 @@ class LocalCluster:
                 n: BmcEndpoint(n, f"http://127.0.0.1:{p}", DEFAULT_BMC_USER, bmc_password)
                 for n, p in zip(names, bmc_ports, strict=True)
             }
-        vms = self._plan_machines(run_dir, kl, machine_ports, bmc_password)
+        vms = self._plan_machines(run_dir, kl, machine_ports, bmc_password, acct)
         kube.prepare(kl)
         if spec.slurm:
             slurm.prepare(sl)
@@ -400,6 +417,10 @@ class LocalCluster:
             self.info.slurm_version = sl.release
             if sl.slurm_root is not None:
                 self.info.slurm_bin_dir = sl.bin_dir
+        if acct is not None:
+            accounting.prepare(acct)
+            self.info.slurm_accounting = True
+            self.info.accounting_db = acct.endpoint()
         self._save()
         self._progress(f"run directory {run_dir}")
 
@@ -409,7 +430,9 @@ class LocalCluster:
         with ThreadPoolExecutor(max_workers=3, thread_name_prefix="gpufleet-local") as pool:
             lanes = [pool.submit(self._kube_lane, kl, bins, etcd, apiserver, names)]
             if spec.slurm:
-                lanes.append(pool.submit(self._slurm_lane, sl, bins))
+                lanes.append(pool.submit(self._slurm_lane, sl, bins, acct))
+            elif acct is not None:
+                lanes.append(pool.submit(self._database_lane, acct))
             if spec.redfish or vms:
                 lanes.append(
                     pool.submit(self._redfish_lane, run_dir, bmc_password, sys.executable, vms)
@@ -428,7 +451,12 @@ class LocalCluster:
         self._save()
 
     def _plan_machines(
-        self, run_dir: Path, kl: kube.KubeLayout, ports: list[int], password: str
+        self,
+        run_dir: Path,
+        kl: kube.KubeLayout,
+        ports: list[int],
+        password: str,
+        acct: accounting.AccountingLayout | None = None,
     ) -> dict[str, Any]:
         """The machines' BMC entries for the Redfish emulator (``vm`` objects), and
         their :class:`MachineInfo` in ``self.info``."""
@@ -455,6 +483,8 @@ class LocalCluster:
         # With the chart, the controller runs in a pod on a machine: it reaches the BMCs
         # (on the host's 127.0.0.1) as machines reach the host, through qemu's forwards.
         bmc_ports = rest[0 : 2 * spec.machines : 2] if spec.images else []
+        # And the chart's slurmdbd reaches the accounting database the same way.
+        host_ports = [acct.db_port] if acct is not None and spec.images else []
         for i, name in enumerate(machines.names(spec.machines)):
             bmc_port, inject_port = rest[2 * i], rest[2 * i + 1]
             mac = machines.mac_of(i)
@@ -471,6 +501,7 @@ class LocalCluster:
                 memory_mib=spec.machine_memory_mib,
                 registry_port=registry_port if spec.images else None,
                 bmc_ports=bmc_ports,
+                host_ports=host_ports,
                 fabric=run_dir / "fabric" if spec.images else None,
                 fabric_mac=machines.fabric_mac_of(i),
             )
@@ -654,7 +685,64 @@ class LocalCluster:
         except slurm_root.SlurmRootError as exc:
             raise ComponentError("slurm", None, str(exc)) from exc
 
-    def _slurm_lane(self, sl: slurm.SlurmLayout, bins: Binaries) -> None:
+    def _plan_accounting(self, sl: slurm.SlurmLayout) -> accounting.AccountingLayout | None:
+        """MariaDB and slurmdbd for ``slurm_accounting``: both beside the host's Slurm
+        (24.11 only), or MariaDB alone for the chart's slurmdbd (``images``, no Slurm)."""
+        spec = self.spec
+        if not spec.slurm_accounting:
+            return None
+        if spec.slurm and sl.slurm_root is None:
+            raise ComponentError(
+                "slurmdbd",
+                None,
+                "Slurm accounting needs --slurm 24.11: slurmdbd comes from its root "
+                "(the host's Slurm 22.05 has none installed)",
+            )
+        if not spec.slurm and not spec.images:
+            raise ComponentError(
+                "mariadb",
+                None,
+                "Slurm accounting needs Slurm here (--slurm 24.11) or in the chart's pods "
+                "(--images: MariaDB alone, for the chart's slurmdbd)",
+            )
+        db_port, dbd_port = processes.free_ports(2)
+        if not spec.slurm:
+            return accounting.AccountingLayout(
+                root=sl.root.parent / "accounting", logs=sl.logs, db_port=db_port
+            )
+        return accounting.AccountingLayout(
+            root=sl.root / "accounting",
+            logs=sl.logs,
+            db_port=db_port,
+            dbd=accounting.DbdPlace(
+                port=dbd_port, host=sl.hostname, slurm_etc=sl.etc, munge_socket=sl.munge_socket
+            ),
+        )
+
+    def _database_lane(self, acct: accounting.AccountingLayout) -> None:
+        """MariaDB, with slurmdbd's database user."""
+        db = self._launch(accounting.mariadbd(acct))
+        db.wait_ready(lambda: accounting.mariadb_ok(acct), timeout=self.spec.ready_timeout_s)
+        accounting.grant_slurmdbd(acct)
+        self._ready("MariaDB")
+
+    def _accounting_lane(self, sl: slurm.SlurmLayout, acct: accounting.AccountingLayout) -> None:
+        """MariaDB, then slurmdbd (before slurmctld, which registers the cluster with it
+        on start)."""
+        self._database_lane(acct)
+        dbd = self._launch(accounting.slurmdbd(acct, sl.bin_dir / "slurmdbd", sl.env()))
+        dbd.wait_ready(
+            lambda: accounting.slurmdbd_ok(sl.bin_dir / "sacctmgr", sl.env()),
+            timeout=self.spec.ready_timeout_s,
+        )
+        self._ready("slurmdbd")
+
+    def _slurm_lane(
+        self,
+        sl: slurm.SlurmLayout,
+        bins: Binaries,
+        acct: accounting.AccountingLayout | None = None,
+    ) -> None:
         timeout = self.spec.ready_timeout_s
         if sl.slurm_root is not None:
             holder = self._launch(slurm.root_holder(sl))
@@ -664,6 +752,8 @@ class LocalCluster:
         munged = self._launch(slurm.munged(sl, bins))
         munged.wait_ready(lambda: slurm.munge_ok(sl, bins), timeout=timeout)
         self._ready("munged")
+        if acct is not None:
+            self._accounting_lane(sl, acct)
         ctld = self._launch(slurm.slurmctld(sl, bins))
         daemons = [self._launch(slurm.slurmd(sl, bins, n)) for n in sl.nodes]
         restd = self._launch(slurm.slurmrestd(sl, bins))

@@ -205,6 +205,7 @@ def vm_entry(
     memory_mib: int,
     registry_port: int | None = None,
     bmc_ports: list[int] | tuple[int, ...] = (),
+    host_ports: list[int] | tuple[int, ...] = (),
     fabric: Path | None = None,
     fabric_mac: str = "",
 ) -> Json:
@@ -222,6 +223,7 @@ def vm_entry(
             apiserver_port,
             *([registry_port] if registry_port is not None else []),
             *bmc_ports,
+            *host_ports,
         ],
         "forwards": [[inject_port, AGENT_INJECT_PORT]],
         **({"fabric_socket": str(fabric), "fabric_mac": fabric_mac} if fabric else {}),

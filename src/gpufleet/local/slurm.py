@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from gpufleet.domain import hostlist, slurm_hooks
+from gpufleet.domain import hostlist, slurm_accounting, slurm_hooks
 from gpufleet.local import slurm_root as slurm_root_fs
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.processes import ComponentError, ManagedProcess
@@ -74,6 +74,8 @@ class SlurmLayout:
     ``unknown*``; ``nodes`` are the ones with a slurmd."""
     defined_only_port: int = 0
     """The port the nodes without slurmd name: nothing listens there (pings are refused)."""
+    accounting_port: int | None = None
+    """slurmdbd's port on 127.0.0.1 (:mod:`gpufleet.local.accounting`); None: no accounting."""
 
     @property
     def release(self) -> str:
@@ -176,8 +178,11 @@ def render_slurm_conf(layout: SlurmLayout) -> str:
         "SlurmdDebug=info",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
+        *slurm_accounting.slurm_conf_lines(
+            None if layout.accounting_port is None else "127.0.0.1",
+            layout.accounting_port or slurm_accounting.DEFAULT_DBD_PORT,
+            munge_socket=str(layout.munge_socket),
+        ),
         "JobCompType=jobcomp/none",
         "MpiDefault=none",
         "SwitchType=switch/none",

@@ -58,6 +58,8 @@ COMMANDS = (
     "srun",
     "scancel",
     "sacct",
+    "sacctmgr",
+    "slurmdbd",
 )
 """The executables of the tree the local cluster runs, each through a wrapper."""
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpufleet.api.slurmcluster import HOST, LINE, VALUE, WORD, NodePool, SlurmClusterSpec
-from gpufleet.domain import hostlist, slurm_hooks
+from gpufleet.domain import hostlist, slurm_accounting, slurm_hooks
 
 HOOK_DIR = "/etc/slurm"
 """Where slurmd sees the ConfigMap (the chart mounts it executable, for the hooks)."""
@@ -178,19 +178,12 @@ def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]
         f"PreemptMode={_safe('spec.preemption.mode', spec.preemption.mode, VALUE)}",
         "MailProg=/bin/true",
     ]
-    if spec.accounting.enabled:
-        lines += [
-            "AccountingStorageType=accounting_storage/slurmdbd",
-            f"AccountingStorageHost={_safe('spec.accounting.host', spec.accounting.host, HOST)}",
-            f"AccountingStoragePort={spec.accounting.port}",
-            "AccountingStorageTRES=gres/gpu",
-            "JobAcctGatherType=jobacct_gather/linux",
-        ]
-    else:
-        lines += [
-            "AccountingStorageType=accounting_storage/none",
-            "JobAcctGatherType=jobacct_gather/none",
-        ]
+    accounting_host = (
+        _safe("spec.accounting.host", spec.accounting.host, HOST)
+        if spec.accounting.enabled
+        else None
+    )
+    lines += slurm_accounting.slurm_conf_lines(accounting_host, spec.accounting.port)
     if spec.topology.enabled:
         lines.append("TopologyPlugin=topology/tree")
     hooks = hook_config(spec)
