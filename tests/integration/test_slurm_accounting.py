@@ -7,7 +7,8 @@ accounting lines are the ones the SlurmCluster operator renders
 turns on ``slurm.accounting`` is promised: every job's GPUs are accounted
 (``gres/gpu`` in ``sacct``'s ``AllocTRES``), a job requeued off a faulty node is
 accounted as requeued with the GPUs it held there (the GPU time a fault cost), and
-a slurmdbd that dies loses no record (slurmctld keeps them until it is back).
+a slurmdbd that dies loses no record (slurmctld keeps them until it is back). And the
+database alone, as the chart's slurmdbd on the machines would use it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from slurm_support import Kube, RunningSyncer
@@ -148,3 +150,28 @@ def test_no_record_is_lost_while_slurmdbd_is_down(cluster: ClusterInfo) -> None:
         assert slurm_accounting.gpus_of(slurm_accounting.parse_tres(row["AllocTRES"])) == 1
     finally:
         again.stop()
+
+
+def test_the_database_alone_for_a_slurmdbd_elsewhere() -> None:
+    """Without Slurm here but with the machines readied for the chart (``images``), MariaDB
+    runs alone: slurmdbd's account logs in over TCP with the password from the file and may
+    create its database, and no other (what docs/install.md asks of an operator's database)."""
+    spec = ClusterSpec(nodes=1, slurm=False, redfish=False, images=True, slurm_accounting=True)
+    with processes.terminate_on_signals(), LocalCluster(spec) as info:
+        db = info.accounting_db
+        assert db is not None and db.machines_host == "10.0.2.100"
+        assert not [p for p in info.processes if p.name == "slurmdbd"]
+        password = Path(db.password_file).read_text().strip()
+
+        def as_slurm(statement: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["mariadb", "--no-defaults", "-h", db.host, "-P", str(db.port), "-u", db.user,
+                 f"-p{password}", "-N", "-B", "-e", statement],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+
+        made = as_slurm(f"CREATE DATABASE {slurm_accounting.DEFAULT_DATABASE}; SELECT 1")
+        assert made.returncode == 0 and made.stdout.strip() == "1", made.stderr
+        other = as_slurm("CREATE DATABASE not_slurms")
+        assert other.returncode != 0 and "denied" in other.stderr, other
+    assert not processes.processes_using(info.run_dir)

@@ -1,0 +1,24 @@
+"""What a machine may reach on the host (gpufleet.local.machines.vm_entry)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpufleet.local import machines, vm
+
+
+def test_the_host_ports_a_machine_may_reach_are_forwarded_and_no_others(tmp_path: Path) -> None:
+    entry = machines.vm_entry(
+        name="vm-node-0000", mac="52:54:00:00:00:01", run_dir=tmp_path, provision_port=1001,
+        apiserver_port=1002, inject_port=1003, memory_mib=1024, registry_port=1004,
+        bmc_ports=[1005, 1006], host_ports=[1007],
+    )  # fmt: skip
+    assert entry["guest_ports"] == [1001, 1002, 1004, 1005, 1006, 1007]
+    spec = vm.VmSpec(
+        name="vm-node-0000", mac="52:54:00:00:00:01", boot_url="http://x/ipxe",
+        console_log=tmp_path / "c.log", state_dir=tmp_path, guest_ports=tuple(entry["guest_ports"]),
+    )  # fmt: skip
+    nic = next(a for a in vm.argv(spec) if a.startswith("user,"))
+    assert f"guestfwd=tcp:{vm.CLUSTER_ADDRESS}:1007-" in nic
+    assert nic.count("guestfwd=") == 6
+    assert "restrict=on" in nic
