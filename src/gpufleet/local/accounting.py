@@ -7,7 +7,8 @@ slurmdbd writes them to MariaDB, and ``sacct`` reads them back, with the GPUs ea
 job held (``gres/gpu`` in ``AllocTRES``).
 
 - **MariaDB** is the host's Debian package (``mariadb-server``; Slurm accepts any
-  MySQL-compatible server). A private instance under ``<run>/slurm/accounting``:
+  MySQL-compatible server). A private instance under ``<run>/slurm/accounting``
+  (``<run>/accounting`` without Slurm here):
   its own data directory (``mariadb-install-db``), a unix socket for root (who logs
   in by socket, no password), TCP on 127.0.0.1 at a free port for slurmdbd, small
   buffers (32 MiB pool, 8 MiB redo log: about 90 MB resident).
@@ -22,6 +23,7 @@ job held (``gres/gpu`` in ``AllocTRES``).
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import shutil
@@ -34,6 +36,10 @@ from gpufleet.local import vm
 from gpufleet.local.processes import ComponentError, ManagedProcess
 
 DB_USER = "slurm"
+DB_ADDRESS = "127.0.0.1"
+"""Where MariaDB listens and slurmdbd's account may log in from: one address, so the
+account's host part always matches the connections slurmdbd (or a machine's forward,
+which connects from the host's loopback) makes."""
 INSTALL_TIMEOUT_S = 120.0
 SQL_TIMEOUT_S = 30.0
 MARIADB_OPTIONS = (
@@ -84,7 +90,7 @@ class AccountingLayout:
 
     def endpoint(self) -> DatabaseEndpoint:
         return DatabaseEndpoint(
-            host="127.0.0.1",
+            host=DB_ADDRESS,
             port=self.db_port,
             user=DB_USER,
             password_file=str(self.password_file),
@@ -112,9 +118,10 @@ class AccountingLayout:
         return self.logs / "slurmdbd.log"
 
 
+@functools.cache
 def mariadb_commands() -> dict[str, Path]:
     """``mariadbd``, ``mariadb-install-db`` and ``mariadb`` of the host, or fail naming the
-    package."""
+    package. Looked up once per process: :func:`sql` runs on every readiness poll."""
     found: dict[str, Path] = {}
     for name in ("mariadbd", "mariadb-install-db", "mariadb"):
         path = shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin")
@@ -148,7 +155,7 @@ def write_dbd_conf(layout: AccountingLayout, dbd: DbdPlace) -> None:
         pid_file=str(layout.root / "slurmdbd.pid"),
         log_file=str(layout.dbd_log),
         auth_info=f"socket={dbd.munge_socket}",
-        storage_host="127.0.0.1",
+        storage_host=DB_ADDRESS,
         storage_port=layout.db_port,
         storage_user=DB_USER,
         storage_password=layout.password_file.read_text().strip(),
@@ -194,7 +201,7 @@ def mariadbd(layout: AccountingLayout) -> ManagedProcess:
             f"--datadir={layout.datadir}",
             f"--socket={layout.db_socket}",
             f"--pid-file={layout.root / 'mariadbd.pid'}",
-            "--bind-address=127.0.0.1",
+            f"--bind-address={DB_ADDRESS}",
             f"--port={layout.db_port}",
             # Accounts are by address, never by a name looked up in DNS.
             "--skip-name-resolve",
@@ -228,7 +235,7 @@ def grant_slurmdbd(layout: AccountingLayout) -> None:
     """slurmdbd's database user (from 127.0.0.1, the generated password) with every right
     on the accounting database only: what docs/install.md asks an operator to create."""
     password = layout.password_file.read_text().strip()
-    account = f"'{DB_USER}'@'127.0.0.1'"
+    account = f"'{DB_USER}'@'{DB_ADDRESS}'"
     sql(
         layout,
         f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY '{password}';"

@@ -705,11 +705,12 @@ class LocalCluster:
                 "Slurm accounting needs Slurm here (--slurm 24.11) or in the chart's pods "
                 "(--images: MariaDB alone, for the chart's slurmdbd)",
             )
-        db_port, dbd_port = processes.free_ports(2)
         if not spec.slurm:
+            (db_port,) = processes.free_ports(1)
             return accounting.AccountingLayout(
                 root=sl.root.parent / "accounting", logs=sl.logs, db_port=db_port
             )
+        db_port, dbd_port = processes.free_ports(2)
         return accounting.AccountingLayout(
             root=sl.root / "accounting",
             logs=sl.logs,
