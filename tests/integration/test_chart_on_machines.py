@@ -227,6 +227,14 @@ def slurm_work(api: Api, node: str) -> str:
     return work.state if work is not None else ""
 
 
+def slurm_cluster_ready(api: Api) -> bool:
+    """The chart's SlurmCluster says Ready: its config pushed (``configHash``) and slurmrestd
+    answering."""
+    status = api.get(f"{GV}/namespaces/{NS}/slurmclusters/{RELEASE}").get("status") or {}
+    ready = [c for c in status.get("conditions") or [] if c["type"] == "Ready"]
+    return bool(status.get("configHash")) and bool(ready) and ready[0]["status"] == "True"
+
+
 ALICE_UID = 20001
 AS_ALICE = f"setpriv --reuid={ALICE_UID} --regid={ALICE_UID} --clear-groups"
 """Runs a command as slurm.users' alice in a Slurm client pod."""
@@ -417,6 +425,9 @@ def test_a_users_jobs_run_through_slurm_in_pods(chart: Any) -> None:
     that checkpoints, keeps running for the XID 79 test."""
     info, api = chart
     wait_for("the GPU node in production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
+    # What an operator checks before handing Slurm to users: the SlurmCluster Ready, slurmctld
+    # running the config rendered for the current nodes (24.11 restarts on a reconfigure).
+    wait_for("the SlurmCluster Ready", lambda: slurm_cluster_ready(api), POD_TIMEOUT)
     out = slurm_client(
         info,
         api,

@@ -10,10 +10,11 @@ import yaml
 from slurm_support import Kube
 
 from gpufleet.api import slurmcluster as crd
+from gpufleet.clock import ManualClock
 from gpufleet.domain import well_known
 from gpufleet.kubeapi import KubeApi
 from gpufleet.local.cluster import ClusterInfo
-from gpufleet.slurm.operator import ClusterOperator
+from gpufleet.slurm.operator import ClusterOperator, OperatorSettings
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
 
@@ -94,5 +95,83 @@ def test_slurmcluster_is_rendered_reconfigured_and_reported(local_cluster: Clust
         assert "SwitchName=ib-leaf-000" in cm["data"]["topology.conf"]
     finally:
         kube.http.delete(f"/api/v1/namespaces/{NS}")
+        for name in info.node_names:
+            kube.patch_node(name, {"metadata": {"labels": {well_known.LABEL_SLURM_CLUSTER: None}}})
+
+
+class CountingScontrol(Scontrol):
+    """The real scontrol, counting the reconfigures asked of it."""
+
+    reconfigures = 0
+
+    async def reconfigure(self) -> None:
+        self.reconfigures += 1
+        await super().reconfigure()
+
+
+def test_a_failed_reconfigure_is_not_retried_every_pass(local_cluster: ClusterInfo) -> None:
+    """scontrol cannot reach slurmctld (a config naming a port nothing listens on): the
+    reconfigure fails, and the passes after it do not send another (a reconfigure restarts
+    a 24.11 slurmctld: resent every pass, a slow one never came back) until
+    reconfigure_retry_s has passed; then it is tried again, and succeeds once slurmctld
+    is reachable."""
+    info = local_cluster
+    kube = Kube(info)
+    subprocess.run(
+        [str(info.kubectl), "apply", "--server-side", "-f", "-"],
+        input=yaml.safe_dump(crd.crd_manifest()), env=info.kube_env(),
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    ns = f"{NS}-retry"
+    kube.http.post("/api/v1/namespaces", json={"metadata": {"name": ns}})
+    body = {
+        "apiVersion": f"{well_known.GROUP}/{well_known.VERSION}",
+        "kind": crd.KIND,
+        "metadata": {"name": "research", "namespace": ns},
+        "spec": {
+            "nodePools": [{"name": "h100", "nodeSelector": {"nvidia.com/gpu.present": "true"}}],
+            "partitions": [{"name": "batch", "pools": ["h100"], "default": True}],
+        },
+    }
+    base = f"/apis/{well_known.GROUP}/{well_known.VERSION}/namespaces/{ns}/{crd.PLURAL}"
+    assert kube.http.post(base, json=body).status_code == 201
+    assert info.slurm_conf is not None
+    unreachable = info.slurm_conf.parent / "unreachable-slurm.conf"
+    text = info.slurm_conf.read_text()
+    port = next(line for line in text.splitlines() if line.startswith("SlurmctldPort="))
+    unreachable.write_text(text.replace(port, "SlurmctldPort=9"))  # discard: nothing there
+
+    async def passes() -> list[dict]:
+        api = await KubeApi.connect(str(info.kubeconfig))
+        clock = ManualClock(1_800_000_000.0)
+        settings = OperatorSettings(reconfigure_retry_s=120.0)
+        failing = CountingScontrol(ScontrolConfig(env={"SLURM_CONF": str(unreachable)}))
+        op = ClusterOperator(kube=api, scontrol=failing, rest=None, settings=settings,
+                             clock=clock)  # fmt: skip
+        seen = [await op.reconcile(ns, "research")]
+        clock.advance(60)
+        seen.append(await op.reconcile(ns, "research"))
+        assert failing.reconfigures == 1, "a second reconfigure within reconfigure_retry_s"
+        clock.advance(61)
+        seen.append(await op.reconcile(ns, "research"))
+        assert failing.reconfigures == 2
+        working = CountingScontrol(ScontrolConfig(env={"SLURM_CONF": str(info.slurm_conf)}))
+        op.scontrol = working
+        seen.append(await op.reconcile(ns, "research"))  # still within the wait: not tried
+        clock.advance(121)
+        seen.append(await op.reconcile(ns, "research"))
+        assert working.reconfigures == 1
+        return [s or {} for s in seen]
+
+    try:
+        first, waiting, again, still, done = asyncio.run(passes())
+        reasons = [s["conditions"][0]["reason"] for s in (first, waiting, again, still, done)]
+        assert reasons == ["ReconfigureFailed", "ReconfigurePending", "ReconfigureFailed",
+                           "ReconfigurePending", "Reconciled"], reasons  # fmt: skip
+        assert "next try in 60 s" in waiting["conditions"][0]["message"]
+        assert not first["configHash"] and not still["configHash"]
+        assert done["configHash"] and done["lastReconfigure"]
+    finally:
+        kube.http.delete(f"/api/v1/namespaces/{ns}")
         for name in info.node_names:
             kube.patch_node(name, {"metadata": {"labels": {well_known.LABEL_SLURM_CLUSTER: None}}})

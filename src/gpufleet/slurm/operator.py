@@ -12,7 +12,8 @@ One reconcile of one SlurmCluster, as ordered steps:
    ConfigMap ``<name>-slurm-config`` (owned by the SlurmCluster);
 4. if the rendered hash differs from ``status.configHash``: write the files
    (when ``conf_dir`` is set: the controller pod mounts the shared config
-   volume there) and run ``scontrol reconfigure``;
+   volume there) and run ``scontrol reconfigure``; after a failure, not again
+   before ``reconfigure_retry_s`` (``Ready=False, reason=ReconfigurePending``);
 5. status: nodes by Slurm state (from slurmrestd), hash, ``Ready`` condition;
    written only when it changed.
 """
@@ -82,6 +83,12 @@ class OperatorSettings:
     conf_dir: Path | None = None
     """Where slurmctld reads its config (shared volume); None: ConfigMap only."""
     reconfigure: bool = True
+    reconfigure_retry_s: float = 120.0
+    """After a reconfigure failed, how long before the next try (not every pass). Slurm
+    24.11 restarts slurmctld on every reconfigure; one that failed by timing out may have
+    been delivered all the same, and a restarting slurmctld is exactly when the next one
+    fails again. Retried every pass, a slow slurmctld (software emulation, loaded) was
+    restarted every minute and never allocated a job."""
 
 
 class ClusterOperator:
@@ -97,6 +104,8 @@ class ClusterOperator:
         self.kube, self.scontrol, self.rest = kube, scontrol, rest
         self.settings = settings or OperatorSettings()
         self.clock = clock
+        self._retry_at: dict[tuple[str, str], float] = {}
+        """Per SlurmCluster, when a failed reconfigure may be tried again."""
 
     async def reconcile(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Reconcile one SlurmCluster; returns the status written (None if it is gone)."""
@@ -133,12 +142,21 @@ class ClusterOperator:
         status["lastReconfigure"] = old_status.get("lastReconfigure", "")
         reason, message = "Reconciled", f"{len(members)} nodes, config {digest}"
         if digest != old_status.get("configHash"):
-            try:
-                await self._push_config(data)
-                status["lastReconfigure"] = rfc3339(self.clock.now())
-            except (SlurmError, OSError) as e:
-                reason, message = "ReconfigureFailed", str(e)[:1000]
+            key, now = (namespace, name), self.clock.now()
+            wait = self._retry_at.get(key, now) - now
+            if wait > 0:
+                reason = "ReconfigurePending"
+                message = f"the last reconfigure failed; next try in {wait:.0f} s"
                 status["configHash"] = old_status.get("configHash", "")
+            else:
+                try:
+                    await self._push_config(data)
+                    status["lastReconfigure"] = rfc3339(now)
+                    self._retry_at.pop(key, None)
+                except (SlurmError, OSError) as e:
+                    reason, message = "ReconfigureFailed", str(e)[:1000]
+                    status["configHash"] = old_status.get("configHash", "")
+                    self._retry_at[key] = now + self.settings.reconfigure_retry_s
         if self.rest is not None:
             try:
                 if self.rest.version is None:

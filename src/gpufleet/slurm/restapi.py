@@ -97,6 +97,10 @@ class RestConfig:
     (never less than ``timeout_s``), so a server that stops answering is still
     noticed within a few of its own read times."""
     max_collection_timeout_s: float = 60.0
+    reconfigure_timeout_s: float = 30.0
+    """A reconfigure's answer: slurmctld answers it before it restarts (24.11), but a
+    loaded one may take longer than ``timeout_s``, and a reconfigure that times out may
+    have been delivered (the operator then waits before another)."""
 
 
 class CollectionTimeout:
@@ -362,12 +366,16 @@ class SlurmRest:
 
     # -- writes (v0.0.40+) ---------------------------------------------------------
 
-    async def _send(self, method: str, path: str, body: Any | None = None) -> dict[str, Any]:
-        """A write: no answer is SlurmUnavailable, an answer with errors SlurmCommandFailed."""
+    async def _send(
+        self, method: str, path: str, body: Any | None = None, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """A write: no answer is SlurmUnavailable, an answer with errors SlurmCommandFailed.
+        ``timeout``: this request's, instead of ``timeout_s``."""
         what = [method, f"{self.config.url}{path}"]
+        limit = httpx.USE_CLIENT_DEFAULT if timeout is None else timeout
         try:
             async with self._slots:
-                resp = await self._client.request(method, path, json=body)
+                resp = await self._client.request(method, path, json=body, timeout=limit)
         except httpx.HTTPError as e:
             raise SlurmUnavailable(f"slurmrestd {method} {path}: {e!r}") from e
         try:
@@ -414,7 +422,9 @@ class SlurmRest:
 
     async def reconfigure(self) -> None:
         self._require_updates()
-        await self._send("GET", self._list("reconfigure"))
+        await self._send(
+            "GET", self._list("reconfigure"), timeout=self.config.reconfigure_timeout_s
+        )
 
 
 def _node_views(data: Mapping[str, Any]) -> dict[str, slurm_sync.SlurmView]:

@@ -59,6 +59,8 @@ class SlowSlurm:
         self.asked_since: list[str] = []
         self.frozen = False
         """Answer nothing at all (a SIGSTOPped slurmrestd)."""
+        self.reconfigure_delay = 0.0
+        """How long a reconfigure takes to be answered (a loaded slurmctld)."""
         self.refuse_since = False
         """Refuse a read with ``update_time`` as 22.05 does when the nodes changed but
         the partitions did not (500, "Unspecified error")."""
@@ -90,6 +92,9 @@ class SlowSlurm:
                         continue
                 if path == "/openapi":
                     body = {"paths": {"/slurm/v0.0.42/ping/": {}, "/slurm/v0.0.42/nodes/": {}}}
+                elif path.endswith("/reconfigure/"):
+                    await asyncio.sleep(self.reconfigure_delay)
+                    body = {"errors": [], "warnings": []}
                 elif path.endswith("/nodes/"):
                     await asyncio.sleep(self.delay)
                     self.nodes_served += 1
@@ -192,3 +197,21 @@ def test_a_refused_changed_since_read_is_made_again_in_full() -> None:
 
     asyncio.run(main())
     assert server.asked_since == ["1800000000"] and server.nodes_served == 1
+
+
+def test_a_reconfigure_waits_longer_than_a_request_but_not_forever() -> None:
+    """A reconfigure answered after 0.6 s succeeds although requests get 0.2 s (timing it
+    out would leave the operator unsure it was delivered); one answered later than
+    reconfigure_timeout_s is SlurmUnavailable."""
+    server = SlowSlurm()
+    config = dataclasses.replace(CONFIG, reconfigure_timeout_s=1.5)
+
+    async def main() -> None:
+        async with connected(server, config) as rest:
+            server.reconfigure_delay = 0.6
+            await rest.reconfigure()
+            server.reconfigure_delay = 3.0
+            with pytest.raises(SlurmUnavailable):
+                await rest.reconfigure()
+
+    asyncio.run(main())
