@@ -11,7 +11,7 @@ job held (``gres/gpu`` in ``AllocTRES``).
   (``<run>/accounting`` without Slurm here):
   its own data directory (``mariadb-install-db``), a unix socket for root (who logs
   in by socket, no password), TCP on 127.0.0.1 at a free port for slurmdbd, small
-  buffers (32 MiB pool, 8 MiB redo log: about 90 MB resident).
+  buffers (32 MiB pool, 8 MiB redo log: about 100 MiB resident).
 - Without Slurm here but with the machines ready for the chart (``--images``):
   MariaDB alone, forwarded to every machine at ``10.0.2.100:<port>`` (as the BMCs
   are), the "existing MariaDB" the chart's ``slurm.accounting`` names.
