@@ -22,9 +22,9 @@ pytestmark = pytest.mark.integration
 NS = "slurm-operator-test"
 
 
-def test_slurmcluster_is_rendered_reconfigured_and_reported(local_cluster: ClusterInfo) -> None:
-    info = local_cluster
-    kube = Kube(info)
+def research_cluster(info: ClusterInfo, kube: Kube, ns: str) -> str:
+    """The SlurmCluster CRD installed (Established), and in namespace ``ns`` the SlurmCluster
+    ``research`` (every GPU node in pool h100, one partition); returns its collection path."""
     subprocess.run(
         [str(info.kubectl), "apply", "--server-side", "-f", "-"],
         input=yaml.safe_dump(crd.crd_manifest()),
@@ -44,21 +44,29 @@ def test_slurmcluster_is_rendered_reconfigured_and_reported(local_cluster: Clust
         check=True,
         capture_output=True,
     )
-    kube.http.post("/api/v1/namespaces", json={"metadata": {"name": NS}})
+    kube.http.post("/api/v1/namespaces", json={"metadata": {"name": ns}})
     body = {
         "apiVersion": f"{well_known.GROUP}/{well_known.VERSION}",
         "kind": crd.KIND,
-        "metadata": {"name": "research", "namespace": NS},
+        "metadata": {"name": "research", "namespace": ns},
         "spec": {
             "nodePools": [{"name": "h100", "nodeSelector": {"nvidia.com/gpu.present": "true"}}],
             "partitions": [{"name": "batch", "pools": ["h100"], "default": True}],
         },
     }
-    base = f"/apis/{well_known.GROUP}/{well_known.VERSION}/namespaces/{NS}/{crd.PLURAL}"
+    base = f"/apis/{well_known.GROUP}/{well_known.VERSION}/namespaces/{ns}/{crd.PLURAL}"
     r = kube.http.post(base, json=body)
     assert r.status_code == 201, r.text
+    return base
+
+
+def test_slurmcluster_is_rendered_reconfigured_and_reported(local_cluster: ClusterInfo) -> None:
+    info = local_cluster
+    kube = Kube(info)
+    base = research_cluster(info, kube, NS)
     bad = {
-        **body,
+        "apiVersion": f"{well_known.GROUP}/{well_known.VERSION}",
+        "kind": crd.KIND,
         "metadata": {"name": "bad", "namespace": NS},
         "spec": {"nodePools": [{"name": "x", "cpus": -1}], "partitions": []},
     }
@@ -117,24 +125,8 @@ def test_a_failed_reconfigure_is_not_retried_every_pass(local_cluster: ClusterIn
     is reachable."""
     info = local_cluster
     kube = Kube(info)
-    subprocess.run(
-        [str(info.kubectl), "apply", "--server-side", "-f", "-"],
-        input=yaml.safe_dump(crd.crd_manifest()), env=info.kube_env(),
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
     ns = f"{NS}-retry"
-    kube.http.post("/api/v1/namespaces", json={"metadata": {"name": ns}})
-    body = {
-        "apiVersion": f"{well_known.GROUP}/{well_known.VERSION}",
-        "kind": crd.KIND,
-        "metadata": {"name": "research", "namespace": ns},
-        "spec": {
-            "nodePools": [{"name": "h100", "nodeSelector": {"nvidia.com/gpu.present": "true"}}],
-            "partitions": [{"name": "batch", "pools": ["h100"], "default": True}],
-        },
-    }
-    base = f"/apis/{well_known.GROUP}/{well_known.VERSION}/namespaces/{ns}/{crd.PLURAL}"
-    assert kube.http.post(base, json=body).status_code == 201
+    research_cluster(info, kube, ns)
     assert info.slurm_conf is not None
     unreachable = info.slurm_conf.parent / "unreachable-slurm.conf"
     text = info.slurm_conf.read_text()
