@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,6 +291,9 @@ class SimulatedHardware(Hardware):
         self._nccl_factor = 1.0
         self._dir = Path(tempfile.mkdtemp(prefix="gpufleet-sim-"))
         self.sysfs_root = self._dir
+        # The sysfs tree goes with the object, or at exit, even when nobody calls close():
+        # short-lived simulators (tests, the simulator's nodes) would otherwise fill /tmp.
+        self._remove_dir = weakref.finalize(self, shutil.rmtree, self._dir, True)
         self.injected: list[str] = []
         self.resets = 0
         """GPU resets carried out (tests assert that a refused request did none)."""
@@ -412,7 +416,7 @@ class SimulatedHardware(Hardware):
         return f"simulated reset of {which}"
 
     def close(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._remove_dir()
 
     # ----------------------------------------------------------------- injection
 
