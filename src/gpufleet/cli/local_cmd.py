@@ -80,6 +80,13 @@ def _print_usage(info: local_cluster.ClusterInfo, name_args: str) -> None:
         out.print(f"  registry:    {info.registry_url} (machines pull from it)", highlight=False)
         for image in info.images.values():
             out.print(f"    {image}", highlight=False)
+    db = info.accounting_db
+    if db is not None and info.slurm_conf is None:  # MariaDB alone, for the chart's slurmdbd
+        out.print(
+            f"  accounting:  MariaDB at {db.machines_host}:{db.port} from the machines (user "
+            f"{db.user}, password in {db.password_file}): the chart's slurm.accounting",
+            highlight=False,
+        )
     out.print(
         f'\nPoint kubectl and sinfo at it (or run: eval "$(gpufleet local env{name_args})"):',
         highlight=False,

@@ -1,0 +1,54 @@
+"""What ``gpufleet local up`` prints when the cluster is ready: an operator copies the
+chart's values from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet.cli import local_cmd
+from gpufleet.local.accounting import DatabaseEndpoint
+from gpufleet.local.cluster import ClusterInfo
+
+
+def info(tmp_path: Path, **extra: object) -> ClusterInfo:
+    return ClusterInfo(
+        run_dir=tmp_path,
+        node_names=["gpu-node-0001"],
+        gpus_per_node=8,
+        kubeconfig=tmp_path / "kubeconfig",
+        apiserver_url="https://127.0.0.1:6443",
+        token="t",
+        ca_file=tmp_path / "ca.crt",
+        etcd_url="http://127.0.0.1:2379",
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+DB = DatabaseEndpoint(
+    host="127.0.0.1", port=33061, user="slurm", password_file="/run/db.pw",
+    machines_host="10.0.2.100",
+)  # fmt: skip
+
+
+def test_the_database_for_the_charts_slurmdbd_is_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    local_cmd._print_usage(info(tmp_path, slurm_accounting=True, accounting_db=DB), "")
+    out = capsys.readouterr().out
+    assert "MariaDB at 10.0.2.100:33061 from the machines (user slurm, password in /run/db.pw)" in (
+        out
+    )
+
+
+def test_no_database_line_when_slurmdbd_runs_on_the_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    local_cmd._print_usage(
+        info(tmp_path, slurm_conf=tmp_path / "slurm.conf", slurm_accounting=True, accounting_db=DB),
+        "",
+    )
+    out = capsys.readouterr().out
+    assert "with accounting (slurmdbd, MariaDB: sacct)" in out
+    assert "10.0.2.100" not in out
