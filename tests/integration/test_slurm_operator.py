@@ -167,3 +167,53 @@ def test_a_failed_reconfigure_is_not_retried_every_pass(local_cluster: ClusterIn
         kube.http.delete(f"/api/v1/namespaces/{ns}")
         for name in info.node_names:
             kube.patch_node(name, {"metadata": {"labels": {well_known.LABEL_SLURM_CLUSTER: None}}})
+
+
+def test_without_reconfigure_ready_waits_for_slurmctld_to_know_every_node(
+    local_cluster: ClusterInfo,
+) -> None:
+    """The chart's operator runs with ``reconfigure=False`` (slurmctld's pod reloads by
+    itself once the new files are in its volume): it sends no reconfigure and its status
+    claims none. A Node joins the pool that slurmctld does not know (its config not loaded
+    yet): the SlurmCluster is not Ready (``NodesNotInSlurm``) — its users could not get
+    that node — until slurmctld knows every member (here: the Node leaves the pool)."""
+    info = local_cluster
+    kube = Kube(info)
+    ns = f"{NS}-late"
+    research_cluster(info, kube, ns)
+    late = "gpu-node-late"
+    node = {"metadata": {"name": late, "labels": {"nvidia.com/gpu.present": "true"}}}
+    assert kube.http.post("/api/v1/nodes", json=node).status_code == 201
+
+    async def passes() -> tuple[dict, dict, int]:
+        api = await KubeApi.connect(str(info.kubeconfig))
+        assert info.slurmrestd_url and info.slurm_jwt
+        rest = SlurmRest(RestConfig(info.slurmrestd_url, "root", info.slurm_jwt))
+        counting = CountingScontrol(ScontrolConfig(env={"SLURM_CONF": str(info.slurm_conf)}))
+        op = ClusterOperator(kube=api, scontrol=counting, rest=rest,
+                             settings=OperatorSettings(reconfigure=False))  # fmt: skip
+        try:
+            pending = await op.reconcile(ns, "research")
+            cm = kube.get(f"/api/v1/namespaces/{ns}/configmaps/research-slurm-config")
+            assert f"NodeName={late} " in cm["data"]["slurm.conf"], "rendered all the same"
+            kube.patch_node(late, {"metadata": {"labels": {"nvidia.com/gpu.present": None}}})
+            known = await op.reconcile(ns, "research")
+        finally:
+            await rest.aclose()
+        return pending or {}, known or {}, counting.reconfigures
+
+    try:
+        pending, known, reconfigures = asyncio.run(passes())
+        ready = pending["conditions"][0]
+        assert (ready["status"], ready["reason"]) == ("False", "NodesNotInSlurm"), ready
+        assert f"does not know 1 of the {len(info.node_names) + 1} nodes" in ready["message"]
+        assert pending["nodesByState"]["missing"] == 1
+        ready = known["conditions"][0]
+        assert (ready["status"], ready["reason"]) == ("True", "Reconciled"), ready
+        assert known["configHash"] != pending["configHash"]
+        assert reconfigures == 0 and not known["lastReconfigure"]
+    finally:
+        kube.http.delete(f"/api/v1/nodes/{late}")
+        kube.http.delete(f"/api/v1/namespaces/{ns}")
+        for name in info.node_names:
+            kube.patch_node(name, {"metadata": {"labels": {well_known.LABEL_SLURM_CLUSTER: None}}})

@@ -155,6 +155,11 @@ def run_operator(
     slurm_conf: Path | None = typer.Option(None, help="slurm.conf for scontrol reconfigure."),
     jwt_key_file: Path | None = typer.Option(None, help="Mint tokens with this HS256 key."),
     conf_dir: Path | None = typer.Option(None, help="Also write rendered files here."),
+    reconfigure: bool = typer.Option(
+        True,
+        help="Run scontrol reconfigure after a change. --no-reconfigure where slurmctld "
+        "reloads by itself once the new files reach it (the chart's reconfigure container).",
+    ),
     interval: float = typer.Option(5.0, help="Seconds between reconcile passes."),
     verbose: VerboseOpt = False,
 ) -> None:
@@ -163,7 +168,7 @@ def run_operator(
     Example:
 
         gpufleet slurm operator --slurmrestd-url http://slurm-rest:6820 \\
-            --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --conf-dir /etc/slurm/rendered
+            --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --no-reconfigure
     """
     from gpufleet.kubeapi import KubeApi
     from gpufleet.slurm.operator import ClusterOperator, OperatorSettings
@@ -180,7 +185,9 @@ def run_operator(
             kube=kube,
             scontrol=writes,
             rest=rest,
-            settings=OperatorSettings(interval_s=interval, conf_dir=conf_dir),
+            settings=OperatorSettings(
+                interval_s=interval, conf_dir=conf_dir, reconfigure=reconfigure
+            ),
         )
         await op.run()
 

@@ -14,8 +14,9 @@ One reconcile of one SlurmCluster, as ordered steps:
    (when ``conf_dir`` is set: the controller pod mounts the shared config
    volume there) and run ``scontrol reconfigure``; after a failure, not again
    before ``reconfigure_retry_s`` (``Ready=False, reason=ReconfigurePending``);
-5. status: nodes by Slurm state (from slurmrestd), hash, ``Ready`` condition;
-   written only when it changed.
+5. status: nodes by Slurm state (from slurmrestd), hash, ``Ready`` condition
+   (``False, reason=NodesNotInSlurm`` while slurmctld does not know a member Node: its
+   config not loaded yet); written only when it changed.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ class OperatorSettings:
     conf_dir: Path | None = None
     """Where slurmctld reads its config (shared volume); None: ConfigMap only."""
     reconfigure: bool = True
+    """Run ``scontrol reconfigure`` after a change. False where slurmctld reloads by itself
+    once the new files reach it (the chart: a ConfigMap volume is updated by the kubelet up
+    to a minute later, so a reconfigure from here could make slurmctld read the old files)."""
     reconfigure_retry_s: float = 120.0
     """After a reconfigure failed, how long before the next try (not every pass). Slurm
     24.11 restarts slurmctld on every reconfigure; one that failed by timing out may have
@@ -150,8 +154,8 @@ class ClusterOperator:
                 status["configHash"] = old_status.get("configHash", "")
             else:
                 try:
-                    await self._push_config(data)
-                    status["lastReconfigure"] = rfc3339(now)
+                    if await self._push_config(data):
+                        status["lastReconfigure"] = rfc3339(now)
                     self._retry_at.pop(key, None)
                 except (SlurmError, OSError) as e:
                     reason, message = "ReconfigureFailed", str(e)[:1000]
@@ -162,6 +166,15 @@ class ClusterOperator:
                 if self.rest.version is None:
                     await self.rest.connect()
                 status["nodesByState"] = nodes_by_state(await self.rest.nodes(), members)
+                unknown = status["nodesByState"].get("missing", 0)
+                if unknown and reason == "Reconciled":
+                    # Rendered, but slurmctld has not read it yet (a reconfigure to come, or
+                    # the new files not yet in its pod): its users cannot get those nodes.
+                    reason = "NodesNotInSlurm"
+                    message = (
+                        f"slurmctld does not know {unknown} of the {len(members)} nodes yet "
+                        f"(config {digest} not loaded)"
+                    )
             except SlurmError as e:
                 reason, message = "SlurmUnavailable", str(e)[:1000]
                 status["nodesByState"] = old_status.get("nodesByState", {})
@@ -209,7 +222,9 @@ class ClusterOperator:
             CONFIGMAPS, f"{meta['name']}-slurm-config", body, namespace=meta["namespace"]
         )
 
-    async def _push_config(self, data: Mapping[str, str]) -> None:
+    async def _push_config(self, data: Mapping[str, str]) -> bool:
+        """Writes the files to ``conf_dir`` (if set) and reconfigures (if set); True when a
+        reconfigure was sent."""
         conf_dir = self.settings.conf_dir
         if conf_dir is not None:
             conf_dir.mkdir(parents=True, exist_ok=True)
@@ -220,6 +235,8 @@ class ClusterOperator:
         if self.scontrol is not None and self.settings.reconfigure:
             await self.scontrol.reconfigure()
             log.info("scontrol reconfigure done")
+            return True
+        return False
 
     async def _write_status(
         self, namespace: str, name: str, old: Mapping[str, Any], new: dict[str, Any]
