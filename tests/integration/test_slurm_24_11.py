@@ -10,11 +10,17 @@ output, not through the decoder under test.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 from slurm_support import Kube, RunningSyncer, wait_for
+from test_slurm_chart import CHART, helm_binary
 
 from gpufleet.domain import well_known
 from gpufleet.domain.records import NodeRecord, record_to_json
@@ -213,3 +219,82 @@ def test_cleanup_lifts_our_drain_on_a_released_node_only(cluster: ClusterInfo) -
             )  # fmt: skip
             kube.set_state(node, None)
         kube.patch_node(held, {"metadata": {"annotations": {well_known.ANNOTATION_RECORD: None}}})
+
+
+def chart_scripts() -> tuple[str, str]:
+    """The chart's slurmctld pod as helm renders it: its slurmctld container's start (the
+    hash of the files it reads) and its reconfigure container's loop."""
+    helm = helm_binary()
+    assert helm, "helm is not built: run scripts/build-helm.sh (scripts/test does)"
+    out = subprocess.run(
+        [helm, "template", "t", str(CHART), "--show-only", "templates/slurmctld.yaml"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    (sts,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "StatefulSet"]
+    by_name = {c["name"]: c for c in sts["spec"]["template"]["spec"]["containers"]}
+    start = by_name["slurmctld"]["command"][2]
+    assert start.rstrip().endswith("exec slurmctld -D"), start
+    return start.rstrip().removesuffix("exec slurmctld -D"), by_name["reconfigure"]["command"][2]
+
+
+def boot_time(info: ClusterInfo) -> str:
+    return run(info, "scontrol", "show", "config").split("BOOT_TIME", 1)[1].split()[1]
+
+
+def test_the_charts_slurmctld_reloads_when_its_files_change(
+    cluster: ClusterInfo, tmp_path: Path
+) -> None:
+    """The chart's reconfigure container (its script as rendered, on this host's 24.11
+    slurmctld and its config directory): nothing while the files are those slurmctld
+    started with; a partition added to slurm.conf (the operator's new ConfigMap reaching
+    the pod's volume) is reconfigured once, slurmctld restarts with it (24.11) and the
+    new hash is recorded."""
+    assert cluster.slurm_conf is not None
+    conf = cluster.slurm_conf
+    original = conf.read_text()
+    env = {**cluster.slurm_env(), "CONF_DIR": str(conf.parent), "RUN_DIR": str(tmp_path),
+           "INTERVAL": "1"}  # fmt: skip
+    start, loop = chart_scripts()
+    subprocess.run(["sh", "-c", start], env=env, check=True, timeout=30)
+    started_with = (tmp_path / "config.sha256").read_text()
+    log = (tmp_path / "reconfigure.log").open("w")
+    watcher = subprocess.Popen(["sh", "-c", loop], env=env, stdout=log, stderr=log,
+                               start_new_session=True)  # fmt: skip
+    try:
+        booted = boot_time(cluster)
+        wait_for("a few turns of its loop", lambda: (tmp_path / "reconfigure.alive").exists(), 30)
+        time.sleep(3)
+        assert boot_time(cluster) == booted, "reconfigured with nothing changed"
+        conf.write_text(original + "PartitionName=late Nodes=ALL Default=NO\n")
+        wait_for(
+            "partition late in slurmctld",
+            lambda: subprocess.run(
+                ["scontrol", "show", "partition", "late"], env=cluster.slurm_env(),
+                capture_output=True, timeout=30,
+            ).returncode == 0,
+            90,
+        )  # fmt: skip
+        assert boot_time(cluster) != booted, "24.11 restarts slurmctld on a reconfigure"
+        wait_for(
+            "the new hash recorded",
+            lambda: (tmp_path / "config.sha256").read_text() != started_with,
+            30,
+        )
+        time.sleep(3)
+        assert (tmp_path / "reconfigure.log").read_text().count("scontrol reconfigure") == 1
+    finally:
+        os.killpg(watcher.pid, signal.SIGTERM)
+        watcher.wait(timeout=30)
+        log.close()
+        conf.write_text(original)
+        run(cluster, "scontrol", "reconfigure")
+        wait_for(
+            "slurmctld back without partition late",
+            lambda: (
+                subprocess.run(
+                    ["scontrol", "ping"], env=cluster.slurm_env(), capture_output=True, timeout=30
+                ).returncode
+                == 0
+            ),
+            60,
+        )

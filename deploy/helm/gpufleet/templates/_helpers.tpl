@@ -67,6 +67,9 @@ affinity: {{- toYaml . | nindent 2 }}
 priorityClassName: {{ . }}
 {{- end }}
 {{- end -}}
+{{- define "gpufleet.slurmConfHash" -}}
+cat "${CONF_DIR:-/etc/slurm}"/*.conf | sha256sum | cut -d' ' -f1
+{{- end -}}
 {{- define "gpufleet.slurmVolumes" -}}
 - name: slurm-config
   configMap:
