@@ -195,6 +195,14 @@ def test_every_container_has_readiness_and_liveness_probes() -> None:
             if c["name"] in UNPROBED or one_shot:
                 continue
             assert "readinessProbe" in c and "livenessProbe" in c, (key(w), c["name"])
+    # A start slowed by a loaded node (a Python import, slurmctld reading its state) is
+    # judged by a startup probe with minutes to pass, never killed by a liveness probe's
+    # guessed initial delay.
+    for w in workloads():
+        for c in containers(w):
+            if "livenessProbe" in c:
+                assert "startupProbe" in c, (key(w), c["name"])
+                assert "initialDelaySeconds" not in c["livenessProbe"], (key(w), c["name"])
     # The gpufleet processes are probed on their own /metrics port.
     for w in workloads():
         for c in containers(w):

@@ -68,7 +68,7 @@ priorityClassName: {{ . }}
 {{- end }}
 {{- end -}}
 {{- define "gpufleet.slurmConfHash" -}}
-cat "${CONF_DIR:-/etc/slurm}"/*.conf | sha256sum | cut -d' ' -f1
+set -- $(cat "${CONF_DIR:-/etc/slurm}"/*.conf | sha256sum); echo "$1"
 {{- end -}}
 {{- define "gpufleet.slurmVolumes" -}}
 - name: slurm-config
@@ -111,7 +111,8 @@ cat "${CONF_DIR:-/etc/slurm}"/*.conf | sha256sum | cut -d' ' -f1
     - {name: munge-run, mountPath: /run/munge}
   securityContext: {{- toYaml .Values.slurm.munge.securityContext | nindent 4 }}
   # munged answers on its socket once the key is loaded.
-  # Exec probes start a process in the container: on a loaded node that takes seconds.
+  # Exec probes start a process in the container: on a loaded node that takes seconds, and
+  # every Slurm pod has this sidecar: once started, the socket is checked seldom.
   startupProbe:
     exec: {command: [test, -S, /run/munge/munge.socket.2]}
     periodSeconds: 1
@@ -119,11 +120,11 @@ cat "${CONF_DIR:-/etc/slurm}"/*.conf | sha256sum | cut -d' ' -f1
     failureThreshold: 300
   readinessProbe:
     exec: {command: [test, -S, /run/munge/munge.socket.2]}
-    periodSeconds: 10
+    periodSeconds: 30
     timeoutSeconds: 10
   livenessProbe:
     exec: {command: [test, -S, /run/munge/munge.socket.2]}
-    periodSeconds: 30
+    periodSeconds: 60
     timeoutSeconds: 10
   resources: {{- toYaml .Values.slurm.munge.resources | nindent 4 }}
 {{- end -}}
