@@ -277,20 +277,27 @@ class SlurmRest:
         return sorted(found, key=version_key, reverse=True)
 
     async def connect(self) -> str:
-        """Pick the newest served version we can read and check that it answers ping."""
+        """Pick the newest version this module reads that slurmrestd answers a ping on.
+
+        Each try is a ping (under a kilobyte; a version slurmrestd does not serve is a 404),
+        not ``/openapi``, which is 660 KB on 24.11: on a loaded node it took longer than a
+        request's timeout, the client gave up and tried again at its next pass, and
+        slurmrestd wrote the whole document for each try all the same, which kept it (and
+        an emulated machine) busy enough that no try ever succeeded. ``/openapi`` is read
+        only when no version answers, to say what the server does serve."""
+        for version in SUPPORTED_VERSIONS:
+            try:
+                await self._get(f"/slurm/{version}/{_collection(version, 'ping')}")
+            except Refused:
+                continue  # not served here (or refused): the next older one
+            self.version = version
+            return version
         served = await self.served_versions()
         usable = [v for v in served if v in SUPPORTED_VERSIONS]
         if not usable:
             raise SlurmUnavailable(
                 f"slurmrestd serves {served}; this gpufleet reads {list(SUPPORTED_VERSIONS)}"
             )
-        for version in usable:
-            try:
-                await self._get(f"/slurm/{version}/{_collection(version, 'ping')}")
-            except SlurmUnavailable:
-                continue
-            self.version = version
-            return version
         raise SlurmUnavailable(f"no slurmrestd version of {usable} answers ping")
 
     def _path(self, tail: str) -> str:

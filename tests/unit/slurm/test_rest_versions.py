@@ -92,10 +92,14 @@ class Recorded:
         self.paths = paths
         self.writes: list[tuple[str, str, Any]] = []
         self.refuse: str | None = None
+        self.pings: list[str] = []
+        self.documents = 0
+        """How many times /openapi was read."""
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path == "/openapi":
+            self.documents += 1
             return httpx.Response(200, json={"openapi": "3.0.3", "paths": self.paths})
         if request.method == "POST" or path.endswith("/reconfigure/"):
             body = json.loads(request.content) if request.content else None
@@ -104,8 +108,10 @@ class Recorded:
                 error = {"error": self.refuse, "description": "Failure to update node"}
                 return httpx.Response(200, json={"errors": [error], "warnings": []})
             return httpx.Response(200, json={"errors": [], "warnings": []})
-        if path.endswith("/ping/") or path.endswith("/ping"):
-            return httpx.Response(200, json={"errors": [], "pings": []})
+        if path.endswith(("/ping/", "/ping")):
+            self.pings.append(path)
+            if path in self.paths or path.rstrip("/") in self.paths:
+                return httpx.Response(200, json={"errors": [], "pings": []})
         if path.endswith("/nodes/"):
             return httpx.Response(200, json=sample("v0.0.42_nodes.json"))
         return httpx.Response(404, json={"errors": [{"error": "not found"}]})
@@ -127,6 +133,8 @@ def test_negotiates_the_newest_24_11_version_and_reads_nodes() -> None:
 
     version, nodes = asyncio.run(main())
     assert version == "v0.0.42" and nodes["gpu-node-0000"].drained
+    # One ping, not the 660 KB /openapi: a loaded slurmrestd answers it in time.
+    assert server.pings == ["/slurm/v0.0.42/ping/"] and server.documents == 0
 
 
 def test_a_22_05_server_gets_v0_0_38_and_no_rest_writes() -> None:
@@ -145,6 +153,7 @@ def test_a_22_05_server_gets_v0_0_38_and_no_rest_writes() -> None:
         return version
 
     assert asyncio.run(main()) == "v0.0.38"
+    assert server.pings[-1] == "/slurm/v0.0.38/ping" and server.documents == 0
     assert server.writes == []
     assert scontrol.calls == [
         ("drain", "gpu-node-0000", "gpufleet: x"),
