@@ -16,7 +16,9 @@ registry. The test checks what an operator relies on:
   through the BMC, a network boot with a new single-use join token, the images pulled
   again, verification, production (the reimage of test_machine_day0's machine, with every
   component in a pod);
-- ``helm upgrade`` rolls the controller: new pods, nothing done twice to the node;
+- ``helm upgrade`` rolls the controller: new pods, nothing done twice to the node; the
+  Slurm partition it adds reaches slurmctld (its pod reloads when its ConfigMap volume
+  changes);
 - ``helm uninstall`` removes every object of the release, and its pre-delete hook first
   takes gpufleet's labels, annotations, taints, conditions and cordon off the GPU node.
 
@@ -26,8 +28,11 @@ machine, slurmd on the GPU machine), all Ready behind their probes (slurmctld's 
 drained in Slurm by the syncer's pod before the reimage and the drain lifted after. A user
 of slurm.users runs a step and a batch job there (as that user, in cgroups), and the batch
 job, a training job checkpointing as it runs, is requeued when the XID 79 comes and
-resumes from its checkpoint after the reimage. Bounded waits only; nothing timed is
-asserted.
+resumes from its checkpoint after the reimage. Slurm accounting is on: the chart's
+slurmdbd (a pod on the system machine) keeps the jobs in the local cluster's MariaDB (on
+the host, reached at qemu's 10.0.2.100), and ``sacct`` shows alice's step completed on the
+GPU machine and her training job's run the XID 79 interrupted as requeued there. Bounded
+waits only; nothing timed is asserted.
 """
 
 from __future__ import annotations
@@ -105,6 +110,39 @@ def slurm_values() -> dict[str, Any]:
     }
 
 
+DB_SECRET = "slurmdbd-db"
+"""The Secret the operator creates before installing: the database password slurmdbd uses."""
+
+
+def accounting_values(info: ClusterInfo) -> dict[str, Any]:
+    """``slurm.accounting``: slurmdbd in a pod on the system machine, against the local
+    cluster's MariaDB as the machines reach it (an existing database, as at a site)."""
+    db = info.accounting_db
+    assert db is not None, "the cluster runs with slurm_accounting"
+    return {
+        "enabled": True,
+        "storageHost": db.machines_host,
+        "storagePort": db.port,
+        "storageUser": db.user,
+        "passwordSecret": DB_SECRET,
+        "resources": SMALL,
+        "nodeSelector": {well_known.LABEL_POOL: "system"},
+    }
+
+
+def create_db_secret(info: ClusterInfo, api: Api) -> None:
+    """What docs/install.md has an operator do before ``helm install``: the release's
+    namespace and the database password's Secret in it."""
+    db = info.accounting_db
+    assert db is not None
+    api.post("/api/v1/namespaces", {"metadata": {"name": NS}})
+    password = Path(db.password_file).read_text().strip()
+    api.post(
+        f"/api/v1/namespaces/{NS}/secrets",
+        {"metadata": {"name": DB_SECRET}, "stringData": {"password": password}},
+    )
+
+
 ALICE_KEY = (
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHMjyz0TyoGEbvQc3HvBWXXanMlKtgFJ8V2/G7oUeWHs alice@lab"
 )
@@ -123,7 +161,7 @@ def values(info: ClusterInfo, **extra: Any) -> dict[str, Any]:
         "slurmImage": {"repository": slurm_repo, "tag": slurm_tag},
         "bmcSecretsNamespace": "gpufleet-system",
         "createBmcSecretsNamespace": False,
-        "slurm": slurm_values(),
+        "slurm": {**slurm_values(), "accounting": accounting_values(info)},
         # A pod start on the emulated system machine takes minutes: the uninstall hook's
         # Job gets time for that and for the controllers' pods to go.
         "cleanupOnUninstall": {"timeoutSeconds": 1200, "stopTimeoutSeconds": 600},
@@ -166,11 +204,18 @@ def helm(info: ClusterInfo, *args: str, stdin: str | None = None, timeout: float
     return r.stdout
 
 
-def install(info: ClusterInfo, verb: str, **extra: Any) -> None:
+def install(
+    info: ClusterInfo, verb: str, partitions: list[dict[str, Any]] | None = None, **extra: Any
+) -> None:
+    """helm install or upgrade with :func:`values` (``extra``: the controller's), and Slurm's
+    ``partitions`` instead of the one ``batch`` when given."""
+    chosen = values(info, **extra)
+    if partitions is not None:
+        chosen["slurm"]["partitions"] = partitions
     create = ["--create-namespace"] if verb == "install" else []
     helm(
         info, verb, RELEASE, str(CHART), "-n", NS, *create,
-        "-f", "-", stdin=json.dumps(values(info, **extra)),
+        "-f", "-", stdin=json.dumps(chosen),
     )  # fmt: skip
 
 
@@ -323,6 +368,18 @@ done
 """alice's batch job, submitted once the node is in production: the XID 79 must requeue
 it, and after the reimage it runs again from its checkpoint."""
 
+
+def sacct_until(select: str, row: str) -> str:
+    """A client script: ``sacct`` (through the chart's slurmdbd) until a record of
+    ``select`` reads ``row`` (User|State|NodeList), for a minute at most; then its records
+    (slurmctld sends a job's end to slurmdbd shortly after it ends)."""
+    query = f"sacct -a -X -n -P {select} -o User,State,NodeList"
+    return (
+        f"for i in $(seq 30); do {query} | grep -qx '{row}' && break; sleep 2; done;"
+        f" echo accounted:; {query}"
+    )
+
+
 LONG_JOB: dict[str, str] = {}
 """The training job's id."""
 
@@ -350,6 +407,7 @@ def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInf
         machine_memory_mib=3072,
         images=True,
         machine_agent=False,
+        slurm_accounting=True,
     )
     with processes.terminate_on_signals(), LocalCluster(spec) as info:
         api = Api(info)
@@ -360,6 +418,7 @@ def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInf
                 lambda: all(node_ready(api, n) for n in (SYSTEM, GPU)),
                 BOOT_TIMEOUT,
             )
+            create_db_secret(info, api)
             install(info, "install")
             yield info, api
         finally:
@@ -384,7 +443,7 @@ def test_the_chart_runs_on_real_nodes_with_one_controller_acting(chart: Any) -> 
     # slurmrestd and sshd their ports, slurmd on the GPU machine (where the SlurmCluster
     # operator labelled the node), the syncer and operator.
     slurm_image = info.images["slurm"]
-    for component in ("slurm-controller", "slurm-rest", "slurm-login"):
+    for component in ("slurm-controller", "slurm-rest", "slurm-login", "slurm-accounting"):
         (pod,) = wait_for(
             f"{component} Ready", lambda c=component: all_ready(api, c, 1, slurm_image), POD_TIMEOUT
         )
@@ -422,7 +481,8 @@ def test_a_users_jobs_run_through_slurm_in_pods(chart: Any) -> None:
     """What a researcher does: alice (slurm.users) runs a step with srun and submits a
     batch job; slurmctld (system machine) schedules them on slurmd (GPU machine, host
     network, proctrack/cgroup), which runs them as alice. The batch job, a training job
-    that checkpoints, keeps running for the XID 79 test."""
+    that checkpoints, keeps running for the XID 79 test. Accounting recorded the step,
+    alice's, completed on the GPU machine."""
     info, api = chart
     wait_for("the GPU node in production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
     # What an operator checks before handing Slurm to users: the SlurmCluster Ready, slurmctld
@@ -435,11 +495,12 @@ def test_a_users_jobs_run_through_slurm_in_pods(chart: Any) -> None:
         f"{AS_ALICE} srun -N1 -t 2 sh -c 'echo \"ran as $(id -un) on $(hostname)\"'"
         f" && cat >/tmp/train.sh <<'JOB'\n{TRAINING_JOB}JOB\n"
         f"echo submitted $({AS_ALICE} sbatch --parsable --requeue -t 120 -o /dev/null"
-        " /tmp/train.sh)",
+        " /tmp/train.sh); " + sacct_until("-S now-6hours", f"alice|COMPLETED|{GPU}"),
     )
     assert f"ran as alice on {GPU}" in out, out
     job = out.split("submitted ", 1)[1].split()[0]
     assert job.isdigit(), out
+    assert f"alice|COMPLETED|{GPU}" in out.split("accounted:", 1)[1].splitlines(), out
     LONG_JOB["id"] = job
 
 
@@ -557,13 +618,17 @@ def reimage_after_xid_79(info: ClusterInfo, api: Api, tokens: TokenWatch) -> Non
         api,
         "slurm-client-requeued",
         f"for i in $(seq 60); do scontrol show job {job} | grep -q JobState=RUNNING && break;"
-        f" sleep 2; done; scontrol show job {job}",
+        f" sleep 2; done; scontrol show job {job}; "
+        + sacct_until(f"-D -j {job}", f"alice|REQUEUED|{GPU}"),
     )
     assert "JobState=RUNNING" in shown, shown
     restarts = int(shown.split("Restarts=", 1)[1].split()[0])
     assert restarts >= 1, shown
     resumed_from = int(shown.split("Comment=step:", 1)[1].split(",from:", 1)[1].split()[0])
     assert resumed_from >= 1, f"started again from step 0, not its checkpoint:\n{shown}"
+    # Accounting kept the run the fault interrupted: alice's, requeued, on the GPU machine.
+    runs = shown.split("accounted:", 1)[1].splitlines()
+    assert f"alice|REQUEUED|{GPU}" in runs, shown
 
 
 def test_helm_upgrade_rolls_the_controller_and_acts_once(chart: Any) -> None:
@@ -573,7 +638,11 @@ def test_helm_upgrade_rolls_the_controller_and_acts_once(chart: Any) -> None:
     old = {p["metadata"]["name"] for p in pods(api, "controller")}
     entries = len(history(api, GPU))
     resets = bmc_counters(info, GPU)["ResetCount"]
-    install(info, "upgrade", adoptionRate=20)
+    # The upgrade also adds a Slurm partition: the operator renders it into the ConfigMap,
+    # the kubelet brings it into slurmctld's volume in its own time, and slurmctld's
+    # reconfigure container reloads it then (24.11: a restart).
+    partitions = [*slurm_values()["partitions"], {"name": "debug", "pools": ["gpu"]}]
+    install(info, "upgrade", partitions=partitions, adoptionRate=20)
     wait_for(
         "new controller pods Ready",
         lambda: (
@@ -587,6 +656,14 @@ def test_helm_upgrade_rolls_the_controller_and_acts_once(chart: Any) -> None:
         and args[args.index("--adoption-rate") + 1] == "20"
         for p in pods(api, "controller")
     )
+    shown = slurm_client(
+        info,
+        api,
+        "slurm-client-partition",
+        "for i in $(seq 150); do scontrol show partition debug >/dev/null 2>&1 && break;"
+        " sleep 2; done; scontrol show partition debug",
+    )
+    assert "PartitionName=debug" in shown and "Nodes=vm-node-0001" in shown, shown
     assert state(api, GPU) == "production"
     assert len(history(api, GPU)) == entries
     assert bmc_counters(info, GPU)["ResetCount"] == resets
