@@ -232,9 +232,14 @@ def chart_scripts() -> tuple[str, str]:
     ).stdout  # fmt: skip
     (sts,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "StatefulSet"]
     by_name = {c["name"]: c for c in sts["spec"]["template"]["spec"]["containers"]}
-    start = by_name["slurmctld"]["command"][2]
+    start, loop = by_name["slurmctld"]["command"][2], by_name["reconfigure"]["command"][2]
     assert start.rstrip().endswith("exec slurmctld -D"), start
-    return start.rstrip().removesuffix("exec slurmctld -D"), by_name["reconfigure"]["command"][2]
+    # The whole script parses: the shell reads a compound command only when it reaches it,
+    # so text after the endless loop would never be checked by running it.
+    for script in (start, loop):
+        parsed = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
+        assert parsed.returncode == 0, parsed.stderr
+    return start.rstrip().removesuffix("exec slurmctld -D"), loop
 
 
 def boot_time(info: ClusterInfo) -> str:

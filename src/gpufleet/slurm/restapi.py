@@ -280,11 +280,11 @@ class SlurmRest:
         """Pick the newest version this module reads that slurmrestd answers a ping on.
 
         Each try is a ping (under a kilobyte; a version slurmrestd does not serve is a 404),
-        not ``/openapi``, which is 660 KB on 24.11: on a loaded node it took longer than a
-        request's timeout, the client gave up and tried again at its next pass, and
-        slurmrestd wrote the whole document for each try all the same, which kept it (and
-        an emulated machine) busy enough that no try ever succeeded. ``/openapi`` is read
-        only when no version answers, to say what the server does serve."""
+        not ``/openapi``, which is 660 KB on 24.11: on a loaded node reading it can take
+        longer than a request's timeout, and a client retrying at every pass asks slurmrestd
+        for the whole document each time (on the emulated machines the operator's connect
+        then never succeeded; with pings it did at once). ``/openapi`` is read only when no
+        version answers, to say what the server does serve."""
         for version in SUPPORTED_VERSIONS:
             try:
                 await self._get(f"/slurm/{version}/{_collection(version, 'ping')}")
