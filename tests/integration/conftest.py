@@ -46,6 +46,29 @@ import pytest
 from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
 
+_FAILED_STEP: dict[str, str] = {}
+"""Module of a ``steps`` module -> the first of its tests that failed."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Remember the first failure in a module marked ``steps``."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and item.get_closest_marker("steps") is not None:
+        _FAILED_STEP.setdefault(item.module.__name__, item.name)  # type: ignore[attr-defined]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test of a ``steps`` module after a failed one fails at once: it would wait out its
+    timeouts (on the machines, a quarter of an hour each) on a cluster the failure left in
+    an unknown state, and its own result would say nothing more."""
+    if item.get_closest_marker("steps") is None:
+        return
+    failed = _FAILED_STEP.get(item.module.__name__)  # type: ignore[attr-defined]
+    if failed is not None:
+        pytest.fail(f"not run: it builds on {failed}, which failed", pytrace=False)
+
 
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[ClusterInfo]:

@@ -10,12 +10,16 @@ registry. The test checks what an operator relies on:
 - every pod Ready behind its probes, the images pulled from the registry;
 - one controller acting: both replicas announce themselves on the ClusterKopfPeering
   with different priorities (kopf pauses all but the highest);
-- the controller in its pod takes the GPU node through burn-in (run by the agent in its
-  pod) to production, and leaves the system node, where it runs, alone;
+- Day 0: both machines, powered on through their BMCs, network-boot and join with a
+  single-use token (a real kubelet registers each; the used token is refused by the
+  apiserver and by a second real ``kubeadm join``, an expired one too); the controller in
+  its pod takes the GPU node through burn-in (run by the agent in its pod) to production,
+  and leaves the system node, where it runs, alone;
+- pods get addresses of their node's pod subnet and reach each other across the machines
+  by Service name, and the API through the ``kubernetes`` Service;
 - an XID 79 on the GPU node, reported by the agent's pod: cordon, drain, a power cycle
   through the BMC, a network boot with a new single-use join token, the images pulled
-  again, verification, production (the reimage of test_machine_day0's machine, with every
-  component in a pod);
+  again, verification, production;
 - ``helm upgrade`` rolls the controller: new pods, nothing done twice to the node; the
   Slurm partition it adds reaches slurmctld (its pod reloads when its ConfigMap volume
   changes);
@@ -32,11 +36,16 @@ resumes from its checkpoint after the reimage. Slurm accounting is on: the chart
 slurmdbd (a pod on the system machine) keeps the jobs in the local cluster's MariaDB (on
 the host, reached at qemu's 10.0.2.100), and ``sacct`` shows alice's step completed on the
 GPU machine and her training job's run the XID 79 interrupted as requeued there. Bounded
-waits only; nothing timed is asserted.
+waits only; nothing timed is asserted (bench/machine_boot.py measures a boot).
+
+One cluster of machines serves the whole module (a boot under software emulation is
+minutes): its tests run in order, each on what the ones before it left, and after a
+failure the rest fail at once (the ``steps`` marker).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import subprocess
 from collections.abc import Iterator
@@ -45,25 +54,39 @@ from typing import Any
 
 import httpx
 import pytest
-from controller_harness import GV, Api, bmc_counters, put_policy, self_subject_review
-from test_machine_day0 import (
+from controller_harness import (
+    GV,
+    Api,
+    bmc_counters,
+    issue_join_token,
+    put_policy,
+    self_subject_review,
+)
+from machines_harness import (
     BOOT_TIMEOUT,
     TokenWatch,
+    assert_refused_at_discovery,
     create_pod,
     machine_policy,
     node_ready,
     pod_phase,
     serve_behind_a_service,
+    signed_for,
     state,
+    wait_for,
 )
 from test_slurm_chart import CHART, helm_binary
-from waiting import wait_for
 
 from gpufleet.domain import emptiness, uninstall, well_known
-from gpufleet.local import processes
+from gpufleet.local import kube, machines, processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.machines, pytest.mark.timeout(2400)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.machines,
+    pytest.mark.steps,
+    pytest.mark.timeout(2400),
+]
 
 SYSTEM, GPU = "vm-node-0000", "vm-node-0001"
 NS = "gpufleet"
@@ -371,17 +394,20 @@ it, and after the reimage it runs again from its checkpoint."""
 
 def sacct_until(select: str, row: str) -> str:
     """A client script: ``sacct`` (through the chart's slurmdbd) until a record of
-    ``select`` reads ``row`` (User|State|NodeList), for a minute at most; then its records
-    (slurmctld sends a job's end to slurmdbd shortly after it ends)."""
+    ``select`` reads ``row`` (User|State|NodeList), for two minutes at most; then its records
+    (slurmctld sends a job's end to slurmdbd shortly after it ends, and a slurmctld that
+    restarts for a reconfigure sends what it held once it is back)."""
     query = f"sacct -a -X -n -P {select} -o User,State,NodeList"
     return (
-        f"for i in $(seq 30); do {query} | grep -qx '{row}' && break; sleep 2; done;"
+        f"for i in $(seq 60); do {query} | grep -qx '{row}' && break; sleep 2; done;"
         f" echo accounted:; {query}"
     )
 
 
 LONG_JOB: dict[str, str] = {}
 """The training job's id."""
+FIRST_BOOT: dict[str, list[str]] = {}
+"""Machine -> the join tokens issued for its first boot."""
 
 
 def peers(api: Api) -> dict[str, Any]:
@@ -408,16 +434,22 @@ def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInf
         images=True,
         machine_agent=False,
         slurm_accounting=True,
+        machine_power_on=False,
     )
     with processes.terminate_on_signals(), LocalCluster(spec) as info:
         api = Api(info)
         put_policy(api, POLICY, machine_policy())
         try:
-            wait_for(
-                "both machines Ready",
-                lambda: all(node_ready(api, n) for n in (SYSTEM, GPU)),
-                BOOT_TIMEOUT,
-            )
+            # Day 0 as an operator does it (`gpufleet machines power-on`), each token read
+            # from its Secret before the Node's join spends it.
+            with TokenWatch(info, GPU) as tokens:
+                machines.power_on(info.kubeconfig, [SYSTEM, GPU])
+                wait_for(
+                    "both machines Ready",
+                    lambda: all(node_ready(api, n) for n in (SYSTEM, GPU)),
+                    BOOT_TIMEOUT,
+                )
+            FIRST_BOOT[GPU] = list(tokens.tokens)
             create_db_secret(info, api)
             install(info, "install")
             yield info, api
@@ -477,6 +509,64 @@ def test_the_chart_runs_on_real_nodes_with_one_controller_acting(chart: Any) -> 
     ]
 
 
+def test_the_gpu_machine_joined_once_and_its_token_is_spent(chart: Any) -> None:
+    """Day 0 of the GPU machine: a real kubelet registered its Node with the inventory's
+    labels; the Machine is joined and disarmed after one token; the boot watchdog (in the
+    controller's pod, started after the join) recorded the boot as joined. The token was
+    used once: its Secret is gone, the apiserver refuses it, cluster-info no longer carries
+    its signature (a second real ``kubeadm join`` stops there), and a boot that asks again
+    gets no token."""
+    info, api = chart
+    node = api.get(f"/api/v1/nodes/{GPU}")
+    assert "kwok.x-k8s.io/node" not in (node["metadata"].get("annotations") or {})
+    assert node["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.")
+    labels = node["metadata"]["labels"]
+    assert labels[well_known.LABEL_MACHINE] == GPU
+    assert labels[well_known.LABEL_POOL] == POLICY
+    machine = api.get(f"{GV}/machines/{GPU}")["status"]
+    assert machine["node"] == GPU and machine["phase"] == "Joined", machine
+    assert machine["armed"] is False and machine["tokensIssued"] == 1, machine
+    wait_for(
+        "the boot recorded as joined",
+        lambda: api.get(f"{GV}/machines/{GPU}")["status"]["boot"]["outcome"] == "Joined",
+        300,
+    )
+
+    tokens = FIRST_BOOT[GPU]
+    assert len(tokens) == 1, tokens
+    token = tokens[0]
+    token_id = token.split(".")[0]
+    wait_for("used token refused", lambda: self_subject_review(info, token).status_code == 401, 60)
+    wait_for("its cluster-info signature removed", lambda: not signed_for(api, token_id), 60)
+    assert_refused_at_discovery(info, token)
+    again = httpx.get(
+        f"{info.provision_url}/cloud-init/{info.machines[GPU].mac}/user-data",
+        headers={"X-Gpufleet-Serial": info.machines[GPU].serial},
+        timeout=10,
+    )
+    assert again.status_code == 409, again.text
+
+
+def test_an_expired_token_is_refused_by_real_kubeadm(chart: Any) -> None:
+    """A token valid a moment ago (the apiserver authenticates it, cluster-info carries its
+    signature) is refused by kubeadm's discovery once it expired: the bootstrap signer drops
+    its signature and the token cleaner its Secret. Issued by the provisioning code for a
+    Machine of its own (no VM boots: only the token matters). kubeadm runs only with the
+    expired token: with a valid one it would go on to the address cluster-info names, the
+    machines' side of their network, which the host must not call."""
+    info, api = chart
+    token = issue_join_token(info, api, "expiry-probe", "aa:00:00:00:0e:01", ttl_s=20)
+    token_id = token.split(".")[0]
+    try:
+        wait_for("cluster-info signed for it", lambda: signed_for(api, token_id), 30)
+        assert self_subject_review(info, token).status_code == 201
+        wait_for("expired: signature removed", lambda: not signed_for(api, token_id), 120)
+        assert self_subject_review(info, token).status_code == 401
+        assert_refused_at_discovery(info, token)
+    finally:
+        api.delete(f"{GV}/machines/expiry-probe")
+
+
 def test_a_users_jobs_run_through_slurm_in_pods(chart: Any) -> None:
     """What a researcher does: alice (slurm.users) runs a step with srun and submits a
     batch job; slurmctld (system machine) schedules them on slurmd (GPU machine, host
@@ -507,7 +597,8 @@ def test_a_users_jobs_run_through_slurm_in_pods(chart: Any) -> None:
 def test_pods_on_two_machines_reach_each_other_by_service_name(chart: Any) -> None:
     """What Slurm's pods will need: a pod on the system machine reaches a pod on the GPU
     machine by its Service's DNS name (CoreDNS on a machine, the fabric between the
-    machines, each Node's InternalIP on it, routes to the other's pod subnet)."""
+    machines, each Node's InternalIP on it, routes to the other's pod subnet) and the API
+    through the ``kubernetes`` Service (kube-proxy's rules on the machine)."""
     _, api = chart
     for name in (SYSTEM, GPU):
         node = api.get(f"/api/v1/nodes/{name}")
@@ -526,12 +617,17 @@ def test_pods_on_two_machines_reach_each_other_by_service_name(chart: Any) -> No
     server, client = "fabric-server", "fabric-client"
     serve_behind_a_service(api, server, GPU)
     try:
-        wait_for(f"pod {server} Running", lambda: pod_phase(api, server, "Running"), 300)
+        running = wait_for(f"pod {server} Running", lambda: pod_phase(api, server, "Running"), 300)
+        # Its address is of the GPU node's own pod subnet (the bridge CNI of the image).
+        subnet = ipaddress.ip_network(api.get(f"/api/v1/nodes/{GPU}")["spec"]["podCIDR"])
+        assert subnet.subnet_of(ipaddress.ip_network(kube.POD_SUBNET))
+        assert ipaddress.ip_address(running["status"]["podIP"]) in subnet
+        api_ip = api.get("/api/v1/namespaces/default/services/kubernetes")["spec"]["clusterIP"]
         create_pod(
             api,
             client,
             SYSTEM,
-            ["get", f"http://{server}.default.svc.cluster.local/"],
+            ["get", f"http://{server}.default.svc.cluster.local/", f"https://{api_ip}/livez"],
             restartPolicy="Never",
         )
         done = wait_for(
@@ -540,6 +636,7 @@ def test_pods_on_two_machines_reach_each_other_by_service_name(chart: Any) -> No
         message = str(done["status"]["containerStatuses"][0]["state"]["terminated"].get("message"))
         assert done["status"]["phase"] == "Succeeded", message
         assert f" 200 netcheck {server}" in message, message
+        assert "/livez 200 ok" in message, message
     finally:
         for name in (server, client):
             api.delete(f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
@@ -617,7 +714,7 @@ def reimage_after_xid_79(info: ClusterInfo, api: Api, tokens: TokenWatch) -> Non
         info,
         api,
         "slurm-client-requeued",
-        f"for i in $(seq 60); do scontrol show job {job} | grep -q JobState=RUNNING && break;"
+        f"for i in $(seq 150); do scontrol show job {job} | grep -q JobState=RUNNING && break;"
         f" sleep 2; done; scontrol show job {job}; "
         + sacct_until(f"-D -j {job}", f"alice|REQUEUED|{GPU}"),
     )

@@ -1,6 +1,6 @@
 """The cached node image of this checkout holds what docs/provisioning.md promises.
 
-No VM here (test_machine_day0.py boots it): the image ``scripts/bootstrap-system.sh``
+No VM here (test_chart_on_machines.py boots it): the image ``scripts/bootstrap-system.sh``
 builds for the test command is opened with ``unsquashfs`` and checked against its
 manifest and the contract: the kubelet, kubeadm and kube-proxy of deps/, the units
 enabled where they must be, containerd pointed at the pause image that is in the
