@@ -21,10 +21,7 @@ from typing import Any
 import httpx
 import waiting
 import yaml
-from controller_harness import (
-    Api,
-    policy_spec,
-)
+from controller_harness import Api, policy_spec
 
 from gpufleet.domain import well_known
 from gpufleet.local import node_image

@@ -64,6 +64,7 @@ from controller_harness import (
 )
 from machines_harness import (
     BOOT_TIMEOUT,
+    POLICY,
     TokenWatch,
     assert_refused_at_discovery,
     create_pod,
@@ -91,7 +92,6 @@ pytestmark = [
 SYSTEM, GPU = "vm-node-0000", "vm-node-0001"
 NS = "gpufleet"
 RELEASE = "gpufleet"
-POLICY = "machines"
 INJECT_PORT = 9401
 """The agent pod's fault-injection API (a hostPort on the GPU node, forwarded by qemu)."""
 POD_TIMEOUT = 900.0
