@@ -131,6 +131,14 @@ def up(
     machine_memory: int = typer.Option(
         1536, "--machine-memory", min=512, max=4096, help="MiB of memory per machine."
     ),
+    machine_cpus: int = typer.Option(
+        1,
+        "--machine-cpus",
+        min=1,
+        max=4,
+        help="vCPUs per machine. Emulated cores are slow: 2 let a machine starting many pods "
+        "use a host core another machine leaves idle.",
+    ),
     images: bool = typer.Option(
         False,
         "--images",
@@ -181,7 +189,7 @@ def up(
     machines, a system machine for the controller, the agent left to the chart:
 
         gpufleet local up --nodes 1 --no-slurm --machines 2 --machine-pools system \\
-            --machine-memory 2560 --images --no-machine-agent
+            --machine-memory 2560 --machine-cpus 2 --images --no-machine-agent
     """
     spec = local_cluster.ClusterSpec(
         nodes=nodes,
@@ -193,6 +201,7 @@ def up(
         redfish=not no_bmcs,
         machines=machines,
         machine_memory_mib=machine_memory,
+        machine_cpus=machine_cpus,
         node_image=node_image,
         images=images,
         machine_agent=not no_machine_agent,
@@ -294,3 +303,12 @@ def down(
     console.print(
         f"stopped the local cluster in {path} in {time.monotonic() - started:.1f} s{extra}"
     )
+
+
+# The image builders are groups under ``gpufleet local``; imported here, at the end,
+# so that they load with ``local`` and not with every other command.
+from gpufleet.cli import image_cmd, images_cmd, slurm_image_cmd  # noqa: E402
+
+app.add_typer(image_cmd.app, name="image")  # gpufleet local image ...
+app.add_typer(slurm_image_cmd.app, name="slurm-image")
+app.add_typer(images_cmd.app, name="images")  # gpufleet local images ...

@@ -1,43 +1,94 @@
 """Entry point of the ``gpufleet`` command.
 
-Each command group lives in its own module and is registered here with one
-``add_typer`` line, so that groups stay independent of each other.
+Each command group lives in its own module and is named here with one line of
+:data:`COMMANDS`, so that groups stay independent of each other. A module is
+imported only when its command runs (or when ``--help`` lists them all): a pod
+that runs ``gpufleet controller`` does not import the demo, the local cluster or
+the health checks, which costs seconds of start-up on a slow or emulated core
+(docs/cli.md, "Start-up time").
 """
 
 from __future__ import annotations
 
+import importlib
 import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import typer
+from typer._click.core import Command, Context
 
-from gpufleet.cli import (
-    agent_cmd,
-    breaker_cmd,
-    cleanup_cmd,
-    controller_cmd,
-    demo_cmd,
-    health_cmd,
-    image_cmd,
-    images_cmd,
-    local_cmd,
-    maintenance_cmd,
-    nodes_cmd,
-    policy_cmd,
-    provision_cmd,
-    sim_cmd,
-    slurm_cmd,
-    slurm_image_cmd,
-    status_cmd,
-    version_cmd,
-)
+from gpufleet.cli import version_cmd
 from gpufleet.cli.errors import Group
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One command of ``gpufleet``: ``module:attribute``, a Typer app (a group of
+    commands) or a function (one command)."""
+
+    module: str
+    attribute: str
+
+    def load(self, name: str) -> Command:
+        target = getattr(importlib.import_module(f"gpufleet.cli.{self.module}"), self.attribute)
+        if isinstance(target, typer.Typer):
+            command: Command = typer.main.get_group(target)
+        else:
+            single = typer.Typer()
+            single.command(name)(target)
+            command = typer.main.get_command(single)
+        command.name = name
+        return command
+
+
+COMMANDS: dict[str, Entry] = {
+    "policy": Entry("policy_cmd", "app"),
+    "slurm": Entry("slurm_cmd", "app"),
+    "syncer": Entry("slurm_cmd", "syncer_app"),
+    "sim": Entry("sim_cmd", "sim"),
+    "health": Entry("health_cmd", "app"),
+    "agent": Entry("agent_cmd", "app"),
+    "local": Entry("local_cmd", "app"),
+    "demo": Entry("demo_cmd", "demo"),
+    "status": Entry("status_cmd", "status"),
+    "controller": Entry("controller_cmd", "controller"),
+    "nodes": Entry("nodes_cmd", "nodes_table"),
+    "node": Entry("nodes_cmd", "node_app"),
+    "breaker": Entry("breaker_cmd", "app"),
+    "maintenance": Entry("maintenance_cmd", "app"),
+    "provision": Entry("provision_cmd", "app"),
+    "machines": Entry("provision_cmd", "machines_app"),
+    "cleanup": Entry("cleanup_cmd", "cleanup"),
+    "version": Entry("version_cmd", "version"),
+}
+"""Every top-level command, in the order ``gpufleet --help`` lists them."""
+
+
+class LazyGroup(Group):
+    """The root group, loading a command's module the first time it is asked for."""
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self.add_command(COMMANDS[cmd_name].load(cmd_name), cmd_name)
+        return self.commands.get(cmd_name)
+
+    def all_commands(self, ctx: Context) -> dict[str, Command]:
+        """Every command, loaded (for ``--help`` and the tests that walk the tree)."""
+        for name in self.list_commands(ctx):
+            self.get_command(ctx, name)
+        return dict(self.commands)
+
 
 app = typer.Typer(
     name="gpufleet",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    cls=Group,
+    cls=LazyGroup,
 )
 
 
@@ -69,29 +120,6 @@ def root(
     """
 
 
-app.add_typer(policy_cmd.app, name="policy")
-app.add_typer(slurm_cmd.app, name="slurm")
-app.add_typer(slurm_cmd.syncer_app, name="syncer")
-app.command("sim")(sim_cmd.sim)
-app.add_typer(health_cmd.app, name="health")
-app.add_typer(agent_cmd.app, name="agent")
-app.add_typer(local_cmd.app, name="local")
-local_cmd.app.add_typer(image_cmd.app, name="image")  # gpufleet local image ...
-local_cmd.app.add_typer(slurm_image_cmd.app, name="slurm-image")
-local_cmd.app.add_typer(images_cmd.app, name="images")  # gpufleet local images ...
-app.command("demo")(demo_cmd.demo)
-app.command("status")(status_cmd.status)
-app.command("controller")(controller_cmd.controller)
-app.command("nodes")(nodes_cmd.nodes_table)
-app.add_typer(nodes_cmd.node_app, name="node")
-app.add_typer(breaker_cmd.app, name="breaker")
-app.add_typer(maintenance_cmd.app, name="maintenance")
-app.add_typer(provision_cmd.app, name="provision")
-app.add_typer(provision_cmd.machines_app, name="machines")
-app.command("cleanup")(cleanup_cmd.cleanup)
-app.command("version")(version_cmd.version)
-
-
 def main() -> None:
     """Console-script entry point."""
     # kr8s 0.20 lists Kubernetes 1.28-1.35 and warns on newer servers; the calls we
@@ -100,6 +128,14 @@ def main() -> None:
         "ignore", message="Kubernetes version .* is not supported", category=UserWarning
     )
     app()
+
+
+def command_tree() -> Any:
+    """The root click group with every command loaded (tests and docs walk it)."""
+    root_group = typer.main.get_command(app)
+    assert isinstance(root_group, LazyGroup)
+    root_group.all_commands(Context(root_group))
+    return root_group
 
 
 if __name__ == "__main__":

@@ -747,7 +747,8 @@ def real_machine(ctx: Ctx) -> None:
     bmc = info.bmcs[name]
     tl.note(
         "demo",
-        f"{name}: a qemu VM (1 vCPU, {machine.memory_mib} MiB, no disk, MAC {machine.mac}); "
+        f"{name}: a qemu VM ({machine.cpus} vCPU, {machine.memory_mib} MiB, no disk, "
+        f"MAC {machine.mac}); "
         f"its console: {machine.console_log}",
         name,
     )

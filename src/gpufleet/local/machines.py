@@ -137,6 +137,7 @@ class MachineInfo:
     inject_url: str
     """The agent's fault-injection API inside the machine, from the host."""
     memory_mib: int
+    cpus: int = 1
 
     @property
     def console(self) -> Path:
@@ -203,6 +204,7 @@ def vm_entry(
     apiserver_port: int,
     inject_port: int,
     memory_mib: int,
+    cpus: int = 1,
     registry_port: int | None = None,
     bmc_ports: list[int] | tuple[int, ...] = (),
     host_ports: list[int] | tuple[int, ...] = (),
@@ -218,6 +220,7 @@ def vm_entry(
         "console_log": str(console_log(run_dir / "logs", name)),
         "state_dir": str(run_dir / "machines"),
         "memory_mib": memory_mib,
+        "cpus": cpus,
         "guest_ports": [
             provision_port,
             apiserver_port,

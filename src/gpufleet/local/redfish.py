@@ -751,6 +751,7 @@ def vm_from_config(entry: Json, system_uuid: str = "") -> Vm:
             console_log=Path(entry["console_log"]),
             state_dir=Path(entry["state_dir"]),
             memory_mib=int(entry.get("memory_mib", 1536)),
+            cpus=int(entry.get("cpus", 1)),
             serial=str(entry.get("serial", "")),
             forwards=tuple(Forward(int(h), int(g)) for h, g in entry.get("forwards", [])),
             guest_ports=tuple(int(p) for p in entry.get("guest_ports", [])),

@@ -1,6 +1,6 @@
 """A real machine of the local cluster: one qemu virtual machine, powered by its BMC.
 
-The machine has no disk and no state of its own: 1 vCPU, a little memory, one
+The machine has no disk and no state of its own: a vCPU or two, a little memory, one
 virtio NIC with a fixed MAC whose iPXE option ROM network-boots from
 ``gpufleet provision serve`` (qemu's built-in DHCP hands iPXE the boot URL, which
 names the MAC). Powering on starts a qemu process; powering off ends it; a
@@ -88,6 +88,9 @@ class VmSpec:
     state_dir: Path
     """QMP socket and qemu's own log."""
     memory_mib: int = 1536
+    cpus: int = 1
+    """vCPUs. Under software emulation each is a host thread (``thread=multi``): a second
+    one lets a busy machine use a host core another machine leaves idle."""
     serial: str = ""
     """SMBIOS system serial (``/sys/class/dmi/id/product_serial``); the BMC reports the same."""
     uuid: str = ""
@@ -135,7 +138,7 @@ def argv(spec: VmSpec, qemu: str = QEMU, socat: str = "socat") -> list[str]:
         "-cpu",
         "max" if spec.accel.startswith("tcg") else "host",
         "-smp",
-        "1",
+        str(spec.cpus),
         "-m",
         str(spec.memory_mib),
         "-nodefaults",

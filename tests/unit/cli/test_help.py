@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from typer.main import get_command
 from typer.testing import CliRunner
 
-from gpufleet.cli.main import app
+from gpufleet.cli.main import app, command_tree
 
 runner = CliRunner()
 
@@ -25,12 +26,30 @@ def _commands(cmd: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
         yield from _commands(sub, [*path, name])
 
 
-COMMANDS = [path for path, _ in _commands(get_command(app), [])]
+COMMANDS = [path for path, _ in _commands(command_tree(), [])]
 
 
 def test_every_command_is_found() -> None:
     assert ["nodes"] in COMMANDS and ["node", "return"] in COMMANDS and ["version"] in COMMANDS
     assert len(COMMANDS) > 30
+
+
+def test_a_command_loads_only_its_own_module() -> None:
+    """``gpufleet controller`` in a pod must not import the demo, the local cluster or
+    the health checks (seconds of start-up on an emulated core)."""
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from gpufleet.cli.main import app\n"
+        "r = CliRunner().invoke(app, ['controller', '--help'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('gpufleet.'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(done.stdout.split())
+    assert "gpufleet.cli.controller_cmd" in loaded
+    for heavy in ("gpufleet.demo.runner", "gpufleet.local.cluster", "gpufleet.health.checks"):
+        assert heavy not in loaded, f"gpufleet controller imports {heavy}"
 
 
 @pytest.mark.parametrize("path", COMMANDS, ids=" ".join)

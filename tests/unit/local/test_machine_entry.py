@@ -22,3 +22,18 @@ def test_the_host_ports_a_machine_may_reach_are_forwarded_and_no_others(tmp_path
     assert f"guestfwd=tcp:{vm.CLUSTER_ADDRESS}:1007-" in nic
     assert nic.count("guestfwd=") == 6
     assert "restrict=on" in nic
+
+
+def test_a_machine_gets_the_vcpus_its_entry_names(tmp_path: Path) -> None:
+    from gpufleet.local.redfish import vm_from_config
+
+    entry = machines.vm_entry(
+        name="vm-node-0000", mac="52:54:00:00:00:01", run_dir=tmp_path, provision_port=1001,
+        apiserver_port=1002, inject_port=1003, memory_mib=1024, cpus=2,
+    )  # fmt: skip
+    args = vm.argv(vm_from_config(entry).spec)
+    assert args[args.index("-smp") + 1] == "2"
+    assert args[args.index("-m") + 1] == "1024"
+    del entry["cpus"]  # an entry written before vCPUs were configurable: one
+    args = vm.argv(vm_from_config(entry).spec)
+    assert args[args.index("-smp") + 1] == "1"
