@@ -43,9 +43,65 @@ POLL_S = 1.0
 machines: a poll ten times a second (apiserver, etcd, the test) takes time from them."""
 
 
+class Consoles:
+    """The machines' serial consoles, read as they grow, for a guest kernel panic.
+
+    A machine whose kernel panics reboots, network-boots again and is refused a second join
+    token (it is disarmed after one): nothing that waits on it can succeed afterwards. So a
+    wait ends at once on a panic, with the panic's lines in its message, instead of running
+    out its timeout with a message that says only what did not happen.
+    """
+
+    PANIC = "Kernel panic - not syncing"
+    OOPS = "Oops: "
+    """The line that says what went wrong, some lines before the panic (kept for the message)."""
+
+    def __init__(self, consoles: dict[str, Path]) -> None:
+        self.consoles = consoles
+        self.offsets = dict.fromkeys(consoles, 0)
+        self.panics: list[str] = []
+        self.oops: dict[str, str] = {}
+
+    def check(self) -> None:
+        """Raise AssertionError naming every panic seen so far (once seen, always)."""
+        for name, path in self.consoles.items():
+            try:
+                with path.open("rb") as f:
+                    f.seek(self.offsets[name])
+                    new = f.read()
+            except OSError:
+                continue
+            cut = new.rfind(b"\n") + 1  # whole lines only; the rest is read next time
+            self.offsets[name] += cut
+            for line in new[:cut].decode(errors="replace").splitlines():
+                if self.OOPS in line:
+                    self.oops[name] = line.strip()[:160]
+                elif self.PANIC in line:
+                    self.panics.append(f"{name}: {self.oops.get(name, '')} {line.strip()[:120]}")
+        if self.panics:
+            raise AssertionError("a machine's kernel crashed: " + " | ".join(self.panics[:4]))
+
+
+_consoles: Consoles | None = None
+
+
+def watch_consoles(consoles: dict[str, Path] | None) -> None:
+    """Make every :func:`wait_for` end at once on a kernel panic on one of ``consoles``
+    (None: stop watching)."""
+    global _consoles
+    _consoles = Consoles(consoles) if consoles else None
+
+
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """:func:`waiting.wait_for`, polling every :data:`POLL_S` seconds."""
-    return waiting.wait_for(what, check, timeout, step=POLL_S)
+    """:func:`waiting.wait_for`, polling every :data:`POLL_S` seconds; a machine's kernel
+    panic (:func:`watch_consoles`) ends it at once."""
+
+    def checked() -> Any:
+        if _consoles is not None:
+            _consoles.check()
+        return check()
+
+    return waiting.wait_for(what, checked, timeout, step=POLL_S)
 
 
 class TokenWatch:

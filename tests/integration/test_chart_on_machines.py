@@ -75,6 +75,7 @@ from machines_harness import (
     signed_for,
     state,
     wait_for,
+    watch_consoles,
 )
 from test_slurm_chart import CHART, helm_binary
 
@@ -452,6 +453,7 @@ def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInf
         machines=2,
         machine_pools=("system",),
         machine_memory_mib=3072,
+        machine_cpus=2,
         images=True,
         machine_agent=False,
         slurm_accounting=True,
@@ -460,6 +462,7 @@ def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInf
     with processes.terminate_on_signals(), LocalCluster(spec) as info:
         api = Api(info)
         put_policy(api, POLICY, machine_policy())
+        watch_consoles({n: Path(info.machines[n].console_log) for n in (SYSTEM, GPU)})
         try:
             # Day 0 as an operator does it (`gpufleet machines power-on`), each token read
             # from its Secret before the Node's join spends it.
@@ -475,6 +478,7 @@ def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInf
             install(info, "install")
             yield info, api
         finally:
+            watch_consoles(None)
             print(failures(api))
             print(release_events(api))
             print(node_story(api, GPU))

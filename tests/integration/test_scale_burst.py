@@ -42,7 +42,12 @@ from controller_harness import (
 from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # Starting the 12,500 KWOK nodes counts against the first test: about three minutes
+    # here, past the suite's 5-minute default on a slower or busier machine (it was, once).
+    pytest.mark.timeout(900),
+]
 
 FLEET = int(os.environ.get("GPUFLEET_SCALE_TEST_NODES", "12500"))
 BUDGET = 20

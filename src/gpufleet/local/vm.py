@@ -43,6 +43,12 @@ QEMU = "qemu-system-x86_64"
 TCG = "tcg,thread=multi,tb-size=256"
 """Software emulation; the translation cache capped at 256 MiB (qemu's default, 1 GiB,
 made a 1536 MiB machine a 2.1 GiB process)."""
+TCG_CPU = "Nehalem"
+"""The emulated CPU: x86-64-v2 (SSE4.2, POPCNT, CMPXCHG16B; what Debian 13 and the wheels
+in the images need), and nothing newer. With ``-cpu max`` (5-level paging, protection keys,
+AVX2...) qemu 7.2's emulation crashed a machine's kernel under load: a double fault in
+``__kmalloc_cache_node`` with a garbage EFLAGS, while the kubelet started pods (decision
+0136)."""
 CLUSTER_ADDRESS = "10.0.2.100"
 """Where a machine reaches the local cluster: each allowed host port is forwarded
 from this guest-side address to the same port on the host's 127.0.0.1 (one
@@ -136,7 +142,7 @@ def argv(spec: VmSpec, qemu: str = QEMU, socat: str = "socat") -> list[str]:
         "-accel",
         spec.accel,
         "-cpu",
-        "max" if spec.accel.startswith("tcg") else "host",
+        TCG_CPU if spec.accel.startswith("tcg") else "host",
         "-smp",
         str(spec.cpus),
         "-m",
