@@ -136,8 +136,8 @@ def up(
         "--machine-cpus",
         min=1,
         max=4,
-        help="vCPUs per machine. Emulated cores are slow: 2 let a machine starting many pods "
-        "use a host core another machine leaves idle.",
+        help="vCPUs per machine, each a host thread under emulation: more only help on a host "
+        "with more cores than busy machines (decision 0136).",
     ),
     images: bool = typer.Option(
         False,
@@ -189,7 +189,7 @@ def up(
     machines, a system machine for the controller, the agent left to the chart:
 
         gpufleet local up --nodes 1 --no-slurm --machines 2 --machine-pools system \\
-            --machine-memory 2560 --machine-cpus 2 --images --no-machine-agent
+            --machine-memory 2560 --images --no-machine-agent
     """
     spec = local_cluster.ClusterSpec(
         nodes=nodes,
