@@ -453,6 +453,7 @@ def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInf
         machines=2,
         machine_pools=("system",),
         machine_memory_mib=3072,
+        machine_cpus=(2,),  # the system machine: seven pods, four of them Python
         images=True,
         machine_agent=False,
         slurm_accounting=True,

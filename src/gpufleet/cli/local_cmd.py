@@ -131,13 +131,12 @@ def up(
     machine_memory: int = typer.Option(
         1536, "--machine-memory", min=512, max=4096, help="MiB of memory per machine."
     ),
-    machine_cpus: int = typer.Option(
-        1,
+    machine_cpus: str = typer.Option(
+        "",
         "--machine-cpus",
-        min=1,
-        max=4,
-        help="vCPUs per machine, each a host thread under emulation: more only help on a host "
-        "with more cores than busy machines (decision 0136).",
+        help="Comma-separated vCPUs of each machine in order, 1-4 (the rest: 1), e.g. 2: the "
+        "first (a system node starting many pods) gets two. Each is a host thread under "
+        "emulation (decision 0136).",
     ),
     images: bool = typer.Option(
         False,
@@ -189,7 +188,7 @@ def up(
     machines, a system machine for the controller, the agent left to the chart:
 
         gpufleet local up --nodes 1 --no-slurm --machines 2 --machine-pools system \\
-            --machine-memory 2560 --images --no-machine-agent
+            --machine-memory 3072 --machine-cpus 2 --images --no-machine-agent
     """
     spec = local_cluster.ClusterSpec(
         nodes=nodes,
@@ -201,7 +200,7 @@ def up(
         redfish=not no_bmcs,
         machines=machines,
         machine_memory_mib=machine_memory,
-        machine_cpus=machine_cpus,
+        machine_cpus=_machine_cpus(machine_cpus),
         node_image=node_image,
         images=images,
         machine_agent=not no_machine_agent,
@@ -303,6 +302,18 @@ def down(
     console.print(
         f"stopped the local cluster in {path} in {time.monotonic() - started:.1f} s{extra}"
     )
+
+
+
+def _machine_cpus(text: str) -> tuple[int, ...]:
+    """``--machine-cpus 2,1`` -> (2, 1); a bad value is a usage error naming it."""
+    try:
+        cpus = tuple(int(part) for part in filter(None, (p.strip() for p in text.split(","))))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: expected numbers, e.g. 2,1") from None
+    if any(not 1 <= n <= 4 for n in cpus):
+        raise typer.BadParameter(f"{text!r}: each machine gets 1 to 4 vCPUs")
+    return cpus
 
 
 # The image builders are groups under ``gpufleet local``; imported here, at the end,

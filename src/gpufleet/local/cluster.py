@@ -92,8 +92,10 @@ class ClusterSpec:
     """Real machines (qemu VMs that network-boot and join with kubeadm) beside the KWOK
     nodes: :mod:`gpufleet.local.machines`. 0 leaves the cluster as it always was."""
     machine_memory_mib: int = 1536
-    machine_cpus: int = 1
-    """vCPUs per machine (1 to 4): each an emulated core on a host thread."""
+    machine_cpus: tuple[int, ...] = ()
+    """vCPUs of each machine in order (1 to 4 each; machines past the end get 1). Under
+    emulation each vCPU is a host thread: ``(2,)`` lets a system machine that starts many
+    pods use the host core a GPU machine leaves idle (decision 0136)."""
     node_image: Path | None = None
     """The boot directory (``vmlinuz``, ``initrd.img``, ``rootfs.squashfs``) the
     machines boot; default: the node image cache entry of this checkout."""
@@ -470,7 +472,7 @@ class LocalCluster:
             raise ComponentError(
                 "machines", None, f"machine memory {spec.machine_memory_mib} MiB: 512 to 4096"
             )
-        if not 1 <= spec.machine_cpus <= 4:
+        if any(not 1 <= cpus <= 4 for cpus in spec.machine_cpus):
             raise ComponentError("machines", None, f"machine vCPUs {spec.machine_cpus}: 1 to 4")
         if vm.qemu_binary() is None:
             raise ComponentError(
@@ -503,7 +505,7 @@ class LocalCluster:
                 apiserver_port=kl.apiserver_port,
                 inject_port=inject_port,
                 memory_mib=spec.machine_memory_mib,
-                cpus=spec.machine_cpus,
+                cpus=machines.cpus_of(spec.machine_cpus, i),
                 registry_port=registry_port if spec.images else None,
                 bmc_ports=bmc_ports,
                 host_ports=host_ports,
@@ -517,7 +519,7 @@ class LocalCluster:
                 console_log=str(machines.console_log(run_dir / "logs", name)),
                 inject_url=f"http://127.0.0.1:{inject_port}",
                 memory_mib=spec.machine_memory_mib,
-                cpus=spec.machine_cpus,
+                cpus=machines.cpus_of(spec.machine_cpus, i),
             )
         self.info.provision_url = f"http://127.0.0.1:{provision_port}"
         return entries

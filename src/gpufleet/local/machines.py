@@ -233,6 +233,11 @@ def vm_entry(
     }
 
 
+def cpus_of(cpus: tuple[int, ...], index: int) -> int:
+    """The vCPUs of machine ``index``: ``cpus[index]``, else 1."""
+    return cpus[index] if index < len(cpus) else 1
+
+
 def pool_of(pools: tuple[str, ...], index: int) -> str:
     """The pool of machine ``index``: ``pools[index]``, else :data:`POOL`."""
     return pools[index] if index < len(pools) else POOL
