@@ -115,6 +115,11 @@ def kubelet_configuration() -> str:
             # for pressure the emulation itself causes.
             "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%"},
             "failSwapOn": False,
+            # Image pulls side by side, not one after another: a pull is CPU work (unpacking
+            # thousands of files) under emulation, and a machine with two vCPUs unpacks the
+            # Slurm and gpufleet images at once (decision 0136).
+            "serializeImagePulls": False,
+            "maxParallelImagePulls": 3,
         },
         sort_keys=False,
     )
