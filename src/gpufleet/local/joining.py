@@ -120,6 +120,10 @@ def kubelet_configuration() -> str:
             # Slurm and gpufleet images at once (decision 0136).
             "serializeImagePulls": False,
             "maxParallelImagePulls": 3,
+            # containerd's answers, not 2 minutes: an emulated machine starting seven pods
+            # took longer to create a container, the kubelet gave up ("context deadline
+            # exceeded"), retried, and each retry loaded the machine further.
+            "runtimeRequestTimeout": "10m",
         },
         sort_keys=False,
     )
