@@ -48,8 +48,8 @@ TCG_CPU = "max,la57=off,pku=off"
 With plain ``max`` the guest kernel runs 5-level page tables, a path few guests take, and
 qemu 7.2 crashed a machine's kernel under load: a double fault in ``__kmalloc_cache_node``
 with a garbage EFLAGS in its frame, while the kubelet started pods. A Nehalem-class CPU
-(x86-64-v2 only) pulled the gpufleet image in 9 min 52 s where ``max`` took 6 to 8: the
-newer instructions are cheaper to emulate than the code paths without them (decision 0136)."""
+(x86-64-v2 only, tried with two vCPUs per machine) pulled the gpufleet image in 9 min 52 s
+where ``max`` took 6 to 8 (decision 0136)."""
 CLUSTER_ADDRESS = "10.0.2.100"
 """Where a machine reaches the local cluster: each allowed host port is forwarded
 from this guest-side address to the same port on the host's 127.0.0.1 (one
