@@ -304,7 +304,6 @@ def down(
     )
 
 
-
 def _machine_cpus(text: str) -> tuple[int, ...]:
     """``--machine-cpus 2,1`` -> (2, 1); a bad value is a usage error naming it."""
     try:
