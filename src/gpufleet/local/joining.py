@@ -115,14 +115,10 @@ def kubelet_configuration() -> str:
             # for pressure the emulation itself causes.
             "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%"},
             "failSwapOn": False,
-            # Image pulls side by side, not one after another: a pull is CPU work (unpacking
-            # thousands of files) under emulation, and a machine with two vCPUs unpacks the
-            # Slurm and gpufleet images at once (decision 0136).
-            "serializeImagePulls": False,
-            "maxParallelImagePulls": 3,
             # containerd's answers, not 2 minutes: an emulated machine starting seven pods
             # took longer to create a container, the kubelet gave up ("context deadline
-            # exceeded"), retried, and each retry loaded the machine further.
+            # exceeded"), retried, and each retry loaded the machine further (decision 0136).
+            # Pulls stay one at a time: side by side, the system machine's took longer.
             "runtimeRequestTimeout": "10m",
         },
         sort_keys=False,
