@@ -107,7 +107,7 @@ install -m 0644 "$pause_tar" "$root/usr/lib/gpufleet/pause.tar"
 install -m 0644 "$netcheck_tar" "$root/usr/lib/gpufleet/netcheck.tar"
 cp -a "$here/files/." "$root/"
 chroot "$root" systemctl enable --quiet systemd-networkd.service systemd-resolved.service \
-  containerd.service kubelet.service var-lib-containerd.mount gpufleet-pause-image.service \
+  containerd.service kubelet.service gpufleet-containerd-root.service gpufleet-pause-image.service \
   gpufleet-pod-network.path gpufleet-agent-install.service gpufleet-agent.service \
   gpufleet-fabric.service
 # No interactive first-boot questions on a serial console with nobody behind it.

@@ -71,7 +71,7 @@ def test_the_units_are_enabled_where_the_boot_needs_them(listing: set[str]) -> N
                                     "gpufleet-pause-image.service", "gpufleet-pod-network.path",
                                     "gpufleet-fabric.service"],
         "cloud-init.target.wants": ["gpufleet-agent.service", "gpufleet-agent-install.service"],
-        "local-fs.target.wants": ["var-lib-containerd.mount"],
+        "containerd.service.requires": ["gpufleet-containerd-root.service"],
     }  # fmt: skip
     for target, units in wants.items():
         for unit in units:
@@ -79,6 +79,7 @@ def test_the_units_are_enabled_where_the_boot_needs_them(listing: set[str]) -> N
     for path in (
         "usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf",
         "usr/lib/gpufleet/install-agent",
+        "usr/lib/gpufleet/containerd-root",
         "etc/cloud/cloud.cfg.d/90-gpufleet.cfg",
         "usr/lib/gpufleet/pod-network",
         "usr/lib/gpufleet/fabric",

@@ -150,6 +150,12 @@ def up(
         help="Comma-separated pool of each machine in order (the rest: machines), e.g. "
         "system,machines: the first is a system node for the chart's controller.",
     ),
+    no_image_seed: bool = typer.Option(
+        False,
+        "--no-image-seed",
+        help="With --images: boot the machines without the image seed disk, so they pull "
+        "every layer from the registry (minutes per machine under emulation; decision 0137).",
+    ),
     no_machine_agent: bool = typer.Option(
         False,
         "--no-machine-agent",
@@ -203,6 +209,8 @@ def up(
         machine_cpus=_machine_cpus(machine_cpus),
         node_image=node_image,
         images=images,
+        image_seed=not no_image_seed,
+        machine_pools=_machine_pools(machine_pools),
         machine_agent=not no_machine_agent,
     )
     cluster = local_cluster.LocalCluster(spec, progress=lambda msg: console.print(f"  {msg}"))
@@ -302,6 +310,21 @@ def down(
     console.print(
         f"stopped the local cluster in {path} in {time.monotonic() - started:.1f} s{extra}"
     )
+
+
+def _machine_pools(text: str) -> tuple[str, ...]:
+    """``--machine-pools system,machines`` -> ("system", "machines"); a name that is not a
+    label value is a usage error naming it."""
+    import re
+
+    pools = tuple(part.strip() for part in text.split(",") if part.strip())
+    for pool in pools:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", pool):
+            raise typer.BadParameter(
+                f"{pool!r} is not a pool name (lower-case letters, digits, '-')",
+                param_hint="--machine-pools",
+            )
+    return pools
 
 
 def _machine_cpus(text: str) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import threading
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -49,6 +50,9 @@ from gpufleet.local import (
 from gpufleet.local.binaries import Binaries
 from gpufleet.local.machines import MachineInfo
 from gpufleet.local.processes import ComponentError, ManagedProcess, ProcessRecord
+
+if TYPE_CHECKING:
+    from gpufleet.local.images import ImageSet
 
 STATE_FILE = "cluster.json"
 TEMP_PREFIX = "gpufleet-local-"
@@ -119,6 +123,11 @@ class ClusterSpec:
     machine_agent: bool = True
     """Run the agent on each machine as a host service installed from the wheel; False
     when the chart's agent DaemonSet runs it instead."""
+    image_seed: bool = True
+    """With ``images``: every machine boots with the image seed disk
+    (:mod:`gpufleet.local.image_seed`: the Slurm and CoreDNS images and all but the top
+    layer of the gpufleet image already unpacked), so a pull fetches only the project's
+    layer. False: the machines pull every layer from the registry."""
 
     def node_names(self) -> tuple[str, ...]:
         return tuple(f"{self.node_prefix}{i:04d}" for i in range(self.nodes))
@@ -272,6 +281,7 @@ class LocalCluster:
         self._owns_run_dir = spec.run_dir is None
         self._boot_dir = Path()
         self._images_layout = Path()
+        self._seed_disk: Path | None = None
 
     # -- helpers -------------------------------------------------------------
 
@@ -511,6 +521,7 @@ class LocalCluster:
                 host_ports=host_ports,
                 fabric=run_dir / "fabric" if spec.images else None,
                 fabric_mac=machines.fabric_mac_of(i),
+                seed_disk=self._seed_disk,
             )
             self.info.machines[name] = MachineInfo(
                 name=name,
@@ -611,12 +622,38 @@ class LocalCluster:
         except images.ImageError as exc:
             raise ComponentError("registry", None, str(exc)) from exc
         self._images_layout = built.layout
+        if self.spec.image_seed:
+            self._seed_disk = self._build_seed(built)
         self.info.images = {
             "gpufleet": built.gpufleet,
             "slurm": built.slurm,
             "coredns": built.coredns,
         }
         self.info.registry_url = f"http://127.0.0.1:{registry_port}"
+
+    def _build_seed(self, built: ImageSet) -> Path:
+        """The machines' image seed disk, hard-linked into the run directory (a rebuild that
+        prunes the cache does not take it from under a running cluster)."""
+        from gpufleet.local import image_seed
+
+        try:
+            seed = image_seed.build(
+                built.layout,
+                self._boot_dir,
+                trimmed={built.gpufleet},
+                progress=lambda line: self._progress(f"images: {line}"),
+            )
+        except image_seed.SeedError as exc:
+            raise ComponentError("registry", None, str(exc)) from exc
+        assert self.info is not None
+        disk = self.info.run_dir / "machines" / image_seed.DISK
+        disk.parent.mkdir(parents=True, exist_ok=True)
+        if not disk.exists():
+            try:
+                os.link(seed.disk, disk)
+            except OSError:
+                shutil.copyfile(seed.disk, disk)
+        return disk
 
     def _start_registry(self, run_dir: Path) -> tuple[tuple[str, str], ...]:
         """The machines' registry, serving this cluster's copy of the images; returns the

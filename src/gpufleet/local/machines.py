@@ -210,6 +210,7 @@ def vm_entry(
     host_ports: list[int] | tuple[int, ...] = (),
     fabric: Path | None = None,
     fabric_mac: str = "",
+    seed_disk: Path | None = None,
 ) -> Json:
     """The ``vm`` object of the machine's BMC entry in the Redfish emulator's config."""
     return {
@@ -230,6 +231,7 @@ def vm_entry(
         ],
         "forwards": [[inject_port, AGENT_INJECT_PORT]],
         **({"fabric_socket": str(fabric), "fabric_mac": fabric_mac} if fabric else {}),
+        **({"seed_disk": str(seed_disk)} if seed_disk is not None else {}),
     }
 
 

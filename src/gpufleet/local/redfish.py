@@ -757,6 +757,7 @@ def vm_from_config(entry: Json, system_uuid: str = "") -> Vm:
             guest_ports=tuple(int(p) for p in entry.get("guest_ports", [])),
             fabric_socket=Path(entry["fabric_socket"]) if entry.get("fabric_socket") else None,
             fabric_mac=str(entry.get("fabric_mac", "")),
+            seed_disk=Path(entry["seed_disk"]) if entry.get("seed_disk") else None,
             uuid=system_uuid,
             **({"accel": str(entry["accel"])} if entry.get("accel") else {}),
         )

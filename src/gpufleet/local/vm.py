@@ -1,6 +1,6 @@
 """A real machine of the local cluster: one qemu virtual machine, powered by its BMC.
 
-The machine has no disk and no state of its own: a vCPU or two, a little memory, one
+The machine has no state of its own (at most a read-only image seed disk): a vCPU or two, a little memory, one
 virtio NIC with a fixed MAC whose iPXE option ROM network-boots from
 ``gpufleet provision serve`` (qemu's built-in DHCP hands iPXE the boot URL, which
 names the MAC). Powering on starts a qemu process; powering off ends it; a
@@ -110,6 +110,9 @@ class VmSpec:
     """The cluster fabric's switch (``vde_switch`` control directory): a second NIC on it
     carries node and pod traffic between machines; None: no second NIC."""
     fabric_mac: str = ""
+    seed_disk: Path | None = None
+    """The image seed disk (:mod:`gpufleet.local.image_seed`), attached read-only: every
+    machine shares the one file and writes nothing to it; None: no disk."""
     accel: str = field(default_factory=accelerator)
 
     @property
@@ -172,6 +175,11 @@ def argv(spec: VmSpec, qemu: str = QEMU, socat: str = "socat") -> list[str]:
                 f"virtio-net-pci,netdev=fabric,mac={spec.fabric_mac}",
             ]
             if spec.fabric_socket is not None
+            else []
+        ),
+        *(
+            ["-drive", f"file={spec.seed_disk},if=virtio,format=raw,readonly=on"]
+            if spec.seed_disk is not None
             else []
         ),
         "-device",

@@ -52,3 +52,15 @@ def test_no_database_line_when_slurmdbd_runs_on_the_host(
     out = capsys.readouterr().out
     assert "with accounting (slurmdbd, MariaDB: sacct)" in out
     assert "10.0.2.100" not in out
+
+
+def test_machine_pools_and_vcpus_are_parsed_and_a_bad_one_is_named() -> None:
+    import typer
+
+    assert local_cmd._machine_pools("system, machines") == ("system", "machines")
+    assert local_cmd._machine_pools("") == ()
+    with pytest.raises(typer.BadParameter, match="'Sys_tem' is not a pool name"):
+        local_cmd._machine_pools("Sys_tem")
+    assert local_cmd._machine_cpus("2,1") == (2, 1)
+    with pytest.raises(typer.BadParameter, match="1 to 4"):
+        local_cmd._machine_cpus("8")

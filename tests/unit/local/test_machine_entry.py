@@ -37,3 +37,20 @@ def test_a_machine_gets_the_vcpus_its_entry_names(tmp_path: Path) -> None:
     del entry["cpus"]  # an entry written before vCPUs were configurable: one
     args = vm.argv(vm_from_config(entry).spec)
     assert args[args.index("-smp") + 1] == "1"
+
+
+def test_the_seed_disk_is_attached_read_only_and_only_when_named(tmp_path: Path) -> None:
+    from gpufleet.local.redfish import vm_from_config
+
+    entry = machines.vm_entry(
+        name="vm-node-0000", mac="52:54:00:00:00:01", run_dir=tmp_path, provision_port=1001,
+        apiserver_port=1002, inject_port=1003, memory_mib=1024,
+        seed_disk=tmp_path / "seed.ext4",
+    )  # fmt: skip
+    args = vm.argv(vm_from_config(entry).spec)
+    drive = args[args.index("-drive") + 1]
+    assert drive.startswith(f"file={tmp_path / 'seed.ext4'},")
+    assert "readonly=on" in drive.split(",")
+    assert args[args.index("-boot") + 1] == "order=n,strict=on"  # it still network-boots
+    del entry["seed_disk"]
+    assert "-drive" not in vm.argv(vm_from_config(entry).spec)
