@@ -337,8 +337,11 @@ def _joinable_controller_flags(layout: KubeLayout) -> tuple[list[str], str]:
         f"--cluster-signing-cert-file={p.ca_cert}",
         f"--cluster-signing-key-file={p.ca_key}",
         # A machine that was power-cycled must read NotReady before it boots again:
-        # kubeadm join refuses a name whose Node is still Ready (default grace: 50 s).
-        "--node-monitor-grace-period=20s",
+        # kubeadm join refuses a name whose Node is still Ready. A boot under emulation
+        # takes minutes, so a minute of grace is soon enough, and a kubelet on a loaded
+        # emulated machine (its status every 10 s) is not read NotReady for a late update
+        # (with 20 s the system machine flapped under the chart's start-up).
+        "--node-monitor-grace-period=60s",
         "--allocate-node-cidrs=true",
         f"--cluster-cidr={POD_SUBNET}",
         f"--node-cidr-mask-size={NODE_POD_MASK}",

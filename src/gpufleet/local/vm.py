@@ -1,7 +1,7 @@
 """A real machine of the local cluster: one qemu virtual machine, powered by its BMC.
 
-The machine has no state of its own (at most a read-only image seed disk): a vCPU or two, a little memory, one
-virtio NIC with a fixed MAC whose iPXE option ROM network-boots from
+The machine has no state of its own (at most a read-only image seed disk): a vCPU or
+two, a little memory, one virtio NIC with a fixed MAC whose iPXE option ROM network-boots from
 ``gpufleet provision serve`` (qemu's built-in DHCP hands iPXE the boot URL, which
 names the MAC). Powering on starts a qemu process; powering off ends it; a
 forced restart is a ``system_reset`` over QMP (the firmware runs again, RAM is
