@@ -161,7 +161,7 @@ def test_the_qemu_command_line_isolates_the_machine(tmp_path: Path) -> None:
     assert "guestfwd=tcp:10.0.2.100:6443-cmd:socat - TCP:127.0.0.1:6443" in nic
     assert "hostfwd=tcp:127.0.0.1:40001-:9401" in nic
     assert "bootfile=http://10.0.2.100:8080/ipxe?mac=52:54:00:67:00:00" in nic
-    assert argv[argv.index("-accel") + 1] == "tcg,thread=multi,tb-size=256"
+    assert argv[argv.index("-accel") + 1] == "tcg,thread=multi,tb-size=512"  # 1536 MiB / 3
     assert argv[argv.index("-smp") + 1] == "1" and argv[argv.index("-m") + 1] == "1536"
     assert argv[argv.index("-smbios") + 1] == "type=1,serial=SN-vm-node-0000"
     # The kubelet's systemUUID and the BMC's UUID name the same machine (decision 0073).

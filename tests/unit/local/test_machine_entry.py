@@ -54,3 +54,23 @@ def test_the_seed_disk_is_attached_read_only_and_only_when_named(tmp_path: Path)
     assert args[args.index("-boot") + 1] == "order=n,strict=on"  # it still network-boots
     del entry["seed_disk"]
     assert "-drive" not in vm.argv(vm_from_config(entry).spec)
+
+
+def test_the_translation_cache_grows_with_the_machine_unless_the_accelerator_names_one(
+    tmp_path: Path,
+) -> None:
+    def spec(memory: int, accel: str) -> vm.VmSpec:
+        return vm.VmSpec(
+            name="m", mac="52:54:00:00:00:01", boot_url="http://x/ipxe",
+            console_log=tmp_path / "c.log", state_dir=tmp_path, memory_mib=memory, accel=accel,
+        )  # fmt: skip
+
+    def accel_of(s: vm.VmSpec) -> str:
+        args = vm.argv(s)
+        return args[args.index("-accel") + 1]
+
+    assert accel_of(spec(3072, vm.TCG)) == f"{vm.TCG},tb-size=1024"
+    assert accel_of(spec(1536, vm.TCG)) == f"{vm.TCG},tb-size=512"
+    assert accel_of(spec(512, vm.TCG)) == f"{vm.TCG},tb-size=256"
+    assert accel_of(spec(3072, "tcg,tb-size=64")) == "tcg,tb-size=64"
+    assert accel_of(spec(3072, "kvm")) == "kvm"
