@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import secrets
-import shutil
 import sys
 import tempfile
 import threading
@@ -634,7 +633,7 @@ class LocalCluster:
     def _build_seed(self, built: ImageSet) -> Path:
         """The machines' image seed disk, hard-linked into the run directory (a rebuild that
         prunes the cache does not take it from under a running cluster)."""
-        from gpufleet.local import image_seed
+        from gpufleet.local import image_seed, images
 
         try:
             seed = image_seed.build(
@@ -648,11 +647,7 @@ class LocalCluster:
         assert self.info is not None
         disk = self.info.run_dir / "machines" / image_seed.DISK
         disk.parent.mkdir(parents=True, exist_ok=True)
-        if not disk.exists():
-            try:
-                os.link(seed.disk, disk)
-            except OSError:
-                shutil.copyfile(seed.disk, disk)
+        images.link_or_copy(seed.disk, disk)
         return disk
 
     def _start_registry(self, run_dir: Path) -> tuple[tuple[str, str], ...]:

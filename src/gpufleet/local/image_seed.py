@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.local import node_image, oci
+from gpufleet.local import images as oci_images
+from gpufleet.local import node_image
 
 LABEL = "gpufleet-seed"
 """The seed filesystem's label: the node image's boot script looks for it."""
@@ -75,7 +76,6 @@ class Seed:
     key: str
     images: tuple[str, ...]
     built: bool
-    seconds: float
 
 
 def cache_root() -> Path:
@@ -91,13 +91,9 @@ def plan(layout: Path, trimmed: Collection[str]) -> list[SeedImage]:
     """The images of OCI layout ``layout`` as the seed holds them: each image whose
     reference is in ``trimmed`` without its top layer and named ``<repository>-base:<tag>``
     (the tag a hash of its layers), every other image whole."""
-    index = json.loads((layout / "index.json").read_text())
     out: list[SeedImage] = []
-    for entry in index.get("manifests") or []:
-        reference = (entry.get("annotations") or {}).get("io.containerd.image.name")
-        if not reference:
-            continue
-        manifest = json.loads(_blob(layout, entry["digest"]))
+    for reference, digest in oci_images.layout_images(layout).items():
+        manifest = json.loads(_blob(layout, digest))
         image_config = json.loads(_blob(layout, manifest["config"]["digest"]))
         layers = tuple((str(d["digest"]), int(d["size"])) for d in manifest["layers"])
         if reference in trimmed:
@@ -142,7 +138,7 @@ def find(key: str, root: Path | None = None) -> Seed | None:
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return Seed(directory / DISK, key, tuple(meta["images"]), built=False, seconds=0.0)
+    return Seed(directory / DISK, key, tuple(meta["images"]), built=False)
 
 
 def build(
@@ -159,7 +155,8 @@ def build(
     images = plan(layout, trimmed)
     if not images:
         raise SeedError(f"{layout}: no image to seed")
-    key = key_of(images, containerd_version(node))
+    containerd = containerd_version(node)
+    key = key_of(images, containerd)
     root = root or cache_root()
     if (found := find(key, root)) is not None:
         return found
@@ -178,7 +175,7 @@ def build(
             meta = {
                 "key": key,
                 "images": [i.reference for i in images],
-                "containerd": containerd_version(node),
+                "containerd": containerd,
                 "bytes": size,
                 "seconds": round(time.monotonic() - start, 1),
             }
@@ -191,7 +188,7 @@ def build(
     seed = find(key, root)
     assert seed is not None
     progress(f"image seed {key}: {size // 2**20} MiB in {time.monotonic() - start:.0f} s")
-    return Seed(seed.disk, key, seed.images, built=True, seconds=time.monotonic() - start)
+    return Seed(seed.disk, key, seed.images, built=True)
 
 
 def _check_host() -> None:
@@ -208,25 +205,10 @@ def _check_host() -> None:
 def write_layout(images: list[SeedImage], source: Path, out: Path) -> None:
     """An OCI image layout at ``out`` naming ``images``; layer blobs hard-linked from
     layout ``source``, configs and manifests written anew."""
-    blobs = out / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-    manifests = []
-    for image in images:
-        for digest, _ in image.layers:
-            name = digest.removeprefix("sha256:")
-            if not (blobs / name).exists():
-                src = source / "blobs" / "sha256" / name
-                try:
-                    os.link(src, blobs / name)
-                except OSError:
-                    shutil.copyfile(src, blobs / name)
-        made = oci.image_blobs(image.config, list(image.layers))
-        for blob in made.blobs:
-            (blobs / blob.digest.removeprefix("sha256:")).write_bytes(blob.data)
-        manifests.append(oci.index_entry(made.manifest, image.reference))
-    (out / "oci-layout").write_bytes(oci.dumps({"imageLayoutVersion": "1.0.0"}))
-    (out / "index.json").write_bytes(
-        oci.dumps({"schemaVersion": 2, "mediaType": oci.INDEX_TYPE, "manifests": manifests})
+    oci_images.write_layout(
+        out,
+        [(i.reference, i.layers, i.config) for i in images],
+        lambda digest: source / "blobs" / "sha256" / digest.removeprefix("sha256:"),
     )
 
 

@@ -39,7 +39,7 @@ import stat
 import subprocess
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -477,7 +477,8 @@ def gpufleet_config(version: str) -> dict[str, Any]:
     }
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` a hard link of ``src`` (a copy across filesystems); kept when it exists."""
     if dst.exists():
         return
     try:
@@ -486,24 +487,43 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def _write_store(store: Path, images: dict[str, tuple[list[Layer], dict[str, Any]]]) -> None:
-    """An OCI image layout at ``store`` naming every image of ``images``."""
-    staging = store.with_name(f".{store.name}-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    blobs = staging / "blobs" / "sha256"
+LayoutImage = tuple[str, Sequence[tuple[str, int]], dict[str, Any]]
+"""An image to write into a layout: its reference, its layers (digest, size; bottom
+first) and its config's ``config`` object."""
+
+
+def write_layout(
+    out: Path, images: Sequence[LayoutImage], layer_file: Callable[[str], Path]
+) -> None:
+    """An OCI image layout at ``out`` naming ``images``: each layer blob a hard link of
+    ``layer_file(digest)``, configs and manifests written here."""
+    blobs = out / "blobs" / "sha256"
     blobs.mkdir(parents=True)
     manifests = []
-    for reference, (layers, config) in images.items():
-        for layer in layers:
-            _link_or_copy(layer.tar, blobs / layer.digest.removeprefix("sha256:"))
-        blob_list = oci.image_blobs(config, [(layer.digest, layer.size) for layer in layers])
+    for reference, layers, config in images:
+        for digest, _ in layers:
+            link_or_copy(layer_file(digest), blobs / digest.removeprefix("sha256:"))
+        blob_list = oci.image_blobs(config, list(layers))
         for blob in blob_list.blobs:
             (blobs / blob.digest.removeprefix("sha256:")).write_bytes(blob.data)
         manifests.append(oci.index_entry(blob_list.manifest, reference))
-    (staging / "oci-layout").write_bytes(oci.dumps({"imageLayoutVersion": "1.0.0"}))
-    (staging / "index.json").write_bytes(
+    (out / "oci-layout").write_bytes(oci.dumps({"imageLayoutVersion": "1.0.0"}))
+    (out / "index.json").write_bytes(
         oci.dumps({"schemaVersion": 2, "mediaType": oci.INDEX_TYPE, "manifests": manifests})
     )
+
+
+def _write_store(store: Path, images: dict[str, tuple[list[Layer], dict[str, Any]]]) -> None:
+    """An OCI image layout at ``store`` naming every image of ``images``, in place at once."""
+    staging = store.with_name(f".{store.name}-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    tars = {layer.digest: layer.tar for layers, _ in images.values() for layer in layers}
+    write_layout(
+        staging,
+        [(ref, [(la.digest, la.size) for la in layers], config)
+         for ref, (layers, config) in images.items()],
+        tars.__getitem__,
+    )  # fmt: skip
     node_image.publish(staging, store)
 
 
@@ -522,6 +542,6 @@ def link_layout(src: Path, dst: Path) -> None:
     a rebuild that prunes the cache does not pull images from under a running cluster)."""
     (dst / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
     for blob in (src / "blobs" / "sha256").iterdir():
-        _link_or_copy(blob, dst / "blobs" / "sha256" / blob.name)
+        link_or_copy(blob, dst / "blobs" / "sha256" / blob.name)
     for name in ("oci-layout", "index.json"):
         shutil.copyfile(src / name, dst / name)
