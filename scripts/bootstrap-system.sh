@@ -23,12 +23,15 @@ start=$(date +%s)
 # forwarded connection) run the local cluster's real machines (--machines);
 # debootstrap and squashfs-tools build the image they boot; vde2 (vde_switch)
 # links their second NICs, the pod network between machines (--images);
-# e2fsprogs (mkfs.ext4 -d) writes their image seed disk.
+# e2fsprogs (mkfs.ext4 -d) writes their image seed disk. runc, iptables and
+# conntrack run the host node (--host-node: the node image's kubelet, containerd
+# and kube-proxy on this host; its runc needs a newer glibc than Debian 12's).
 # mariadb-server is the database of Slurm accounting (--slurm-accounting): each
 # cluster runs its own instance; the packaged service is never started.
 packages=(munge slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin
           time openssl procps ca-certificates qemu-system-x86 ipxe-qemu socat
-          debootstrap squashfs-tools e2fsprogs vde2 mariadb-server)
+          debootstrap squashfs-tools e2fsprogs vde2 mariadb-server
+          runc iptables conntrack)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -270,3 +270,38 @@ def serve_behind_a_service(api: Api, name: str, node: str, **spec: Any) -> None:
 def pod_phase(api: Api, name: str, *phases: str) -> dict[str, Any] | None:
     pod: dict[str, Any] = api.get(f"/api/v1/namespaces/default/pods/{name}")
     return pod if pod.get("status", {}).get("phase") in phases else None
+
+
+def assert_reached_by_name(
+    api: Api, prefix: str, server_node: str, client_node: str, timeout: float
+) -> dict[str, Any]:
+    """A netcheck server pod on ``server_node`` behind a Service; a client pod on
+    ``client_node`` gets it by the Service's DNS name (CoreDNS, kube-proxy, the pod network
+    between the nodes) and the API's ``/livez`` through the ``kubernetes`` Service. Both
+    pods and the Service are deleted after; returns the server pod as it ran."""
+    server, client = f"{prefix}-server", f"{prefix}-client"
+    serve_behind_a_service(api, server, server_node)
+    try:
+        running: dict[str, Any] = wait_for(
+            f"pod {server} Running", lambda: pod_phase(api, server, "Running"), timeout
+        )
+        api_ip = api.get("/api/v1/namespaces/default/services/kubernetes")["spec"]["clusterIP"]
+        create_pod(
+            api,
+            client,
+            client_node,
+            ["get", f"http://{server}.default.svc.cluster.local/", f"https://{api_ip}/livez"],
+            restartPolicy="Never",
+        )
+        done = wait_for(
+            f"pod {client} finished", lambda: pod_phase(api, client, "Succeeded", "Failed"), timeout
+        )
+        message = str(done["status"]["containerStatuses"][0]["state"]["terminated"].get("message"))
+        assert done["status"]["phase"] == "Succeeded", message
+        assert f" 200 netcheck {server}" in message, message
+        assert "/livez 200 ok" in message, message
+        return running
+    finally:
+        for name in (server, client):
+            api.delete(f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
+        api.delete(f"/api/v1/namespaces/default/services/{server}")

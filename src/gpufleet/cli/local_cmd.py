@@ -156,6 +156,14 @@ def up(
         help="With --images: boot the machines without the image seed disk, so they pull "
         "every layer from the registry (minutes per machine under emulation; decision 0137).",
     ),
+    host_node: bool = typer.Option(
+        False,
+        "--host-node",
+        help="With --images: a system node (host-node-0000, pool system) run natively on this "
+        "host: the node image's kubelet, containerd and kube-proxy in namespaces of their own, "
+        "on the machines' fabric. The chart's controllers and Slurm control plane run there at "
+        "native speed (decision 0138).",
+    ),
     no_machine_agent: bool = typer.Option(
         False,
         "--no-machine-agent",
@@ -191,10 +199,11 @@ def up(
         gpufleet local up --nodes 2 --machines 1
 
     Ready for the Helm chart (docs/install.md, "On the local cluster"): images served to the
-    machines, a system machine for the controller, the agent left to the chart:
+    nodes, a system node on the host for the controllers and Slurm, a GPU machine, the agent
+    left to the chart:
 
-        gpufleet local up --nodes 1 --no-slurm --machines 2 --machine-pools system \\
-            --machine-memory 3072 --machine-cpus 2 --images --no-machine-agent
+        gpufleet local up --nodes 1 --no-slurm --machines 1 --host-node \\
+            --machine-memory 3072 --images --no-machine-agent
     """
     spec = local_cluster.ClusterSpec(
         nodes=nodes,
@@ -212,6 +221,7 @@ def up(
         image_seed=not no_image_seed,
         machine_pools=_machine_pools(machine_pools),
         machine_agent=not no_machine_agent,
+        host_node=host_node,
     )
     cluster = local_cluster.LocalCluster(spec, progress=lambda msg: console.print(f"  {msg}"))
     console.print(f"Starting a local cluster with {nodes} nodes x {gpus_per_node} GPUs ...")

@@ -127,6 +127,12 @@ class ClusterSpec:
     (:mod:`gpufleet.local.image_seed`: the Slurm and CoreDNS images and all but the top
     layer of the gpufleet image already unpacked), so a pull fetches only the project's
     layer. False: the machines pull every layer from the registry."""
+    host_node: bool = False
+    """With ``images``: a system node run natively on the host (:mod:`gpufleet.local.host_node`,
+    ``host-node-0000``, pool ``system``): the node image's kubelet, containerd and kube-proxy
+    in namespaces of their own, on the machines' fabric. The chart's controllers and Slurm
+    control plane then run at native speed while the GPU machines stay emulated
+    (decision 0138)."""
 
     def node_names(self) -> tuple[str, ...]:
         return tuple(f"{self.node_prefix}{i:04d}" for i in range(self.nodes))
@@ -281,6 +287,7 @@ class LocalCluster:
         self._boot_dir = Path()
         self._images_layout = Path()
         self._seed_disk: Path | None = None
+        self._host_node_ports: list[int] = []
 
     # -- helpers -------------------------------------------------------------
 
@@ -475,6 +482,13 @@ class LocalCluster:
         their :class:`MachineInfo` in ``self.info``."""
         spec = self.spec
         assert self.info is not None
+        if spec.host_node and not (spec.images and spec.machines > 0):
+            raise ComponentError(
+                "host-node",
+                None,
+                "the host node joins the machines' fabric: it needs "
+                "--images and at least one machine",
+            )
         if spec.machines <= 0:
             return {}
         if spec.machine_memory_mib > 4096 or spec.machine_memory_mib < 512:
@@ -500,6 +514,13 @@ class LocalCluster:
         bmc_ports = rest[0 : 2 * spec.machines : 2] if spec.images else []
         # And the chart's slurmdbd reaches the accounting database the same way.
         host_ports = [acct.db_port] if acct is not None and spec.images else []
+        self._host_node_ports = [
+            provision_port,
+            kl.apiserver_port,
+            registry_port,
+            *bmc_ports,
+            *host_ports,
+        ]
         for i, name in enumerate(machines.names(spec.machines)):
             bmc_port, inject_port = rest[2 * i], rest[2 * i + 1]
             mac = machines.mac_of(i)
@@ -579,12 +600,15 @@ class LocalCluster:
             self._ready("fabric (vde_switch)")
             api = kube.client(kl)
             try:
-                system = "system" if "system" in self.spec.machine_pools else None
+                has_system = self.spec.host_node or "system" in self.spec.machine_pools
+                system = "system" if has_system else None
                 dns.install(api, self.info.images["coredns"], system)
                 storage.install(api, system)
             finally:
                 api.close()
             self._ready("cluster DNS (CoreDNS, scheduled once a machine joins), storage")
+            if self.spec.host_node:
+                self._start_host_node(kl, run_dir, mirrors)
         service = self._launch(
             machines.provision_service(
                 run_dir=run_dir,
@@ -610,6 +634,38 @@ class LocalCluster:
                 log_file = run_dir / "logs" / "redfish.log"
                 raise ComponentError("machines", log_file, str(exc)) from exc
             self._ready(f"machines ({len(self.info.machines)} powered on)")
+
+    def _start_host_node(
+        self, kl: kube.KubeLayout, run_dir: Path, mirrors: tuple[tuple[str, str], ...]
+    ) -> None:
+        """The system node on the host (:mod:`gpufleet.local.host_node`): its bootstrap
+        token, its files, its runner. Its kubelet registers within seconds; the cluster
+        does not wait for that (the machines' joins are not waited for either)."""
+        from gpufleet.local import host_node, node_image
+
+        try:
+            host_node.check_host()
+            files = host_node.extract(self._boot_dir, node_image.cache_root().parent / "host-node")
+        except host_node.HostNodeError as exc:
+            raise ComponentError("host-node", None, str(exc)) from exc
+        token, secret = host_node.bootstrap_token_secret(time.time())
+        api = kube.client(kl)
+        try:
+            api.create("/api/v1/namespaces/kube-system/secrets", secret)
+        finally:
+            api.close()
+        config = host_node.prepare(
+            run_dir=run_dir,
+            files=files,
+            fabric_socket=run_dir / "fabric",
+            apiserver_port=kl.apiserver_port,
+            ca_pem=kl.ca_file.read_bytes(),
+            token=token,
+            forward_ports=self._host_node_ports,
+            registry_mirrors=mirrors,
+        )
+        self._launch(host_node.process(config, run_dir / "logs" / "host-node.log"))
+        self._ready(f"host node {host_node.NAME} (pool {host_node.POOL}) started")
 
     def _build_images(self, registry_port: int) -> None:
         """This checkout's images, built (or found cached) before anything starts."""
@@ -873,6 +929,7 @@ class LocalCluster:
                 p.stop(grace=0.5)  # reaps the child
         if self.info is not None:
             processes.sweep(self.info.run_dir)
+            _remove_host_node_cgroups(self.info.run_dir)
             if self._owns_run_dir and not os.environ.get("GPUFLEET_KEEP_RUN_DIR"):
                 _remove_tree(self.info.run_dir)
 
@@ -892,6 +949,15 @@ def _stop_in_order(records: list[ProcessRecord]) -> None:
     last = {"etcd"}
     processes.stop_records([r for r in records if r.name not in last])
     processes.stop_records([r for r in records if r.name in last])
+
+
+def _remove_host_node_cgroups(run_dir: Path) -> None:
+    """The host node's runner removes its pods' cgroups when it stops; this catches the
+    runner killed before it could (a cluster without a host node has none: no-op)."""
+    from gpufleet.local import host_node
+
+    if (run_dir / "host-node").is_dir():
+        host_node.remove_cgroups(host_node.cgroup_root_of(run_dir), timeout=2.0)
 
 
 def _remove_tree(path: Path) -> None:
@@ -916,6 +982,7 @@ def reap_orphans(tmp: Path) -> list[Path]:
             continue
         _stop_in_order(info.processes)
         processes.sweep(info.run_dir)
+        _remove_host_node_cgroups(info.run_dir)
         _remove_tree(info.run_dir)
         reaped.append(info.run_dir)
     return reaped
@@ -938,7 +1005,9 @@ def stop_run_dir(run_dir: Path) -> list[int]:
     """Stop the cluster described in ``run_dir`` (from any process); return swept stragglers."""
     info = load_info(run_dir)
     _stop_in_order(info.processes)
-    return processes.sweep(info.run_dir)
+    swept = processes.sweep(info.run_dir)
+    _remove_host_node_cgroups(info.run_dir)
+    return swept
 
 
 @contextlib.contextmanager

@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.local import images as oci_images
-from gpufleet.local import node_image
+from gpufleet.local import node_image, processes
 
 LABEL = "gpufleet-seed"
 """The seed filesystem's label: the node image's boot script looks for it."""
@@ -267,12 +266,7 @@ def running_containerd(containerd: Path, ctr: Path, staging: Path) -> Iterator[l
             time.sleep(0.1)
         yield [str(ctr), "--address", str(sock), "--namespace", "k8s.io"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        processes.end(proc, 20)
         shutil.rmtree(state, ignore_errors=True)
 
 

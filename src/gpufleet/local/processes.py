@@ -362,6 +362,17 @@ def _kill(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
+def end(proc: subprocess.Popen[Any], grace: float) -> None:
+    """SIGTERM a child, give it ``grace`` seconds, then SIGKILL; reaped either way."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 def sweep(path: Path, *, grace: float = 2.0) -> list[int]:
     """Kill every process still tied to ``path``; return the pids it found."""
     pids = processes_using(path)

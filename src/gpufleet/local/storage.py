@@ -42,9 +42,12 @@ def objects(pool: str | None) -> list[tuple[str, Json]]:
         "volumeBindingMode": "WaitForFirstConsumer",
         "reclaimPolicy": "Retain",
     }
-    where: list[Json] = [{"key": well_known.LABEL_MACHINE, "operator": "Exists"}]
-    if pool:
-        where.append({"key": well_known.LABEL_POOL, "operator": "In", "values": [pool]})
+    # On a node of ``pool`` (a system machine or the host node), else on any machine.
+    where: list[Json] = (
+        [{"key": well_known.LABEL_POOL, "operator": "In", "values": [pool]}]
+        if pool
+        else [{"key": well_known.LABEL_MACHINE, "operator": "Exists"}]
+    )
     out: list[tuple[str, Json]] = [("/apis/storage.k8s.io/v1/storageclasses", storage_class)]
     for i in range(VOLUMES):
         name = f"{CLASS}-{i}"

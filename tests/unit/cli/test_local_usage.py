@@ -64,3 +64,34 @@ def test_machine_pools_and_vcpus_are_parsed_and_a_bad_one_is_named() -> None:
     assert local_cmd._machine_cpus("2,1") == (2, 1)
     with pytest.raises(typer.BadParameter, match="1 to 4"):
         local_cmd._machine_cpus("8")
+
+
+def test_local_up_hands_its_machine_options_to_the_cluster(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Every machine option reaches the ClusterSpec (``--machine-pools`` once was parsed and
+    dropped); the cluster's start is where it stops here."""
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.main import app
+    from gpufleet.local.processes import ComponentError
+
+    seen = []
+
+    class Stop(local_cmd.local_cluster.LocalCluster):
+        def start(self) -> ClusterInfo:
+            seen.append(self.spec)
+            raise ComponentError("host-node", None, "stopped by the test")
+
+    monkeypatch.setattr(local_cmd.local_cluster, "LocalCluster", Stop)
+    result = CliRunner().invoke(
+        app,
+        ["local", "up", "--run-dir", str(tmp_path), "--no-slurm", "--machines", "2",
+         "--machine-pools", "system", "--machine-cpus", "2", "--images", "--host-node",
+         "--no-machine-agent", "--no-image-seed"],
+    )  # fmt: skip
+    assert result.exit_code == 1 and "stopped by the test" in result.output, result.output
+    (spec,) = seen
+    assert spec.machines == 2 and spec.machine_pools == ("system",)
+    assert spec.machine_cpus == (2,) and spec.images and spec.host_node
+    assert not spec.machine_agent and not spec.image_seed and not spec.slurm

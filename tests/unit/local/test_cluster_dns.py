@@ -46,11 +46,12 @@ def test_coredns_answers_the_cluster_domain_and_runs_on_a_machine_unprivileged()
         {"key": "gpufleet.io/machine", "operator": "Exists"}
     ]
     # Given a system pool, only there: on a GPU node it would be work that burn-in refuses.
+    # The pool alone: the host node is a system node but not a Machine (no machine label).
     pinned = _by_kind_in("gpufleet.local/coredns:1", "system")["Deployment"]["spec"]["template"]
     expressions = pinned["spec"]["affinity"]["nodeAffinity"][  # type: ignore[index]
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"][0]["matchExpressions"]
-    assert {"key": "gpufleet.io/pool", "operator": "In", "values": ["system"]} in expressions
+    assert expressions == [{"key": "gpufleet.io/pool", "operator": "In", "values": ["system"]}]
     (container,) = pod["containers"]
     assert container["image"] == "gpufleet.local/coredns:1"
     assert container["securityContext"]["runAsNonRoot"] is True
@@ -77,4 +78,4 @@ def test_storage_binds_where_the_claim_s_pod_runs_on_a_system_machine() -> None:
         assert spec["storageClassName"] == storage.CLASS
         assert spec["capacity"]["storage"] == storage.SIZE
         terms = spec["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"]
-        assert {"key": "gpufleet.io/pool", "operator": "In", "values": ["system"]} in terms
+        assert terms == [{"key": "gpufleet.io/pool", "operator": "In", "values": ["system"]}]
