@@ -76,6 +76,13 @@ def _print_usage(info: local_cluster.ClusterInfo, name_args: str) -> None:
                 f"    {m.name}  MAC {m.mac}  BMC {info.bmcs[m.name].url}  console {m.console_log}",
                 highlight=False,
             )
+    if info.host_node:
+        out.print(
+            f"  host node:   {info.host_node} (pool system, on this host); its log "
+            f"{info.logs_dir / 'host-node.log'}, its kubelet's and containerd's in "
+            f"{info.run_dir / 'host-node' / 'logs'}",
+            highlight=False,
+        )
     if info.images:
         out.print(f"  registry:    {info.registry_url} (machines pull from it)", highlight=False)
         for image in info.images.values():

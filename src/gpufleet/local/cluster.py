@@ -203,6 +203,8 @@ class ClusterInfo:
     (``ClusterSpec.images``)."""
     registry_url: str | None = None
     """The machines' registry, from the host (``GET /v2/...``)."""
+    host_node: str | None = None
+    """The Node name of the system node run on the host (``ClusterSpec.host_node``)."""
 
     @property
     def logs_dir(self) -> Path:
@@ -665,6 +667,8 @@ class LocalCluster:
             registry_mirrors=mirrors,
         )
         self._launch(host_node.process(config, run_dir / "logs" / "host-node.log"))
+        assert self.info is not None
+        self.info.host_node = host_node.NAME
         self._ready(f"host node {host_node.NAME} (pool {host_node.POOL}) started")
 
     def _build_images(self, registry_port: int) -> None:

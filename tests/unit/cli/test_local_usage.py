@@ -95,3 +95,14 @@ def test_local_up_hands_its_machine_options_to_the_cluster(
     assert spec.machines == 2 and spec.machine_pools == ("system",)
     assert spec.machine_cpus == (2,) and spec.images and spec.host_node
     assert not spec.machine_agent and not spec.image_seed and not spec.slurm
+
+
+def test_the_host_node_and_where_its_logs_are_are_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    local_cmd._print_usage(info(tmp_path, host_node="host-node-0000"), "")
+    out = capsys.readouterr().out
+    assert "host node:   host-node-0000 (pool system, on this host)" in out
+    assert str(tmp_path / "host-node" / "logs") in out
+    local_cmd._print_usage(info(tmp_path), "")
+    assert "host node" not in capsys.readouterr().out
