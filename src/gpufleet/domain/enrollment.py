@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -153,6 +154,50 @@ def token_from(random_chars: str) -> tuple[str, str]:
     if len(random_chars) != 22 or any(c not in TOKEN_ALPHABET for c in random_chars):
         raise ValueError("need 22 characters of [a-z0-9]")
     return random_chars[:6], random_chars[6:]
+
+
+def random_token(token_bytes: Callable[[int], bytes]) -> tuple[str, str]:
+    """A token ``(id, secret)`` of 22 uniformly random characters of :data:`TOKEN_ALPHABET`
+    drawn from ``token_bytes`` (the caller's ``secrets.token_bytes``): a byte below
+    252 = 7 x 36, mod 36, so each character is equally likely."""
+    alphabet = TOKEN_ALPHABET
+    limit = 256 - 256 % len(alphabet)
+    chars: list[str] = []
+    while len(chars) < 22:
+        chars.extend(alphabet[b % len(alphabet)] for b in token_bytes(32) if b < limit)
+    return token_from("".join(chars[:22]))
+
+
+def secret_body(
+    token_id: str,
+    token_secret: str,
+    expires_at: float,
+    *,
+    namespace: str,
+    description: str,
+    labels: dict[str, str] | None = None,
+) -> dict[str, object]:
+    """A ``bootstrap.kubernetes.io/token`` Secret as kubeadm creates one: both
+    :data:`USAGES`, kubeadm's node group, an expiration."""
+    data = {
+        "token-id": token_id,
+        "token-secret": token_secret,
+        "expiration": rfc3339(expires_at),
+        "auth-extra-groups": EXTRA_GROUPS,
+        "description": description,
+    }
+    for usage in USAGES:
+        data[usage] = "true"
+    metadata: dict[str, object] = {"name": secret_name(token_id), "namespace": namespace}
+    if labels:
+        metadata["labels"] = labels
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": SECRET_TYPE,
+        "metadata": metadata,
+        "stringData": data,
+    }
 
 
 def rearm_status(*, by: str, at: float, reason: str) -> dict[str, object]:

@@ -516,13 +516,6 @@ class LocalCluster:
         bmc_ports = rest[0 : 2 * spec.machines : 2] if spec.images else []
         # And the chart's slurmdbd reaches the accounting database the same way.
         host_ports = [acct.db_port] if acct is not None and spec.images else []
-        self._host_node_ports = [
-            provision_port,
-            kl.apiserver_port,
-            registry_port,
-            *bmc_ports,
-            *host_ports,
-        ]
         for i, name in enumerate(machines.names(spec.machines)):
             bmc_port, inject_port = rest[2 * i], rest[2 * i + 1]
             mac = machines.mac_of(i)
@@ -555,6 +548,8 @@ class LocalCluster:
                 cpus=machines.cpus_of(spec.machine_cpus, i),
             )
         self.info.provision_url = f"http://127.0.0.1:{provision_port}"
+        # The host node reaches the host's ports the machines reach.
+        self._host_node_ports = list(next(iter(entries.values()))["guest_ports"])
         return entries
 
     def _join_lane(self, kl: kube.KubeLayout) -> None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.domain import well_known
 from gpufleet.kubeapi.sync import SyncKube
+from gpufleet.local import machines
 from gpufleet.local.joining import CLUSTER_DNS
 
 Json = dict[str, Any]
@@ -43,13 +43,7 @@ def objects(image: str, pool: str | None = None) -> list[tuple[str, Json]]:
     """(collection path, object) of everything CoreDNS needs, in creation order; on a
     machine of ``pool`` when given (the system machines: on a GPU node CoreDNS would be
     work that burn-in and the checks before a reboot refuse to run beside)."""
-    # A node of ``pool`` (a system machine or the host node), else any machine: never a
-    # KWOK node, which runs nothing.
-    on_machine: list[Json] = (
-        [{"key": well_known.LABEL_POOL, "operator": "In", "values": [pool]}]
-        if pool
-        else [{"key": well_known.LABEL_MACHINE, "operator": "Exists"}]
-    )
+    on_machine = machines.service_node_terms(pool)
     labels = {"k8s-app": "kube-dns"}
     meta = {"name": NAME, "namespace": NS, "labels": labels}
     role = {

@@ -36,6 +36,7 @@ import base64
 import contextlib
 import ctypes
 import hashlib
+import ipaddress
 import json
 import os
 import secrets
@@ -53,7 +54,8 @@ from typing import Any
 import yaml
 
 from gpufleet.domain import enrollment, well_known
-from gpufleet.local import joining, processes, vm
+from gpufleet.kubeapi.machines import TOKEN_NAMESPACE
+from gpufleet.local import joining, machines, processes, vm
 from gpufleet.local.processes import ManagedProcess
 
 Json = dict[str, Any]
@@ -61,9 +63,9 @@ NAME = "host-node-0000"
 POOL = "system"
 FABRIC_MAC = "52:54:01:67:ff:00"
 """A fabric MAC outside the machines' range (``52:54:01:67:00:NN``)."""
-ADDRESS = "10.1.255.1"
-"""Its fabric address (what ``fabric_address_of`` derives from :data:`FABRIC_MAC`)."""
-FABRIC_PREFIX = 16
+ADDRESS = machines.fabric_address_of(FABRIC_MAC)
+"""Its fabric address, derived from :data:`FABRIC_MAC` as every machine's is (10.1.255.1)."""
+FABRIC_PREFIX = ipaddress.ip_network(machines.FABRIC_SUBNET).prefixlen
 TAP = "tap0"
 TOKEN_TTL_S = 3600.0
 FILES = (
@@ -105,7 +107,6 @@ class HostNodeConfig:
     """Host loopback ports reached at the cluster address inside the node."""
     cgroup_root: str
     address: str = ADDRESS
-    pool: str = POOL
     labels: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -165,26 +166,16 @@ def extract(node_image_dir: Path, cache: Path) -> Path:
 
 
 def bootstrap_token_secret(now: float) -> tuple[str, Json]:
-    """A single-use-in-spirit bootstrap token (``id.secret``) and its Secret: what the
-    provisioning service issues a machine, for the node's one TLS bootstrap."""
-    token_id, token_secret = enrollment.token_from(
-        "".join(secrets.choice(enrollment.TOKEN_ALPHABET) for _ in range(22))
+    """A bootstrap token (``id.secret``) and its Secret, as the provisioning service issues a
+    machine's (no Machine label: the host node is not one), for the node's TLS bootstrap."""
+    token_id, token_secret = enrollment.random_token(secrets.token_bytes)
+    body = enrollment.secret_body(
+        token_id,
+        token_secret,
+        now + TOKEN_TTL_S,
+        namespace=TOKEN_NAMESPACE,
+        description=f"TLS bootstrap of the local cluster's {NAME}",
     )
-    body = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": enrollment.secret_name(token_id), "namespace": "kube-system"},
-        "type": enrollment.SECRET_TYPE,
-        "stringData": {
-            "token-id": token_id,
-            "token-secret": token_secret,
-            "expiration": enrollment.rfc3339(now + TOKEN_TTL_S),
-            "usage-bootstrap-authentication": "true",
-            "usage-bootstrap-signing": "true",
-            "auth-extra-groups": enrollment.EXTRA_GROUPS,
-            "description": f"TLS bootstrap of the local cluster's {NAME}",
-        },
-    }
     return f"{token_id}.{token_secret}", body
 
 
@@ -232,7 +223,6 @@ def kubelet_configuration(cgroup_root: str) -> str:
             "cgroupsPerQOS": True,
             "resolvConf": "/etc/resolv.conf",
             "staticPodPath": "",
-            # The host's memory, not a machine's: keep the machines' eviction floor.
         }
     )
     return yaml.safe_dump(config, sort_keys=False)

@@ -22,7 +22,8 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet.local import vm
@@ -77,9 +78,9 @@ def create_cgroup_root(cgroup_root: str) -> None:
                 (top / name).write_text((hierarchy / name).read_text())
 
 
-def wait_for(what: str, check: object, timeout: float = WAIT_S) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
+    while not check():
         if time.monotonic() > deadline:
             raise InitError(f"no {what} after {timeout:.0f} s")
         time.sleep(0.2)
@@ -94,15 +95,13 @@ class Daemon:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     exited_at: float | None = None
-    env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
         with self.log.open("ab") as out:
             out.write(f"# {time.strftime('%H:%M:%S')} {' '.join(self.argv)}\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env},
+                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )  # fmt: skip
         self.exited_at = None
         print(f"host-node: {self.name} started (pid {self.proc.pid})", flush=True)

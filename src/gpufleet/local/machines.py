@@ -36,6 +36,7 @@ from typing import Any
 from gpufleet.api import crds
 from gpufleet.api.machine import MachineSpec, manifest
 from gpufleet.api.names import GROUP, VERSION
+from gpufleet.domain import well_known
 from gpufleet.kubeapi import ApiError, KubeApi
 from gpufleet.kubeapi.machines import MachineStore
 from gpufleet.kubeapi.sync import SyncKube
@@ -243,6 +244,15 @@ def cpus_of(cpus: tuple[int, ...], index: int) -> int:
 def pool_of(pools: tuple[str, ...], index: int) -> str:
     """The pool of machine ``index``: ``pools[index]``, else :data:`POOL`."""
     return pools[index] if index < len(pools) else POOL
+
+
+def service_node_terms(pool: str | None) -> list[Json]:
+    """Node selector expressions for the local cluster's own services (CoreDNS, the volumes
+    of its StorageClass): a node of ``pool`` (a system machine or the host node, which is
+    not a Machine), else any machine; never a KWOK node, which runs nothing."""
+    if pool:
+        return [{"key": well_known.LABEL_POOL, "operator": "In", "values": [pool]}]
+    return [{"key": well_known.LABEL_MACHINE, "operator": "Exists"}]
 
 
 def install_crds(api: SyncKube) -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.domain import well_known
 from gpufleet.kubeapi.sync import SyncKube
+from gpufleet.local import machines
 
 Json = dict[str, Any]
 CLASS = "local-machines"
@@ -42,12 +42,7 @@ def objects(pool: str | None) -> list[tuple[str, Json]]:
         "volumeBindingMode": "WaitForFirstConsumer",
         "reclaimPolicy": "Retain",
     }
-    # On a node of ``pool`` (a system machine or the host node), else on any machine.
-    where: list[Json] = (
-        [{"key": well_known.LABEL_POOL, "operator": "In", "values": [pool]}]
-        if pool
-        else [{"key": well_known.LABEL_MACHINE, "operator": "Exists"}]
-    )
+    where = machines.service_node_terms(pool)
     out: list[tuple[str, Json]] = [("/apis/storage.k8s.io/v1/storageclasses", storage_class)]
     for i in range(VOLUMES):
         name = f"{CLASS}-{i}"

@@ -142,37 +142,20 @@ def token_state(body: Json) -> enrollment.TokenState:
 
 def token_secret(machine: str, token_id: str, token_secret: str, expires_at: float) -> Json:
     """A ``bootstrap.kubernetes.io/token`` Secret as kubeadm creates one, bound to a machine."""
-    data = {
-        "token-id": token_id,
-        "token-secret": token_secret,
-        "expiration": enrollment.rfc3339(expires_at),
-        "auth-extra-groups": enrollment.EXTRA_GROUPS,
-        "description": f"gpufleet: single-use join token for machine {machine}",
-    }
-    for usage in enrollment.USAGES:
-        data[usage] = "true"
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": enrollment.SECRET_TYPE,
-        "metadata": {
-            "name": enrollment.secret_name(token_id),
-            "namespace": TOKEN_NAMESPACE,
-            "labels": {well_known.LABEL_MACHINE: machine},
-        },
-        "stringData": data,
-    }
+    return enrollment.secret_body(
+        token_id,
+        token_secret,
+        expires_at,
+        namespace=TOKEN_NAMESPACE,
+        description=f"gpufleet: single-use join token for machine {machine}",
+        labels={well_known.LABEL_MACHINE: machine},
+    )
 
 
 def new_token() -> tuple[str, str]:
-    """22 uniformly random characters of [a-z0-9] (a byte below 252 = 7 x 36, mod 36),
-    from one ``secrets.token_bytes`` call instead of 22 ``secrets.choice`` calls."""
-    alphabet = enrollment.TOKEN_ALPHABET
-    limit = 256 - 256 % len(alphabet)
-    chars: list[str] = []
-    while len(chars) < 22:
-        chars.extend(alphabet[b % len(alphabet)] for b in secrets.token_bytes(32) if b < limit)
-    return enrollment.token_from("".join(chars[:22]))
+    """22 uniformly random characters of [a-z0-9], from ``secrets.token_bytes`` calls
+    instead of 22 ``secrets.choice`` calls."""
+    return enrollment.random_token(secrets.token_bytes)
 
 
 class Provisioner:

@@ -51,6 +51,38 @@ def test_token_format_is_kubeadms() -> None:
     assert enrollment.secret_name(tid) == "bootstrap-token-abcdef"
 
 
+def test_a_random_token_skips_bytes_that_would_bias_it_and_draws_more_when_short() -> None:
+    draws: list[int] = []
+
+    def token_bytes(n: int) -> bytes:
+        draws.append(n)
+        # 252-255 would make 0-3 likelier than the rest: they are skipped, and a draw
+        # that leaves fewer than 22 characters is followed by another.
+        return bytes([252, 0, 255, 36, 35] + [1] * 10) if len(draws) == 1 else bytes(range(32))
+
+    tid, secret = enrollment.random_token(token_bytes)
+    assert len(draws) == 2
+    assert tid + secret == "a" + "a" + "9" + "b" * 10 + "abcdefghi"
+
+
+def test_a_token_secret_is_kubeadms_with_labels_only_when_given() -> None:
+    body = enrollment.secret_body(
+        "abcdef", "0123456789abcdef", 0.0, namespace="kube-system", description="d"
+    )
+    assert body["type"] == enrollment.SECRET_TYPE
+    assert body["metadata"] == {"name": "bootstrap-token-abcdef", "namespace": "kube-system"}
+    data = body["stringData"]
+    assert isinstance(data, dict)
+    assert all(data[usage] == "true" for usage in enrollment.USAGES)
+    assert data["auth-extra-groups"] == enrollment.EXTRA_GROUPS
+    assert data["expiration"] == "1970-01-01T00:00:00Z"
+    labelled = enrollment.secret_body(
+        "abcdef", "0123456789abcdef", 0.0, namespace="ns", description="d", labels={"k": "v"}
+    )
+    assert labelled["metadata"] == {"name": "bootstrap-token-abcdef", "namespace": "ns",
+                                    "labels": {"k": "v"}}  # fmt: skip
+
+
 def _auth(**kw: object) -> enrollment.Verdict:
     args: dict[str, object] = {
         "presented_secret": None,
