@@ -1,8 +1,12 @@
 """Is a machine's boot still on its way, stalled, or failed? The Day-0 watchdog's decisions.
 
-A machine that was powered on to join (``gpufleet machines power-on``, the
-local cluster's power button, the watchdog's own retry) or that network-booted
-by itself has a *boot in progress*, recorded in its Machine's ``status.boot``.
+A machine that was powered on to join through gpufleet (``gpufleet machines
+power-on``, the local cluster's power button, the watchdog's own retry) has a
+*boot in progress*, recorded in its Machine's ``status.boot`` before the power
+action. Only such a boot is watched: a machine that network-boots by itself
+(powered on by hand, or an iPXE request anyone can send) is served but never
+watched, so nothing unauthenticated can make the watchdog power-cycle a BMC
+(decision 0160).
 Its progress is what the provisioning service and the cluster see, in order:
 
 1. ``requested``: powered on; the firmware should ask for its iPXE script;
@@ -154,6 +158,8 @@ def progress_of(status: Mapping[str, Any]) -> BootProgress | None:
     boot = status.get("boot") or {}
     if not isinstance(boot, Mapping) or boot.get("outcome") != "InProgress":
         return None
+    if boot.get("requestedBy") == UNREQUESTED:
+        return None  # started by an iPXE request (older services): never watched
     requested = parse_rfc3339(boot.get("requestedAt"))
     if requested is None:
         return None
@@ -185,20 +191,15 @@ def requested_status(*, by: str, at: float, attempt: int, why: str = "") -> dict
     }
 
 
-def network_boot_status(at: float, *, started: bool) -> dict[str, Any]:
+UNREQUESTED = "network-boot"
+"""``requestedBy`` of a boot that an iPXE request started (provisioning services before
+decision 0160 did): :func:`progress_of` does not take it for a boot in progress."""
+
+
+def network_boot_status(at: float) -> dict[str, Any]:
     """The ``status.boot`` patch the provisioning service writes when it serves the iPXE
-    script; ``started``: no boot was in progress, so this network boot starts one."""
-    boot: dict[str, Any] = {"networkBootAt": rfc3339(at), "stage": str(Stage.NETWORK_BOOT)}
-    if started:
-        boot.update(
-            requestedAt=rfc3339(at),
-            requestedBy="network-boot",
-            attempt=1,
-            outcome="InProgress",
-            reason=None,
-            message="network-booted without a power-on through gpufleet",
-        )
-    return {"boot": boot}
+    script of a boot in progress (it never starts one: :func:`progress_of` first)."""
+    return {"boot": {"networkBootAt": rfc3339(at), "stage": str(Stage.NETWORK_BOOT)}}
 
 
 def stalled_status(verdict: Stalled) -> dict[str, Any]:

@@ -9,16 +9,21 @@ boot's join token, so a token is never usable twice.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from gpufleet.domain import enrollment, well_known
-from gpufleet.kubeapi.errors import NotFound
+from gpufleet.kubeapi.errors import ApiError, NotFound
+from gpufleet.kubeapi.events import event_body
 from gpufleet.kubeapi.port import KubePort
 from gpufleet.kubeapi.resources import SECRETS, Json, custom
 from gpufleet.kubeapi.secrets import decode_data
 
 MACHINES = custom(well_known.MACHINE_PLURAL)
+EVENT_NAMESPACE = "default"
+"""Where Events about Machines (cluster-scoped) go, as the provisioning service's."""
+log = logging.getLogger("gpufleet.machines")
 TOKEN_NAMESPACE = "kube-system"
 """Where bootstrap-token Secrets live (the apiserver reads them only there)."""
 
@@ -77,3 +82,24 @@ class MachineStore:
         self, name: str, *, by: str, reason: str, now: float, status: Mapping[str, Any]
     ) -> None:
         await rearm(self.kube, name, by=by, reason=reason, now=now, extra=status)
+
+    async def refused(self, name: str, *, reason: str, message: str, now: float) -> None:
+        """A Warning Event on the Machine (best effort: the refusal stands without it)."""
+        body = event_body(
+            involved={
+                "apiVersion": f"{well_known.GROUP}/{well_known.VERSION}",
+                "kind": "Machine",
+                "name": name,
+            },
+            type_="Warning",
+            reason=reason,
+            message=message,
+            component="gpufleet-machines",
+            instance="gpufleet-machines",
+            namespace=EVENT_NAMESPACE,
+            first=enrollment.rfc3339(now),
+        )
+        try:
+            await self.kube.create_event(EVENT_NAMESPACE, body)
+        except ApiError as exc:
+            log.warning("machine=%s %s Event not posted: %s", name, reason, exc)

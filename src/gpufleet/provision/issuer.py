@@ -35,7 +35,7 @@ from gpufleet.kubeapi.events import event_body
 from gpufleet.provision import machines, render
 from gpufleet.provision.index import MachineIndex
 from gpufleet.provision.ratelimit import Buckets, Limit
-from gpufleet.remediate import redfish
+from gpufleet.remediate import identity, redfish
 
 log = logging.getLogger("gpufleet.provision")
 Json = dict[str, Any]
@@ -65,6 +65,10 @@ ten at once or more than one a second for long is a boot loop or an attack."""
 
 class _Stale(Exception):
     """A decision made on the index's copy of a Machine must be made again on a fresh read."""
+
+
+class BmcEndpointRefused(Exception):
+    """The Machine's BMC endpoint is not its Secret's: the BMC was not asked."""
 
 
 class Refused(Exception):
@@ -187,10 +191,18 @@ class Provisioner:
     # ---------------------------------------------------------------- common
 
     def rate_limit(self, client: str, mac: str) -> None:
+        """Token buckets per source address and per MAC. The MAC is keyed as it is
+        stored (``aa:bb:..``), so ``AA-BB-..``, ``aabb.cc..`` and ``aabbcc..`` share one
+        bucket; malformed MACs share one bucket of their own (they are refused 400
+        without an apiserver request anyway)."""
         if not self._per_client.allow(client):
             raise Refused(429, f"rate limit for {client}", "too many requests")
-        if not self._per_mac.allow(mac):
-            raise Refused(429, f"rate limit for MAC {mac}", "too many requests")
+        try:
+            key = machines.normalize_mac(mac)
+        except ValueError:
+            key = "(malformed)"
+        if not self._per_mac.allow(key):
+            raise Refused(429, f"rate limit for MAC {key}", "too many requests")
 
     async def find(
         self, mac: str, *, endpoint: str, client: str, fresh: bool = False
@@ -261,7 +273,7 @@ class Provisioner:
 
     async def ipxe(self, mac: str, *, client: str) -> str:
         self.rate_limit(client, mac)
-        name, body = await self.find(mac, endpoint="ipxe", client=client)
+        name, body, cached = await self._find(mac, endpoint="ipxe", client=client)
         try:
             machines.spec_of(body)
         except ValidationError as exc:
@@ -272,19 +284,42 @@ class Provisioner:
         except render.ImageNotServed as exc:
             self.audit(name, "ImageNotServed", f"request from {client}: {exc}", warning=True)
             raise Refused(409, str(exc), "no image for this machine") from None
-        await self._record_network_boot(name, body)
+        await self._record_network_boot(name, body, client=client, cached=cached)
         return script
 
-    async def _record_network_boot(self, name: str, body: Json) -> None:
+    async def _record_network_boot(
+        self, name: str, body: Json, *, client: str, cached: bool
+    ) -> None:
         """``status.boot.networkBootAt``: the machine's firmware reached us (the boot
-        watchdog's second stage). A machine with no boot in progress and no Node that
-        network-boots on its own (powered on by hand) starts one, so it is watched too.
-        Best effort: a boot is never refused because its progress was not written."""
+        watchdog's second stage), for a boot gpufleet requested only.
+
+        ``GET /ipxe`` is unauthenticated: anyone on the boot network can send it
+        for any MAC. So it never *starts* a watched boot (a watched boot that
+        stalls is power-cycled through the Machine's BMC): a Machine with no boot
+        in progress (never powered on through gpufleet, joined, failed, or powered
+        on by hand) gets its script, an ``UnrequestedNetworkBoot`` Event, and
+        nothing the watchdog acts on (decision 0160). The index's copy may predate
+        a power-on, so "no boot in progress" is confirmed on a fresh read.
+        Best effort: a boot is never refused because its progress was not written.
+        """
         status = body.get("status") or {}
-        in_progress = boot_watch.progress_of(status) is not None
-        if not in_progress and status.get("node"):
-            return  # a joined machine's reboot: its Node's lifecycle watches it
-        patch = boot_watch.network_boot_status(self.clock.now(), started=not in_progress)
+        if boot_watch.progress_of(status) is None and cached:
+            try:
+                status = (await self.api.get(MACHINES, name)).get("status") or {}
+            except ApiError as exc:
+                log.warning("machine=%s not read again, network boot not recorded: %s", name, exc)
+                return
+        if boot_watch.progress_of(status) is None:
+            self.audit(
+                name,
+                "UnrequestedNetworkBoot",
+                f"iPXE script served to {client}, but no boot of this machine was requested "
+                "through gpufleet (gpufleet machines power-on or the boot watchdog): this boot "
+                "is not watched, and nothing is power-cycled if it stalls",
+                warning=False,
+            )
+            return
+        patch = boot_watch.network_boot_status(self.clock.now())
         try:
             await self.api.patch(MACHINES, name, {"status": patch}, status=True)
         except ApiError as exc:
@@ -312,16 +347,29 @@ class Provisioner:
     # ------------------------------------------------------------ cloud-init
 
     async def _read_bmc_serial(self, body: Json, spec: machines.MachineSpec) -> str | None:
-        ns, _, secret_name = spec.bmc.credentials_secret.partition("/")
+        """The serial the Machine's BMC reports, asked at the endpoint its Secret names.
+
+        Credentials go only to the endpoint stored with them: a Machine whose
+        ``spec.bmc.endpoint`` disagrees with its Secret's (or a Secret with no
+        endpoint) is refused here (``BmcEndpointMismatch`` Event), which fails the
+        serial check closed; the BMC is never asked.
+        """
+        name = str(body["metadata"]["name"])
+        ref = spec.bmc.credentials_secret
+        ns, _, secret_name = ref.partition("/")
         data = kube_secrets.decode_data(await self.api.get(SECRETS, secret_name, namespace=ns))
+        problem = identity.endpoint_problem(name, spec.bmc.endpoint, ref, data.get("endpoint"))
+        if problem is not None:
+            self.audit(name, "BmcEndpointMismatch", problem, warning=True)
+            raise BmcEndpointRefused(problem)
         creds = redfish.BmcCredentials(
-            endpoint=spec.bmc.endpoint,
+            endpoint=str(data["endpoint"]).strip(),
             username=data.get("username", ""),
             password=data.get("password", ""),
         )
         async with redfish.RedfishClient(
             creds,
-            name=str(body["metadata"]["name"]),
+            name=name,
             timeout_s=self.settings.bmc_timeout_s,
             retry_delays=(0.2,),
         ) as bmc:
@@ -390,7 +438,7 @@ class Provisioner:
             else:
                 try:
                     bmc_serial = await self._bmc_serial(body, spec)
-                except (redfish.RedfishError, ApiError) as exc:
+                except (redfish.RedfishError, ApiError, BmcEndpointRefused) as exc:
                     log.warning("machine=%s BMC serial not read: %s", name, exc)
                 bmc_memo[key] = bmc_serial
         who = enrollment.authenticate(

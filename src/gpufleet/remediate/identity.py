@@ -99,6 +99,33 @@ def mismatches(expected: ExpectedIdentity, seen: BmcIdentity) -> tuple[str, ...]
     return tuple(problems)
 
 
+def endpoint_problem(
+    machine: str, machine_endpoint: str | None, secret: str, secret_endpoint: str | None
+) -> str | None:
+    """Why a BMC Secret's credentials may not be used for this Machine (None: they may).
+
+    Credentials are bound to the endpoint stored with them in their Secret: they
+    are sent there and nowhere else. A Machine that names a Secret and an
+    endpoint of its own would otherwise receive another machine's BMC
+    credentials at an address of its choosing (and power whatever answers
+    there), so an endpoint that disagrees with the Secret's is refused, and so
+    is a Secret that names no endpoint.
+    """
+    if not (secret_endpoint or "").strip():
+        return (
+            f"BMC Secret {secret} names no endpoint: credentials are used only at the "
+            "endpoint stored with them (add the Secret's 'endpoint' key)"
+        )
+    assert secret_endpoint is not None
+    if machine_endpoint and _url(machine_endpoint) != _url(secret_endpoint):
+        return (
+            f"Machine {machine} has its BMC at {machine_endpoint}, but its Secret {secret} "
+            f"holds the credentials of {secret_endpoint}: refused (credentials go only to "
+            "their own endpoint; correct spec.bmc.endpoint or spec.bmc.credentialsSecret)"
+        )
+    return None
+
+
 def same_uuid(a: str, b: str) -> bool:
     """The same SMBIOS UUID, allowing for the mixed-endian encoding some firmware uses.
 

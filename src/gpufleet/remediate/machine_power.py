@@ -4,7 +4,10 @@
 power button and the controller's boot watchdog (a retry of a stalled boot)
 all do the same, in this order:
 
-1. read the Machine and its BMC Secret (``spec.bmc.credentialsSecret``);
+1. read the Machine and its BMC Secret (``spec.bmc.credentialsSecret``); the
+   BMC is the endpoint stored in the Secret with its credentials, and a Machine
+   whose ``spec.bmc.endpoint`` says otherwise is refused (a Warning Event
+   ``BmcEndpointMismatch`` on the Machine; nothing powered, nothing recorded);
 2. check the BMC is this machine's (its ``SerialNumber`` equals the Machine's
    serial, decision 0073): a mismatch powers nothing and records nothing;
 3. **record before acting**: re-arm the Machine (its boot gets a new token; the
@@ -28,7 +31,12 @@ from typing import Any, Protocol
 
 from gpufleet.domain import boot_watch, enrollment
 from gpufleet.remediate import redfish
-from gpufleet.remediate.identity import BmcIdentity, ExpectedIdentity, mismatches
+from gpufleet.remediate.identity import (
+    BmcIdentity,
+    ExpectedIdentity,
+    endpoint_problem,
+    mismatches,
+)
 
 log = logging.getLogger("gpufleet.machines")
 
@@ -50,9 +58,19 @@ class MachineStore(Protocol):
         """Re-arm the Machine with ``status`` in the same patch; revoke the old token."""
         ...
 
+    async def refused(self, name: str, *, reason: str, message: str, now: float) -> None:
+        """Say on the Machine (a Warning Event) why its BMC was not used."""
+        ...
+
 
 class PowerRefused(Exception):
     """Nothing was done to the machine (and nothing recorded), for the reason given."""
+
+
+class BmcEndpointMismatch(PowerRefused):
+    """The Machine's BMC endpoint is not the one its Secret's credentials belong to."""
+
+    reason = "BmcEndpointMismatch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +89,11 @@ async def machine_bmc(
     timeout_s: float = redfish.REQUEST_TIMEOUT_S,
     retry_delays: tuple[float, ...] = redfish.RETRY_DELAYS,
 ) -> redfish.RedfishClient:
-    """A client for the Machine's BMC, from the Secret its spec names (the caller closes it)."""
+    """A client for the Machine's BMC, from the Secret its spec names (the caller closes it).
+
+    The endpoint is the Secret's, never the Machine's alone: raises
+    :class:`BmcEndpointMismatch` when they disagree or the Secret names none.
+    """
     name = str(body["metadata"]["name"])
     bmc = (body.get("spec") or {}).get("bmc") or {}
     ref = str(bmc.get("credentialsSecret") or "")
@@ -79,13 +101,14 @@ async def machine_bmc(
     if not namespace or not secret:
         raise PowerRefused(f"Machine {name} names no BMC Secret (namespace/name)")
     data = await store.secret(namespace, secret)
+    problem = endpoint_problem(name, str(bmc.get("endpoint") or ""), ref, data.get("endpoint"))
+    if problem is not None:
+        raise BmcEndpointMismatch(problem)
     creds = redfish.BmcCredentials(
-        endpoint=str(bmc.get("endpoint") or data.get("endpoint") or ""),
+        endpoint=str(data["endpoint"]).strip(),
         username=data.get("username", ""),
         password=data.get("password", ""),
     )
-    if not creds.endpoint:
-        raise PowerRefused(f"Machine {name} has no BMC endpoint")
     return redfish.RedfishClient(creds, name=name, timeout_s=timeout_s, retry_delays=retry_delays)
 
 
@@ -125,9 +148,14 @@ async def network_boot(
             f"Machine {name} has joined as Node {status['node']}: its power belongs to the "
             "Node's lifecycle (drain, budget, remediation ladder)"
         )
-    async with await machine_bmc(
-        store, body, timeout_s=bmc_timeout_s, retry_delays=bmc_retry_delays
-    ) as bmc:
+    try:
+        client = await machine_bmc(
+            store, body, timeout_s=bmc_timeout_s, retry_delays=bmc_retry_delays
+        )
+    except BmcEndpointMismatch as exc:
+        await store.refused(name, reason=exc.reason, message=str(exc), now=now)
+        raise
+    async with client as bmc:
         problems = identity_problems(body, await bmc.identity())
         if problems:
             raise PowerRefused(f"BMC of Machine {name} not verified: {'; '.join(problems)}")

@@ -51,7 +51,7 @@ def test_a_stall_on_the_last_attempt_fails_the_boot() -> None:
 def test_progress_is_read_back_from_what_the_patches_write() -> None:
     status = bw.requested_status(by="admin", at=T0, attempt=2)
     assert bw.progress_of(status) == bw.BootProgress(T0, 2)
-    status["boot"].update(bw.network_boot_status(T0 + 9, started=False)["boot"])
+    status["boot"].update(bw.network_boot_status(T0 + 9)["boot"])
     status["tokenIssuedAt"] = rfc3339(T0 + 30)
     got = bw.progress_of(status)
     assert got is not None and got.stage is bw.Stage.TOKEN_ISSUED and got.attempt == 2
@@ -61,8 +61,24 @@ def test_progress_is_read_back_from_what_the_patches_write() -> None:
     assert bw.progress_of({"boot": {"outcome": "InProgress", "requestedAt": "garbage"}}) is None
 
 
-def test_a_network_boot_nobody_asked_for_starts_a_watched_boot() -> None:
-    started = bw.network_boot_status(T0, started=True)
-    got = bw.progress_of(started)
-    assert got is not None and got.attempt == 1 and got.stage is bw.Stage.NETWORK_BOOT
-    assert started["boot"]["requestedBy"] == "network-boot"
+def test_a_network_boot_nobody_asked_for_is_never_a_boot_in_progress() -> None:
+    # What the service writes for an iPXE request carries no boot of its own ...
+    patch = bw.network_boot_status(T0)
+    assert bw.progress_of(patch) is None
+    assert set(patch["boot"]) == {"networkBootAt", "stage"}
+    # ... and a boot an older service started at an iPXE request is not watched either.
+    old = {
+        "boot": {
+            "requestedAt": rfc3339(T0),
+            "requestedBy": bw.UNREQUESTED,
+            "attempt": 1,
+            "outcome": "InProgress",
+            "networkBootAt": rfc3339(T0),
+        }
+    }
+    assert bw.progress_of(old) is None
+    # A boot gpufleet requested is, once its iPXE script is served.
+    requested = bw.requested_status(by="admin", at=T0, attempt=1)
+    requested["boot"].update(bw.network_boot_status(T0 + 2)["boot"])
+    got = bw.progress_of(requested)
+    assert got is not None and got.stage is bw.Stage.NETWORK_BOOT
