@@ -9,20 +9,51 @@ without a record.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from gpufleet.clock import Clock
 from gpufleet.domain import well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.decide import Decision
 from gpufleet.domain.records import NodeRecord
-from gpufleet.lifecycle.core import ControllerCore, Json, S, log
+from gpufleet.domain.repeats import Repeats
+from gpufleet.lifecycle.core import Json, S, log
+from gpufleet.lifecycle.drain_loop import Drains
+from gpufleet.lifecycle.events import EventSink
+from gpufleet.lifecycle.fleet import Fleet
 from gpufleet.lifecycle.metrics import Metrics
-from gpufleet.remediate import steps
+from gpufleet.lifecycle.policy import HoldNotices, PolicyKeeper
+from gpufleet.lifecycle.remediation_sync import RemediationSync
+from gpufleet.lifecycle.spare_pool import SparePool
+from gpufleet.lifecycle.gated_steps import GatedSteps
+from gpufleet.lifecycle.tasks import TaskGroup
+from gpufleet.lifecycle.tickets import Tickets
 
 
-class Acting(ControllerCore):
-    """Everything after the record is stored: Events, metrics, and the tasks that act."""
+@dataclass
+class Acting:
+    """Everything after the record is stored: Events, metrics, and the tasks that act.
 
-    def _after(
+    It starts work but does none of it: a drain is the drain loop's, a step the
+    gated steps' (the only collaborator that reaches the gate), a ticket the
+    ticket keeper's.
+    """
+
+    events: EventSink
+    metrics: Metrics
+    fleet: Fleet
+    policies: PolicyKeeper
+    holds: HoldNotices
+    drains: Drains
+    steps: GatedSteps
+    spares: SparePool
+    tickets: Tickets
+    remediations: RemediationSync
+    tasks: TaskGroup
+    clock: Clock
+    log_repeats: Repeats
+
+    def after(
         self,
         original: Json,
         body: Json,
@@ -44,7 +75,7 @@ class Acting(ControllerCore):
                 t = d.transition
                 m.transitions.labels(source=t.source.value, target=t.target.value).inc()
                 done = ", ".join(str(a.kind) for a in d.actions)
-                self._event(
+                self.events.node(
                     body,
                     "Normal",
                     "StateChanged",
@@ -56,11 +87,11 @@ class Acting(ControllerCore):
                     m.actions.labels(action=a.kind.value, result="withheld").inc()
                 withheld = ", ".join(str(a) for a in d.withheld)[:800]
                 said = f"{d.hold}: {', '.join(a.kind.value for a in d.withheld)}"
-                if self._held_said.get(name) != said:
-                    self._held_said[name] = said
-                    self._event(body, "Warning", "ActionWithheld", f"{d.hold}: {withheld}")
+                if self.holds.said(name) != said:
+                    self.holds.say(name, said)
+                    self.events.node(body, "Warning", "ActionWithheld", f"{d.hold}: {withheld}")
             elif d.actions or d.transition is not None:
-                self._held_said.pop(name, None)
+                self.holds.clear(name)
             for a in d.actions:
                 self._act(original, record, a, now)
         if record.state is S.DRAINING and before.state is not S.DRAINING:
@@ -73,50 +104,53 @@ class Acting(ControllerCore):
             if occ not in before.occurrences:
                 m.faults.labels(fault=occ.key).inc()
         self._spare_pool_after(body, before, record)
-        self._tickets_check(name)
-        self._ensure_drain(record)
+        self.tickets.check(name)
+        self.drains.ensure(record)
         incident = record.incident or before.incident
         if incident is not None and any(d.record != before for d in decisions):
-            self._spawn(self._sync_remediation(record, incident, now), f"nrem {name}")
+            self.tasks.spawn(self.remediations.sync(record, incident, now), f"nrem {name}")
         for d in decisions:
             _observe_steps(m, before, d.record)
         if self.fleet.dirty_breaker:
-            self._schedule_status_save()
-        self._update_gauges()
+            self.policies.schedule_status_save()
+        self.policies.update_gauges()
 
     def _spare_pool_after(self, body: Json, before: NodeRecord, record: NodeRecord) -> None:
         """Events for a node that joined or left the spare pool; promote spares for a
         node that left production."""
         if record.is_spare and not before.is_spare:
-            self._event(body, "Normal", "SpareReserved", "kept as a hot spare: " + record.reason)
+            self.events.node(
+                body, "Normal", "SpareReserved", "kept as a hot spare: " + record.reason
+            )
         elif before.is_spare and record.state is S.PRODUCTION and not record.spare:
-            self._event(body, "Normal", "SparePromoted", "promoted from the spare pool")
+            self.events.node(body, "Normal", "SparePromoted", "promoted from the spare pool")
         if before.state is S.PRODUCTION and record.state is not S.PRODUCTION:
-            self._promote_spares(f"{record.name} left production: {record.reason}")
+            self.spares.promote(f"{record.name} left production: {record.reason}")
 
     def _act(self, body: Json, record: NodeRecord, a: Action, now: float) -> None:
         name = record.name
         kind = a.kind
         result = "ok"
         if kind is ActionKind.CORDON:
-            self._event(body, "Warning", "Cordoned", a.detail or record.reason)
+            self.events.node(body, "Warning", "Cordoned", a.detail or record.reason)
         elif kind is ActionKind.UNCORDON:
             annotations = body.get("metadata", {}).get("annotations") or {}
             ours = annotations.get(well_known.ANNOTATION_CORDONED) == well_known.CONTROLLER
             if ours or not body.get("spec", {}).get("unschedulable"):
-                self._event(body, "Normal", "Uncordoned", "cleared gpufleet's cordon")
+                self.events.node(body, "Normal", "Uncordoned", "cleared gpufleet's cordon")
             else:
                 result = "kept"  # someone else's cordon: not cleared
-                self._event(body, "Normal", "CordonKept", "the cordon was not set by gpufleet")
+                self.events.node(body, "Normal", "CordonKept", "the cordon was not set by gpufleet")
         elif kind is ActionKind.RUN_STEP:
             assert a.step is not None
-            self._event(body, "Warning", "StepStarted", f"{a.step}: {a.detail}")
-            if a.step in steps.BMC_STEPS:
-                self._spawn(self._run_bmc_step(body, a.step), f"{a.step} {name}")
+            self.events.node(body, "Warning", "StepStarted", f"{a.step}: {a.detail}")
+            self.steps.start(name, a.step)
+        elif kind is ActionKind.RUN_COMMAND:
+            self.steps.start_command(name)
         elif kind is ActionKind.RESTART_JOB:
-            self._event(body, "Warning", "RestartJob", a.detail)
+            self.events.node(body, "Warning", "RestartJob", a.detail)
         elif kind is ActionKind.NOTIFY:
-            self._event(body, "Warning", "Notice", a.detail)
+            self.events.node(body, "Warning", "Notice", a.detail)
         self.metrics.actions.labels(action=kind.value, result=result).inc()
 
 

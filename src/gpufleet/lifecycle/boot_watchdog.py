@@ -29,18 +29,46 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpufleet.api import conditions
+from gpufleet.clock import Clock
 from gpufleet.domain import boot_watch, enrollment, well_known
-from gpufleet.kubeapi import NODES, ApiError, NotFound
+from gpufleet.kubeapi import NODES, ApiError, KubePort, NotFound
 from gpufleet.kubeapi.machines import MACHINES, MachineStore
 from gpufleet.lifecycle import machines, nodes
-from gpufleet.lifecycle.core import ControllerCore, Json, log
+from gpufleet.lifecycle.core import ControllerSettings, Json, log
+from gpufleet.lifecycle.events import EventSink
+from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.lifecycle.nodebook import NodeBook
+from gpufleet.lifecycle.policy import PolicyKeeper
 from gpufleet.remediate import machine_power, redfish
 
 CONDITION = "Booted"
 
 
-class BootWatch(ControllerCore):
+class BootWatch:
     """``on_machine`` (the Machine watch) and ``watch_boots`` (one pass over booting machines)."""
+
+    def __init__(
+        self,
+        client: KubePort,
+        settings: ControllerSettings,
+        *,
+        book: NodeBook,
+        policies: PolicyKeeper,
+        events: EventSink,
+        metrics: Metrics,
+        clock: Clock,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.book = book
+        self.policies = policies
+        self.events = events
+        self.metrics = metrics
+        self.clock = clock
+        self.booting: dict[str, Json] = {}
+        """Machines with a boot in progress, as last seen by the Machine watch."""
+        self._boot_said: dict[str, str] = {}
+        """Per booting Machine: the last stall announced by an Event (announced once)."""
 
     def on_machine(self, type_: str, body: Mapping[str, Any]) -> None:
         """Keep ``booting`` current from the Machine watch (no API call)."""
@@ -57,7 +85,7 @@ class BootWatch(ControllerCore):
     def _node_of(self, name: str, status: Mapping[str, Any]) -> Json | None:
         """The machine's Node as the Node watch last saw it (it carries the Machine's label)."""
         for candidate in (status.get("node"), name):
-            body = self.bodies.get(str(candidate)) if candidate else None
+            body = self.book.get(str(candidate)) if candidate else None
             if body is not None and machines.machine_of(body) == name:
                 return body
         return None
@@ -82,7 +110,7 @@ class BootWatch(ControllerCore):
     async def watch_boots(self) -> None:
         """Judge every boot in progress once; act on stalls (bounded: one action per stall)."""
         now = self.clock.now()
-        policy = self.effective_policy()
+        policy = self.policies.effective()
         for name, body in list(self.booting.items()):
             status = body.get("status") or {}
             progress = boot_watch.progress_of(status)
@@ -111,7 +139,7 @@ class BootWatch(ControllerCore):
             if node is not None:
                 if self._boot_said.get(name) != said:
                     self._boot_said[name] = said
-                    self._machine_event(
+                    self.events.machine(
                         body,
                         "Warning",
                         "BootStalled",
@@ -127,7 +155,7 @@ class BootWatch(ControllerCore):
                 if self._boot_said.get(name) != said:
                     self._boot_said[name] = said
                     held = "paused" if policy.paused else "dry-run"
-                    self._machine_event(
+                    self.events.machine(
                         body, "Warning", "BootRetryHeld", f"{verdict.message} (held: policy {held})"
                     )
                 continue
@@ -175,13 +203,13 @@ class BootWatch(ControllerCore):
         self.booting.pop(name, None)
         self._boot_said.pop(name, None)
         self.metrics.boot_stalls.labels(reason=verdict.reason, outcome="failed").inc()
-        self._machine_event(body, "Warning", "BootFailed", verdict.message)
+        self.events.machine(body, "Warning", "BootFailed", verdict.message)
         log.warning("machine=%s boot failed: %s", name, verdict.message)
 
     async def _retry(self, name: str, body: Json, verdict: boot_watch.Stalled, now: float) -> None:
         """One power cycle for this stall; the attempt is consumed whatever happens."""
         self.metrics.boot_stalls.labels(reason=verdict.reason, outcome="retried").inc()
-        self._machine_event(body, "Warning", "BootStalled", verdict.message)
+        self.events.machine(body, "Warning", "BootStalled", verdict.message)
         try:
             done = await machine_power.network_boot(
                 MachineStore(self.client),
@@ -197,7 +225,7 @@ class BootWatch(ControllerCore):
             return
         # The watch brings the written status; until then the pass must not act again.
         self.booting[name] = _advanced(body, verdict.next_attempt, now)
-        self._machine_event(
+        self.events.machine(
             body,
             "Normal",
             "BootRetried",
@@ -210,7 +238,7 @@ class BootWatch(ControllerCore):
     ) -> None:
         """A retry that failed still counts: the next stall comes ``stall_seconds`` later."""
         why = f"power cycle for attempt {verdict.next_attempt} failed: {exc}"
-        self._machine_event(body, "Warning", "BootRetryFailed", why)
+        self.events.machine(body, "Warning", "BootRetryFailed", why)
         log.warning("machine=%s %s", name, why)
         patch = boot_watch.requested_status(
             by=well_known.CONTROLLER, at=now, attempt=verdict.next_attempt, why=why

@@ -1,6 +1,7 @@
 """The lifecycle controller: Node events in, ``decide()``, record first, act second.
 
-One pass for a node (``_process``), always in this order:
+One pass for a node (:class:`~gpufleet.lifecycle.reconcile.NodePass`), always in
+this order:
 
 1. read the Node: its record, the faults its agent reports that the record
    has not seen, the agent's answer to the request the record waits for;
@@ -9,70 +10,245 @@ One pass for a node (``_process``), always in this order:
 3. write the record, the state label, gpufleet's cordon and taints and the
    next agent request in *one* merge patch guarded by ``resourceVersion``
    (a 409 re-reads the Node and starts again);
-4. only then act outside the Node: drain, BMC steps, Events, metrics,
-   the NodeRemediation object.
+4. only then act outside the Node (:class:`~gpufleet.lifecycle.acting.Acting`):
+   drain, steps through the gate, Events, metrics, the NodeRemediation object.
 
-A decision held by a rail writes its bookkeeping and an Event saying what
-was withheld and why; the periodic tick (``tick_all``) retries it. A BMC step
-is carried out by one task per node, with a write-ahead mark on the Node
-before its one Reset POST; a restarted controller's tick takes an unfinished
-step up again and reads the mark and the BMC to learn whether the reset
-already happened (docs/decisions/0072).
+The controller is composed of collaborators that own their state and are
+handed only the ports they may use (docs/decisions/0140); this class builds
+them and routes the watch events and the tick to them. Who can reach what:
 
-Where each part lives (one concept per module, combined here; docs/decisions/0085):
-
-- :mod:`~gpufleet.lifecycle.core`: the state of one process, task and lock plumbing;
-- :mod:`~gpufleet.lifecycle.reconcile`: steps 1 to 3 (the node pass);
-- :mod:`~gpufleet.lifecycle.acting`: step 4 (what follows a stored decision);
-- :mod:`~gpufleet.lifecycle.drain_loop`: the drain task of a draining node;
-- :mod:`~gpufleet.lifecycle.bmc_tasks`: the BMC step tasks and their results;
-- :mod:`~gpufleet.lifecycle.remediation_sync`: the NodeRemediation object;
-- :mod:`~gpufleet.lifecycle.ticks`: the periodic retry;
-- :mod:`~gpufleet.lifecycle.spare_pool`: hot spares promoted when a node leaves production;
-- :mod:`~gpufleet.lifecycle.maintenance`: MaintenancePlans rolled out in batches (each tick);
-- :mod:`~gpufleet.lifecycle.tickets`: the RMA hand-off (evidence bundle, ticket webhook);
-- :mod:`~gpufleet.lifecycle.boot_watchdog`: Machines powered on to join: joined, retried or failed;
-- :mod:`~gpufleet.lifecycle.policy`: the FleetPolicy, its status, the breaker reset;
-- :mod:`~gpufleet.lifecycle.events`: the Events people read.
+============================  ==============================================
+collaborator                  may
+============================  ==============================================
+``nodes`` (NodePass)          decide; write a node's record, label, cordon, taints
+``acting`` (Acting)           start work after a write (it does none itself)
+``drains`` (Drains)           list, evict and delete a draining node's pods
+``steps`` (GatedSteps)        ask the gate for a step on a node's hardware
+``boots`` (BootWatch)         ask the gate to retry a stalled boot
+``policies`` (PolicyKeeper)   read the FleetPolicy, write its status
+``tickets`` (Tickets)         RMA evidence and the ticket webhook
+``plans`` (MaintenancePlans)  ask for nodes through the node pass (``feed``)
+``spares`` (SparePool)        promote hot spares through the node pass
+``remediations``              the NodeRemediation objects (read-only copies)
+============================  ==============================================
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from gpufleet.clock import SYSTEM_CLOCK, Clock
+from gpufleet.domain import events as ev
+from gpufleet.domain.repeats import Repeats
+from gpufleet.kubeapi import KubePort
+from gpufleet.kubeapi.events import EventRecorder
 from gpufleet.lifecycle.acting import Acting
-from gpufleet.lifecycle.bmc_tasks import BmcTasks
 from gpufleet.lifecycle.boot_watchdog import BootWatch
-from gpufleet.lifecycle.core import ControllerCore, ControllerSettings
+from gpufleet.lifecycle.core import ControllerSettings
 from gpufleet.lifecycle.drain_loop import Drains
-from gpufleet.lifecycle.events import Events
+from gpufleet.lifecycle.events import EventSink
+from gpufleet.lifecycle.fleet import Fleet
+from gpufleet.lifecycle.gated_steps import GatedSteps
 from gpufleet.lifecycle.maintenance import MaintenancePlans
-from gpufleet.lifecycle.policy import PolicyKeeping
+from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.lifecycle.nodebook import NodeBook
+from gpufleet.lifecycle.policy import HoldNotices, PolicyKeeper
 from gpufleet.lifecycle.reconcile import NodePass
 from gpufleet.lifecycle.remediation_sync import RemediationSync
 from gpufleet.lifecycle.spare_pool import SparePool
+from gpufleet.lifecycle.tasks import TaskGroup
 from gpufleet.lifecycle.tickets import Tickets
-from gpufleet.lifecycle.ticks import Ticks
+from gpufleet.lifecycle.ticks import Ticker
 
 __all__ = ["Controller", "ControllerSettings"]
 
 
-class Controller(
-    NodePass,
-    Acting,
-    Drains,
-    BmcTasks,
-    RemediationSync,
-    Ticks,
-    SparePool,
-    Tickets,
-    MaintenancePlans,
-    BootWatch,
-    PolicyKeeping,
-    Events,
-    ControllerCore,
-):
-    """The lifecycle controller of one process: the concepts combined, state in ControllerCore.
+class Controller:
+    """The lifecycle controller of one process: its collaborators, assembled."""
 
-    Each base is one concept (its own module); they call each other only through the
-    methods :class:`~gpufleet.lifecycle.core.ControllerCore` declares, and every one
-    of those is implemented by exactly one base.
-    """
+    def __init__(
+        self,
+        client: KubePort,
+        settings: ControllerSettings | None = None,
+        metrics: Metrics | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.client = client
+        self.settings = s = settings or ControllerSettings()
+        self.metrics = m = metrics or Metrics()
+        self.clock = clock
+        self.tasks = TaskGroup()
+        self.fleet = Fleet()
+        self.book = NodeBook()
+        holds = HoldNotices()
+        self.events = EventSink(
+            EventRecorder(client, clock=clock),
+            self.tasks,
+            namespace=s.event_namespace,
+            clock=clock,
+        )
+        self.policies = PolicyKeeper(
+            client,
+            s,
+            fleet=self.fleet,
+            metrics=m,
+            events=self.events,
+            tasks=self.tasks,
+            holds=holds,
+            clock=clock,
+        )
+        self.nodes = NodePass(
+            client,
+            s,
+            book=self.book,
+            fleet=self.fleet,
+            policies=self.policies,
+            events=self.events,
+            metrics=m,
+            tasks=self.tasks,
+            clock=clock,
+        )
+        feed = self.nodes.feed
+        self.plans = MaintenancePlans(
+            client,
+            book=self.book,
+            fleet=self.fleet,
+            policies=self.policies,
+            feed=feed,
+            clock=clock,
+        )
+        self.drains = Drains(
+            client,
+            book=self.book,
+            fleet=self.fleet,
+            policy=self.policies.effective,
+            events=self.events,
+            tasks=self.tasks,
+            feed=feed,
+            clock=clock,
+            poll_s=s.drain_poll_s,
+        )
+        self.steps = GatedSteps(
+            client,
+            s,
+            fleet=self.fleet,
+            policies=self.policies,
+            events=self.events,
+            metrics=m,
+            tasks=self.tasks,
+            clock=clock,
+            decide_bound=self.nodes.decide_bound,
+            reimage_version=self.plans.reimage_version,
+        )
+        self.spares = SparePool(
+            fleet=self.fleet, policies=self.policies, feed=feed, tasks=self.tasks
+        )
+        self.tickets = Tickets(
+            client,
+            s,
+            book=self.book,
+            fleet=self.fleet,
+            policies=self.policies,
+            events=self.events,
+            metrics=m,
+            tasks=self.tasks,
+            clock=clock,
+        )
+        self.remediations = RemediationSync(client, policy=lambda: self.policies.policy)
+        self.boots = BootWatch(
+            client,
+            s,
+            book=self.book,
+            policies=self.policies,
+            events=self.events,
+            metrics=m,
+            clock=clock,
+        )
+        self.acting = Acting(
+            events=self.events,
+            metrics=m,
+            fleet=self.fleet,
+            policies=self.policies,
+            holds=holds,
+            drains=self.drains,
+            steps=self.steps,
+            spares=self.spares,
+            tickets=self.tickets,
+            remediations=self.remediations,
+            tasks=self.tasks,
+            clock=clock,
+            log_repeats=Repeats(every_s=60.0),
+        )
+        self.nodes.acting = self.acting
+        self.nodes.deleted = self._forget
+        self.ticker = Ticker(
+            fleet=self.fleet,
+            book=self.book,
+            policies=self.policies,
+            drains=self.drains,
+            steps=self.steps,
+            spares=self.spares,
+            plans=self.plans,
+            tickets=self.tickets,
+            metrics=m,
+            feed=feed,
+            clock=clock,
+        )
+
+    # ------------------------------------------------------------- the watches
+
+    async def prime(self) -> None:
+        """Load every Node's record before the first decision (budget needs the whole fleet)."""
+        await self.nodes.prime()
+
+    async def on_node(self, body: Mapping[str, Any]) -> None:
+        """A Node changed (watch event)."""
+        await self.nodes.on_node(body)
+
+    def on_node_deleted(self, name: str) -> None:
+        self.nodes.on_node_deleted(name)
+
+    def _forget(self, name: str) -> None:
+        self.drains.forget(name)
+        self.steps.forget(name)
+
+    async def feed(self, name: str, event: ev.Event) -> None:
+        """Decide an event that did not come from the Node (drain done, step done, tick)."""
+        await self.nodes.feed(name, event)
+
+    async def on_policy(self, body: Mapping[str, Any]) -> None:
+        """The FleetPolicy changed (watch event)."""
+        await self.policies.on_policy(body)
+
+    def on_policy_deleted(self) -> None:
+        """The FleetPolicy is gone: pause (fail closed)."""
+        self.policies.on_deleted()
+
+    def on_machine(self, type_: str, body: Mapping[str, Any]) -> None:
+        """A Machine changed (watch event)."""
+        self.boots.on_machine(type_, body)
+
+    def on_plan(self, body: Mapping[str, Any]) -> None:
+        """A MaintenancePlan changed (watch event)."""
+        self.plans.on_plan(body)
+
+    def on_plan_deleted(self, name: str) -> None:
+        self.plans.on_plan_deleted(name)
+
+    # ---------------------------------------------------------------- periodic
+
+    async def tick_all(self) -> None:
+        """Retry held decisions, examine timeouts, resume steps, move plans on."""
+        await self.ticker.tick()
+
+    async def watch_boots(self) -> None:
+        """One pass over the Machines with a boot in progress."""
+        await self.boots.watch_boots()
+
+    async def save_fleet_status(self) -> None:
+        """Persist the breaker, recent actions and budget use now."""
+        await self.policies.save_fleet_status()
+
+    async def close(self) -> None:
+        await self.tasks.close()

@@ -11,26 +11,73 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
+from gpufleet.clock import Clock
 from gpufleet.domain import emptiness, well_known
 from gpufleet.domain import events as ev
 from gpufleet.domain.policy import DrainMode, Policy
 from gpufleet.domain.records import Incident, NodeRecord
 from gpufleet.kubeapi import PODS, ApiError, NotFound, TooManyRequests
 from gpufleet.lifecycle import draining
-from gpufleet.lifecycle.core import ControllerCore, S, log
+from gpufleet.lifecycle.core import Feed, S, log
+from gpufleet.lifecycle.events import EventSink
+from gpufleet.lifecycle.fleet import Fleet
+from gpufleet.lifecycle.nodebook import NodeBook
+from gpufleet.lifecycle.ports import PodPort
+from gpufleet.lifecycle.tasks import TaskGroup
 
 
-class Drains(ControllerCore):
-    """One drain task per draining node; ``DrainCompleted`` when the node is empty."""
+class Drains:
+    """One drain task per draining node; ``DrainCompleted`` when the node is empty.
 
-    def _ensure_drain(self, record: NodeRecord) -> None:
+    The only collaborator that evicts or deletes pods (its port, :class:`PodPort`,
+    says so); it never reaches a BMC: what follows a drain is decided by the
+    node pass and done through the gate.
+    """
+
+    def __init__(
+        self,
+        pods: PodPort,
+        *,
+        book: NodeBook,
+        fleet: Fleet,
+        policy: Callable[[], Policy],
+        events: EventSink,
+        tasks: TaskGroup,
+        feed: Feed,
+        clock: Clock,
+        poll_s: float,
+    ) -> None:
+        self.client = pods
+        self.book = book
+        self.fleet = fleet
+        self.effective_policy = policy
+        self.events = events
+        self.tasks = tasks
+        self.feed = feed
+        self.clock = clock
+        self.poll_s = poll_s
+        self._drains: dict[str, asyncio.Task[None]] = {}
+        self._slurm_heard: dict[str, tuple[str | None, float]] = {}
+        """Per draining node: the last Slurm report seen and when (monotonic, this process)."""
+        self._drain_said: dict[str, str] = {}
+        """Per draining node: what the last DrainWaiting Event said (without numbers)."""
+
+    def forget(self, name: str) -> None:
+        """A deleted Node: its drain ends."""
+        task = self._drains.pop(name, None)
+        if task is not None:
+            task.cancel()
+
+    def ensure(self, record: NodeRecord) -> None:
+        """Start the node's drain task if it should run and does not."""
         name = record.name
         inc = record.incident
         wanted = record.state is S.DRAINING and inc is not None and not inc.drained
         task = self._drains.get(name)
         if wanted and (task is None or task.done()):
-            self._drains[name] = self._spawn(self._drain(name), f"drain {name}")
+            self._drains[name] = self.tasks.spawn(self._drain(name), f"drain {name}", acting=True)
 
     async def _drain(self, name: str) -> None:
         """One drain, whatever ends it: what it waited for is forgotten with it, so the next
@@ -51,13 +98,13 @@ class Drains(ControllerCore):
                 return
             policy = self.effective_policy()
             if policy.paused or policy.dry_run:
-                await asyncio.sleep(self.settings.drain_poll_s)
+                await asyncio.sleep(self.poll_s)
                 continue
             try:
                 pods = (await self.client.list(PODS, field_selector=f"spec.nodeName={name}")).items
             except ApiError as exc:
                 log.warning("node=%s drain: %s", name, exc)
-                await asyncio.sleep(self.settings.drain_poll_s)
+                await asyncio.sleep(self.poll_s)
                 continue
             plan = draining.plan(
                 pods,
@@ -86,13 +133,13 @@ class Drains(ControllerCore):
                 await self.feed(name, ev.DrainCompleted(detail=ready.why))
                 return
             self._say_drain_wait(name, ready.why)
-            await asyncio.sleep(self.settings.drain_poll_s)
+            await asyncio.sleep(self.poll_s)
 
     def _ready_to_disrupt(
         self, name: str, inc: Incident, policy: Policy, pods_left: int
     ) -> emptiness.Readiness:
         """Kubernetes and Slurm both empty (domain.emptiness), from the Node as last seen."""
-        body = self.bodies.get(name) or {}
+        body = self.book.get(name) or {}
         meta = body.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         text = annotations.get(well_known.ANNOTATION_SLURM_WORK)
@@ -121,6 +168,6 @@ class Drains(ControllerCore):
             return
         self._drain_said[name] = gist
         log.info("node=%s drain: %s", name, why)
-        body = self.bodies.get(name)
+        body = self.book.get(name)
         if body is not None:
-            self._event(body, "Normal", "DrainWaiting", why)
+            self.events.node(body, "Normal", "DrainWaiting", why)

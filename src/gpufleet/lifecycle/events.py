@@ -1,4 +1,4 @@
-"""Events about Nodes and the FleetPolicy: what the controller did, withheld or refused, and why.
+"""Events about Nodes, Machines and the FleetPolicy: what the controller did, withheld or refused.
 
 Events are the audit trail a person reads (``kubectl describe node``); they are
 posted in the background, after the record is stored, and a failed post is only
@@ -11,18 +11,40 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.clock import Clock
 from gpufleet.domain import well_known
 from gpufleet.kubeapi import ApiError
-from gpufleet.kubeapi.events import event_body
+from gpufleet.kubeapi.events import EventRecorder, event_body
 from gpufleet.lifecycle import remediations
-from gpufleet.lifecycle.core import ControllerCore, Json, log
+from gpufleet.lifecycle.core import Json, log
+from gpufleet.lifecycle.tasks import TaskGroup
+
+_MACHINE = ("Machine", f"{well_known.GROUP}/{well_known.VERSION}")
+_POLICY = ("FleetPolicy", f"{well_known.GROUP}/{well_known.VERSION}")
 
 
-class Events(ControllerCore):
-    """Posts core/v1 Events; the other concepts call ``_event`` and ``_policy_event``."""
+class EventSink:
+    """Posts core/v1 Events about the objects the controller looks after."""
 
-    def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    def __init__(
+        self, recorder: EventRecorder, tasks: TaskGroup, *, namespace: str, clock: Clock
+    ) -> None:
+        self._recorder = recorder
+        self._tasks = tasks
+        self._namespace = namespace
+        self._clock = clock
+
+    def node(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """An Event about a Node."""
         self._post(body, ("Node", "v1"), type_, reason, message)
+
+    def machine(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """An Event about a Machine."""
+        self._post(body, _MACHINE, type_, reason, message)
+
+    def policy(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """An Event about the FleetPolicy."""
+        self._post(body, _POLICY, type_, reason, message)
 
     def _post(
         self,
@@ -32,7 +54,6 @@ class Events(ControllerCore):
         reason: str,
         message: str,
     ) -> None:
-        """A core/v1 Event about ``body`` (Node, Machine, FleetPolicy), posted in the background."""
         meta = body.get("metadata", {})
         event = event_body(
             involved={
@@ -46,21 +67,13 @@ class Events(ControllerCore):
             message=message,
             component=well_known.CONTROLLER,
             instance=well_known.CONTROLLER,
-            namespace=self.settings.event_namespace,
-            first=str(remediations.iso(self.clock.now())),
+            namespace=self._namespace,
+            first=str(remediations.iso(self._clock.now())),
         )
-        self._spawn(self._post_event(event), "event")
+        self._tasks.spawn(self._send(event), "event")
 
-    async def _post_event(self, event: Json) -> None:
+    async def _send(self, event: Json) -> None:
         try:
-            await self.event_recorder.record(self.settings.event_namespace, event)
+            await self._recorder.record(self._namespace, event)
         except ApiError as exc:
             log.warning("event not posted: %s", exc)
-
-    def _policy_event(self, body: Mapping[str, Any], type_: str, reason: str, msg: str) -> None:
-        kind = ("FleetPolicy", f"{well_known.GROUP}/{well_known.VERSION}")
-        self._post(body, kind, type_, reason, msg)
-
-    def _machine_event(self, body: Mapping[str, Any], type_: str, reason: str, msg: str) -> None:
-        kind = ("Machine", f"{well_known.GROUP}/{well_known.VERSION}")
-        self._post(body, kind, type_, reason, msg)

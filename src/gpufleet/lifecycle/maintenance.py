@@ -30,18 +30,46 @@ from pydantic import ValidationError
 
 from gpufleet.api import conditions as cr_conditions
 from gpufleet.api import maintenanceplan as api
+from gpufleet.clock import Clock
 from gpufleet.domain import maintenance as mt
 from gpufleet.domain import well_known
 from gpufleet.domain.states import NodeState
 from gpufleet.kubeapi import NODES, ApiError, NotFound, custom
-from gpufleet.lifecycle.core import ControllerCore, Json, log
+from gpufleet.lifecycle.core import Feed, Json, log
+from gpufleet.lifecycle.fleet import Fleet
+from gpufleet.lifecycle.nodebook import NodeBook
+from gpufleet.lifecycle.policy import PolicyKeeper
+from gpufleet.lifecycle.ports import WritePort
 
 PLANS = custom(api.PLURAL)
 P = mt.NodePhase
 
 
-class MaintenancePlans(ControllerCore):
-    """``on_plan`` keeps the watched plans; ``_run_plans`` moves each one on (every tick)."""
+class MaintenancePlans:
+    """``on_plan`` keeps the watched plans; ``run`` moves each one on (every tick).
+
+    It asks for nodes through the ordinary node pass (``feed``), so the rails and
+    the gate apply to what a plan starts as to any repair.
+    """
+
+    def __init__(
+        self,
+        client: WritePort,
+        *,
+        book: NodeBook,
+        fleet: Fleet,
+        policies: PolicyKeeper,
+        feed: Feed,
+        clock: Clock,
+    ) -> None:
+        self.client = client
+        self.book = book
+        self.fleet = fleet
+        self.policies = policies
+        self.feed = feed
+        self.clock = clock
+        self._plans: dict[str, Json] = {}
+        """MaintenancePlans as the watch last delivered them."""
 
     def on_plan(self, body: Mapping[str, Any]) -> None:
         """A MaintenancePlan changed (watch event): kept for the next tick, unless it is
@@ -55,7 +83,7 @@ class MaintenancePlans(ControllerCore):
         """A deleted plan starts nothing more; nodes it took out finish their cycle."""
         self._plans.pop(name, None)
 
-    def _reimage_version(self, name: str) -> str | None:
+    def reimage_version(self, name: str) -> str | None:
         """The ``spec.image`` of the plan whose reimage the node is in (its incident names
         the plan); None for a repair's reimage (the machine keeps its version) or a plan
         deleted since (the reimage installs the version the machine has)."""
@@ -68,7 +96,7 @@ class MaintenancePlans(ControllerCore):
         image = spec.get("image") if spec.get("action") == mt.Action.REIMAGE.value else None
         return str(image) if image else None
 
-    async def _run_plans(self) -> None:
+    async def run(self) -> None:
         for name in sorted(self._plans):
             body = self._plans.get(name)
             if body is None:
@@ -136,14 +164,14 @@ class MaintenancePlans(ControllerCore):
     def _selected(self, spec: api.MaintenancePlanSpec) -> list[str]:
         wanted = spec.node_selector.items()
         found = []
-        for node, nbody in self.bodies.items():
+        for node, nbody in self.book.items():
             labels = (nbody.get("metadata") or {}).get("labels") or {}
             if all(labels.get(k) == v for k, v in wanted):
                 found.append(node)
         return found
 
     def _domain(self, node: str, label: str) -> str:
-        labels = ((self.bodies.get(node) or {}).get("metadata") or {}).get("labels") or {}
+        labels = self.book.labels(node)
         return str(labels.get(label, ""))
 
     async def _finish_held_nodes(
@@ -175,9 +203,7 @@ class MaintenancePlans(ControllerCore):
         for node, e in entries.items():
             if e["phase"] != P.SUCCEEDED or e.get("imageVersion") == spec.image:
                 continue
-            annotations = ((self.bodies.get(node) or {}).get("metadata") or {}).get(
-                "annotations"
-            ) or {}
+            annotations = self.book.annotations(node)
             if annotations.get(well_known.ANNOTATION_IMAGE_VERSION) != spec.image:
                 patch = {
                     "metadata": {"annotations": {well_known.ANNOTATION_IMAGE_VERSION: spec.image}}
@@ -214,7 +240,7 @@ class MaintenancePlans(ControllerCore):
         for node, e in entries.items():
             if e["phase"] == P.REQUESTED:
                 await self.feed(node, request)
-        policy = self.effective_policy()
+        policy = self.policies.effective()
         if policy.paused or policy.dry_run:
             return "the FleetPolicy is " + ("paused" if policy.paused else "in dry-run")
         candidates = []
@@ -241,7 +267,7 @@ class MaintenancePlans(ControllerCore):
         return batch.why
 
     def _budget_room(self) -> dict[str, int]:
-        budget = self.effective_policy().safety.budget
+        budget = self.policies.effective().safety.budget
         held = Counter(
             r.pool for r in self.fleet.records.values() if r.state is NodeState.MAINTENANCE
         )

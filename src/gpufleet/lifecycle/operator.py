@@ -165,8 +165,7 @@ def build_registry(
     )
     async def policy_event(type: str, body: kopf.Body, **_: Any) -> None:
         if type == "DELETED":
-            log.warning("policy=%s deleted: pausing (fail closed)", policy_name)
-            ctl.policy = ctl.policy.model_copy(update={"paused": True})
+            ctl.on_policy_deleted()
             return
         await ctl.on_policy(dict(body))
 

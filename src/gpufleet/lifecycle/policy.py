@@ -18,18 +18,105 @@ import yaml
 
 from gpufleet.api import conditions
 from gpufleet.api.conditions import Status
+from gpufleet.clock import Clock
 from gpufleet.domain import well_known
-from gpufleet.domain.policy import PolicyError, load_policy
+from gpufleet.domain.policy import Policy, PolicyError, default_policy, load_policy
 from gpufleet.domain.safety import BreakerState, breaker_reset, breaker_reset_refusal
-from gpufleet.kubeapi import ApiError, custom
+from gpufleet.kubeapi import ApiError, KubePort, custom
 from gpufleet.lifecycle import crds
-from gpufleet.lifecycle.core import ControllerCore, Json, log
+from gpufleet.lifecycle.core import ControllerSettings, Json, log
+from gpufleet.lifecycle.events import EventSink
+from gpufleet.lifecycle.fleet import Fleet
+from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.lifecycle.tasks import TaskGroup
 
 _POLICIES = custom(crds.FLEET_POLICY_PLURAL)
 
 
-class PolicyKeeping(ControllerCore):
-    """Uses the FleetPolicy and keeps its status (and the fleet gauges) current."""
+def _paused_default() -> Policy:
+    return default_policy().model_copy(update={"paused": True})
+
+
+class HoldNotices:
+    """Per node, the last hold announced by an ``ActionWithheld`` Event.
+
+    A hold retried every tick is announced once, not 30 times a minute (the
+    acting side writes it); the FleetPolicy status counts the waiting nodes
+    per rail from it (the policy keeper reads it).
+    """
+
+    def __init__(self) -> None:
+        self._said: dict[str, str] = {}
+
+    def said(self, name: str) -> str | None:
+        return self._said.get(name)
+
+    def say(self, name: str, text: str) -> None:
+        self._said[name] = text
+
+    def clear(self, name: str) -> None:
+        self._said.pop(name, None)
+
+    def rail_of(self, name: str) -> str:
+        """The rail that holds the node, as last announced ("to be decided again" if none)."""
+        return self._said.get(name, "to be decided again").split(":", 1)[0]
+
+
+class PolicyKeeper:
+    """Uses the FleetPolicy and keeps its status (and the fleet gauges) current.
+
+    It owns the policy in force (a paused default until a valid FleetPolicy is
+    seen: fail closed) and the status it writes; the fleet's breaker and
+    recent actions are restored from that status.
+    """
+
+    def __init__(
+        self,
+        client: KubePort,
+        settings: ControllerSettings,
+        *,
+        fleet: Fleet,
+        metrics: Metrics,
+        events: EventSink,
+        tasks: TaskGroup,
+        holds: HoldNotices,
+        clock: Clock,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.fleet = fleet
+        self.metrics = metrics
+        self.events = events
+        self.tasks = tasks
+        self.holds = holds
+        self.clock = clock
+        self.policy: Policy = _paused_default()
+        self.policy_seen = False
+        self._policy_generation: tuple[Any, Any] = (None, None)
+        self._saved_budget: dict[str, Any] | None = None
+        """The budget part of the last FleetPolicy status saved (saved again when it changes)."""
+        self._policy_conditions: list[dict[str, Any]] | None = None
+        """The FleetPolicy's status conditions as last written (None: not read yet)."""
+        self._breaker_reset_done: tuple[str, float] | None = None
+        """(id, at) of the last breaker reset answered: a watch event that still shows it
+        (before its removal lands) is not answered twice."""
+        self._status_saver: asyncio.Task[None] | None = None
+
+    def effective(self) -> Policy:
+        """The policy in force, with the process's own ``--dry-run`` on top."""
+        if self.settings.dry_run and not self.policy.dry_run:
+            return self.policy.model_copy(update={"dry_run": True})
+        return self.policy
+
+    def on_deleted(self) -> None:
+        """The FleetPolicy was deleted: pause (fail closed) until one is seen again."""
+        log.warning("policy=%s deleted: pausing (fail closed)", self.settings.policy_name)
+        self.policy = self.policy.model_copy(update={"paused": True})
+
+    def use(self, policy: Policy) -> None:
+        """Use ``policy`` as if a valid FleetPolicy had been seen (tests, local tools)."""
+        self.policy = policy
+        self.policy_seen = True
 
     async def on_policy(self, body: Mapping[str, Any]) -> None:
         """A FleetPolicy changed: validate it, use it if valid, report in its status."""
@@ -90,7 +177,7 @@ class PolicyKeeping(ControllerCore):
             await self.client.patch(
                 _POLICIES, self.settings.policy_name, {"status": status}, status=True
             )
-        self._update_gauges()  # a new budget configuration changes what the status shows
+        self.update_gauges()  # a new budget configuration changes what the status shows
 
     async def _breaker_reset_request(self, body: Mapping[str, Any]) -> None:
         """``gpufleet breaker reset``: close the breaker, save, say so, remove the request.
@@ -124,10 +211,10 @@ class PolicyKeeping(ControllerCore):
                     f"({b.faulting_nodes()} faulting nodes in the window), now closed: {reason}"
                 )
                 await self.save_fleet_status()  # at once: status is what operators read
-                self._update_gauges()
+                self.update_gauges()
             self._breaker_reset_done = (rid, at)
         log.info("policy=%s breaker %s", name, message)
-        self._policy_event(body, "Normal" if ok else "Warning", "BreakerReset", message)
+        self.events.policy(body, "Normal" if ok else "Warning", "BreakerReset", message)
         try:
             await self.client.patch(
                 _POLICIES,
@@ -169,6 +256,10 @@ class PolicyKeeping(ControllerCore):
         )
         self.fleet.recent_actions = tuple(float(t) for t in status.get("recentActions") or [])
 
+    _saved_fleet: dict[str, int | None] | None = None
+    """The fleet-wide part of the last status saved (``fleetBudget``; saved again when it
+    changes, e.g. a new ``fleetMaxNodes`` with every pool as it was)."""
+
     async def save_fleet_status(self) -> None:
         """Persist the breaker, recent actions and budget use in the FleetPolicy status."""
         if not self.policy_seen:
@@ -196,6 +287,7 @@ class PolicyKeeping(ControllerCore):
             "recentActions": list(fleet.recent_actions),
             # A merge patch keeps keys it does not name: a pool that is gone is removed.
             "budget": {**{p: None for p in self._saved_budget or {} if p not in budget}, **budget},
+            "fleetBudget": self._fleet_use(budget),
             # Every condition at once (a merge patch replaces the list whole).
             "conditions": self._set_policy_condition(
                 "FaultsWaiting",
@@ -212,8 +304,9 @@ class PolicyKeeping(ControllerCore):
             log.warning("policy=%s status not saved: %s", self.settings.policy_name, exc)
         else:
             self._saved_budget = budget
+            self._saved_fleet = status["fleetBudget"]
 
-    def _update_gauges(self) -> None:
+    def update_gauges(self) -> None:
         """Metrics from the fleet view; and a status save when the budget use changed.
 
         The FleetPolicy status is what ``kubectl`` and ``gpufleet status`` show, so
@@ -229,13 +322,16 @@ class PolicyKeeping(ControllerCore):
             m.budget_out.labels(pool=pool).set(use["outOfService"])
             m.budget_allowed.labels(pool=pool).set(use["allowed"])
             m.faults_waiting.labels(pool=pool).set(use["waiting"])
-        if self.policy_seen and budget != self._saved_budget:
+        if self.policy_seen and (budget, self._fleet_use(budget)) != (
+            self._saved_budget,
+            self._saved_fleet,
+        ):
             self.fleet.dirty_breaker = True  # "dirty status": saved by the coalescing saver
             try:
                 asyncio.get_running_loop()
             except RuntimeError:  # called outside the event loop: the next pass saves it
                 return
-            self._schedule_status_save()
+            self.schedule_status_save()
 
     def _budget_use(self, waiting: Counter[str]) -> dict[str, dict[str, int]]:
         """Per pool: its size, the nodes automation holds out, how many it may, and how
@@ -251,6 +347,18 @@ class PolicyKeeping(ControllerCore):
             for pool, p in self.fleet.view().pools.items()
         }
 
+    def _fleet_use(self, budget: Mapping[str, Mapping[str, int]]) -> dict[str, int | None]:
+        """The whole fleet, from the pools' use (:meth:`_budget_use`): size, nodes out, how
+        many the policy's fleet-wide budget allows (None: it sets none), nodes waiting:
+        the status's ``fleetBudget``."""
+        size = sum(use["size"] for use in budget.values())
+        return {
+            "size": size,
+            "outOfService": sum(use["outOfService"] for use in budget.values()),
+            "allowed": self.policy.safety.budget.fleet_allowed(size),
+            "waiting": sum(use["waiting"] for use in budget.values()),
+        }
+
     def _waiting(self) -> tuple[Counter[str], Counter[str]]:
         """Nodes holding a fault a safety rail withheld (kept, retried every tick: never
         dropped), counted per pool and per rail. Read from the tick's index, which holds
@@ -261,13 +369,13 @@ class PolicyKeeping(ControllerCore):
             if record.pending is None:
                 continue
             by_pool[record.pool] += 1
-            by_rail[self._held_said.get(name, "to be decided again").split(":", 1)[0]] += 1
+            by_rail[self.holds.rail_of(name)] += 1
         return by_pool, by_rail
 
-    def _schedule_status_save(self) -> None:
+    def schedule_status_save(self) -> None:
         """Save the fleet status soon, coalescing bursts: one write in flight at most."""
         if self._status_saver is None or self._status_saver.done():
-            self._status_saver = self._spawn(self._save_soon(), "fleet status")
+            self._status_saver = self.tasks.spawn(self._save_soon(), "fleet status")
 
     async def _save_soon(self) -> None:
         await asyncio.sleep(self.settings.status_save_delay_s)

@@ -14,21 +14,97 @@ fleet view, its faults are decided as they come) but written at a bounded pace
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
+from gpufleet.clock import Clock
 from gpufleet.domain import events as ev
 from gpufleet.domain import well_known
 from gpufleet.domain.decide import Decision, decide
 from gpufleet.domain.operator import Received, answer
 from gpufleet.domain.records import NodeRecord
-from gpufleet.kubeapi import NODES, ApiError, Conflict, NotFound
+from gpufleet.kubeapi import NODES, ApiError, Conflict, KubePort, NotFound
 from gpufleet.lifecycle import machines, nodes, remediations
-from gpufleet.lifecycle.core import ControllerCore, Json, S, log
+from gpufleet.lifecycle.core import ControllerSettings, Json, S, log
+from gpufleet.lifecycle.events import EventSink
+from gpufleet.lifecycle.fleet import Fleet
+from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.lifecycle.nodebook import NodeBook
+from gpufleet.lifecycle.policy import PolicyKeeper
+from gpufleet.lifecycle.tasks import TaskGroup
 
 
-class NodePass(ControllerCore):
-    """Node events in, decisions recorded on the Node (read, decide, one guarded patch)."""
+class AfterWrite(Protocol):
+    """What acts once a decision is stored (:class:`gpufleet.lifecycle.acting.Acting`)."""
+
+    def after(
+        self,
+        original: Json,
+        body: Json,
+        before: NodeRecord,
+        record: NodeRecord,
+        decisions: Sequence[Decision],
+        now: float,
+    ) -> None: ...
+
+
+class NodePass:
+    """Node events in, decisions recorded on the Node (read, decide, one guarded patch).
+
+    The only writer of a node's lifecycle record: nothing else decides, and
+    nothing else writes the record, its state label, gpufleet's cordon and
+    taints. What follows a stored decision is the acting side's (``acting``,
+    bound once the controller is assembled).
+    """
+
+    def __init__(
+        self,
+        client: KubePort,
+        settings: ControllerSettings,
+        *,
+        book: NodeBook,
+        fleet: Fleet,
+        policies: PolicyKeeper,
+        events: EventSink,
+        metrics: Metrics,
+        tasks: TaskGroup,
+        clock: Clock,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.book = book
+        self.fleet = fleet
+        self.policies = policies
+        self.events = events
+        self.metrics = metrics
+        self.tasks = tasks
+        self.clock = clock
+        self.acting: AfterWrite | None = None
+        self.deleted: Callable[[str], None] | None = None
+        """Told of a deleted Node (the controller forgets its drain and steps)."""
+        self._rejoin_checked: dict[str, str] = {}
+        """Per Node with a Machine: the Ready transition whose join token was looked at."""
+        self.adoption_pending: dict[str, None] = {}
+        """Adopted healthy nodes whose first write waits its turn, oldest first."""
+        self._adoption_writer: asyncio.Task[None] | None = None
+        """The task writing them (None: none pending, it ended)."""
+        self._adopting_now: set[str] = set()
+        """The node the writer is writing: its first write is not deferred again."""
+
+    def _after(
+        self,
+        original: Json,
+        body: Json,
+        before: NodeRecord,
+        record: NodeRecord,
+        decisions: Sequence[Decision],
+        now: float,
+    ) -> None:
+        assert self.acting is not None, "the controller binds the acting side at assembly"
+        self.acting.after(original, body, before, record, decisions, now)
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self.book.lock(name)
 
     async def prime(self) -> None:
         """Load every Node's record before the first decision (budget needs the whole fleet)."""
@@ -38,30 +114,30 @@ class NodePass(ControllerCore):
         for body in listing.items:
             record, _ = nodes.record_of(body, now)
             self.fleet.put(record)
-            self.bodies[nodes.name_of(body)] = body
-        self._update_gauges()
+            self.book.put(nodes.name_of(body), body)
+        self.policies.update_gauges()
         log.info("fleet loaded: %d nodes", len(self.fleet.records))
 
     async def on_node(self, body: Mapping[str, Any]) -> None:
         """A Node changed (watch event): feed what is new to ``decide``."""
         name = nodes.name_of(body)
         async with self._lock(name):
-            if _older(body, self.bodies.get(name)):
+            if _older(body, self.book.get(name)):
                 return  # a watch event from before our own last write
             await self._reconcile(dict(body), extra=())
 
     def on_node_deleted(self, name: str) -> None:
+        """A Node is gone: nothing of it is kept here (the controller tells the others)."""
         self.fleet.forget(name)
-        self.bodies.pop(name, None)
+        self.book.forget(name)
         self.adoption_pending.pop(name, None)
-        task = self._drains.pop(name, None)
-        if task is not None:
-            task.cancel()
+        if self.deleted is not None:
+            self.deleted(name)
 
     async def feed(self, name: str, event: ev.Event) -> None:
         """Decide an event that did not come from the Node (drain done, step done, tick)."""
         async with self._lock(name):
-            body = self.bodies.get(name)
+            body = self.book.get(name)
             if body is None or not isinstance(event, ev.Tick):
                 # A result must be decided on the Node as it is now: decided on a stale
                 # copy it could be judged "not the step in progress" and lost.
@@ -74,6 +150,24 @@ class NodePass(ControllerCore):
                     if body is None:
                         return
             await self._reconcile(body, extra=(event,))
+
+    async def decide_bound(
+        self, name: str, event: ev.Event, bound: Callable[[NodeRecord], bool]
+    ) -> NodeRecord | None:
+        """Decide ``event`` on the Node as stored now, if its record satisfies ``bound``.
+
+        A step's result is bound to its attempt: read under the node's lock, a record
+        that has moved on (a timeout started the next rung) drops it (None). Returns
+        the record stored after the decision. Raises the port's errors.
+        """
+        async with self._lock(name):
+            body = await self.client.get(NODES, name)
+            record, _ = nodes.record_of(body, self.clock.now())
+            if not bound(record):
+                return None
+            await self._reconcile(body, extra=(event,))
+            stored, _ = nodes.record_of(self.book.get(name) or body, self.clock.now())
+            return stored
 
     async def _reconcile(self, body: Json, *, extra: Sequence[ev.Event]) -> None:
         name = nodes.name_of(body)
@@ -102,7 +196,7 @@ class NodePass(ControllerCore):
 
     async def _process(self, body: Json, extra: Sequence[ev.Event]) -> None:
         name = nodes.name_of(body)
-        self.bodies[name] = body
+        self.book.put(name, body)
         now = self.clock.now()
         record, new = nodes.record_of(body, now)
         obs = nodes.observe(body, record)
@@ -116,7 +210,7 @@ class NodePass(ControllerCore):
             await self._revoke_after_rejoin(name, body)
         before = record
         decisions: list[Decision] = []
-        policy = self.effective_policy()
+        policy = self.policies.effective()
         async with self.fleet.lock:
             previous = self.fleet.records.get(name)
             for event in events:
@@ -161,7 +255,7 @@ class NodePass(ControllerCore):
         except NotFound:
             self.on_node_deleted(name)
             return
-        self.bodies[name] = written
+        self.book.put(name, written)
         if obs.request is not None:
             self._answer_operator(written, obs.request, before, events, decisions)
         self._after(body, written, before, record, decisions, now)
@@ -183,7 +277,7 @@ class NodePass(ControllerCore):
         self.adoption_pending[name] = None
         self.metrics.adoption_pending.set(len(self.adoption_pending))
         if self._adoption_writer is None:
-            self._adoption_writer = self._spawn(self._write_adoptions(), "adoption writes")
+            self._adoption_writer = self.tasks.spawn(self._write_adoptions(), "adoption writes")
         return True
 
     async def _write_adoptions(self) -> None:
@@ -197,12 +291,12 @@ class NodePass(ControllerCore):
         while self.adoption_pending:
             name = next(iter(self.adoption_pending))
             del self.adoption_pending[name]
-            body = self.bodies.get(name)
+            body = self.book.get(name)
             if body is not None and nodes.record_of(body, self.clock.now())[1]:
                 self._adopting_now.add(name)
                 try:
                     async with self._lock(name):
-                        await self._reconcile(self.bodies.get(name, body), extra=())
+                        await self._reconcile(self.book.get(name) or body, extra=())
                 except ApiError as exc:
                     log.warning("node=%s adoption not written: %s", name, exc)
                 finally:
@@ -240,7 +334,7 @@ class NodePass(ControllerCore):
         self.metrics.actions.labels(
             action="operator-request", result="ok" if accepted else "refused"
         ).inc()
-        self._event(body, "Normal" if accepted else "Warning", "OperatorRequest", message)
+        self.events.node(body, "Normal" if accepted else "Warning", "OperatorRequest", message)
 
 
 def _older(body: Mapping[str, Any], known: Mapping[str, Any] | None) -> bool:

@@ -11,19 +11,30 @@ Objects are built by :mod:`gpufleet.lifecycle.remediations`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
+from gpufleet.domain.policy import Policy
 from gpufleet.domain.records import Incident, NodeRecord
 from gpufleet.kubeapi import ApiError, Conflict, NotFound, custom
 from gpufleet.lifecycle import crds, remediations
-from gpufleet.lifecycle.core import ControllerCore, S, log
+from gpufleet.lifecycle.core import Json, S, log
+from gpufleet.lifecycle.ports import WritePort
 
 _REMEDIATIONS = custom(crds.NODE_REMEDIATION_PLURAL)
 
 
-class RemediationSync(ControllerCore):
+class RemediationSync:
     """Creates and updates one NodeRemediation per incident."""
 
-    async def _sync_remediation(self, record: NodeRecord, incident: Incident, now: float) -> None:
+    def __init__(self, client: WritePort, *, policy: Callable[[], Policy]) -> None:
+        self.client = client
+        self.current_policy = policy
+        self._nrem_locks: dict[str, asyncio.Lock] = {}
+        self._nrem_written: dict[str, Json] = {}
+        """Per open NodeRemediation: the status last written (it exists; an equal status
+        is not written again)."""
+
+    async def sync(self, record: NodeRecord, incident: Incident, now: float) -> None:
         name = remediations.name_for(record.name, incident)
         lock = self._nrem_locks.setdefault(name, asyncio.Lock())
         async with lock:
@@ -33,7 +44,7 @@ class RemediationSync(ControllerCore):
                 try:
                     await self.client.create(
                         _REMEDIATIONS,
-                        remediations.manifest(record.name, current, self.policy),
+                        remediations.manifest(record.name, current, self.current_policy()),
                     )
                 except Conflict:
                     pass

@@ -17,30 +17,42 @@ import functools
 
 from gpufleet.domain import events as ev
 from gpufleet.domain import spares
-from gpufleet.lifecycle.core import ControllerCore, log
+from gpufleet.lifecycle.core import Feed, log
+from gpufleet.lifecycle.fleet import Fleet
+from gpufleet.lifecycle.policy import PolicyKeeper
+from gpufleet.lifecycle.tasks import TaskGroup
 
 
-class SparePool(ControllerCore):
-    """``_promote_spares``: one SparePromoted per spare the pool must give up now."""
+class SparePool:
+    """``promote``: one SparePromoted per spare the pool must give up now."""
 
-    _spares_settled: tuple[int, object] | None = None
-    """(fleet generation, policy) of the last answer that promoted nobody."""
+    def __init__(
+        self, *, fleet: Fleet, policies: PolicyKeeper, feed: Feed, tasks: TaskGroup
+    ) -> None:
+        self.fleet = fleet
+        self.policies = policies
+        self.feed = feed
+        self.tasks = tasks
+        self._promoting: set[str] = set()
+        """Hot spares whose promotion is under way."""
+        self._spares_settled: tuple[int, object] | None = None
+        """(fleet generation, policy) of the last answer that promoted nobody."""
 
-    def _promote_spares(self, why: str) -> None:
+    def promote(self, why: str) -> None:
         promoting = self._promoting
-        asked = (self.fleet.generation, self.policy)
+        asked = (self.fleet.generation, self.policies.policy)
         if self._spares_settled is not None and (
             self._spares_settled[0] == asked[0] and self._spares_settled[1] is asked[1]
         ):
             return
-        chosen = spares.promotions(self.fleet.records.values(), self.effective_policy())
+        chosen = spares.promotions(self.fleet.records.values(), self.policies.effective())
         self._spares_settled = None if chosen else asked
         for name in chosen:
             if name in promoting:
                 continue
             promoting.add(name)
             log.info("node=%s promoting the hot spare: %s", name, why)
-            task = self._spawn(self.feed(name, ev.SparePromoted(why)), f"promote {name}")
+            task = self.tasks.spawn(self.feed(name, ev.SparePromoted(why)), f"promote {name}")
             task.add_done_callback(functools.partial(_forget, promoting, name))
 
 

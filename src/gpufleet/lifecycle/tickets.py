@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpufleet.clock import Clock
 from gpufleet.domain import node_reports, rma, well_known
 from gpufleet.domain import rma_payload as payloads
 from gpufleet.domain.records import NodeRecord
@@ -34,7 +35,14 @@ from gpufleet.kubeapi import NODES, ApiError, Conflict, NotFound
 from gpufleet.kubeapi.machines import MACHINES
 from gpufleet.kubeapi.resources import CONFIGMAPS, EVENTS
 from gpufleet.lifecycle import machines, nodes
-from gpufleet.lifecycle.core import ControllerCore, Json, log
+from gpufleet.lifecycle.core import ControllerSettings, Json, log
+from gpufleet.lifecycle.events import EventSink
+from gpufleet.lifecycle.fleet import Fleet
+from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.lifecycle.nodebook import NodeBook
+from gpufleet.lifecycle.policy import PolicyKeeper
+from gpufleet.lifecycle.ports import WritePort
+from gpufleet.lifecycle.tasks import TaskGroup
 from gpufleet.remediate.ticket_webhook import TicketWebhook
 
 MAX_IN_FLIGHT = 4
@@ -61,15 +69,47 @@ def _annotations(body: Mapping[str, Any]) -> Mapping[str, str]:
     return body.get("metadata", {}).get("annotations") or {}
 
 
-class Tickets(ControllerCore):
-    """``_tickets_check``: the node's ticket opened, retried, closed or forgotten."""
+class Tickets:
+    """``check``: the node's ticket opened, retried, closed or forgotten."""
 
-    def _tickets_check(self, name: str) -> None:
+    def __init__(
+        self,
+        client: WritePort,
+        settings: ControllerSettings,
+        *,
+        book: NodeBook,
+        fleet: Fleet,
+        policies: PolicyKeeper,
+        events: EventSink,
+        metrics: Metrics,
+        tasks: TaskGroup,
+        clock: Clock,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.book = book
+        self.fleet = fleet
+        self.policies = policies
+        self.events = events
+        self.metrics = metrics
+        self.tasks = tasks
+        self.clock = clock
+        self._ticketing: set[str] = set()
+        """Nodes whose ticket task runs: one call at a time per node."""
+        self._ticket_said: dict[str, str] = {}
+        """Per node, the last dry-run ticket Event (said once, not every tick)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether tickets are opened at all (a webhook is configured)."""
+        return bool(self.settings.ticket_webhook)
+
+    def check(self, name: str) -> None:
         if not self.settings.ticket_webhook or name in self._ticketing:
             return
         if len(self._ticketing) >= MAX_IN_FLIGHT:
             return  # the next tick asks again
-        body, record = self.bodies.get(name), self.fleet.records.get(name)
+        body, record = self.book.get(name), self.fleet.records.get(name)
         if body is None or record is None:
             return
         ann = _annotations(body)
@@ -84,14 +124,14 @@ class Tickets(ControllerCore):
         now = self.clock.now()
         if wanted == ticket and close_text is None and not rma.due(wanted, now):
             return
-        policy = self.effective_policy()
+        policy = self.policies.effective()
         if policy.dry_run:
             self._say_dry_run(body, wanted)
             return
         if policy.paused:
             return
         self._ticketing.add(name)
-        task = self._spawn(self._ticket_work(name), f"ticket {name}")
+        task = self.tasks.spawn(self._ticket_work(name), f"ticket {name}", acting=True)
         task.add_done_callback(lambda _t: self._ticketing.discard(name))
 
     def _say_dry_run(self, body: Mapping[str, Any], wanted: rma.Ticket | None) -> None:
@@ -105,7 +145,7 @@ class Tickets(ControllerCore):
             return
         self._ticket_said[name] = said
         verb = _VERBS[event]
-        self._event(
+        self.events.node(
             body,
             "Normal",
             f"TicketWould{verb.capitalize()}",
@@ -161,7 +201,7 @@ class Tickets(ControllerCore):
             and wanted.state is rma.TicketState.CLOSED
             and (ticket is None or ticket.state is not rma.TicketState.CLOSED)
         ):
-            self._event(body, "Normal", "TicketClosed", f"{wanted.key}: {wanted.close_reason}")
+            self.events.node(body, "Normal", "TicketClosed", f"{wanted.key}: {wanted.close_reason}")
         return True
 
     async def _write_ticket(
@@ -229,16 +269,18 @@ class Tickets(ControllerCore):
         which = f" (ticket {done.ticket_id})" if done.ticket_id else ""
         if event == "opened":
             detail = f"RMA ticket {done.key}{which} opened; evidence in ConfigMap {done.evidence}"
-            self._event(body, "Normal", "TicketOpened", detail)
+            self.events.node(body, "Normal", "TicketOpened", detail)
         elif event == "updated":
             detail = f"RMA ticket {done.key}{which} told the node is now in {done.reported}"
-            self._event(body, "Normal", "TicketUpdated", detail)
+            self.events.node(body, "Normal", "TicketUpdated", detail)
         else:
-            self._event(body, "Normal", "TicketClosed", f"{done.key}{which}: {done.close_reason}")
+            self.events.node(
+                body, "Normal", "TicketClosed", f"{done.key}{which}: {done.close_reason}"
+            )
         log.info("node=%s RMA ticket %s %s%s", name, done.key, event, which)
 
     def _ticket_failed(self, body: Json, event: str, why: str) -> None:
-        self._event(
+        self.events.node(
             body,
             "Warning",
             "TicketNotDelivered",

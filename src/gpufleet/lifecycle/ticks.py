@@ -1,4 +1,4 @@
-"""The periodic tick: retry held decisions, examine step and check timeouts, resume BMC steps.
+"""The periodic tick: retry held decisions, examine step and check timeouts, resume steps.
 
 A decision held by a rail (budget, breaker, rate limit, pause) is not queued:
 the tick decides again for every node that is not idle, so a hold lifts as soon
@@ -9,20 +9,45 @@ not from a pass over every record: at rest a tick costs what the busy nodes cost
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from gpufleet.clock import Clock
 from gpufleet.domain import events as ev
 from gpufleet.domain.safety import breaker_refresh
 from gpufleet.lifecycle import nodes
-from gpufleet.lifecycle.core import ControllerCore, S
+from gpufleet.lifecycle.core import Feed, S
+from gpufleet.lifecycle.drain_loop import Drains
 from gpufleet.lifecycle.fleet import QUIET as IDLE
+from gpufleet.lifecycle.fleet import Fleet
+from gpufleet.lifecycle.gated_steps import GatedSteps
+from gpufleet.lifecycle.maintenance import MaintenancePlans
+from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.lifecycle.nodebook import NodeBook
+from gpufleet.lifecycle.policy import PolicyKeeper
+from gpufleet.lifecycle.spare_pool import SparePool
+from gpufleet.lifecycle.tickets import Tickets
 
 
-class Ticks(ControllerCore):
-    """``tick_all``: one Tick per non-idle node, then BMC resumes and the status save."""
+@dataclass
+class Ticker:
+    """``tick``: one Tick per non-idle node, then step resumes, spares, plans, status."""
 
-    async def tick_all(self) -> None:
+    fleet: Fleet
+    book: NodeBook
+    policies: PolicyKeeper
+    drains: Drains
+    steps: GatedSteps
+    spares: SparePool
+    plans: MaintenancePlans
+    tickets: Tickets
+    metrics: Metrics
+    feed: Feed
+    clock: Clock
+
+    async def tick(self) -> None:
         """Retry held decisions and examine timeouts, node by node."""
         now = self.clock.now()
-        policy = self.effective_policy()
+        policy = self.policies.effective()
         refreshed = breaker_refresh(
             self.fleet.breaker,
             now=now,
@@ -32,22 +57,22 @@ class Ticks(ControllerCore):
         if refreshed != self.fleet.breaker:
             self.fleet.breaker = refreshed
             self.fleet.dirty_breaker = True
-        if self.settings.ticket_webhook:  # a ticket call due again (backoff), or after a restart
+        if self.tickets.enabled:  # a ticket call due again (backoff), or after a restart
             for name in list(self.fleet.records):
-                self._tickets_check(name)
+                self.tickets.check(name)
         for name, record in self.fleet.ticking():
             if record.state in IDLE and record.pending is None:
-                if record.state is S.PROVISIONING and record.name in self.bodies:
-                    body = self.bodies[name]
-                    if nodes.is_ready(body):
-                        await self.feed(name, ev.Tick())  # _process checks the inventory
+                if record.state is S.PROVISIONING:
+                    body = self.book.get(name)
+                    if body is not None and nodes.is_ready(body):
+                        await self.feed(name, ev.Tick())  # the node pass checks the inventory
                 continue
-            self._ensure_drain(record)
+            self.drains.ensure(record)
             await self.feed(name, ev.Tick())
-        self._resume_bmc_steps()  # after the Ticks: a step they timed out is not resumed
-        self._promote_spares("the pool's training capacity is short")
-        await self._run_plans()
+        self.steps.resume()  # after the Ticks: a step they timed out is not resumed
+        self.spares.promote("the pool's training capacity is short")
+        await self.plans.run()
         if self.fleet.dirty_breaker:
-            self._schedule_status_save()
-        self._update_gauges()
+            self.policies.schedule_status_save()
+        self.policies.update_gauges()
         self.metrics.ticks.inc()

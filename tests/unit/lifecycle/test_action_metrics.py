@@ -29,8 +29,7 @@ async def _repair_once(admin_cordon: bool) -> Controller:
         kube.add_node(node(f"n{i}", unschedulable=admin_cordon and i == 1))
     clock = ManualClock()
     ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=clock)
-    ctl.policy = default_policy()
-    ctl.policy_seen = True
+    ctl.policies.use(default_policy())
     await ctl.prime()
     for body in list(kube.nodes.values()):
         await ctl.on_node(body)
@@ -38,8 +37,8 @@ async def _repair_once(admin_cordon: bool) -> Controller:
     set_condition(kube.nodes["n1"], conditions.problem(Subsystem.GPU, [fault]))
     await ctl.on_node(kube.nodes["n1"])
     async with asyncio.timeout(30):  # the drain runs in the background
-        while ctl._tasks:
-            await asyncio.wait(set(ctl._tasks))
+        while ctl.tasks.pending:
+            await asyncio.wait(set(ctl.tasks.pending))
     for _ in ("gpu-reset", "verify"):
         _answer(kube, "n1")
         await ctl.on_node(kube.nodes["n1"])

@@ -51,16 +51,15 @@ def test_a_ready_node_outside_the_selector_ends_its_machines_boot_as_joined() ->
             status_save_delay_s=0.0, node_selector={well_known.LABEL_POOL: "machines"}
         )
         ctl = Controller(kube, settings, clock=clock)
-        ctl.policy = default_policy()
-        ctl.policy_seen = True
+        ctl.policies.use(default_policy())
         await ctl.prime()
-        assert SYSTEM not in ctl.bodies  # not managed: not in the Node cache
+        assert SYSTEM not in ctl.book  # not managed: not in the Node cache
         ctl.on_machine("ADDED", machine)
-        clock.advance(ctl.policy.provisioning.stall_seconds + 60)
+        clock.advance(ctl.policies.policy.provisioning.stall_seconds + 60)
         await ctl.watch_boots()
         status = kube.custom[(MACHINES.plural, SYSTEM)]["status"]
         assert status["boot"]["outcome"] == "Joined", status["boot"]
-        assert SYSTEM not in ctl.booting
+        assert SYSTEM not in ctl.boots.booting
         await ctl.close()
 
     asyncio.run(go())

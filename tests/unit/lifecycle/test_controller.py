@@ -22,16 +22,17 @@ def xid79(name: str, at: float) -> FaultEvent:
     return FaultEvent(FaultKind.XID, name, at=at, xid=79, evidence=Evidence(gpu_index=3))
 
 
-async def make(n: int = 10, **policy: Any) -> tuple[FakeKube, Controller, ManualClock]:
-    kube = FakeKube()
+async def make(
+    n: int = 10, *, kube: FakeKube | None = None, **policy: Any
+) -> tuple[FakeKube, Controller, ManualClock]:
+    kube = kube or FakeKube()
     for i in range(n):
         kube.add_node(node(f"n{i}"))
     clock = ManualClock()
     # No coalescing delay for the status save: settle() would wait it out.
     settings = ControllerSettings(status_save_delay_s=0.0)
     ctl = Controller(kube, settings, clock=clock)
-    ctl.policy = default_policy().model_copy(update=policy)
-    ctl.policy_seen = True
+    ctl.policies.use(default_policy().model_copy(update=policy))
     await ctl.prime()
     for body in list(kube.nodes.values()):
         await ctl.on_node(body)
@@ -43,8 +44,8 @@ async def settle(ctl: Controller) -> None:
     Events, NodeRemediation writes, the status save) has finished, tasks that work
     started included: what is asserted next has happened, however slow the machine."""
     async with asyncio.timeout(30):  # a task that never ends fails the test, not hangs it
-        while ctl._tasks:
-            await asyncio.wait(set(ctl._tasks))
+        while ctl.tasks.pending:
+            await asyncio.wait(set(ctl.tasks.pending))
 
 
 async def fault(kube: FakeKube, ctl: Controller, name: str, at: float) -> None:
@@ -128,14 +129,12 @@ def test_our_cordon_is_cleared_and_only_our_taints_removed() -> None:
 def test_concurrent_faults_never_exceed_the_budget() -> None:
     async def go() -> None:
         kube, ctl, clock = await make(20)  # budget: 10% of 20 = 2
-        ctl.policy = ctl.policy.model_copy(
-            update={
-                "safety": ctl.policy.safety.model_copy(
-                    update={
-                        "breaker": ctl.policy.safety.breaker.model_copy(update={"min_nodes": 50})
-                    }
-                )
-            }
+        safety = ctl.policies.policy.safety
+        breaker = safety.breaker.model_copy(update={"min_nodes": 50})
+        ctl.policies.use(
+            ctl.policies.policy.model_copy(
+                update={"safety": safety.model_copy(update={"breaker": breaker})}
+            )
         )
         for i in range(6):
             set_condition(

@@ -18,9 +18,9 @@ def test_six_identical_withheld_announcements_are_one_event_counted_six_times() 
         ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock())
         body = kube.nodes["n0"]
         for _ in range(6):
-            ctl._event(body, "Warning", "ActionWithheld", "budget-exhausted: cordon")
+            ctl.events.node(body, "Warning", "ActionWithheld", "budget-exhausted: cordon")
             await settle(ctl)
-        ctl._event(body, "Warning", "ActionWithheld", "breaker-open: cordon")
+        ctl.events.node(body, "Warning", "ActionWithheld", "breaker-open: cordon")
         await settle(ctl)
         await ctl.close()
         return kube

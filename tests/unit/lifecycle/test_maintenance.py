@@ -44,10 +44,8 @@ class CountingKube(FakeKube):
 
 
 async def setup(spec: dict[str, Any], **policy: Any) -> tuple[CountingKube, Controller]:
-    kube, ctl, _ = await make(4, **policy)
     counting = CountingKube()
-    counting.__dict__.update(kube.__dict__)
-    ctl.client = counting
+    _, ctl, _ = await make(4, kube=counting, **policy)
     for i, name in enumerate(sorted(counting.nodes)):
         counting.nodes[name]["metadata"]["labels"][RACK] = f"r{i // 2}"
         await ctl.on_node(counting.nodes[name])
@@ -64,7 +62,7 @@ def plan_status(kube: FakeKube) -> dict[str, Any]:
 
 async def passes(ctl: Controller, n: int = 3) -> None:
     for _ in range(n):
-        await ctl._run_plans()
+        await ctl.plans.run()
         await settle(ctl)
 
 
@@ -172,7 +170,7 @@ def test_a_node_asked_for_that_left_production_meanwhile_is_not_taken_from_triag
         await ctl.on_node(body)
         plan = kube.custom[(maintenanceplan.PLURAL, "p")]
         plan["status"] = {"nodes": [{"name": "n1", "phase": "Requested", "startedAt": 1.0}]}
-        ctl.policy = ctl.policy.model_copy(update={"paused": False})
+        ctl.policies.use(ctl.policies.policy.model_copy(update={"paused": False}))
         ctl.on_plan(plan)
         await passes(ctl)
         entry = next(n for n in plan_status(kube)["nodes"] if n["name"] == "n1")
@@ -191,9 +189,9 @@ def test_a_late_watch_event_does_not_bring_back_an_older_plan() -> None:
         newer = {"metadata": {"name": "p", "resourceVersion": "12"}, "spec": SPEC, "status": {}}
         ctl.on_plan(newer)
         ctl.on_plan({"metadata": {"name": "p", "resourceVersion": "9"}, "spec": SPEC})
-        assert ctl._plans["p"]["metadata"]["resourceVersion"] == "12"
+        assert ctl.plans._plans["p"]["metadata"]["resourceVersion"] == "12"
         ctl.on_plan({"metadata": {"name": "p", "resourceVersion": "13"}, "spec": SPEC})
-        assert ctl._plans["p"]["metadata"]["resourceVersion"] == "13"
+        assert ctl.plans._plans["p"]["metadata"]["resourceVersion"] == "13"
         await ctl.close()
 
     asyncio.run(go())
@@ -226,13 +224,13 @@ def test_a_plans_reimage_installs_the_plans_image_version() -> None:
         await passes(ctl)
         taken = [n for n, r in ctl.fleet.records.items() if r.state is not NodeState.PRODUCTION]
         assert len(taken) == 1
-        assert ctl._reimage_version(taken[0]) == "v2"
+        assert ctl.plans.reimage_version(taken[0]) == "v2"
         # Nodes the plan did not take, and plans that reimage nothing, name no version.
         others = [n for n in kube.nodes if n not in taken]
-        assert all(ctl._reimage_version(n) is None for n in others)
+        assert all(ctl.plans.reimage_version(n) is None for n in others)
         ctl.on_plan(
             {"metadata": {"name": "p", "generation": 2}, "spec": {**SPEC, "action": "reboot"}}
         )
-        assert ctl._reimage_version(taken[0]) is None
+        assert ctl.plans.reimage_version(taken[0]) is None
 
     asyncio.run(go())

@@ -88,7 +88,8 @@ def test_nodes_waiting_for_the_rails_are_counted_per_pool_and_rail() -> None:
         ctl.fleet.put(NodeRecord.new(name, at=0, state=NodeState.PRODUCTION, pool=pool))
     for name in ("a", "b", "c"):
         ctl.fleet.put(replace(ctl.fleet.records[name], pending=held))
-    ctl._held_said.update({"a": "budget-exhausted: cordon", "b": "breaker-open: cordon"})
+    ctl.policies.holds.say("a", "budget-exhausted: cordon")
+    ctl.policies.holds.say("b", "breaker-open: cordon")
 
     async def go() -> dict[str, Any]:
         await ctl.on_policy(kube.custom[(fp.PLURAL, "default")])

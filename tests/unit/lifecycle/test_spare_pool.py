@@ -36,8 +36,7 @@ async def _make(spare_policy: Spares) -> tuple[FakeKube, Controller, ManualClock
     kube.add_node(_spare_node("n3"))
     clock = ManualClock()
     ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=clock)
-    ctl.policy = default_policy().model_copy(update={"spares": spare_policy})
-    ctl.policy_seen = True
+    ctl.policies.use(default_policy().model_copy(update={"spares": spare_policy}))
     await ctl.prime()
     for body in list(kube.nodes.values()):
         await ctl.on_node(body)
@@ -46,8 +45,8 @@ async def _make(spare_policy: Spares) -> tuple[FakeKube, Controller, ManualClock
 
 async def _settle(ctl: Controller) -> None:
     async with asyncio.timeout(30):
-        while ctl._tasks:
-            await asyncio.wait(set(ctl._tasks))
+        while ctl.tasks.pending:
+            await asyncio.wait(set(ctl.tasks.pending))
 
 
 def _record(kube: FakeKube, name: str) -> NodeRecord:
@@ -82,7 +81,7 @@ def test_a_fault_elsewhere_in_the_pool_promotes_the_spare() -> None:
 def test_a_paused_policy_keeps_the_spare_in_the_pool() -> None:
     async def go() -> None:
         kube, ctl, _ = await _make(Spares(percent=0, min_nodes=0))  # wants none: promote all
-        ctl.policy = ctl.policy.model_copy(update={"paused": True})
+        ctl.policies.use(ctl.policies.policy.model_copy(update={"paused": True}))
         await ctl.tick_all()
         await _settle(ctl)
         assert _record(kube, "n3").is_spare
@@ -133,7 +132,7 @@ def test_the_tick_asks_the_pool_again_only_after_records_or_policy_changed(
         await _settle(ctl)
         assert len(asked) > first
         assert not _record(kube, "n3").spare  # n0 left production: the spare stepped in
-        ctl.policy = ctl.policy.model_copy()  # a new policy: asked again
+        ctl.policies.use(ctl.policies.policy.model_copy())  # a new policy: asked again
         before = len(asked)
         await ctl.tick_all()
         assert len(asked) == before + 1

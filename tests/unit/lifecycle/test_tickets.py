@@ -27,8 +27,7 @@ async def _in_triage(settings: ControllerSettings, **policy: Any) -> tuple[FakeK
     for i in range(4):
         kube.add_node(node(f"n{i}"))
     first = Controller(kube, ControllerSettings(), clock=ManualClock())
-    first.policy = default_policy()
-    first.policy_seen = True
+    first.policies.use(default_policy())
     await first.prime()
     for body in list(kube.nodes.values()):
         await first.on_node(body)
@@ -38,16 +37,15 @@ async def _in_triage(settings: ControllerSettings, **policy: Any) -> tuple[FakeK
     assert first.fleet.records["n0"].state.value == "triage"
     await first.close()
     ctl = Controller(kube, settings, clock=ManualClock())
-    ctl.policy = default_policy().model_copy(update=policy)
-    ctl.policy_seen = True
+    ctl.policies.use(default_policy().model_copy(update=policy))
     await ctl.prime()
     return kube, ctl
 
 
 async def _settle(ctl: Controller) -> None:
     async with asyncio.timeout(30):
-        while ctl._tasks:
-            await asyncio.wait(set(ctl._tasks))
+        while ctl.tasks.pending:
+            await asyncio.wait(set(ctl.tasks.pending))
 
 
 def _ticket_events(kube: FakeKube) -> list[dict[str, Any]]:
@@ -65,7 +63,7 @@ def test_dry_run_says_once_what_it_would_open_and_writes_nothing() -> None:
         said = _ticket_events(kube)
         assert [e["reason"] for e in said] == ["TicketWouldOpen"]
         assert "n0/operator/" in said[0]["message"] and "nothing sent" in said[0]["message"]
-        assert "n0" not in ctl._ticketing
+        assert "n0" not in ctl.tickets._ticketing
 
     asyncio.run(go())
 
@@ -101,10 +99,11 @@ def test_many_nodes_in_triage_get_their_tickets_a_few_at_a_time() -> None:
         for i in range(8):
             kube.add_node(node(f"n{i}"))
         first = Controller(kube, ControllerSettings(), clock=ManualClock())
-        first.policy = default_policy().model_copy(
-            update={"safety": default_policy().safety.model_copy(update={"budget": _no_limit()})}
+        first.policies.use(
+            default_policy().model_copy(
+                update={"safety": default_policy().safety.model_copy(update={"budget": _no_limit()})}
+            )
         )
-        first.policy_seen = True
         await first.prime()
         for body in list(kube.nodes.values()):
             await first.on_node(body)
@@ -116,8 +115,7 @@ def test_many_nodes_in_triage_get_their_tickets_a_few_at_a_time() -> None:
         assert sum(r.state.value == "triage" for r in first.fleet.records.values()) == 6
 
         ctl = Controller(kube, ControllerSettings(ticket_webhook=WEBHOOK), clock=ManualClock())
-        ctl.policy = default_policy()
-        ctl.policy_seen = True
+        ctl.policies.use(default_policy())
         await ctl.prime()
         release = asyncio.Event()
         started: list[str] = []
@@ -128,10 +126,10 @@ def test_many_nodes_in_triage_get_their_tickets_a_few_at_a_time() -> None:
             key = rma.ticket_key(ctl.fleet.records[name])
             assert key is not None
             opened = rma.Ticket(key=key, state=rma.TicketState.OPEN, reported="triage")
-            annotations = ctl.bodies[name]["metadata"]["annotations"]
+            annotations = ctl.book.get(name)["metadata"]["annotations"]
             annotations[well_known.ANNOTATION_RMA_TICKET] = rma.encode_ticket(opened)
 
-        ctl._ticket_work = held  # type: ignore[method-assign]
+        ctl.tickets._ticket_work = held  # type: ignore[method-assign]
         await ctl.tick_all()
         await asyncio.sleep(0)
         assert len(started) == tickets.MAX_IN_FLIGHT

@@ -1,4 +1,4 @@
-"""The tasks that carry out BMC steps (reset, power cycle, reimage) and record their results.
+"""The steps that act on a node's hardware, carried out through the gate.
 
 One task per node at a time (:class:`gpufleet.lifecycle.bmc.Runs`). A step's
 attempt is claimed when the decision that starts it is stored; the task writes
@@ -11,23 +11,72 @@ its attempt: one that arrives after the ladder moved on is dropped.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
+from gpufleet.clock import Clock
 from gpufleet.domain import events as ev
 from gpufleet.domain import well_known
 from gpufleet.domain.ladder import Step
-from gpufleet.kubeapi import NODES, SECRETS, ApiError, NotFound
+from gpufleet.domain.records import NodeRecord
+from gpufleet.kubeapi import NODES, SECRETS, ApiError, KubePort, NotFound
 from gpufleet.kubeapi.secrets import decode_data
 from gpufleet.lifecycle import bmc as kube_bmc
 from gpufleet.lifecycle import machines, nodes
-from gpufleet.lifecycle.core import ControllerCore, log
+from gpufleet.lifecycle.core import ControllerSettings, log
+from gpufleet.lifecycle.events import EventSink
+from gpufleet.lifecycle.fleet import Fleet
+from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.lifecycle.policy import PolicyKeeper
+from gpufleet.lifecycle.tasks import TaskGroup
 from gpufleet.remediate import redfish, steps
 from gpufleet.remediate.evidence import ActionMark
 
+DecideBound = Callable[[str, ev.Event, Callable[[NodeRecord], bool]], Awaitable[NodeRecord | None]]
+"""The node pass's ``decide_bound``: decide an event on the Node as stored now, only if
+the stored record still satisfies the binding; returns the record stored after it."""
 
-class BmcTasks(ControllerCore):
-    """BMC step tasks: claim, run (or resume) against the BMC, record the result."""
+
+class GatedSteps:
+    """Steps on the node's hardware: claim, run (or resume) against the BMC, record the result."""
+
+    def __init__(
+        self,
+        client: KubePort,
+        settings: ControllerSettings,
+        *,
+        fleet: Fleet,
+        policies: PolicyKeeper,
+        events: EventSink,
+        metrics: Metrics,
+        tasks: TaskGroup,
+        clock: Clock,
+        decide_bound: DecideBound,
+        reimage_version: Callable[[str], str | None],
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.fleet = fleet
+        self.policies = policies
+        self.events = events
+        self.metrics = metrics
+        self.tasks = tasks
+        self.clock = clock
+        self.decide_bound = decide_bound
+        self.reimage_version = reimage_version
+        self._bmc = kube_bmc.Runs()
+
+    def start(self, name: str, step: Step) -> None:
+        """A step the decision just recorded as started: its task, if it is a BMC step."""
+        if step in steps.BMC_STEPS:
+            self.tasks.spawn(self._run_bmc_step(name, step), f"{step} {name}", acting=True)
+
+    def start_command(self, name: str) -> None:
+        """A maintenance command the decision just recorded (the request rides the record)."""
+
+    def forget(self, name: str) -> None:
+        """A deleted Node: nothing of its attempts is kept."""
+        self._bmc.forget(name)
 
     async def _bmc_credentials(self, body: Mapping[str, Any]) -> redfish.BmcCredentials:
         ref = nodes.bmc_secret_ref(body)
@@ -45,14 +94,13 @@ class BmcTasks(ControllerCore):
             ) from None
         return redfish.BmcCredentials(values["endpoint"], values["username"], values["password"])
 
-    def _run_bmc_step(self, body: Mapping[str, Any], step: Step) -> Coroutine[Any, Any, None]:
+    def _run_bmc_step(self, name: str, step: Step) -> Coroutine[Any, Any, None]:
         """The task for the BMC step the decision just recorded as started.
 
         Not a coroutine function on purpose: the attempt is claimed *now*, before
         the task first runs, so the tick's resume (``_resume_bmc_steps``) can never
         start a second task for it.
         """
-        name = nodes.name_of(body)
         record = self.fleet.records.get(name)
         attempt = kube_bmc.current_attempt(record) if record is not None else None
         if attempt is None or attempt.step is not step or not self._bmc.claim(name, attempt):
@@ -60,11 +108,11 @@ class BmcTasks(ControllerCore):
             return self._drive_bmc(name, None)
         return self._drive_bmc(name, attempt)
 
-    def _resume_bmc_steps(self) -> None:
+    def resume(self) -> None:
         """Tick: a BMC attempt that the records say is in progress and that no task
         of this process has (a restart, or a result the apiserver did not take) is
         taken up again: the write-ahead mark says whether its reset was posted."""
-        policy = self.effective_policy()
+        policy = self.policies.effective()
         if policy.paused or policy.dry_run:
             return
         for name, record in self.fleet.ticking():  # a step runs in remediating only
@@ -78,7 +126,9 @@ class BmcTasks(ControllerCore):
                     attempt.step,
                     attempt.attempt,
                 )
-            self._spawn(self._drive_bmc(name, attempt), f"resume {attempt.step} {name}")
+            self.tasks.spawn(
+                self._drive_bmc(name, attempt), f"resume {attempt.step} {name}", acting=True
+            )
 
     async def _drive_bmc(self, name: str, attempt: steps.Attempt | None) -> None:
         """One task per node at a time: carry the attempt out (or resume it), then record it."""
@@ -124,7 +174,7 @@ class BmcTasks(ControllerCore):
 
             async def prepare() -> None:
                 if step is Step.REIMAGE:  # the network boot must get a new join token
-                    image = self._reimage_version(name)
+                    image = self.reimage_version(name)
                     await machines.rearm_for_reimage(
                         self.client, body, self.clock.now(), image=image
                     )
@@ -150,7 +200,7 @@ class BmcTasks(ControllerCore):
         log.info("node=%s %s %s: %s", name, step, "done" if ok else "failed", detail)
         self.metrics.actions.labels(action=f"bmc-{step}", result="ok" if ok else "failed").inc()
         if identity_failed:
-            self._event(body, "Warning", "BmcIdentityMismatch", detail)
+            self.events.node(body, "Warning", "BmcIdentityMismatch", detail)
         if identity_failed or ok:
             await kube_bmc.mismatch_condition(
                 self.client, body, mismatch=identity_failed, message=detail, now=self.clock.now()
@@ -164,30 +214,24 @@ class BmcTasks(ControllerCore):
         result = self._bmc.results.get(key)
         if result is None:
             return
-        async with self._lock(name):
-            try:
-                body = await self.client.get(NODES, name)
-            except NotFound:
-                self._bmc.results.pop(key, None)
-                return
-            except ApiError as exc:
-                log.warning("node=%s %s result not recorded yet: %s", name, attempt.step, exc)
-                return
-            record, _ = nodes.record_of(body, self.clock.now())
-            if kube_bmc.current_attempt(record) != attempt:
-                self._bmc.results.pop(key, None)
-                log.info(
-                    "node=%s %s result dropped: no longer the attempt in progress",
-                    name,
-                    attempt.step,
-                )
-                return
-            try:
-                await self._reconcile(body, extra=(result,))
-            except ApiError as exc:
-                log.warning("node=%s %s result not recorded yet: %s", name, attempt.step, exc)
-                return
-            stored, _ = nodes.record_of(self.bodies.get(name) or body, self.clock.now())
+
+        def bound(record: NodeRecord) -> bool:
+            return kube_bmc.current_attempt(record) == attempt
+
+        try:
+            stored = await self.decide_bound(name, result, bound)
+        except NotFound:
+            self._bmc.results.pop(key, None)
+            return
+        except ApiError as exc:
+            log.warning("node=%s %s result not recorded yet: %s", name, attempt.step, exc)
+            return
+        if stored is None:
+            self._bmc.results.pop(key, None)
+            log.info(
+                "node=%s %s result dropped: no longer the attempt in progress", name, attempt.step
+            )
+            return
         if kube_bmc.current_attempt(stored) != attempt:
             self._bmc.results.pop(key, None)
             await kube_bmc.NodeJournal(self.client, name).clear(attempt)
