@@ -55,6 +55,17 @@ STATUS_SCHEMA: Json = {
             "description": "Per pool: size, out of service, allowed.",
             "x-kubernetes-preserve-unknown-fields": True,
         },
+        "fleetBudget": {
+            "type": "object",
+            "description": "The whole fleet (every pool): size, out of service, allowed "
+            "(absent: the policy sets no fleet-wide limit), waiting.",
+            "properties": {
+                "size": {"type": "integer"},
+                "outOfService": {"type": "integer"},
+                "allowed": {"type": "integer", "nullable": True},
+                "waiting": {"type": "integer"},
+            },
+        },
     },
 }
 """Written by the controller only (no model: the breaker's state is kept as it writes it)."""

@@ -152,7 +152,7 @@ _HOLD_TEXT = {
     Hold.PAUSED: "the policy is paused",
     Hold.DRY_RUN: "dry-run: nothing is changed",
     Hold.BREAKER_OPEN: "the circuit breaker is open (too many nodes faulted at once)",
-    Hold.BUDGET_EXHAUSTED: "the disruption budget of the pool is used up",
+    Hold.BUDGET_EXHAUSTED: "the disruption budget (of the pool or the fleet) is used up",
     Hold.RATE_LIMITED: "the disruptive-action rate limit is reached",
 }
 
@@ -168,9 +168,22 @@ def _enters_service_hold(plan: _Plan) -> bool:
 
 
 def _budget_ok(ctx: _Ctx) -> bool:
+    """The pool's budget and, when the policy sets one, the fleet's (every pool together)."""
     pool = ctx.fleet.pool(ctx.record.pool)
-    out = pool.out_of_service - (1 if ctx.record.state in OUT_OF_SERVICE else 0)
-    return budget_allows(out_of_service=out, pool_size=pool.size, config=ctx.policy.safety.budget)
+    me = 1 if ctx.record.state in OUT_OF_SERVICE else 0
+    budget = ctx.policy.safety.budget
+    fleet_out = fleet_size = 0
+    if budget.fleet_limited:
+        pools = ctx.fleet.pools.values()
+        fleet_out = sum(p.out_of_service for p in pools) - me
+        fleet_size = sum(p.size for p in pools)
+    return budget_allows(
+        out_of_service=pool.out_of_service - me,
+        pool_size=pool.size,
+        config=budget,
+        fleet_out_of_service=fleet_out,
+        fleet_size=fleet_size,
+    )
 
 
 def _noop(ctx: _Ctx, *reasons: str, record: NodeRecord | None = None) -> _Plan:

@@ -192,6 +192,8 @@ spares:
   minNodes: 0
   maxNodes: 50
 
+# The budget holds per node pool; add fleetMaxNodes and/or fleetMaxPercent to cap the
+# whole fleet too (every pool together; none by default).
 safety:
   budget:    {maxNodes: 50, maxPercent: 10, minNodes: 1}
   breaker:   {maxNodes: 20, maxPercent: 10, minNodes: 2, windowSeconds: 600, cooldownSeconds: 1800}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from gpufleet.domain import lemon, well_known, xids
 from gpufleet.domain.faults import FAULTS, Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
-from gpufleet.domain.policy import LadderStep, Policy, Response, Rule, Scope
+from gpufleet.domain.policy import Budget, LadderStep, Policy, Response, Rule, Scope
 from gpufleet.domain.slurm_reasons import Verdict
 
 _FIRST_TEXT = {
@@ -161,7 +161,7 @@ def _safety(policy: Policy) -> list[str]:
     s = policy.safety
     return [
         f"budget: at most {s.budget.max_nodes} nodes and {s.budget.max_percent:g}% of a pool "
-        f"out at once (at least {s.budget.min_nodes})",
+        f"out at once (at least {s.budget.min_nodes}){_fleet_budget(s.budget)}",
         f"circuit breaker: more than {s.breaker.max_nodes} nodes or {s.breaker.max_percent:g}% "
         f"faulting within {s.breaker.window_seconds:g}s stops automatic disruption "
         f"for {s.breaker.cooldown_seconds:g}s after the last",
@@ -169,6 +169,16 @@ def _safety(policy: Policy) -> list[str]:
         f"{s.rate_limit.window_seconds:g}s",
         f"dryRun: {str(policy.dry_run).lower()}, paused: {str(policy.paused).lower()}",
     ]
+
+
+def _fleet_budget(b: Budget) -> str:
+    """The fleet-wide part of the budget line ('' when the policy sets none)."""
+    limits = []
+    if b.fleet_max_nodes is not None:
+        limits.append(f"{b.fleet_max_nodes} nodes")
+    if b.fleet_max_percent is not None:
+        limits.append(f"{b.fleet_max_percent:g}%")
+    return f"; in the whole fleet at most {' and '.join(limits)}" if limits else ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from types import MappingProxyType
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from gpufleet.domain.bounds import MAX_SCORE
 from gpufleet.domain.faults import FaultEvent, FaultKind
 from gpufleet.domain.subsystems import Subsystem
 from gpufleet.domain.xids import XIDS, XidClass
@@ -132,16 +133,20 @@ class LemonWeights(BaseModel):
     """How much one fault of each class adds to a score (``lemon.weights``)."""
 
     model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        allow_inf_nan=False,
     )
 
-    hardware: float = Field(default=1.0, ge=0)
-    link: float = Field(default=0.5, ge=0)
-    performance: float = Field(default=0.5, ge=0)
-    software: float = Field(default=0.5, ge=0)
-    environment: float = Field(default=0.1, ge=0)
-    informational: float = Field(default=0.1, ge=0)
-    application: float = Field(default=0.0, ge=0)
+    hardware: float = Field(default=1.0, ge=0, le=MAX_SCORE)
+    link: float = Field(default=0.5, ge=0, le=MAX_SCORE)
+    performance: float = Field(default=0.5, ge=0, le=MAX_SCORE)
+    software: float = Field(default=0.5, ge=0, le=MAX_SCORE)
+    environment: float = Field(default=0.1, ge=0, le=MAX_SCORE)
+    informational: float = Field(default=0.1, ge=0, le=MAX_SCORE)
+    application: float = Field(default=0.0, ge=0, le=MAX_SCORE)
 
     def of(self, cls: FaultClass) -> float:
         """The weight of a class."""

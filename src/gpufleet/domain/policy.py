@@ -23,6 +23,18 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic.alias_generators import to_camel
 
 from gpufleet.domain import nvlink5, xids, yamldoc
+from gpufleet.domain.bounds import (
+    MAX_ACTIONS,
+    MAX_ATTEMPTS,
+    MAX_HALF_LIFE_DAYS,
+    MAX_NODES,
+    MAX_REPEAT_COUNT,
+    MAX_SCORE,
+    MAX_SLOWER_THAN,
+    MAX_TIMEOUT_SECONDS,
+    MAX_WINDOW_SECONDS,
+    MAX_WINDOW_STEPS,
+)
 from gpufleet.domain.faults import FaultEvent, FaultKind, fault_key
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step
 from gpufleet.domain.lemon import LemonWeights
@@ -113,8 +125,13 @@ class SlurmSilence(StrEnum):
 
 
 class _Model(BaseModel):
+    # Every number finite (``.inf``/``.nan`` are refused) and bounded (domain.bounds).
     model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        allow_inf_nan=False,
     )
 
 
@@ -146,8 +163,8 @@ class Match(_Model):
 class Repeat(_Model):
     """Escalate when a fault repeats: ``count`` times within ``window_seconds``."""
 
-    count: int = Field(ge=2)
-    window_seconds: float = Field(gt=0)
+    count: int = Field(ge=2, le=MAX_REPEAT_COUNT)
+    window_seconds: float = Field(gt=0, le=MAX_WINDOW_SECONDS)
     scope: Scope = Scope.COMPONENT
     then: Response
 
@@ -183,8 +200,8 @@ class LadderStep(_Model):
     """One rung: how long it may take, how often to try, where to go on failure."""
 
     step: Step
-    timeout_seconds: float = Field(default=900, gt=0)
-    attempts: int = Field(default=1, ge=1)
+    timeout_seconds: float = Field(default=900, gt=0, le=MAX_TIMEOUT_SECONDS)
+    attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS)
     on_failure: Step | None = None
     """Next rung when every attempt failed; None means the next entry."""
 
@@ -199,9 +216,9 @@ class Lemon(_Model):
     ``gpu_threshold``), the node goes to ``then`` instead of another repair cycle.
     """
 
-    threshold: float = Field(default=2.5, gt=0)
-    gpu_threshold: float = Field(default=2.0, gt=0)
-    half_life_days: float = Field(default=14, gt=0)
+    threshold: float = Field(default=2.5, gt=0, le=MAX_SCORE)
+    gpu_threshold: float = Field(default=2.0, gt=0, le=MAX_SCORE)
+    half_life_days: float = Field(default=14, gt=0, le=MAX_HALF_LIFE_DAYS)
     weights: LemonWeights = LemonWeights()
     then: Response = Response.TRIAGE
 
@@ -222,8 +239,8 @@ class Spares(_Model):
     """
 
     percent: float = Field(default=1.0, ge=0, le=100)
-    min_nodes: int = Field(default=0, ge=0)
-    max_nodes: int = Field(default=50, ge=0)
+    min_nodes: int = Field(default=0, ge=0, le=MAX_NODES)
+    max_nodes: int = Field(default=50, ge=0, le=MAX_NODES)
 
     def wanted(self, pool_size: int) -> int:
         """Spares a pool of ``pool_size`` nodes keeps."""
@@ -239,33 +256,61 @@ class Provisioning(_Model):
     up to ``boot_attempts`` power-ons in all; then the Machine's boot has failed.
     """
 
-    stall_seconds: float = Field(default=900, ge=5)
+    stall_seconds: float = Field(default=900, ge=5, le=MAX_TIMEOUT_SECONDS)
     boot_attempts: int = Field(default=3, ge=1, le=10)
 
 
 class Budget(_Model):
-    """The most nodes of one pool that automation may hold out at once."""
+    """The most nodes of one pool that automation may hold out at once, and (optional)
+    of the whole fleet, every pool together."""
 
-    max_nodes: int = Field(default=50, ge=0)
+    max_nodes: int = Field(default=50, ge=0, le=MAX_NODES)
     max_percent: float = Field(default=10.0, ge=0, le=100)
-    min_nodes: int = Field(default=1, ge=0)
-    """Small pools still get this many (unless max_nodes is lower)."""
+    min_nodes: int = Field(default=1, ge=0, le=MAX_NODES)
+    """Small pools (and a small fleet, for ``fleetMaxPercent``) still get this many
+    (unless a ``maxNodes`` is lower)."""
+    fleet_max_nodes: int | None = Field(default=None, ge=0, le=MAX_NODES)
+    """At most this many nodes out at once in the whole fleet; None: no fleet-wide limit."""
+    fleet_max_percent: float | None = Field(default=None, ge=0, le=100)
+    """At most this share of the whole fleet out at once; None: no fleet-wide limit."""
 
     def allowed(self, pool_size: int) -> int:
         """Nodes that may be out of service in a pool of ``pool_size``."""
         by_percent = math.floor(pool_size * self.max_percent / 100.0)
         return min(self.max_nodes, max(self.min_nodes, by_percent), pool_size)
 
+    @property
+    def fleet_limited(self) -> bool:
+        """Whether a fleet-wide limit is set (``fleetMaxNodes`` or ``fleetMaxPercent``)."""
+        return self.fleet_max_nodes is not None or self.fleet_max_percent is not None
+
+    def fleet_allowed(self, fleet_size: int) -> int | None:
+        """Nodes that may be out of service in the whole fleet (None: no fleet-wide limit).
+
+        The same rule as a pool's: the percentage is raised to ``minNodes``, then the
+        lower of both limits holds (a fleet of 40 nodes with ``fleetMaxPercent: 1``
+        may still repair ``minNodes`` at once; ``fleetMaxNodes: 0`` stops everything).
+        """
+        if not self.fleet_limited:
+            return None
+        limits = [fleet_size]
+        if self.fleet_max_nodes is not None:
+            limits.append(self.fleet_max_nodes)
+        if self.fleet_max_percent is not None:
+            by_percent = math.floor(fleet_size * self.fleet_max_percent / 100.0)
+            limits.append(max(self.min_nodes, by_percent))
+        return min(limits)
+
 
 class Breaker(_Model):
     """Stop automatic disruption when too many nodes fault within a window."""
 
-    max_nodes: int = Field(default=20, ge=1)
+    max_nodes: int = Field(default=20, ge=1, le=MAX_NODES)
     max_percent: float = Field(default=10.0, gt=0, le=100)
-    min_nodes: int = Field(default=2, ge=1)
+    min_nodes: int = Field(default=2, ge=1, le=MAX_NODES)
     """Small fleets always tolerate this many faulting nodes per window."""
-    window_seconds: float = Field(default=600, gt=0)
-    cooldown_seconds: float = Field(default=1800, ge=0)
+    window_seconds: float = Field(default=600, gt=0, le=MAX_WINDOW_SECONDS)
+    cooldown_seconds: float = Field(default=1800, ge=0, le=MAX_WINDOW_SECONDS)
     """It closes again after this long without a new faulting node."""
 
     def threshold(self, fleet_size: int) -> int:
@@ -277,8 +322,8 @@ class Breaker(_Model):
 class RateLimit(_Model):
     """At most ``max_actions`` disruptive actions fleet-wide per window."""
 
-    max_actions: int = Field(default=30, ge=1)
-    window_seconds: float = Field(default=600, gt=0)
+    max_actions: int = Field(default=30, ge=1, le=MAX_ACTIONS)
+    window_seconds: float = Field(default=600, gt=0, le=MAX_WINDOW_SECONDS)
 
 
 class Safety(_Model):
@@ -293,10 +338,10 @@ class Drain(_Model):
     """Default drain behaviour."""
 
     mode: DrainMode = DrainMode.EVICT
-    timeout_seconds: float = Field(default=600, gt=0)
+    timeout_seconds: float = Field(default=600, gt=0, le=MAX_TIMEOUT_SECONDS)
     slurm: SlurmWait = SlurmWait.AUTO
     """Which nodes Slurm must confirm empty (drained, no job) before a node leaves draining."""
-    slurm_silent_seconds: float = Field(default=300, gt=0)
+    slurm_silent_seconds: float = Field(default=300, gt=0, le=MAX_TIMEOUT_SECONDS)
     """Silence from Slurm after which a rule with ``ifSlurmSilent: proceed`` goes on."""
 
 
@@ -304,19 +349,19 @@ class Checks(_Model):
     """Active-check profiles used for verification and burn-in."""
 
     verification_profile: str = "verify"
-    verification_timeout_seconds: float = Field(default=1800, gt=0)
+    verification_timeout_seconds: float = Field(default=1800, gt=0, le=MAX_TIMEOUT_SECONDS)
     burn_in_profile: str = "burn-in"
-    burn_in_timeout_seconds: float = Field(default=4 * 3600, gt=0)
+    burn_in_timeout_seconds: float = Field(default=4 * 3600, gt=0, le=MAX_TIMEOUT_SECONDS)
 
 
 class Stragglers(_Model):
     """When job telemetry names a node a straggler (docs/agent.md, "Stragglers")."""
 
-    slower_than: float = Field(default=1.08, gt=1)
+    slower_than: float = Field(default=1.08, gt=1, le=MAX_SLOWER_THAN)
     """A node whose compute per step is this many times its peers' median is slow."""
-    window_steps: int = Field(default=50, ge=3)
+    window_steps: int = Field(default=50, ge=3, le=MAX_WINDOW_STEPS)
     """Steps (reported by every rank) the comparison looks at; medians over them."""
-    report_every_seconds: float = Field(default=1800, gt=0)
+    report_every_seconds: float = Field(default=1800, gt=0, le=MAX_TIMEOUT_SECONDS)
     """While a node stays slow, one ``straggler`` occurrence per this interval."""
 
     def rule(self) -> StragglerRule:
@@ -326,9 +371,9 @@ class Stragglers(_Model):
 class Detection(_Model):
     """Debounce of problem conditions, and straggler detection (used by the agent)."""
 
-    raise_after_seconds: float = Field(default=0, ge=0)
+    raise_after_seconds: float = Field(default=0, ge=0, le=MAX_TIMEOUT_SECONDS)
     """A condition must be seen this long before it is raised."""
-    clear_after_seconds: float = Field(default=300, ge=0)
+    clear_after_seconds: float = Field(default=300, ge=0, le=MAX_TIMEOUT_SECONDS)
     """A raised condition must be healthy this long before it is cleared."""
     stragglers: Stragglers = Stragglers()
 

@@ -105,9 +105,20 @@ def breaker_reset_refusal(state: BreakerState, *, requested_at: float) -> str | 
     return None
 
 
-def budget_allows(*, out_of_service: int, pool_size: int, config: Budget) -> bool:
-    """Whether one more node of this pool may be taken out."""
-    return out_of_service + 1 <= config.allowed(pool_size)
+def budget_allows(
+    *,
+    out_of_service: int,
+    pool_size: int,
+    config: Budget,
+    fleet_out_of_service: int = 0,
+    fleet_size: int = 0,
+) -> bool:
+    """Whether one more node of this pool may be taken out: within the pool's budget and,
+    when the policy sets one, within the fleet's (every pool's nodes out, together)."""
+    if out_of_service + 1 > config.allowed(pool_size):
+        return False
+    fleet = config.fleet_allowed(fleet_size)
+    return fleet is None or fleet_out_of_service + 1 <= fleet
 
 
 def rate_allows(recent_actions: Iterable[float], *, now: float, config: RateLimit) -> bool:

@@ -56,7 +56,15 @@ def test_schemas_are_structural(name: str) -> None:
 def test_policy_schema_keeps_ranges_and_enums() -> None:
     spec = fleetpolicy.spec_schema()["properties"]
     window = spec["safety"]["properties"]["breaker"]["properties"]["windowSeconds"]
-    assert window == {"type": "number", "minimum": 0, "exclusiveMinimum": True}
+    assert window == {
+        "type": "number",
+        "minimum": 0,
+        "exclusiveMinimum": True,
+        "maximum": 30 * 86400,  # every number bounded (domain.bounds): the apiserver too
+    }
+    budget = spec["safety"]["properties"]["budget"]["properties"]
+    assert budget["maxNodes"]["maximum"] == 100_000
+    assert budget["fleetMaxNodes"] == {"type": "integer", "minimum": 0, "maximum": 100_000}
     mode = spec["drain"]["properties"]["mode"]
     assert mode["type"] == "string" and "evict" in mode["enum"]
     rule = spec["rules"]["items"]["properties"]

@@ -1,0 +1,69 @@
+"""The FleetPolicy status shows the fleet-wide budget beside the pools' (``fleetBudget``), and
+a new fleet limit alone is saved (no pool's use changed)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gpufleet.api import fleetpolicy as fp
+from gpufleet.clock import ManualClock
+from gpufleet.domain.policy import default_policy
+from gpufleet.domain.records import NodeRecord
+from gpufleet.domain.states import NodeState
+from gpufleet.lifecycle.controller import Controller, ControllerSettings
+
+from .fakes import FakeKube
+
+
+def _spec(**budget: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = default_policy().model_dump(by_alias=True, mode="json")
+    spec["safety"]["budget"].update(budget)
+    return spec
+
+
+def test_fleet_budget_in_the_status_follows_the_pools_and_the_policy() -> None:
+    kube = FakeKube()
+    body = kube.custom[(fp.PLURAL, "default")]
+    body["metadata"].update(generation=1, uid="u")
+    body["spec"] = _spec(fleetMaxNodes=3)
+    ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock(1e9))
+    states = {"a0": NodeState.DRAINING, "b0": NodeState.VERIFYING}
+    states.update({f"a{i}": NodeState.PRODUCTION for i in range(1, 9)})
+    for name, state in states.items():
+        ctl.fleet.put(NodeRecord.new(name, at=0, state=state, pool=name[0]))
+
+    async def go() -> tuple[dict[str, Any], dict[str, Any]]:
+        await ctl.on_policy(body)
+        await ctl.save_fleet_status()
+        first = dict(kube.custom[(fp.PLURAL, "default")]["status"]["fleetBudget"])
+        # Only the fleet limit changes: no pool's use moves, the status must follow anyway.
+        body["metadata"]["generation"] = 2
+        body["spec"] = _spec(fleetMaxNodes=5)
+        await ctl.on_policy(body)
+        for _ in range(50):  # the coalescing saver runs on the loop
+            await asyncio.sleep(0.01)
+            if kube.custom[(fp.PLURAL, "default")]["status"]["fleetBudget"]["allowed"] == 5:
+                break
+        return first, dict(kube.custom[(fp.PLURAL, "default")]["status"]["fleetBudget"])
+
+    first, second = asyncio.run(go())
+    assert first == {"size": 10, "outOfService": 2, "allowed": 3, "waiting": 0}
+    assert second["allowed"] == 5 and second["outOfService"] == 2
+
+
+def test_without_a_fleet_limit_the_status_says_none() -> None:
+    kube = FakeKube()
+    body = kube.custom[(fp.PLURAL, "default")]
+    body["metadata"].update(generation=1, uid="u")
+    body["spec"] = _spec()
+    ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock(1e9))
+    ctl.fleet.put(NodeRecord.new("n", at=0, state=NodeState.PRODUCTION, pool="p"))
+
+    async def go() -> dict[str, Any]:
+        await ctl.on_policy(body)
+        await ctl.save_fleet_status()
+        return dict(kube.custom[(fp.PLURAL, "default")]["status"]["fleetBudget"])
+
+    # A merge patch's null removes the key: no ``allowed`` means no fleet-wide limit.
+    assert asyncio.run(go()) == {"size": 1, "outOfService": 0, "waiting": 0}

@@ -1,0 +1,37 @@
+"""The simulator obeys the fleet-wide budget: it decides through the same ``decide()`` and
+keeps its fleet view with the same ``apply_decision``, so no more nodes are out at once than
+``safety.budget.fleetMaxNodes`` allows (here below what the one pool's budget would)."""
+
+from __future__ import annotations
+
+from gpufleet.domain import events as ev
+from gpufleet.domain.policy import Policy, default_policy
+from gpufleet.domain.states import OUT_OF_SERVICE
+from gpufleet.sim.engine import Simulator
+from gpufleet.sim.model import default_model
+
+
+class PeakWatch(Simulator):
+    """The simulator, noting the most nodes out of service after any decision."""
+
+    peak = 0
+
+    def _decide(self, i: int, event: ev.Event) -> None:
+        super()._decide(i, event)
+        self.peak = max(self.peak, sum(self.state_count[s] for s in OUT_OF_SERVICE))
+
+
+def _fleet_limited(n: int) -> Policy:
+    base = default_policy()
+    budget = base.safety.budget.model_copy(update={"fleet_max_nodes": n})
+    return base.model_copy(update={"safety": base.safety.model_copy(update={"budget": budget})})
+
+
+def test_no_more_nodes_out_than_the_fleet_budget_and_the_rest_are_held() -> None:
+    free = PeakWatch(default_model(), default_policy(), gpus=16000, days=60, seed=7)
+    free.run()
+    capped = PeakWatch(default_model(), _fleet_limited(1), gpus=16000, days=60, seed=7)
+    result = capped.run()
+    assert free.peak > 1  # without it, the pool budget (50 of 2,000 nodes) lets more out
+    assert capped.peak == 1
+    assert result.held > free.held
