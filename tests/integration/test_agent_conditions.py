@@ -1,4 +1,5 @@
-"""An injected fault becomes a Node condition on a real apiserver, and clears again."""
+"""An injected fault becomes a Node condition on a real apiserver, and clears again once
+the controller has recorded it (played here: the ``gpufleet.io/faults-seen`` watermark)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from waiting import wait_for_async
 
+from gpufleet.domain import conditions, well_known
 from gpufleet.domain.policy import Detection, default_policy
 from gpufleet.health.agent import Agent, AgentSettings
 from gpufleet.health.backend_sim import SimulatedHardware
@@ -37,6 +39,36 @@ def condition(info: Any, node: str, ctype: str) -> dict[str, Any] | None:
         if c["type"] == ctype:
             return dict(c)
     return None
+
+
+def record(info: Any, node: str, ctype: str | None) -> None:
+    """What the lifecycle controller writes with the record it decided: the watermark
+    covering the condition's latest occurrence (None: remove it, as found)."""
+    if ctype is None:
+        arg = f"{well_known.ANNOTATION_FAULTS_SEEN}-"
+    else:
+        c = condition(info, node, ctype) or {}
+        faults = conditions.faults_of(node, ctype, c["status"], c["message"])
+        value = json.dumps({ctype: max(f.at for f in faults)})
+        arg = f"{well_known.ANNOTATION_FAULTS_SEEN}={value}"
+    subprocess.run(
+        [str(info.kubectl), "annotate", "node", node, arg, "--overwrite"],
+        env=info.kube_env(),
+        capture_output=True,
+        check=True,
+        timeout=10,
+    )
+
+
+def cleared_once_recorded(info: Any, node: str, ctype: str) -> bool:
+    """Whether the condition is clear; if not, record what it carries now, as the
+    controller does with every version of it (a state fault's latest observation moves
+    with each poll until it is gone)."""
+    c = condition(info, node, ctype) or {}
+    if c.get("status") == "True":
+        record(info, node, ctype)
+        return False
+    return c.get("status") == "False"
 
 
 def test_injected_xid_becomes_gpu_problem_within_2s_and_clears(local_cluster: Any) -> None:
@@ -77,7 +109,7 @@ def test_injected_xid_becomes_gpu_problem_within_2s_and_clears(local_cluster: An
             hw.recover()
             cleared = await wait_for_async(
                 "GpuProblem=False again",
-                lambda: (condition(info, node, "GpuProblem") or {}).get("status") == "False",
+                lambda: cleared_once_recorded(info, node, "GpuProblem"),
                 5.0,
             )
             return raised, cleared
@@ -89,6 +121,7 @@ def test_injected_xid_becomes_gpu_problem_within_2s_and_clears(local_cluster: An
         raised, cleared = asyncio.run(scenario())
     finally:
         hw.close()
+        record(info, node, None)
     print(f"condition raised after {raised:.2f}s, cleared {cleared:.2f}s after recovery")
     events = subprocess.run(
         [
@@ -154,7 +187,7 @@ def test_nvl72_node_gets_its_clique_labels_and_a_fabric_condition(local_cluster:
             hw.recover()  # leave the Node as other tests expect it
             await wait_for_async(
                 "FabricProblem=False again",
-                lambda: (condition(info, node, "FabricProblem") or {}).get("status") == "False",
+                lambda: cleared_once_recorded(info, node, "FabricProblem"),
                 5,
             )
         finally:
@@ -165,6 +198,7 @@ def test_nvl72_node_gets_its_clique_labels_and_a_fabric_condition(local_cluster:
         asyncio.run(scenario())
     finally:
         hw.close()
+        record(info, node, None)
         subprocess.run(
             [
                 str(info.kubectl),

@@ -180,6 +180,11 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("agent", "create", "pods/eviction", "default", "", False),
     ("agent", "get", "secrets", NS, "", False),
     ("agent", "patch", "fleetpolicies.gpufleet.io", "", "", False),
+    # the agent judges with the controller's FleetPolicy: read it, never write it
+    ("agent", "get", "fleetpolicies.gpufleet.io", "", "default", True),
+    ("agent", "watch", "fleetpolicies.gpufleet.io", "", "", True),
+    ("agent", "update", "fleetpolicies.gpufleet.io/status", "", "", False),
+    ("agent", "delete", "fleetpolicies.gpufleet.io", "", "", False),
     # controller
     ("controller", "list", "nodes", "", "", True),
     ("controller", "watch", "nodes", "", "", True),

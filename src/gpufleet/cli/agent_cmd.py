@@ -51,6 +51,13 @@ def run(
         "whose only way in is its qemu port forward from the host's loopback).",
     ),
     policy_file: PolicyFileOpt = None,
+    policy_name: str | None = typer.Option(
+        None,
+        help="The FleetPolicy to judge with, read from the API and followed: the one the "
+        "lifecycle controller obeys (its --policy-name). Default: 'default' when the agent "
+        "reports to Kubernetes and no --policy file is given. Until it is read, every fault "
+        "raises its condition (fail closed).",
+    ),
     sku: str = typer.Option("", help="SKU profile; default: from the GPU name."),
     interval: float = typer.Option(1.0, help="Seconds between passive polls."),
     active_every: float = typer.Option(
@@ -93,9 +100,23 @@ def run(
     by name, once the node is drained (docs/operations.md):
 
         gpufleet agent --maintenance-commands /etc/gpufleet/maintenance.d
+
+    The agent judges faults with the FleetPolicy the controller obeys (the chart passes
+    the controller's name); --policy FILE instead is for an agent without a controller:
+
+        gpufleet agent --policy-name default
     """
     logs.configure()
     node = node_name(node)
+    if policy_file is not None and policy_name is not None:
+        raise typer.BadParameter(
+            "give --policy FILE (a fixed policy) or --policy-name NAME (the FleetPolicy the "
+            "controller obeys), not both"
+        )
+    if no_kube and policy_name is not None:
+        raise typer.BadParameter(
+            "--policy-name reads the FleetPolicy from the API: not with --no-kube"
+        )
     policy = load_or_exit(policy_file)
     try:
         if sim_publish is not None and backend != "simulated":
@@ -113,10 +134,14 @@ def run(
     profile = skus.choose(skus.bundled(), sku=sku or None, gpu_names=names)
     metrics = AgentMetrics(node)
     reporter = None
+    follower = None
     if not no_kube:
+        from gpufleet.health.fleet_policy import FleetPolicyFollower
         from gpufleet.health.kube_report import KubeReporter
 
         reporter = KubeReporter(node, kubeconfig=kubeconfig_arg(kubeconfig))
+        if policy_file is None:
+            follower = FleetPolicyFollower(reporter.connect, policy_name or "default")
     settings = agent_mod.AgentSettings(
         interval_s=interval,
         active_every_s=active_every,
@@ -137,6 +162,7 @@ def run(
         metrics=metrics,
         settings=settings,
         telemetry=telemetry,
+        policy_source=follower,
     )
     injector = None
     if inject_port:

@@ -73,7 +73,6 @@ class Fleet:
     info: ClusterInfo
     ports: Ports
     api: SyncKube
-    policy_file: Path
     agents: dict[str, ManagedProcess] = field(default_factory=dict)
     controller: ManagedProcess | None = None
     syncer: ManagedProcess | None = None
@@ -118,7 +117,6 @@ class Fleet:
                 info=info,
                 ports=ports,
                 api=api,
-                policy_file=info.run_dir / "demo-policy.yaml",
             )
             (info.run_dir / "slurm-jwt").write_text(info.slurm_jwt or "")
             (info.run_dir / "slurm-jwt").chmod(0o600)
@@ -148,8 +146,7 @@ class Fleet:
         }
 
     def apply_policy(self, spec: dict[str, Any]) -> None:
-        """Write the agents' policy file and (re)create the FleetPolicy."""
-        self.policy_file.write_text(policy.policy_yaml(spec))
+        """(Re)create the FleetPolicy: the controller obeys it, the agents judge with it."""
         kube.put_policy(self.api, policy.fleet_policy(spec))
 
     def _log(self, name: str) -> Path:
@@ -175,8 +172,8 @@ class Fleet:
             str(self.ports.inject[node]),
             "--metrics-port",
             str(self.ports.agent_metrics[node]),
-            "--policy",
-            str(self.policy_file),
+            "--policy-name",
+            policy.POLICY_NAME,
             "--interval",
             str(AGENT_INTERVAL_S),
             "--active-every",

@@ -51,7 +51,7 @@ def demo_policy_spec(**rule_actions: str) -> dict[str, Any]:
 
 
 def policy_yaml(spec: dict[str, Any]) -> str:
-    """The spec as the YAML file the agents read (``gpufleet agent --policy``)."""
+    """The spec as a policy file (``gpufleet policy validate``, ``gpufleet agent --policy``)."""
     return yaml.safe_dump(spec, sort_keys=False)
 
 

@@ -16,6 +16,14 @@ them, so the agent (writer) and the controllers (readers) cannot disagree:
    agent: :mod:`gpufleet.domain.node_reports`): which request it answers,
    whether it passed, and why. The former ``GpufleetRequest`` condition is
    still encoded and decoded here, to read a node whose agent is older.
+4. **What the controller has recorded** (annotation ``gpufleet.io/faults-seen``,
+   set by the lifecycle controller with the record it decided: per condition
+   type, the time of the latest occurrence it fed to ``decide``;
+   :func:`faults_recorded` decodes it). The agent keeps a raised condition,
+   with its evidence, until this watermark covers the condition's latest
+   occurrence (:func:`gpufleet.domain.debounce.recorded`): a fault raised and
+   gone again while no controller was acting (a takeover, a restart, an
+   apiserver outage longer than the clear time) is still there when one acts.
 
 Decoding never raises: anything malformed decodes to "nothing", and the
 caller treats that as unknown (fail closed: no action).
@@ -176,6 +184,26 @@ def _opt_str(value: object) -> str | None:
 
 def _opt_int(value: object) -> int | None:
     return None if value is None else int(str(value))
+
+
+def faults_recorded(text: str | None) -> dict[str, float]:
+    """The controller's ``gpufleet.io/faults-seen`` watermarks: condition type -> time of
+    the latest occurrence it recorded. Absent or malformed: nothing recorded (so the
+    agent keeps every raised condition: never a hidden fault)."""
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(data, Mapping):
+        return {}
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        out[str(key)] = float(value)
+    return out
 
 
 # ------------------------------------------------------------ agent requests

@@ -15,7 +15,18 @@ settings:
   problem, so that an intermittent fault holds the condition instead of
   flapping it;
 * when a monitor cannot read its source and nothing is wrong, the status is
-  ``Unknown``, never ``True``: a broken monitor is not a broken node.
+  ``Unknown``, never ``True``: a broken monitor is not a broken node;
+* a raised condition clears only once the lifecycle controller has *recorded*
+  its faults: ``recorded_until`` (the controller's ``gpufleet.io/faults-seen``
+  watermark for the condition, :func:`gpufleet.domain.conditions.faults_recorded`)
+  must be at or after the latest occurrence the condition carries. Until then
+  the condition stays ``True`` with its evidence, however long the fault has
+  been gone: a fault raised and cleared while no controller was acting (a
+  takeover, a restart, a clear time shorter than the outage) is still there
+  for the one that acts next. ``recorded_until=None`` means no controller is
+  waited for (an agent without Kubernetes). :func:`adopt` carries a raised
+  condition a previous agent left on the Node into a new agent's state, so an
+  agent restart cannot drop an unrecorded fault either.
 
 The faults that explain a raised condition are kept, so that the condition
 message carries the evidence even after the fault itself stopped being
@@ -99,8 +110,34 @@ def _merge(
     return tuple(kept[-MAX_OCCURRENCES:])
 
 
-def observe(state: ConditionState, obs: Observation, detection: Detection) -> ConditionState:
-    """The condition after one more observation."""
+def recorded(state: ConditionState, recorded_until: float | None) -> bool:
+    """Whether the controller has recorded every occurrence behind ``state``: its
+    watermark is at or after the latest of them (None: no controller is waited for)."""
+    if recorded_until is None or not state.faults:
+        return True
+    return max(f.at for f in state.faults) <= recorded_until
+
+
+def adopt(state: ConditionState, faults: Sequence[FaultEvent], now: float) -> ConditionState:
+    """``state`` with a raised condition's occurrences carried over (a previous agent's,
+    found on the Node, not yet recorded by the controller): raised, with them as evidence."""
+    if not faults:
+        return state
+    kept = _merge(state.faults if state.problem else (), (), faults)
+    last = max(f.at for f in faults)
+    last_bad = last if state.last_bad is None else max(state.last_bad, last)
+    changed = state.changed_at if state.problem else now
+    return ConditionState(Status.PROBLEM, changed, state.bad_since, last_bad, kept)
+
+
+def observe(
+    state: ConditionState,
+    obs: Observation,
+    detection: Detection,
+    recorded_until: float | None = None,
+) -> ConditionState:
+    """The condition after one more observation; a raised one is held until
+    ``recorded_until`` covers its occurrences (see the module docstring)."""
     now = obs.at
     present = obs.faults
     instant = obs.instant
@@ -118,7 +155,7 @@ def observe(state: ConditionState, obs: Observation, detection: Detection) -> Co
         return replace(state, bad_since=bad_since, last_bad=now, faults=seen)
     if state.problem:
         quiet_for = now - (state.last_bad if state.last_bad is not None else now)
-        if quiet_for < detection.clear_after_seconds:
+        if quiet_for < detection.clear_after_seconds or not recorded(state, recorded_until):
             return replace(state, bad_since=None)
     if not obs.readable:
         if state.status is Status.UNKNOWN:

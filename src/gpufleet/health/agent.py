@@ -12,6 +12,14 @@ format of :mod:`gpufleet.domain.conditions`.
 Active checks run on a schedule only while the node is idle, and stop
 (between checks) when a workload appears.
 
+The policy is the FleetPolicy the lifecycle controller obeys, followed through
+the API (:mod:`gpufleet.health.fleet_policy`); until one was read the agent
+fails closed: every occurrence raises its condition (decision 0162). A raised
+condition is kept, with its evidence, until the controller has recorded it
+(its ``gpufleet.io/faults-seen`` watermark, :func:`gpufleet.domain.debounce.recorded`),
+and a new agent takes over the unrecorded conditions a previous one left on the
+Node before it writes any condition (decision 0163).
+
 The lifecycle controller asks the agent for work through the Node annotation
 ``gpufleet.io/agent-request`` (run a check profile for verification or
 burn-in, reset a GPU); the agent answers with the ``gpufleet.io/agent-result``
@@ -54,10 +62,11 @@ from gpufleet.domain import (
 from gpufleet.domain.decide import policy_window, respond
 from gpufleet.domain.faults import FaultEvent, Subsystem
 from gpufleet.domain.maintenance import DEFAULT_COMMAND_TIMEOUT_S
-from gpufleet.domain.policy import Policy, Response
+from gpufleet.domain.policy import Detection, Policy, Response
 from gpufleet.domain.profiles import SkuProfile
 from gpufleet.domain.records import NodeRecord, Occurrence, record_from_json
 from gpufleet.health import checks, maintenance_commands, sysfs
+from gpufleet.health.fleet_policy import FleetPolicyFollower, fail_closed_detection
 from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
 from gpufleet.health.metrics import AgentMetrics
 from gpufleet.health.monitors import PassiveMonitors
@@ -128,6 +137,10 @@ class AgentSettings:
     often while it stays on the Node (the controller's step timeout bounds the wait)."""
     maintenance_commands: Path = maintenance_commands.DEFAULT_DIR
     """Where the maintenance commands a MaintenancePlan may name are installed."""
+    node_read_s: float = 5.0
+    """While a raised condition waits for the controller to record it (or the Node was
+    never read), the Node is read at least this often (the watch of the Node brings
+    the controller's watermark sooner; this bounds the wait if the watch is broken)."""
 
 
 @dataclass
@@ -151,10 +164,15 @@ class Agent:
         settings: AgentSettings | None = None,
         clock: Callable[[], float] = time.time,
         telemetry: JobTelemetry | None = None,
+        policy_source: FleetPolicyFollower | None = None,
     ) -> None:
         self.hw = hw
         self.profile = profile
         self.policy = policy
+        self.policy_source = policy_source
+        self.policy_read = policy_source is None
+        """Whether the policy is known: given (a file, tests) or a FleetPolicy was read.
+        False: fail closed (every occurrence raises its condition)."""
         self.node = node
         self.reporter = reporter
         self.metrics = metrics
@@ -189,17 +207,44 @@ class Agent:
         """The NVLink topology labels last written to the Node."""
         self._labels_due: dict[str, str | None] | None = None
         self._labels_retry_at = float("-inf")
+        self._recorded: dict[str, float] | None = {} if isinstance(reporter, NodeSource) else None
+        """The controller's watermark per condition type (``gpufleet.io/faults-seen``);
+        None: no Kubernetes Node to read, no controller to wait for."""
+        self._node_seen = False
+        self._node_read_at = float("-inf")
+        self._held_said: set[Subsystem] = set()
+
+    # ------------------------------------------------------------------ policy
+
+    def use_policy(self, policy: Policy) -> None:
+        """Judge with ``policy`` from now on (the FleetPolicy follower calls this)."""
+        first = not self.policy_read
+        self.policy = policy
+        self.policy_read = True
+        if self.telemetry is not None:
+            self.telemetry.config = policy.detection.stragglers
+        if self.metrics is not None:
+            self.metrics.policy_read.labels(self.node).set(1)
+        if first:
+            log.info("node=%s FleetPolicy read: judging with it from now on", self.node)
+
+    def detection(self) -> Detection:
+        """The debounce in force: the policy's, or the fail-closed one before it is known."""
+        return self.policy.detection if self.policy_read else fail_closed_detection()
 
     # ----------------------------------------------------------------- one poll
 
-    def _judge(self, fault: FaultEvent, now: float) -> Response:
+    def _judge(self, fault: FaultEvent, now: float) -> tuple[Response, bool]:
+        """The policy's response to one occurrence, and whether it raises the condition:
+        when it takes the node out, or always while the policy is not known (fail closed:
+        the controller decides with its own policy what the condition does)."""
         window = _window(self.policy)
         occ = Occurrence(fault.key, fault.evidence.scope(), fault.at)
         keep = [o for o in self.record.occurrences if now - o.at < window]
         self.record = replace(self.record, occurrences=(*keep, occ))
         self._recent = [f for f in self._recent if now - f.at < window] + [fault]
         response, _why = respond(self.policy.rule_for(fault), fault, self.record, now)
-        return response
+        return response, response.takes_node_out or not self.policy_read
 
     def step(
         self, now: float
@@ -229,10 +274,10 @@ class Agent:
                         if ident in self._worthy:
                             worthy_state.append(fault)
                         continue
-                response = self._judge(fault, now)
-                if response is not Response.IGNORE:
+                response, raises = self._judge(fault, now)
+                if response is not Response.IGNORE or raises:
                     events.append((fault, response))
-                if response.takes_node_out:
+                if raises:
                     (worthy_instant if instant else worthy_state).append(fault)
                     if instant:  # the earlier occurrences that made a repeat rule fire
                         worthy_instant.extend(
@@ -244,9 +289,15 @@ class Agent:
                 now, tuple(worthy_state), tuple(worthy_instant), obs.readable, obs.unreadable_reason
             )
             entry = self.subs[sub]
-            entry.state = debounce.observe(entry.state, o, self.policy.detection)
+            ctype = well_known.CONDITIONS[sub]
+            recorded = None if self._recorded is None else self._recorded.get(ctype, float("-inf"))
+            entry.state = debounce.observe(entry.state, o, self.detection(), recorded)
+            self._say_held(sub, entry.state, recorded, now)
             report = _report(sub, entry.state)
-            if report != entry.reported or resync:
+            # No "not a problem" before the Node was read: it may carry a condition a
+            # previous agent raised that the controller has not recorded (offer_node).
+            unsure = self._recorded is not None and not self._node_seen
+            if (report != entry.reported or resync) and not (unsure and report.status != "True"):
                 entry.reported = report
                 changed.append(report)
             if self.metrics is not None:
@@ -274,7 +325,12 @@ class Agent:
         if self.reporter is None:
             return
         for fault, response in events:
-            msg = f"{fault.describe()}: {fault.evidence.summary()} (policy: {response.value})"
+            judged = (
+                f"policy: {response.value}"
+                if self.policy_read
+                else "policy not read yet: raised (fail closed)"
+            )
+            msg = f"{fault.describe()}: {fault.evidence.summary()} ({judged})"
             try:
                 await self.reporter.event(
                     fault, reason=conditions.reason_of(fault), message=msg, now=now, warning=True
@@ -317,16 +373,124 @@ class Agent:
             "node=%s agent started backend=%s sku=%s", self.node, self.hw.name, self.profile.name
         )
         self._requests = asyncio.Queue()
+        if self.metrics is not None:
+            self.metrics.policy_read.labels(self.node).set(int(self.policy_read))
+        if not self.policy_read:
+            log.warning(
+                "node=%s no FleetPolicy read yet: every fault raises its condition (fail closed)",
+                self.node,
+            )
+        await self._read_node(self.clock())
+        tasks: list[asyncio.Task[None]] = []
         watch = getattr(self.reporter, "watch_requests", None)
-        watcher = asyncio.create_task(watch(self.offer_request)) if watch is not None else None
+        if watch is not None:
+            tasks.append(asyncio.create_task(watch(self.offer_node)))
+        if self.policy_source is not None:
+            tasks.append(asyncio.create_task(self.policy_source.run(self._use_followed)))
         try:
             await self._loop(stop)
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            for task in tasks:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await watcher
+                    await task
         log.info("node=%s agent stopped", self.node)
+
+    def _use_followed(self, policy: Policy) -> None:
+        self.use_policy(policy)
+        self._policy_metrics()
+
+    def _policy_metrics(self) -> None:
+        if self.metrics is None or self.policy_source is None:
+            return
+        self.metrics.policy_valid.labels(self.node).set(int(self.policy_source.valid is True))
+
+    # ------------------------------------------- what the controller recorded
+
+    def offer_node(self, body: dict[str, Any]) -> None:
+        """Called with this Node on every change (the watch) and on each read: the
+        controller's watermark, a previous agent's unrecorded conditions (first time
+        only), and the request annotation."""
+        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        recorded = conditions.faults_recorded(annotations.get(well_known.ANNOTATION_FAULTS_SEEN))
+        if self._recorded is not None:
+            self._recorded = recorded
+        if not self._node_seen:
+            self._node_seen = True
+            self._take_over(body, recorded)
+        self.offer_request(*request_view(body))
+
+    def _take_over(self, body: dict[str, Any], recorded: dict[str, float]) -> None:
+        """Carry the raised conditions a previous agent left on the Node, as far as the
+        controller has not recorded them, into this agent's state (kept until it has)."""
+        now = self.clock()
+        name = str((body.get("metadata") or {}).get("name") or self.node)
+        for cond in (body.get("status") or {}).get("conditions") or []:
+            ctype = str(cond.get("type", ""))
+            sub = conditions.subsystem_of(ctype)
+            if sub is None:
+                continue
+            faults = conditions.faults_of(
+                name, ctype, str(cond.get("status", "")), str(cond.get("message", ""))
+            )
+            mark = recorded.get(ctype, float("-inf"))
+            if not any(f.at > mark for f in faults):
+                continue
+            entry = self.subs[sub]
+            entry.state = debounce.adopt(entry.state, faults, now)
+            entry.reported = None  # written again, as it stands, by the next poll
+            log.warning(
+                "node=%s %s=True taken over from the Node: %d occurrence(s) the controller "
+                "has not recorded yet",
+                self.node,
+                ctype,
+                len(faults),
+            )
+
+    async def _read_node(self, now: float) -> None:
+        """Read the Node (best effort) when it was never read, or while a raised condition
+        waits for the controller's record, at most every ``node_read_s``."""
+        source = self.reporter
+        if (
+            not isinstance(source, NodeSource)
+            or now - self._node_read_at < self.settings.node_read_s
+        ):
+            return
+        waiting = not self._node_seen or any(
+            e.state.problem
+            and not debounce.recorded(
+                e.state, (self._recorded or {}).get(well_known.CONDITIONS[s], float("-inf"))
+            )
+            for s, e in self.subs.items()
+        )
+        if not waiting:
+            return
+        self._node_read_at = now
+        try:
+            body = await source.node_object()
+        except Exception as exc:
+            log.warning("node=%s own Node not read: %s", self.node, exc)
+            return
+        self.offer_node(body)
+
+    def _say_held(
+        self, sub: Subsystem, state: debounce.ConditionState, recorded: float | None, now: float
+    ) -> None:
+        """Log once when a raised condition is kept only because the controller has not
+        recorded it (its quiet time is over)."""
+        cleared_at = debounce.clears_at(state, self.detection())
+        held = (
+            cleared_at is not None and now >= cleared_at and not debounce.recorded(state, recorded)
+        )
+        if held and sub not in self._held_said:
+            self._held_said.add(sub)
+            log.warning(
+                "node=%s %s kept raised: the controller has not recorded its faults yet",
+                self.node,
+                well_known.CONDITIONS[sub],
+            )
+        elif not held:
+            self._held_said.discard(sub)
 
     async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -341,6 +505,8 @@ class Agent:
                     fault.evidence.summary(),
                 )
             await self.publish(changed, events, now)
+            await self._read_node(self.clock())
+            self._policy_metrics()
             self._retry_due(now)
             await self._serve_requests()
             if self._active_due(now):
@@ -514,9 +680,10 @@ class Agent:
         timeout = float(req.timeout_s or DEFAULT_COMMAND_TIMEOUT_S)
         env = {"NODE_NAME": self.node, "GPUFLEET_REQUEST_ID": req.id}
         log.info(
-            "node=%s request=%s running %s (timeout %.0f s)", self.node, req.id, found, timeout
+            "node=%s request=%s running %s (timeout %.0f s)", self.node, req.id, found.path, timeout
         )
-        outcome = maintenance_commands.run(found, timeout_s=timeout, env=env)
+        with found:  # the checked file, held open until it has run
+            outcome = maintenance_commands.run(found, timeout_s=timeout, env=env)
         return conditions.AgentResult(req.id, passed=outcome.passed, detail=outcome.detail)
 
     async def _serve_requests(self) -> None:
@@ -614,6 +781,17 @@ def verdict(results: list[Any]) -> tuple[bool, str]:
     if not bad:
         return True, f"{len(results)} checks passed"
     return False, "; ".join(f"{r.name} {r.status.label}: {r.reason}" for r in bad)[:900]
+
+
+def request_view(node: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(request annotation, id of the request already answered) of a Node object."""
+    annotation = (node.get("metadata", {}).get("annotations") or {}).get(
+        well_known.ANNOTATION_AGENT_REQUEST
+    )
+    found = node_reports.answer_of(node)
+    # A refusal answers nothing: the request is judged again when the node changes.
+    answered = found.id if found is not None and found.outcome != "refused" else None
+    return annotation, answered
 
 
 def _record(text: str | None) -> NodeRecord | None:

@@ -22,7 +22,7 @@ from gpufleet.domain import well_known
 from gpufleet.domain.conditions import ConditionReport
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.faults import FaultEvent
-from gpufleet.domain.node_reports import LEGACY_CONDITIONS, AnnotationReport, answer_of
+from gpufleet.domain.node_reports import LEGACY_CONDITIONS, AnnotationReport
 from gpufleet.kubeapi import NODES, PODS, KubeApi, KubePort, Patch
 from gpufleet.kubeapi.events import event_body
 
@@ -45,6 +45,10 @@ class KubeReporter:
         if self._api is None:
             self._api = await KubeApi.connect(self.kubeconfig)
         return self._api
+
+    async def connect(self) -> KubePort:
+        """The agent's API connection (shared with what else the agent reads: its policy)."""
+        return await self._connect()
 
     async def _node(self) -> dict[str, Any]:
         api = await self._connect()
@@ -165,9 +169,10 @@ class KubeReporter:
         await api.create_event("default", body)
 
     async def watch_requests(
-        self, offer: Callable[[str | None, str | None], None], *, backoff: float = 2.0
+        self, offer: Callable[[dict[str, Any]], None], *, backoff: float = 2.0
     ) -> None:
-        """Watch this Node and offer its request annotation and answered request id.
+        """Watch this Node and offer every version of it (the agent reads the request
+        annotation and the controller's ``gpufleet.io/faults-seen`` watermark from it).
 
         Runs until cancelled; a broken watch is re-opened after ``backoff`` seconds.
         """
@@ -177,11 +182,11 @@ class KubeReporter:
                 api = await self._connect()
                 listing = await api.list(NODES, field_selector=selector)
                 for obj in listing.items:
-                    offer(*_request_view(obj))
+                    offer(obj)
                 async for event in api.watch(
                     NODES, listing.resource_version, field_selector=selector
                 ):
-                    offer(*_request_view(event.object))
+                    offer(event.object)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -190,14 +195,3 @@ class KubeReporter:
 
     async def close(self) -> None:
         self._api = None
-
-
-def _request_view(node: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(request annotation, id of the request already answered) of a Node object."""
-    annotation = (node.get("metadata", {}).get("annotations") or {}).get(
-        well_known.ANNOTATION_AGENT_REQUEST
-    )
-    found = answer_of(node)
-    # A refusal answers nothing: the request is judged again when the node changes.
-    answered = found.id if found is not None and found.outcome != "refused" else None
-    return annotation, answered

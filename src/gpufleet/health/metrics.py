@@ -177,6 +177,20 @@ class AgentMetrics:
             ["node", "kind", "outcome"],
             registry=r,
         )
+        self.policy_read = Gauge(
+            "gpufleet_agent_policy_read",
+            "1 when the agent judges with the FleetPolicy the controller obeys; 0 while none"
+            " was ever read (fail closed: every fault raises its condition)",
+            ["node"],
+            registry=r,
+        )
+        self.policy_valid = Gauge(
+            "gpufleet_agent_policy_valid",
+            "1 when the FleetPolicy as last read is valid; 0 when it is invalid (the last"
+            " valid one is kept)",
+            ["node"],
+            registry=r,
+        )
         self._server: Any = None
 
     def observe(self, snap: Snapshot) -> None:

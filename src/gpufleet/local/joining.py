@@ -305,6 +305,34 @@ def objects(*, server: str, ca_pem: bytes, version: str) -> list[tuple[str, Json
                 [_group(NODES_GROUP)],
             ),
         ),
+        # The machines' agents run as a host service with the kubelet's credentials and
+        # judge faults with the FleetPolicy the controller obeys (gpufleet agent
+        # --policy-name): nodes may read FleetPolicies, nothing more.
+        (
+            f"{RBAC}/clusterroles",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": "gpufleet:node-agent-policy"},
+                "rules": [
+                    {
+                        "apiGroups": ["gpufleet.io"],
+                        "resources": ["fleetpolicies"],
+                        "verbs": ["get", "list", "watch"],
+                    }
+                ],
+            },
+        ),
+        (
+            f"{RBAC}/clusterrolebindings",
+            _binding(
+                "ClusterRoleBinding",
+                "gpufleet:node-agent-policy",
+                "ClusterRole",
+                "gpufleet:node-agent-policy",
+                [_group(NODES_GROUP)],
+            ),
+        ),
     ]
 
 

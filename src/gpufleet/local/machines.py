@@ -60,10 +60,13 @@ BOOT_FILES = {"kernel": "vmlinuz", "initrd": "initrd.img", "image": "rootfs.squa
 
 AGENT_ARGS = (
     f"--backend simulated --inject-port {AGENT_INJECT_PORT} --inject-address 0.0.0.0 "
-    "--metrics-port 0 --interval 2"
+    "--metrics-port 0 --interval 2 --policy-name default"
 )
 """The agent on a machine: simulated GPUs (it has none), the fault-injection API for the
-host, no metrics endpoint (nothing scrapes it), a poll every 2 s (1 vCPU under emulation)."""
+host, no metrics endpoint (nothing scrapes it), a poll every 2 s (1 vCPU under emulation),
+and the FleetPolicy ``default`` to judge with, as the chart's agent reads the controller's
+(with the kubelet's credentials: :func:`gpufleet.local.joining.objects` lets nodes read
+FleetPolicies; until one exists the agent fails closed)."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ def test_demo_policy_is_the_default_with_short_times() -> None:
     assert spec["detection"]["clearAfterSeconds"] == 3
     xid79 = next(r for r in spec["rules"] if r["match"].get("xid") == 79)
     assert xid79["action"] == "reboot" and xid79["taint"] == "NoExecute"
-    load_policy(policy.policy_yaml(spec), "demo")  # what the agents read is valid
+    load_policy(policy.policy_yaml(spec), "demo")  # what the controller and agents read is valid
 
 
 def test_rule_actions_change_only_that_rule() -> None:
