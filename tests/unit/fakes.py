@@ -186,6 +186,9 @@ class FakeBmc(Bmc):
     async def set_one_time_boot(self, target: str = "Pxe") -> None:
         self.calls.append(f"boot {target}")
 
+    async def clear_one_time_boot(self) -> None:
+        self.calls.append("boot cleared")
+
 
 class UnmodelledKube:
     """Every call of :class:`~gpufleet.kubeapi.KubePort` raises NotImplementedError.

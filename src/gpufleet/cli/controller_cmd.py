@@ -34,12 +34,32 @@ def controller(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Decide and report (Events, logs), change nothing.")
     ] = False,
-    peering: Annotated[
-        str, typer.Option(help="ClusterKopfPeering shared by replicas; '' runs standalone.")
-    ] = "gpufleet",
-    priority: Annotated[
-        int | None, typer.Option(help="Peering priority (highest acts); default: random.")
-    ] = None,
+    lease: Annotated[
+        str,
+        typer.Option(
+            help="The Lease the replicas share: only its holder acts (created in --namespace"
+            " if absent; docs/decisions/0141)."
+        ),
+    ] = "gpufleet-controller",
+    lease_duration: Annotated[
+        float,
+        typer.Option(
+            min=2.0,
+            help="Seconds the Lease holds without a renewal: how long a standby waits before"
+            " it takes over from a replica that stopped without letting go.",
+        ),
+    ] = 30.0,
+    identity: Annotated[
+        str,
+        typer.Option(help="This replica's name in the Lease; default: host name + random."),
+    ] = "",
+    key_secret: Annotated[
+        str,
+        typer.Option(
+            help="Secret (in --namespace) with the key records are signed with; created if"
+            " absent (docs/decisions/0144)."
+        ),
+    ] = "gpufleet-record-key",
     tick: Annotated[
         float, typer.Option(min=0.1, help="Seconds between retries of held decisions.")
     ] = 2.0,
@@ -142,13 +162,15 @@ def controller(
         evidence_namespace=evidence_namespace,
         adoption_writes_per_s=adoption_rate,
         node_selector=selector,
+        lease=lease,
+        lease_duration_s=lease_duration,
+        identity=identity,
+        key_secret=key_secret,
     )
     options = RunOptions(
         kubeconfig=kubeconfig_arg(kubeconfig),
         metrics_port=metrics_port,
         metrics_address=metrics_address,
-        peering=peering or None,
-        priority=priority,
     )
     asyncio.run(run(settings, options))
 

@@ -13,6 +13,8 @@ import typer
 from gpufleet.cli.errors import fail
 from gpufleet.cli.options import KubeconfigOpt
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
+from gpufleet.clock import SYSTEM_CLOCK
+from gpufleet.gate import Gate
 from gpufleet.kubeapi import ApiError, Conflict, KubeApi, NotFound
 from gpufleet.kubeapi.machines import MachineStore
 from gpufleet.provision import inventory, machines, render
@@ -343,12 +345,11 @@ def power_on_cmd(
 
     async def go() -> list[str]:
         api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
+        gate = Gate.for_operator(api, by="admin", clock=SYSTEM_CLOCK)
         problems: list[str] = []
         for name in names:
             try:
-                done = await machine_power.network_boot(
-                    MachineStore(api), name, by="admin", now=time.time()
-                )
+                done = await gate.network_boot(MachineStore(api), name, by="admin", now=time.time())
             except (machine_power.PowerRefused, redfish.RedfishError, ApiError) as exc:
                 problems.append(f"{name}: {exc}")
                 continue

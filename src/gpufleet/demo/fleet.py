@@ -281,8 +281,8 @@ class Fleet:
             policy.POLICY_NAME,
             "--metrics-port",
             str(self.ports.controller_metrics),
-            "--peering",
-            "",
+            "--lease-duration",
+            "8",
             "--tick",
             str(CONTROLLER_TICK_S),
         ]

@@ -164,7 +164,12 @@ def _enters_service_hold(plan: _Plan) -> bool:
     nodes returned from triage or maintenance into verification counts too.
     """
     t = plan.transition
-    return t is not None and t.target in OUT_OF_SERVICE and t.source not in OUT_OF_SERVICE
+    return (
+        t is not None
+        and t.target in OUT_OF_SERVICE
+        and t.source not in OUT_OF_SERVICE
+        and t.trigger is not Trigger.WORK_FOUND  # already out: drained again, not taken out
+    )
 
 
 def _budget_ok(ctx: _Ctx) -> bool:
@@ -332,7 +337,23 @@ def _on_fault(ctx: _Ctx, event: ev.FaultObserved) -> _Plan:
     return _noop(ctx, why, f"recorded only: the node is in {state}")
 
 
-def _isolate(ctx: _Ctx, fault: FaultEvent, rule: Rule, step: Step, why: str, desc: str) -> _Plan:
+def _isolate(
+    ctx: _Ctx,
+    fault: FaultEvent,
+    rule: Rule,
+    step: Step,
+    why: str,
+    desc: str,
+    *,
+    retry: bool = False,
+) -> _Plan:
+    """Take the node out for ``fault``: cordon, taint, drain; the incident's plan is ``step``.
+
+    A fault still held on the node (``pending``) is not dropped by a later one: the
+    incident starts at the more severe of the two steps and a Notice says so.
+    ``retry``: the held fault itself, tried again; it was counted by the breaker
+    when it was first seen, and is not counted again (a retry is not a new fault).
+    """
     book = ctx.record
     policy = ctx.policy
     reasons = [why]
@@ -348,6 +369,18 @@ def _isolate(ctx: _Ctx, fault: FaultEvent, rule: Rule, step: Step, why: str, des
     if verdict.lemon and then is not None and severity(then) > severity(step):
         plan = then
         reasons.append(f"lemon: {verdict.why} -> {plan} instead of another repair")
+    own = plan  # what this fault alone asks for (kept if the rails hold it)
+    notices: list[Action] = []
+    held, held_step = book.pending, book.pending_step
+    if not retry and held is not None and held_step is not None:
+        if severity(held_step) > severity(plan):
+            plan = held_step
+        text = (
+            f"held fault {held.key} (step {held_step}) is handled by this incident"
+            f" ({fault.key}), which starts at {plan}"
+        )
+        reasons.append(text)
+        notices.append(Action(ActionKind.NOTIFY, detail=text))
     incident = Incident(
         key=fault.key,
         description=desc,
@@ -358,12 +391,16 @@ def _isolate(ctx: _Ctx, fault: FaultEvent, rule: Rule, step: Step, why: str, des
         requeue=rule.requeue,
         if_slurm_silent=rule.if_slurm_silent,
     )
-    breaker = breaker_observe(
-        ctx.breaker,
-        node=book.name,
-        now=ctx.now,
-        config=policy.safety.breaker,
-        fleet_size=ctx.fleet.size,
+    breaker = (
+        ctx.breaker
+        if retry
+        else breaker_observe(
+            ctx.breaker,
+            node=book.name,
+            now=ctx.now,
+            config=policy.safety.breaker,
+            fleet_size=ctx.fleet.size,
+        )
     )
     applied = replace(
         scored,
@@ -382,10 +419,11 @@ def _isolate(ctx: _Ctx, fault: FaultEvent, rule: Rule, step: Step, why: str, des
             requeue=incident.requeue,
             timeout_seconds=policy.drain.timeout_seconds,
         ),
+        *notices,
     )
     return _Plan(
         applied=applied,
-        held=_hold_fault(book, fault, plan),
+        held=_hold_fault(book, fault, own),
         actions=actions,
         reasons=tuple(reasons),
         transition=t,
@@ -469,9 +507,11 @@ def _next_rung(inc: Incident, policy: Policy) -> Step:
         assert inc.plan is not None
         return inc.plan
     last = inc.tried[-1]
+    if last.outcome is Outcome.REFUSED:
+        return last.step  # not carried out: the same rung again, once the node is empty
     entry = policy.ladder_entry(last.step)
     if last.outcome in (Outcome.FAILED, Outcome.TIMED_OUT) and entry is not None:
-        tries = sum(1 for a in inc.tried if a.step == last.step)
+        tries = sum(1 for a in inc.tried if a.step == last.step and a.outcome != Outcome.REFUSED)
         if tries < entry.attempts:
             return last.step
     return policy.next_step(last.step)
@@ -531,6 +571,56 @@ def _on_step(ctx: _Ctx, event: ev.StepCompleted) -> _Plan:
         return _noop(ctx, f"{event.step} result ignored: not the step in progress")
     outcome = Outcome.SUCCEEDED if event.succeeded else Outcome.FAILED
     return _finish_step(ctx, r, inc, outcome, event.detail)
+
+
+MAX_REFUSALS = 3
+"""Acts refused for work found on the node, per incident, before it goes to triage."""
+
+
+def _on_work_found(ctx: _Ctx, event: ev.WorkFound) -> _Plan:
+    """The act was refused because the node is not empty: drain it again, never escalate.
+
+    A ladder step (or a maintenance command) is asked for again once the node is
+    drained anew; a refused attempt does not count against the step's attempts. A
+    node that keeps getting work during its repair goes to triage at the
+    :data:`MAX_REFUSALS`-th refusal: a person looks at what lands on it.
+    """
+    r = ctx.record
+    inc = r.incident
+    if inc is None:
+        return _noop(ctx, f"work found ignored in {r.state}: no incident")
+    detail = event.detail or "the node is not empty"
+    if r.state is S.REMEDIATING and inc.current is not None and inc.current is event.step:
+        last = replace(inc.tried[-1], ended_at=ctx.now, outcome=Outcome.REFUSED, detail=detail)
+        inc = replace(inc, current=None, tried=(*inc.tried[:-1], last))
+    elif not (r.state is S.MAINTENANCE and event.step is None):
+        return _noop(ctx, f"work found ignored in {r.state}: not the act in progress")
+    refusals = inc.refusals + 1
+    inc = replace(inc, drained=False, refusals=refusals, checks_started_at=None)
+    what = str(event.step) if event.step is not None else "the maintenance command"
+    if refusals >= MAX_REFUSALS:
+        text = f"{what} refused {refusals} times: {detail}; held for a person"
+        rec, t = _move(ctx, replace(r, incident=inc), S.TRIAGE, Trigger.WORK_FOUND, text)
+        return _Plan(
+            applied=rec,
+            held=r,
+            actions=(Action(ActionKind.NOTIFY, detail=text),),
+            reasons=(text,),
+            transition=t,
+        )
+    text = f"{what} not started: {detail}; draining again (refusal {refusals})"
+    rec, t = _move(ctx, replace(r, incident=inc), S.DRAINING, Trigger.WORK_FOUND, text)
+    actions = (
+        Action(
+            ActionKind.DRAIN,
+            detail=text,
+            drain_mode=inc.drain_mode,
+            requeue=inc.requeue,
+            timeout_seconds=ctx.policy.drain.timeout_seconds,
+        ),
+        Action(ActionKind.NOTIFY, detail=text),
+    )
+    return _Plan(applied=rec, held=r, actions=actions, reasons=(text,), transition=t)
 
 
 def _finish_step(ctx: _Ctx, r: NodeRecord, inc: Incident, outcome: Outcome, detail: str) -> _Plan:
@@ -598,8 +688,15 @@ def _to_production(ctx: _Ctx, trigger: Trigger, reason: str) -> _Plan:
     r = ctx.record
     rec, t = _move(ctx, r, S.PRODUCTION, trigger, reason)
     rec = replace(rec, incident=None, pending=None, pending_step=None, checks_started_at=None)
-    actions = (Action(ActionKind.UNTAINT), Action(ActionKind.UNCORDON))
+    actions: tuple[Action, ...] = (Action(ActionKind.UNTAINT), Action(ActionKind.UNCORDON))
     reasons: tuple[str, ...] = (reason,)
+    if r.pending is not None:  # held while the node was out: its repair was verified since
+        text = (
+            f"held fault {r.pending.key} let go: the node passed {trigger} since it was held"
+            " (a new occurrence is decided afresh)"
+        )
+        actions = (*actions, Action(ActionKind.NOTIFY, detail=text))
+        reasons = (*reasons, text)
     if spares.becomes_spare(rec, ctx.fleet, ctx.policy):
         rec = replace(rec, spare=True)
         pool = ctx.fleet.pool(rec.pool)
@@ -668,7 +765,9 @@ def _retry_held(ctx: _Ctx, fault: FaultEvent) -> _Plan:
     desc = f"{fault.describe()}: {fault.evidence.summary()}".rstrip(": ")
     if steps:
         step = max(steps, key=severity)
-        return _isolate(ctx, fault, rule, step, f"retry held fault: {why} -> {step}", desc)
+        return _isolate(
+            ctx, fault, rule, step, f"retry held fault: {why} -> {step}", desc, retry=True
+        )
     return _let_go(
         r, f"held fault {fault.key} let go: the policy no longer asks for a repair ({why})"
     )
@@ -904,6 +1003,7 @@ _HANDLERS: dict[type, Callable[[_Ctx, Any], _Plan]] = {
     ev.FaultCleared: _on_cleared,
     ev.DrainCompleted: _on_drained,
     ev.StepCompleted: _on_step,
+    ev.WorkFound: _on_work_found,
     ev.ChecksCompleted: _on_checks,
     ev.Registered: _on_registered,
     ev.InventoryMismatch: _simple(

@@ -8,10 +8,17 @@ a :class:`SlurmWork`). The controller never talks to Slurm: the annotation is
 the contract, so the controller, the agent (which refuses disruptive requests
 on a busy node) and the tests read the same words.
 
-Fail closed: a node that belongs to Slurm and has no report *for the current
+Fail closed: a node that may belong to Slurm and has no report *for the current
 incident* saying "drained and idle" is not empty. If Slurm stays silent (the
 syncer or slurmctld is down) the node waits; a rule may say ``ifSlurmSilent:
 proceed`` for faults where waiting is worse than the risk (docs/decisions/0076).
+A node is not Slurm's only when the policy says so (``drain.slurm: never``) or
+the syncer said so (a report with state ``absent``: no Slurm node has its name,
+host name or address); the absence of a mark proves nothing (docs/decisions/0146).
+
+Right before a disruptive act the gate asks again (a *probe*): the syncer reads
+Slurm after it saw the probe and answers with a report carrying the probe's id
+(:attr:`SlurmWork.probe`), so the act is judged on what Slurm says now.
 
 Pure: no I/O, no clock (ages are arguments).
 """
@@ -23,9 +30,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.domain import well_known
 from gpufleet.domain.policy import SlurmSilence, SlurmWait
 
+ABSENT = "absent"
+"""The state of a report that says Slurm has no node for this Node."""
 IDLE_BASE_STATES = frozenset({"idle", "down"})
 """Slurm base states in which no job holds the node's resources."""
 BUSY_FLAGS = frozenset({"COMPLETING"})
@@ -46,6 +54,14 @@ class SlurmWork:
     at: float = 0.0
     """When the syncer read it (seconds since the epoch; a heartbeat, not compared
     across clocks by the controller)."""
+    probe: str | None = None
+    """The id of the gate's probe this report answers: read from Slurm after the
+    syncer saw the probe (None: an ordinary report)."""
+
+    @property
+    def absent(self) -> bool:
+        """Slurm has no node for this Node (the syncer looked: name, host name, address)."""
+        return self.base == ABSENT
 
     @property
     def base(self) -> str:
@@ -73,6 +89,8 @@ class SlurmWork:
     def to_annotation(self) -> str:
         data = {"state": self.state, "jobs": list(self.jobs), "incident": self.incident}
         data["at"] = round(self.at, 3)
+        if self.probe is not None:
+            data["probe"] = self.probe
         return json.dumps(data, separators=(",", ":"))
 
     def same_report(self, other: SlurmWork | None) -> bool:
@@ -94,7 +112,10 @@ class SlurmWork:
             jobs = data.get("jobs") or []
             incident = data.get("incident")
             at = float(data.get("at") or 0.0)
+            probe = data.get("probe")
         except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        if probe is not None and not isinstance(probe, str):
             return None
         if not isinstance(state, str) or not isinstance(jobs, list):
             return None
@@ -105,41 +126,71 @@ class SlurmWork:
             jobs=tuple(str(j) for j in jobs),
             incident=float(incident) if incident is not None else None,
             at=at,
+            probe=probe,
         )
 
 
 def work_report(
-    label: str, jobs: Iterable[int | str], incident: float | None, at: float
+    label: str,
+    jobs: Iterable[int | str],
+    incident: float | None,
+    at: float,
+    *,
+    probe: str | None = None,
 ) -> SlurmWork:
     """The report the syncer writes for a node (``label`` is ``SlurmView.label``)."""
     return SlurmWork(
-        state=label, jobs=tuple(sorted(str(j) for j in jobs)), incident=incident, at=at
+        state=label,
+        jobs=tuple(sorted(str(j) for j in jobs)),
+        incident=incident,
+        at=at,
+        probe=probe,
     )
 
 
-def is_slurm_node(
-    labels: Mapping[str, str],
-    annotations: Mapping[str, str],
-    taint_keys: Iterable[str],
-    mode: SlurmWait,
-) -> bool:
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The gate's challenge to the syncer (``gpufleet.io/slurm-probe``)."""
+
+    id: str
+    at: float
+    incident: float | None
+
+    def to_annotation(self) -> str:
+        data = {"id": self.id, "at": round(self.at, 3), "incident": self.incident}
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_annotation(cls, text: str | None) -> Probe | None:
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            pid, at, incident = data["id"], float(data["at"]), data.get("incident")
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        if not isinstance(pid, str) or not pid or len(pid) > 64:
+            return None
+        if incident is not None and not isinstance(incident, int | float):
+            return None
+        return cls(pid, at, float(incident) if incident is not None else None)
+
+
+def is_slurm_node(work: SlurmWork | None, mode: SlurmWait) -> bool:
     """Whether Slurm must confirm the node is empty before it is disrupted.
 
-    ``auto``: the node is marked as Slurm's by the SlurmCluster operator's label,
-    the syncer's taint, or a report of the syncer on it. ``always``: every node
-    (for clusters whose syncer runs without the hold taint). ``never``: no node
-    (Kubernetes-only fleets).
+    ``auto``: every node, unless the syncer reported that Slurm has no node for it
+    (a report with state ``absent``). Marks are not needed and their absence proves
+    nothing: a Slurm whose syncer runs without the hold taint, an external Slurm,
+    or a node the operator did not label still holds jobs (docs/decisions/0146).
+    ``always``: every node, even one the syncer reports absent. ``never``: no node
+    (Kubernetes-only fleets say so).
     """
     if mode is SlurmWait.NEVER:
         return False
     if mode is SlurmWait.ALWAYS:
         return True
-    return (
-        well_known.LABEL_SLURM_CLUSTER in labels
-        or well_known.TAINT_SLURM in set(taint_keys)
-        or well_known.ANNOTATION_SLURM_WORK in annotations
-        or well_known.ANNOTATION_SLURM_STATE in annotations
-    )
+    return not (work is not None and work.absent)
 
 
 def pod_holds_node(pod: Mapping[str, Any]) -> bool:
@@ -191,6 +242,8 @@ def ready_to_disrupt(
     current = work is not None and work.incident == incident_opened_at
     if current and work is not None and work.empty:
         return Readiness(True, f"no workload left; Slurm reports {work.state}, no job")
+    if current and work is not None and work.absent:
+        return Readiness(False, "Slurm has no node for it, but the policy says drain.slurm: always")
     if current and work is not None and not work.idle:
         jobs = ", ".join(work.jobs) or "none listed"
         return Readiness(False, f"waiting for Slurm: node {work.state}, running jobs: {jobs}")
@@ -204,7 +257,8 @@ def ready_to_disrupt(
     return Readiness(
         False,
         "waiting for Slurm to confirm the node is empty (no report from the syncer for this"
-        f" incident; silent {slurm_silent_for:.0f}s; failing closed)",
+        f" incident; silent {slurm_silent_for:.0f}s; failing closed; a cluster without Slurm"
+        " says drain.slurm: never)",
     )
 
 
@@ -216,7 +270,7 @@ def disruptive_work(pods_left: int, work: SlurmWork | None, gpu_busy: bool | Non
     """
     if pods_left:
         return f"{pods_left} pod(s) run on the node"
-    if work is not None and not work.idle:
+    if work is not None and not work.absent and not work.idle:
         return f"Slurm reports the node {work.state} with jobs {', '.join(work.jobs) or '?'}"
     if gpu_busy is None:
         return "GPU processes could not be read"

@@ -47,6 +47,18 @@ class StepCompleted:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkFound:
+    """An act was about to start and the node was found not empty (a pod, a Slurm job,
+    Slurm silent, a GPU process the agent saw): nothing was done. The node is drained
+    again before the act is asked for again; a refusal never escalates the ladder
+    (decision 0074, docs/decisions/0139)."""
+
+    step: Step | None
+    """The step that was refused (None: a maintenance command)."""
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ChecksCompleted:
     """A verification or burn-in run finished."""
 
@@ -157,6 +169,7 @@ Event = (
     | FaultCleared
     | DrainCompleted
     | StepCompleted
+    | WorkFound
     | ChecksCompleted
     | Registered
     | InventoryMismatch

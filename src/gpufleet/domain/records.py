@@ -39,6 +39,8 @@ class Outcome(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     TIMED_OUT = "timed-out"
+    REFUSED = "refused"
+    """Not carried out: the node was found not empty (it was drained again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,10 @@ class Incident:
     command_timeout_s: float | None = None
     """A maintenance plan's command: how long the agent lets it run (its plan's
     ``commandTimeoutSeconds``, kept here so the controller needs no plan to ask)."""
+    refusals: int = 0
+    """Acts of this incident refused because the node was not empty (each sent the
+    node back to draining; at :data:`~gpufleet.domain.decide.MAX_REFUSALS` it goes
+    to triage instead: a person looks at what keeps landing on it)."""
 
     @property
     def maintenance(self) -> bool:

@@ -111,6 +111,9 @@ class SlurmView:
     flags: frozenset[str] = frozenset()
     """Upper-case flags: DRAIN, NOT_RESPONDING, COMPLETING, ..."""
     reason: str | None = None
+    addresses: frozenset[str] = frozenset()
+    """The node's ``NodeAddr`` and ``NodeHostname`` (to find a Slurm node whose name is
+    not its Kubernetes Node's; empty when not read)."""
 
     @property
     def known(self) -> bool:

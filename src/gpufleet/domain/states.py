@@ -57,6 +57,7 @@ class Trigger(StrEnum):
     LEMON = "lemon"
     LADDER_EXHAUSTED = "ladder-exhausted"
     HARDWARE_REPLACED = "hardware-replaced"
+    WORK_FOUND = "work-found"
 
 
 S = NodeState
@@ -66,9 +67,9 @@ TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
     S.BURN_IN: frozenset({S.PRODUCTION, S.TRIAGE, S.MAINTENANCE}),
     S.PRODUCTION: frozenset({S.DRAINING}),
     S.DRAINING: frozenset({S.REMEDIATING, S.MAINTENANCE, S.TRIAGE, S.RMA}),
-    S.REMEDIATING: frozenset({S.VERIFYING, S.TRIAGE, S.RMA}),
+    S.REMEDIATING: frozenset({S.VERIFYING, S.DRAINING, S.TRIAGE, S.RMA}),
     S.VERIFYING: frozenset({S.PRODUCTION, S.REMEDIATING, S.TRIAGE, S.RMA}),
-    S.MAINTENANCE: frozenset({S.VERIFYING, S.TRIAGE, S.RMA}),
+    S.MAINTENANCE: frozenset({S.VERIFYING, S.DRAINING, S.TRIAGE, S.RMA}),
     S.TRIAGE: frozenset({S.VERIFYING, S.REMEDIATING, S.MAINTENANCE, S.RMA}),
     S.RMA: frozenset({S.PROVISIONING}),
 }
@@ -78,6 +79,8 @@ draining, so that running jobs are requeued before anything disruptive."""
 
 GUARDED: Mapping[tuple[NodeState, NodeState], Trigger] = {
     (S.RMA, S.PROVISIONING): Trigger.HARDWARE_REPLACED,
+    (S.REMEDIATING, S.DRAINING): Trigger.WORK_FOUND,
+    (S.MAINTENANCE, S.DRAINING): Trigger.WORK_FOUND,
 }
 """Edges that only one trigger may take."""
 

@@ -51,6 +51,21 @@ the BMC's baseline -- LastResetTime, log, power state -- and postedAt;
 :class:`gpufleet.remediate.evidence.ActionMark`). A restarted controller reads
 it to tell a reset that was never posted from one whose answer was lost, so a
 ladder attempt ends in at most one reset (docs/decisions/0072)."""
+ANNOTATION_RECORD_SIGNATURE = "gpufleet.io/record-signature"
+"""Node annotation, set by the lifecycle controller with every record it writes:
+``v1:<key id>:<HMAC-SHA256>`` over the node's name and the record, keyed by a
+Secret only the controller reads. A record without a valid one was not written
+by the controller and is not acted on (:mod:`gpufleet.api.nodedata`,
+docs/decisions/0144)."""
+ANNOTATION_BMC_ACTION_SIGNATURE = "gpufleet.io/bmc-action-signature"
+"""Node annotation, written with :data:`ANNOTATION_BMC_ACTION` by the gate: its
+signature, as for the record."""
+ANNOTATION_SLURM_PROBE = "gpufleet.io/slurm-probe"
+"""Node annotation, set by the gate right before a disruptive act: a challenge
+(JSON: id, at, incident) the Slurm syncer answers with a report read from Slurm
+after it saw it (:data:`ANNOTATION_SLURM_WORK` with the same ``probe``), so the
+act is judged on what Slurm says now, not on a report taken before the drain
+(docs/decisions/0145)."""
 CONDITION_BMC_MISMATCH = "GpufleetBmcMismatch"
 """Node condition, set by the lifecycle controller: ``True`` when the BMC the
 Node's ``gpufleet.io/bmc-secret`` points at could not be verified as this

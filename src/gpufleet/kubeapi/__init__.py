@@ -20,6 +20,7 @@ from gpufleet.kubeapi.errors import (
 from gpufleet.kubeapi.port import KubePort, ObjectList, WatchEvent, get_or_none
 from gpufleet.kubeapi.resources import (
     EVENTS,
+    LEASES,
     NODES,
     PODS,
     SECRETS,
@@ -31,6 +32,7 @@ from gpufleet.kubeapi.resources import (
 
 __all__ = [
     "EVENTS",
+    "LEASES",
     "NODES",
     "PODS",
     "SECRETS",

@@ -43,6 +43,7 @@ NAMESPACES = Resource("namespaces")
 CONFIGMAPS = Resource("configmaps")
 CRDS = Resource("customresourcedefinitions", "apiextensions.k8s.io/v1")
 PRIORITY_CLASSES = Resource("priorityclasses", "scheduling.k8s.io/v1")
+LEASES = Resource("leases", "coordination.k8s.io/v1")
 
 
 def custom(plural: str) -> Resource:

@@ -21,11 +21,11 @@ from gpufleet.lifecycle.core import Json, S, log
 from gpufleet.lifecycle.drain_loop import Drains
 from gpufleet.lifecycle.events import EventSink
 from gpufleet.lifecycle.fleet import Fleet
+from gpufleet.lifecycle.gated_steps import GatedSteps
 from gpufleet.lifecycle.metrics import Metrics
 from gpufleet.lifecycle.policy import HoldNotices, PolicyKeeper
 from gpufleet.lifecycle.remediation_sync import RemediationSync
 from gpufleet.lifecycle.spare_pool import SparePool
-from gpufleet.lifecycle.gated_steps import GatedSteps
 from gpufleet.lifecycle.tasks import TaskGroup
 from gpufleet.lifecycle.tickets import Tickets
 
@@ -111,6 +111,7 @@ class Acting:
             self.tasks.spawn(self.remediations.sync(record, incident, now), f"nrem {name}")
         for d in decisions:
             _observe_steps(m, before, d.record)
+        self.steps.after(before, record)
         if self.fleet.dirty_breaker:
             self.policies.schedule_status_save()
         self.policies.update_gauges()

@@ -31,6 +31,7 @@ from typing import Any
 from gpufleet.api import conditions
 from gpufleet.clock import Clock
 from gpufleet.domain import boot_watch, enrollment, well_known
+from gpufleet.gate import Gate
 from gpufleet.kubeapi import NODES, ApiError, KubePort, NotFound
 from gpufleet.kubeapi.machines import MACHINES, MachineStore
 from gpufleet.lifecycle import machines, nodes
@@ -52,6 +53,7 @@ class BootWatch:
         client: KubePort,
         settings: ControllerSettings,
         *,
+        gate: Gate,
         book: NodeBook,
         policies: PolicyKeeper,
         events: EventSink,
@@ -59,6 +61,7 @@ class BootWatch:
         clock: Clock,
     ) -> None:
         self.client = client
+        self.gate = gate
         self.settings = settings
         self.book = book
         self.policies = policies
@@ -211,14 +214,14 @@ class BootWatch:
         self.metrics.boot_stalls.labels(reason=verdict.reason, outcome="retried").inc()
         self.events.machine(body, "Warning", "BootStalled", verdict.message)
         try:
-            done = await machine_power.network_boot(
+            done = await self.gate.network_boot(
                 MachineStore(self.client),
                 name,
                 by=well_known.CONTROLLER,
                 now=now,
                 attempt=verdict.next_attempt,
                 why=f"retry after a stall at {verdict.stage} ({verdict.reason})",
-                bmc_retry_delays=self.settings.bmc_retry_delays,
+                policy=self.policies.effective(),
             )
         except (machine_power.PowerRefused, redfish.RedfishError, ApiError) as exc:
             await self._consume_attempt(name, body, verdict, now, exc)

@@ -41,11 +41,13 @@ from typing import Any
 from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import events as ev
 from gpufleet.domain.repeats import Repeats
+from gpufleet.gate import BmcFactory, Fence, Gate, GateSettings, redfish_bmcs
 from gpufleet.kubeapi import KubePort
 from gpufleet.kubeapi.events import EventRecorder
+from gpufleet.lifecycle import record_key
 from gpufleet.lifecycle.acting import Acting
 from gpufleet.lifecycle.boot_watchdog import BootWatch
-from gpufleet.lifecycle.core import ControllerSettings
+from gpufleet.lifecycle.core import ControllerSettings, log
 from gpufleet.lifecycle.drain_loop import Drains
 from gpufleet.lifecycle.events import EventSink
 from gpufleet.lifecycle.fleet import Fleet
@@ -73,7 +75,14 @@ class Controller:
         settings: ControllerSettings | None = None,
         metrics: Metrics | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        *,
+        fence: Fence,
+        bmcs: BmcFactory | None = None,
+        gate_settings: GateSettings | None = None,
     ) -> None:
+        """``fence``: whether this process may act (the Lease, :mod:`~gpufleet.lifecycle.
+        leadership`); ``bmcs``: how BMCs are reached (Redfish unless given): only the
+        gate built here holds it."""
         self.client = client
         self.settings = s = settings or ControllerSettings()
         self.metrics = m = metrics or Metrics()
@@ -110,6 +119,15 @@ class Controller:
             clock=clock,
         )
         feed = self.nodes.feed
+        self.fence = fence
+        gate = Gate(
+            client,
+            bmcs or redfish_bmcs(retry_delays=s.bmc_retry_delays),
+            fence=fence,
+            keys=lambda: self.nodes.keys,
+            clock=clock,
+            settings=gate_settings,
+        )
         self.plans = MaintenancePlans(
             client,
             book=self.book,
@@ -131,7 +149,8 @@ class Controller:
         )
         self.steps = GatedSteps(
             client,
-            s,
+            gate=gate,
+            book=self.book,
             fleet=self.fleet,
             policies=self.policies,
             events=self.events,
@@ -159,6 +178,7 @@ class Controller:
         self.boots = BootWatch(
             client,
             s,
+            gate=gate,
             book=self.book,
             policies=self.policies,
             events=self.events,
@@ -182,6 +202,8 @@ class Controller:
         )
         self.nodes.acting = self.acting
         self.nodes.deleted = self._forget
+        self.nodes.may_act = self.active
+        self.policies.may_act = self.active
         self.ticker = Ticker(
             fleet=self.fleet,
             book=self.book,
@@ -196,11 +218,48 @@ class Controller:
             clock=clock,
         )
 
+    # ------------------------------------------------------------ acting or not
+
+    def active(self) -> bool:
+        """Whether this replica acts now (it holds the lease); a standby keeps its caches."""
+        return self.fence.holds(0.0)
+
+    async def activate(self) -> None:
+        """This replica starts acting (it took the lease): the key, then the breaker and
+        rate limit re-read from the FleetPolicy status (never this process's stale
+        copy), every Node listed afresh, and what arrived meanwhile decided."""
+        await self.load_key()
+        await self.policies.reload()
+        await self.nodes.prime()
+        for _, body in self.book.items():
+            await self.nodes.on_node(body)
+
+    def deactivate(self, why: str) -> None:
+        """This replica stops acting (lease lost, or stopping): every acting task ends now."""
+        self.tasks.stop_acting(why)
+
     # ------------------------------------------------------------- the watches
 
     async def prime(self) -> None:
-        """Load every Node's record before the first decision (budget needs the whole fleet)."""
+        """Load the signing key, then every Node's record before the first decision
+        (budget needs the whole fleet). Without the key nothing is decided."""
+        await self.load_key()
         await self.nodes.prime()
+
+    async def load_key(self) -> bool:
+        """The record signing key, read (or created) if not loaded yet; False: unavailable."""
+        if self.nodes.keys:
+            return True
+        s = self.settings
+        try:
+            key = await record_key.load_or_create(
+                self.client, s.key_namespace or s.event_namespace, s.key_secret
+            )
+        except record_key.KeyUnavailable as exc:
+            log.error("no record can be trusted, nothing is decided: %s", exc)
+            return False
+        self.nodes.keys = [key]
+        return True
 
     async def on_node(self, body: Mapping[str, Any]) -> None:
         """A Node changed (watch event)."""
@@ -240,6 +299,8 @@ class Controller:
 
     async def tick_all(self) -> None:
         """Retry held decisions, examine timeouts, resume steps, move plans on."""
+        if not self.active() or not await self.load_key():
+            return
         await self.ticker.tick()
 
     async def watch_boots(self) -> None:

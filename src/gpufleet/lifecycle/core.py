@@ -65,6 +65,20 @@ class ControllerSettings:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     """Labels (exact values) of the Nodes the controller manages; empty: every Node. A
     cluster's CPU and system nodes (where the controller itself runs) are left alone."""
+    key_secret: str = "gpufleet-record-key"
+    """The Secret holding the key records and marks are signed with (created if absent)."""
+    key_namespace: str | None = None
+    """Where that Secret lives; None: the event namespace."""
+    lease: str = "gpufleet-controller"
+    """The Lease the replicas hold to act (one acts; docs/decisions/0141)."""
+    lease_namespace: str | None = None
+    """Where that Lease lives; None: the event namespace."""
+    lease_duration_s: float = 30.0
+    """How long the Lease holds without a renewal (a standby takes over this long after
+    the holder stopped renewing). It is renewed every sixth of it, and the gate starts
+    an act only while it holds for half of it more; a BMC request is given no longer."""
+    identity: str = ""
+    """This replica's name in the Lease (empty: host name and a random suffix)."""
     adoption_writes_per_s: float = 50.0
     """First writes of healthy nodes gpufleet has never seen, per second (decision 0124):
     they are acted on at once and labelled at this pace; 0 writes each at once."""

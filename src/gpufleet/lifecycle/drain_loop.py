@@ -148,12 +148,9 @@ class Drains:
         heard = self._slurm_heard.get(name)
         if heard is None or heard[0] != text:
             heard = self._slurm_heard[name] = (text, now)
-        taints = [str(t.get("key")) for t in (body.get("spec") or {}).get("taints") or []]
         return emptiness.ready_to_disrupt(
             pods_left=pods_left,
-            slurm_node=emptiness.is_slurm_node(
-                meta.get("labels") or {}, annotations, taints, policy.drain.slurm
-            ),
+            slurm_node=emptiness.is_slurm_node(work, policy.drain.slurm),
             work=work,
             incident_opened_at=inc.opened_at,
             slurm_silent_for=now - heard[1],

@@ -1,50 +1,67 @@
-"""The steps that act on a node's hardware, carried out through the gate.
+"""The acts on a node's hardware, each asked of the gate: BMC steps, GPU resets, commands.
 
-One task per node at a time (:class:`gpufleet.lifecycle.bmc.Runs`). A step's
-attempt is claimed when the decision that starts it is stored; the task writes
-the write-ahead mark on the Node before its one Reset POST
-(:mod:`gpufleet.remediate.steps`), so a restarted controller's tick resumes an
-unfinished attempt and reads the mark and the BMC to learn whether the reset
-already happened (docs/decisions/0072). A result is fed to ``decide`` bound to
-its attempt: one that arrives after the ladder moved on is dropped.
+This is the only collaborator of the controller that holds the gate
+(:mod:`gpufleet.gate`), besides the boot watchdog. A decision that starts a
+step is stored first; then one task per node asks the gate to carry it out:
+
+- a reboot, power cycle or reimage: :meth:`Gate.bmc_step` (a restarted
+  controller's tick takes an unfinished attempt up again; the write-ahead mark
+  says whether its reset was posted, docs/decisions/0072);
+- a GPU reset or a maintenance command: :meth:`Gate.agent_request` writes the
+  request the agent carries out (it checks the binding and the node's work
+  again, decision 0074).
+
+What the gate answers is fed back to ``decide`` bound to its attempt (a result
+that arrives after the ladder moved on is dropped): done or failed as the step's
+result; *refused* (the node is not empty) as :class:`~gpufleet.domain.events.WorkFound`,
+which drains the node again and never escalates; *held* (the lease, the rails,
+an untrusted record) as nothing at all: the tick asks again, and an Event says why.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpufleet.clock import Clock
+from gpufleet.domain import agent_requests
 from gpufleet.domain import events as ev
-from gpufleet.domain import well_known
 from gpufleet.domain.ladder import Step
-from gpufleet.domain.records import NodeRecord
-from gpufleet.kubeapi import NODES, SECRETS, ApiError, KubePort, NotFound
-from gpufleet.kubeapi.secrets import decode_data
+from gpufleet.domain.records import NodeRecord, Outcome
+from gpufleet.domain.states import NodeState
+from gpufleet.gate import Done, Failed, Gate, Held, Refused, Stale
+from gpufleet.gate.attempts import attempt_in_progress
+from gpufleet.kubeapi import ApiError, KubePort, NotFound
 from gpufleet.lifecycle import bmc as kube_bmc
-from gpufleet.lifecycle import machines, nodes
-from gpufleet.lifecycle.core import ControllerSettings, log
+from gpufleet.lifecycle import machines
+from gpufleet.lifecycle.core import log
 from gpufleet.lifecycle.events import EventSink
 from gpufleet.lifecycle.fleet import Fleet
 from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.lifecycle.nodebook import NodeBook
 from gpufleet.lifecycle.policy import PolicyKeeper
 from gpufleet.lifecycle.tasks import TaskGroup
-from gpufleet.remediate import redfish, steps
-from gpufleet.remediate.evidence import ActionMark
+from gpufleet.remediate import steps
 
 DecideBound = Callable[[str, ev.Event, Callable[[NodeRecord], bool]], Awaitable[NodeRecord | None]]
 """The node pass's ``decide_bound``: decide an event on the Node as stored now, only if
 the stored record still satisfies the binding; returns the record stored after it."""
 
+Json = dict[str, Any]
+Key = tuple[str, object]
+"""What a task works on: (node, the attempt or the command's record time)."""
+
 
 class GatedSteps:
-    """Steps on the node's hardware: claim, run (or resume) against the BMC, record the result."""
+    """Steps on the node's hardware: claim, ask the gate, record the answer."""
 
     def __init__(
         self,
         client: KubePort,
-        settings: ControllerSettings,
         *,
+        gate: Gate,
+        book: NodeBook,
         fleet: Fleet,
         policies: PolicyKeeper,
         events: EventSink,
@@ -55,7 +72,8 @@ class GatedSteps:
         reimage_version: Callable[[str], str | None],
     ) -> None:
         self.client = client
-        self.settings = settings
+        self.gate = gate
+        self.book = book
         self.fleet = fleet
         self.policies = policies
         self.events = events
@@ -64,174 +82,225 @@ class GatedSteps:
         self.clock = clock
         self.decide_bound = decide_bound
         self.reimage_version = reimage_version
-        self._bmc = kube_bmc.Runs()
+        self._running: set[Key] = set()
+        """What a task of this process works on now: never two tasks for one act."""
+        self._results: dict[Key, ev.Event] = {}
+        """Answers the apiserver has not taken yet (fed again by the tick, never re-run)."""
+        self._asked: dict[str, Key] = {}
+        """Per node, the agent request the gate wrote (not asked again each tick)."""
+        self._held_said: dict[str, str] = {}
+        """Per node, the last hold announced (an Event once, not every tick)."""
+
+    # ------------------------------------------------------------ starting
 
     def start(self, name: str, step: Step) -> None:
-        """A step the decision just recorded as started: its task, if it is a BMC step."""
-        if step in steps.BMC_STEPS:
-            self.tasks.spawn(self._run_bmc_step(name, step), f"{step} {name}", acting=True)
+        """A step the decision just recorded as started: its task, claimed now."""
+        record = self.fleet.records.get(name)
+        attempt = attempt_in_progress(record)
+        if attempt is None or attempt.step is not step:
+            log.warning("node=%s %s not started: not the attempt in progress", name, step)
+            return
+        self._spawn(name, attempt)
 
     def start_command(self, name: str) -> None:
-        """A maintenance command the decision just recorded (the request rides the record)."""
-
-    def forget(self, name: str) -> None:
-        """A deleted Node: nothing of its attempts is kept."""
-        self._bmc.forget(name)
-
-    async def _bmc_credentials(self, body: Mapping[str, Any]) -> redfish.BmcCredentials:
-        ref = nodes.bmc_secret_ref(body)
-        if ref is None:
-            raise redfish.BmcRejected(
-                nodes.name_of(body),
-                f"the Node has no {well_known.ANNOTATION_BMC_SECRET} annotation (namespace/name)",
-            )
-        data = decode_data(await self.client.get(SECRETS, ref[1], namespace=ref[0]))
-        try:
-            values = {k: data[k] for k in ("endpoint", "username", "password")}
-        except KeyError as exc:
-            raise redfish.BmcRejected(
-                nodes.name_of(body), f"Secret {ref[0]}/{ref[1]} lacks the key {exc}"
-            ) from None
-        return redfish.BmcCredentials(values["endpoint"], values["username"], values["password"])
-
-    def _run_bmc_step(self, name: str, step: Step) -> Coroutine[Any, Any, None]:
-        """The task for the BMC step the decision just recorded as started.
-
-        Not a coroutine function on purpose: the attempt is claimed *now*, before
-        the task first runs, so the tick's resume (``_resume_bmc_steps``) can never
-        start a second task for it.
-        """
+        """A maintenance command the decision just recorded: its request, through the gate."""
         record = self.fleet.records.get(name)
-        attempt = kube_bmc.current_attempt(record) if record is not None else None
-        if attempt is None or attempt.step is not step or not self._bmc.claim(name, attempt):
-            log.warning("node=%s %s not started: not the attempt in progress", name, step)
-            return self._drive_bmc(name, None)
-        return self._drive_bmc(name, attempt)
+        if record is not None and record.state is NodeState.MAINTENANCE:
+            self._spawn(name, record.since)
+
+    def _spawn(self, name: str, what: steps.Attempt | float) -> None:
+        key: Key = (name, what)
+        if key in self._running or self._asked.get(name) == key:
+            return
+        self._running.add(key)
+        label = what.step if isinstance(what, steps.Attempt) else "command"
+        task = self.tasks.spawn(self._drive(name, what), f"{label} {name}", acting=True)
+        task.add_done_callback(functools.partial(_discard, self._running, key))
 
     def resume(self) -> None:
-        """Tick: a BMC attempt that the records say is in progress and that no task
-        of this process has (a restart, or a result the apiserver did not take) is
-        taken up again: the write-ahead mark says whether its reset was posted."""
+        """Tick: an act the records say is in progress and that no task of this process
+        has (a restart, a hold lifted, a result the apiserver did not take) is asked
+        of the gate again; a mark of an attempt that ended is cleaned up."""
         policy = self.policies.effective()
         if policy.paused or policy.dry_run:
             return
-        for name, record in self.fleet.ticking():  # a step runs in remediating only
-            attempt = kube_bmc.current_attempt(record)
-            if attempt is None or not self._bmc.claim(name, attempt):
-                continue
-            if (name, attempt) not in self._bmc.results:
-                log.info(
-                    "node=%s %s attempt %d in progress without a task here: resuming",
-                    name,
-                    attempt.step,
-                    attempt.attempt,
-                )
-            self.tasks.spawn(
-                self._drive_bmc(name, attempt), f"resume {attempt.step} {name}", acting=True
+        for name, record in self.fleet.ticking():
+            attempt = attempt_in_progress(record)
+            if attempt is not None:
+                self._spawn(name, attempt)
+            elif record.state is NodeState.MAINTENANCE and agent_requests.request_id(record):
+                self._spawn(name, record.since)
+            self._sweep(name, record)
+
+    def after(self, before: NodeRecord, record: NodeRecord) -> None:
+        """A decision was stored: attempts it ended are cleaned up (mark, one-time boot)."""
+        ended = _ended_attempts(before, record)
+        if ended:
+            self.tasks.spawn(self._cleanup(record.name, ended), f"cleanup {record.name}")
+
+    def forget(self, name: str) -> None:
+        """A deleted Node: nothing of its acts is kept."""
+        for key in [k for k in self._results if k[0] == name]:
+            del self._results[key]
+        self._asked.pop(name, None)
+        self._held_said.pop(name, None)
+
+    # ---------------------------------------------------------------- the task
+
+    async def _drive(self, name: str, what: steps.Attempt | float) -> None:
+        key: Key = (name, what)
+        if key not in self._results:
+            result = await (
+                self._step(name, what) if isinstance(what, steps.Attempt) else self._command(name)
             )
+            if result is None:
+                return
+            self._results[key] = result
+        await self._record(name, what)
 
-    async def _drive_bmc(self, name: str, attempt: steps.Attempt | None) -> None:
-        """One task per node at a time: carry the attempt out (or resume it), then record it."""
-        if attempt is None:
-            return
-        key = (name, attempt)
-        try:
-            async with self._bmc.lock(name):
-                if key not in self._bmc.results:
-                    result = await self._bmc_attempt(name, attempt)
-                    if result is None:
-                        return  # not this attempt any more, or the Node unreadable: next tick
-                    self._bmc.results[key] = result
-                await self._record_bmc_result(name, attempt)
-        finally:
-            self._bmc.release(name, attempt)
-
-    async def _bmc_attempt(self, name: str, attempt: steps.Attempt) -> ev.StepCompleted | None:
-        """Carry out one attempt against the Node as stored now; None: nothing to do yet."""
+    async def _step(self, name: str, attempt: steps.Attempt) -> ev.Event | None:
+        """Ask the gate for one attempt; the event to decide, or None (nothing to record)."""
+        policy = self.policies.effective()
         step = attempt.step
-        try:
-            body = await self.client.get(NODES, name)  # the mark and the record as they are
-        except NotFound:
-            return None
-        except ApiError as exc:
-            log.warning("node=%s %s waits: the Node could not be read: %s", name, step, exc)
-            return None
-        record, _ = nodes.record_of(body, self.clock.now())
-        if kube_bmc.current_attempt(record) != attempt:
-            return None
-        text = kube_bmc.mark_text(body)
-        mark = ActionMark.from_json(text)
-        identity_failed = False
-        try:
-            if text is not None and mark is None:
-                raise redfish.BmcRejected(
-                    name,
-                    f"the {well_known.ANNOTATION_BMC_ACTION} annotation cannot be read, so "
-                    "whether a reset was posted is unknown: nothing posted",
-                )
-            creds = await self._bmc_credentials(body)
-            expected = await kube_bmc.expected_identity(self.client, body, creds.endpoint)
+        if step in steps.BMC_STEPS:
 
-            async def prepare() -> None:
+            async def prepare(body: Json) -> None:
                 if step is Step.REIMAGE:  # the network boot must get a new join token
                     image = self.reimage_version(name)
                     await machines.rearm_for_reimage(
                         self.client, body, self.clock.now(), image=image
                     )
 
-            async with redfish.RedfishClient(
-                creds, name=name, retry_delays=self.settings.bmc_retry_delays
-            ) as client:
-                detail = await steps.run_bmc_step(
-                    step,
-                    client,
-                    attempt=attempt,
-                    journal=kube_bmc.NodeJournal(self.client, name),
-                    expected=expected,
-                    mark=mark,
-                    prepare=prepare,
-                    clock=self.clock.now,
-                )
-            ok = True
-        except steps.BmcIdentityMismatch as exc:
-            detail, ok, identity_failed = str(exc), False, True
-        except (redfish.RedfishError, ApiError) as exc:
-            detail, ok = str(exc), False
-        log.info("node=%s %s %s: %s", name, step, "done" if ok else "failed", detail)
-        self.metrics.actions.labels(action=f"bmc-{step}", result="ok" if ok else "failed").inc()
-        if identity_failed:
-            self.events.node(body, "Warning", "BmcIdentityMismatch", detail)
-        if identity_failed or ok:
-            await kube_bmc.mismatch_condition(
-                self.client, body, mismatch=identity_failed, message=detail, now=self.clock.now()
-            )
-        return ev.StepCompleted(step, ok, detail)
+            outcome = await self.gate.bmc_step(name, attempt, policy=policy, prepare=prepare)
+        else:
+            outcome = await self.gate.agent_request(name, "gpu-reset", policy=policy)
+        action = f"bmc-{step}" if step in steps.BMC_STEPS else f"request-{step}"
+        if isinstance(outcome, Done):
+            self._held_said.pop(name, None)
+            self.metrics.actions.labels(action=action, result="ok").inc()
+            if step not in steps.BMC_STEPS:
+                self._asked[name] = (name, attempt)  # the agent answers on the Node
+                return None
+            log.info("node=%s %s done: %s", name, step, outcome.detail)
+            await self._identity(name, mismatch=False, detail=outcome.detail)
+            return ev.StepCompleted(step, True, outcome.detail)
+        if isinstance(outcome, Failed):
+            self.metrics.actions.labels(action=action, result="failed").inc()
+            log.info("node=%s %s failed: %s", name, step, outcome.detail)
+            if outcome.identity:
+                self._node_event(name, "Warning", "BmcIdentityMismatch", outcome.detail)
+                await self._identity(name, mismatch=True, detail=outcome.detail)
+            return ev.StepCompleted(step, False, outcome.detail)
+        if isinstance(outcome, Refused):
+            self.metrics.actions.labels(action=action, result="refused").inc()
+            log.warning("node=%s %s refused by the gate: %s", name, step, outcome.detail)
+            self._node_event(name, "Warning", "ActRefused", f"{step}: {outcome.detail}")
+            return ev.WorkFound(step, outcome.detail)
+        self._say_held(name, step, outcome)
+        return None
 
-    async def _record_bmc_result(self, name: str, attempt: steps.Attempt) -> None:
-        """Feed the attempt's result, bound to that attempt: a result that arrives after
-        the ladder moved on (a timeout) is dropped, not taken for a later attempt's."""
-        key = (name, attempt)
-        result = self._bmc.results.get(key)
+    async def _command(self, name: str) -> ev.Event | None:
+        """Ask the gate for the maintenance command the record names."""
+        outcome = await self.gate.agent_request(name, "command", policy=self.policies.effective())
+        if isinstance(outcome, Done):
+            self._held_said.pop(name, None)
+            record = self.fleet.records.get(name)
+            if record is not None:
+                self._asked[name] = (name, record.since)
+            return None
+        if isinstance(outcome, Refused):
+            self._node_event(name, "Warning", "ActRefused", f"command: {outcome.detail}")
+            return ev.WorkFound(None, outcome.detail)
+        self._say_held(name, "command", outcome)
+        return None
+
+    def _say_held(self, name: str, what: object, outcome: Held | Stale | Failed | Done) -> None:
+        if isinstance(outcome, Held):
+            said = f"{what}: {outcome.detail}"
+            if self._held_said.get(name) != said:
+                self._held_said[name] = said
+                log.warning("node=%s %s held by the gate: %s", name, what, outcome.detail)
+                self._node_event(name, "Warning", "ActHeld", said)
+        else:
+            log.info("node=%s %s: %s", name, what, getattr(outcome, "detail", outcome))
+
+    async def _record(self, name: str, what: steps.Attempt | float) -> None:
+        """Feed the answer bound to its act: one that arrives after the record moved on
+        (a timeout started the next rung) is dropped, not taken for a later act's."""
+        key: Key = (name, what)
+        result = self._results.get(key)
         if result is None:
             return
 
         def bound(record: NodeRecord) -> bool:
-            return kube_bmc.current_attempt(record) == attempt
+            if isinstance(what, steps.Attempt):
+                return attempt_in_progress(record) == what
+            return record.state is NodeState.MAINTENANCE and record.since == what
 
         try:
             stored = await self.decide_bound(name, result, bound)
         except NotFound:
-            self._bmc.results.pop(key, None)
+            self._results.pop(key, None)
             return
         except ApiError as exc:
-            log.warning("node=%s %s result not recorded yet: %s", name, attempt.step, exc)
+            log.warning("node=%s result not recorded yet: %s", name, exc)
             return
+        self._results.pop(key, None)
         if stored is None:
-            self._bmc.results.pop(key, None)
-            log.info(
-                "node=%s %s result dropped: no longer the attempt in progress", name, attempt.step
-            )
+            log.info("node=%s result dropped: no longer the act in progress", name)
+
+    # ------------------------------------------------------------- cleaning up
+
+    def _sweep(self, name: str, record: NodeRecord) -> None:
+        """A mark left by an attempt that is no longer in progress (a crash between the
+        result and its cleanup): cleaned up, and a reimage's one-time boot removed."""
+        mark = kube_bmc.mark_of(self.book.get(name))
+        if mark is None or (name, "sweep") in self._running:
             return
-        if kube_bmc.current_attempt(stored) != attempt:
-            self._bmc.results.pop(key, None)
-            await kube_bmc.NodeJournal(self.client, name).clear(attempt)
+        current = attempt_in_progress(record)
+        if current is not None and mark.binds(
+            current.step.value, current.attempt, current.started_at
+        ):
+            return
+        attempt = steps.Attempt(Step(mark.step), mark.attempt, mark.started_at)
+        self._running.add((name, "sweep"))
+        task = self.tasks.spawn(self._cleanup(name, (attempt,)), f"sweep {name}", acting=True)
+        task.add_done_callback(functools.partial(_discard, self._running, (name, "sweep")))
+
+    async def _cleanup(self, name: str, ended: tuple[steps.Attempt, ...]) -> None:
+        for attempt in ended:
+            if attempt.step is Step.REIMAGE and not await self.gate.disarm(name, attempt):
+                continue  # keep the mark: the next sweep tries again
+            await self.gate.clear_mark(name, attempt)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _node_event(self, name: str, type_: str, reason: str, message: str) -> None:
+        body = self.book.get(name)
+        if body is not None:
+            self.events.node(body, type_, reason, message)
+
+    async def _identity(self, name: str, *, mismatch: bool, detail: str) -> None:
+        body = self.book.get(name)
+        if body is not None:
+            await kube_bmc.mismatch_condition(
+                self.client, body, mismatch=mismatch, message=detail, now=self.clock.now()
+            )
+
+
+def _discard(running: set[Key], key: Key, _task: object) -> None:
+    running.discard(key)
+
+
+def _ended_attempts(before: NodeRecord, after: NodeRecord) -> tuple[steps.Attempt, ...]:
+    """The BMC attempt this decision ended other than by succeeding (failed, timed out,
+    refused, or the node taken elsewhere): its mark goes, and a reimage's unused one-time
+    boot is removed (docs/decisions/0143)."""
+    prev = attempt_in_progress(before)
+    if prev is None or prev.step not in steps.BMC_STEPS or attempt_in_progress(after) == prev:
+        return ()
+    for a in after.incident.tried if after.incident else ():
+        same = (a.step, a.attempt, a.started_at) == (prev.step, prev.attempt, prev.started_at)
+        if same and a.outcome is Outcome.SUCCEEDED:
+            return ()
+    return (prev,)

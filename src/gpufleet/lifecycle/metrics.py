@@ -28,6 +28,12 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.nodes = Gauge("gpufleet_nodes", "Nodes per lifecycle state.", ["state"], registry=r)
+        self.leader = Gauge(
+            "gpufleet_controller_leader",
+            "1 while this replica holds the controller's Lease and acts; 0 while it stands by"
+            " (or cannot hold it: the log says why).",
+            registry=r,
+        )
         self.adoption_pending = Gauge(
             "gpufleet_controller_adoption_pending",
             "Healthy nodes the controller has adopted and acts on whose first write (state"

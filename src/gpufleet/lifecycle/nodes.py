@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from gpufleet.api import nodedata
 from gpufleet.domain import (
     agent_requests,
     conditions,
@@ -30,7 +31,7 @@ from gpufleet.domain import (
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.operator import Received, receive
-from gpufleet.domain.records import NodeRecord, record_from_json, record_to_json
+from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
 
 log = logging.getLogger(__name__)
@@ -54,36 +55,76 @@ def pool_of(body: Mapping[str, Any]) -> str:
     return _meta(body, "labels").get(well_known.LABEL_POOL, "default")
 
 
-def record_of(body: Mapping[str, Any], now: float) -> tuple[NodeRecord, bool]:
-    """The node's stored record, or a new one (second value: whether it is new).
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """A Node's record as the controller reads it: the record to decide on, whether it
+    is new (nothing stored), and whether what was stored can be trusted."""
+
+    record: NodeRecord
+    new: bool
+    trust: nodedata.Trust
+    problem: str = ""
+
+    @property
+    def untrusted(self) -> bool:
+        """A record is stored but the controller cannot stand behind it (docs/decisions/0144):
+        not signed by its key (unsigned in a state other than production, or forged),
+        copied from another node, or unreadable."""
+        return self.trust in (
+            nodedata.Trust.UNSIGNED,
+            nodedata.Trust.INVALID,
+            nodedata.Trust.UNREADABLE,
+        )
+
+
+def reading(
+    body: Mapping[str, Any], now: float, keys: Sequence[nodedata.SigningKey] = ()
+) -> Reading:
+    """The node's stored record, or a new one, and how far the stored one is trusted.
 
     A node gpufleet has never seen starts in ``provisioning`` if something
     labelled it so (the provisioning service does), else in ``production``:
-    adopting a running fleet must not take nodes out. A record that does not
-    parse is treated as new and logged (the state label is kept).
+    adopting a running fleet must not take nodes out. An unsigned record in
+    production with nothing open (an earlier version's) is taken as such an
+    adoption and signed on the next write; any other record that does not
+    verify is returned with its trust, for the node pass to fail closed on.
     """
-    text = _meta(body, "annotations").get(well_known.ANNOTATION_RECORD)
+    stored = nodedata.read_record(body, keys)
     name = name_of(body)
     pool = pool_of(body)
-    if text:
-        try:
-            record = record_from_json(text)
-            if record.pool != pool:
-                from dataclasses import replace
-
-                record = replace(record, pool=pool)
-            return record, False
-        except ValueError as exc:
-            log.error(
-                "node=%s unreadable %s annotation: %s", name, well_known.ANNOTATION_RECORD, exc
-            )
+    record = stored.record
+    if record is not None:
+        if record.pool != pool:
+            record = replace(record, pool=pool)
+        trust = stored.trust
+        if trust is nodedata.Trust.UNSIGNED and _plain_production(record):
+            trust = nodedata.Trust.UNVERIFIED
+        return Reading(record, False, trust, stored.problem)
     label = _meta(body, "labels").get(well_known.LABEL_STATE)
     try:
         state = NodeState(label) if label else NodeState.PRODUCTION
     except ValueError:
         state = NodeState.PRODUCTION
     reason = "new node" if state is NodeState.PROVISIONING else "adopted by gpufleet"
-    return NodeRecord.new(name, at=now, pool=pool, state=state, reason=reason), True
+    fresh = NodeRecord.new(name, at=now, pool=pool, state=state, reason=reason)
+    if stored.trust is nodedata.Trust.UNREADABLE:
+        log.error("node=%s %s", name, stored.problem)
+        return Reading(fresh, False, stored.trust, stored.problem)
+    return Reading(fresh, True, nodedata.Trust.ABSENT)
+
+
+def _plain_production(record: NodeRecord) -> bool:
+    return (
+        record.state is NodeState.PRODUCTION and record.incident is None and record.pending is None
+    )
+
+
+def record_of(body: Mapping[str, Any], now: float) -> tuple[NodeRecord, bool]:
+    """The node's stored record (or a new one) and whether it is new, unverified:
+    for readers that only show or compare it (the node pass and the gate use
+    :func:`reading` with the controller's key)."""
+    found = reading(body, now)
+    return found.record, found.new
 
 
 def node_conditions(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -129,30 +170,16 @@ def request_id(record: NodeRecord) -> str | None:
 def agent_request(
     record: NodeRecord, actions: tuple[Action, ...]
 ) -> conditions.AgentRequest | None:
-    """The request to put on the Node for these actions (checks, a GPU reset or a
-    maintenance command), if any.
+    """The checks request to put on the Node with the record, if these actions ask for one.
 
-    It carries its binding to this record (node, state, incident, attempt): the
+    It carries its binding to this record (node, state, incident, checks start): the
     agent carries out only a request that matches the record it reads (decision 0074).
+    A GPU reset or a maintenance command is not written here: the gate writes it
+    once the node is proven empty (:meth:`gpufleet.gate.Gate.agent_request`).
     """
     for a in actions:
         if a.kind is ActionKind.RUN_CHECKS:
             return agent_requests.issue(record, "checks", profile=a.profile)
-        if a.kind is ActionKind.RUN_STEP and a.step is Step.GPU_RESET:
-            return agent_requests.issue(record, "gpu-reset", gpu_index=_gpu_of(record))
-        if a.kind is ActionKind.RUN_COMMAND:
-            timeout = None if a.timeout_seconds is None else int(a.timeout_seconds)
-            return agent_requests.issue(record, "command", timeout_s=timeout)
-    return None
-
-
-def _gpu_of(record: NodeRecord) -> int | None:
-    inc = record.incident
-    if inc is None:
-        return None
-    for occ in reversed(record.occurrences):
-        if occ.key == inc.key and occ.scope.startswith("gpu") and occ.scope[3:].isdigit():
-            return int(occ.scope[3:])
     return None
 
 
@@ -184,6 +211,18 @@ def observe(body: Mapping[str, Any], record: NodeRecord) -> Observation:
             out.append(maintenance.command_answered(record, result.passed, result.detail))
         else:
             out.append(events.ChecksCompleted(result.passed, result.detail))
+    answer = node_reports.answer_of(body)
+    if (
+        answer is not None
+        and answer.outcome == "refused"
+        and expected is not None
+        and answer.id == expected
+    ):
+        # The agent found work on the node (decision 0074): drain again, never escalate.
+        if record.state is NodeState.REMEDIATING:
+            out.append(events.WorkFound(Step.GPU_RESET, answer.detail))
+        elif record.state is NodeState.MAINTENANCE:
+            out.append(events.WorkFound(None, answer.detail))
     received = operator_request(body)
     if received is not None and received.event is not None:
         out.append(received.event)  # last: decided on the record the other events leave
@@ -211,6 +250,7 @@ def node_patch(
     record: NodeRecord,
     actions: tuple[Action, ...],
     *,
+    key: nodedata.SigningKey,
     seen: Mapping[str, float] | None = None,
 ) -> Json:
     """A JSON merge patch: the record and label, plus the node-object actions.
@@ -228,7 +268,7 @@ def node_patch(
     spec = body.get("spec", {}) or {}
     taints: list[Json] = [dict(t) for t in spec.get("taints") or []]
     ann: dict[str, str | None] = {
-        well_known.ANNOTATION_RECORD: record_to_json(record),
+        **nodedata.record_annotations(record, key),
         well_known.ANNOTATION_REASON: record.reason[:500],
     }
     ann.update(lemon_annotations(record))

@@ -1,9 +1,12 @@
 """Wiring of the lifecycle controller into kopf: watches, the tick daemon, HA, metrics.
 
-kopf provides the watches (Nodes, FleetPolicies), peering between replicas
-(only the replica with the highest priority acts; the others pause and take
-over when its peering record expires), finite error backoffs, and the daemon
-that ticks the fleet. The handlers are thin: all decisions are in
+kopf provides the watches (Nodes, FleetPolicies, Machines, MaintenancePlans),
+finite error backoffs, and the daemon that ticks the fleet. Which replica acts
+is not kopf's peering (a priority, not a lease: no fence, and a paused replica's
+tasks ran on) but a Kubernetes Lease held by compare-and-swap
+(:mod:`gpufleet.lifecycle.leadership`, docs/decisions/0141): every replica
+watches and keeps its caches, only the Lease's holder decides and acts, and
+without a Lease nobody acts. The handlers are thin: all decisions are in
 :class:`gpufleet.lifecycle.controller.Controller` (and below it, ``domain``).
 
 Node handlers are ``on.event`` handlers on purpose: they keep no progress in
@@ -16,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,9 +30,12 @@ from prometheus_client import start_http_server
 
 from gpufleet.api import maintenanceplan
 from gpufleet.domain import well_known
+from gpufleet.gate import GateSettings, redfish_bmcs
 from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
 from gpufleet.lifecycle import crds
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
+from gpufleet.lifecycle.leadership import Leadership, default_identity
+from gpufleet.remediate import redfish
 from gpufleet.lifecycle.metrics import Metrics
 
 log = logging.getLogger("gpufleet.controller")
@@ -50,10 +56,6 @@ class RunOptions:
     """0: no metrics endpoint."""
     metrics_address: str = "127.0.0.1"
     """Where /metrics listens: loopback unless asked (the chart passes 0.0.0.0)."""
-    peering: str | None = "gpufleet"
-    """ClusterKopfPeering object shared by the replicas; None: standalone."""
-    priority: int | None = None
-    """Peering priority; None: random (two replicas never tie)."""
 
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -98,14 +100,33 @@ def service_account_login(
     )
 
 
+async def _hold_lease(ctl: Controller, leadership: Leadership) -> None:
+    """Hold the Lease for as long as the process runs; act only while holding it."""
+
+    async def lead() -> None:
+        ctl.metrics.leader.set(1)
+        await ctl.activate()
+
+    def lose(why: str) -> None:
+        ctl.metrics.leader.set(0)
+        log.warning("not acting: %s", why)
+        ctl.deactivate(why)
+
+    await leadership.run(lead, lose)
+
+
 def build_registry(
-    ctl: Controller, options: RunOptions, primed: Callable[[], None] = lambda: None
+    ctl: Controller,
+    leadership: Leadership,
+    options: RunOptions,
+    primed: Callable[[], None] = lambda: None,
 ) -> kopf.OperatorRegistry:
     """The controller's handlers; ``primed`` is called once every record is held (the
     metrics endpoint starts then: the chart's probes read it, so a replica is Ready only
     once it could log in and list the fleet, active or standing by)."""
     registry = kopf.OperatorRegistry()
     policy_name = ctl.settings.policy_name
+    lease_task: list[asyncio.Task[None]] = []
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:
@@ -117,18 +138,20 @@ def build_registry(
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = FINALIZER
         settings.posting.level = logging.WARNING
-        settings.peering.clusterwide = True
-        settings.peering.stealth = True
-        settings.peering.mandatory = False
         settings.networking.error_backoffs = ERROR_BACKOFFS
         settings.queueing.error_delays = QUEUE_ERROR_DELAYS
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         await ctl.prime()
         primed()
+        lease_task.append(asyncio.create_task(_hold_lease(ctl, leadership)))
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        for task in lease_task:  # releases the Lease (a standby takes over at once)
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
         await ctl.close()
 
     @kopf.on.event(
@@ -211,15 +234,31 @@ async def run(
 
     client = await KubeApi.connect(options.kubeconfig, max_in_flight=SERVICE_IN_FLIGHT)
     metrics.count_requests(client.requests)
-    ctl = Controller(client, settings, metrics)
-    registry = build_registry(ctl, options, primed=serve_metrics)
-    priority = options.priority if options.priority is not None else random.randint(1, 32767)
+    leadership = Leadership(
+        client,
+        namespace=settings.lease_namespace or settings.event_namespace,
+        name=settings.lease,
+        identity=settings.identity or default_identity(),
+        duration_s=settings.lease_duration_s,
+        renew_s=settings.lease_duration_s / 6,
+    )
+    margin = settings.lease_duration_s / 2
+    ctl = Controller(
+        client,
+        settings,
+        metrics,
+        fence=leadership,
+        bmcs=redfish_bmcs(
+            timeout_s=min(redfish.REQUEST_TIMEOUT_S, margin),
+            retry_delays=settings.bmc_retry_delays,
+        ),
+        gate_settings=GateSettings(lease_margin_s=margin),
+    )
+    registry = build_registry(ctl, leadership, options, primed=serve_metrics)
     await kopf.operator(
         registry=registry,
         clusterwide=True,
-        standalone=options.peering is None,
-        peering_name=options.peering,
-        priority=priority,
+        standalone=True,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )

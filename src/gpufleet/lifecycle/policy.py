@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import yaml
@@ -22,7 +22,7 @@ from gpufleet.clock import Clock
 from gpufleet.domain import well_known
 from gpufleet.domain.policy import Policy, PolicyError, default_policy, load_policy
 from gpufleet.domain.safety import BreakerState, breaker_reset, breaker_reset_refusal
-from gpufleet.kubeapi import ApiError, KubePort, custom
+from gpufleet.kubeapi import ApiError, KubePort, NotFound, custom
 from gpufleet.lifecycle import crds
 from gpufleet.lifecycle.core import ControllerSettings, Json, log
 from gpufleet.lifecycle.events import EventSink
@@ -101,6 +101,8 @@ class PolicyKeeper:
         """(id, at) of the last breaker reset answered: a watch event that still shows it
         (before its removal lands) is not answered twice."""
         self._status_saver: asyncio.Task[None] | None = None
+        self.may_act: Callable[[], bool] = lambda: True
+        """Whether this replica acts (a standby writes no status and answers no request)."""
 
     def effective(self) -> Policy:
         """The policy in force, with the process's own ``--dry-run`` on top."""
@@ -112,6 +114,24 @@ class PolicyKeeper:
         """The FleetPolicy was deleted: pause (fail closed) until one is seen again."""
         log.warning("policy=%s deleted: pausing (fail closed)", self.settings.policy_name)
         self.policy = self.policy.model_copy(update={"paused": True})
+        self.tasks.stop_acting("the FleetPolicy was deleted")
+
+    async def reload(self) -> None:
+        """Read the FleetPolicy afresh (a replica that starts acting): its spec, and the
+        breaker and recent actions from its status, never this process's older copy."""
+        try:
+            body = await self.client.get(_POLICIES, self.settings.policy_name)
+        except NotFound:
+            self.on_deleted()
+            return
+        except ApiError as exc:
+            log.warning("policy=%s not read afresh: %s", self.settings.policy_name, exc)
+            return
+        status = body.get("status") or {}
+        self._restore_breaker(status)
+        self._policy_conditions = list(status.get("conditions") or [])
+        self._policy_generation = (None, None)  # validated again, whatever was seen
+        await self.on_policy(body)
 
     def use(self, policy: Policy) -> None:
         """Use ``policy`` as if a valid FleetPolicy had been seen (tests, local tools)."""
@@ -158,7 +178,12 @@ class PolicyKeeper:
             )
         else:
             changed = policy != self.policy or not self.policy_seen
+            was_acting = not (self.policy.paused or self.policy.dry_run) and self.policy_seen
             self.policy = policy
+            if was_acting and (policy.paused or policy.dry_run):
+                self.tasks.stop_acting(
+                    "the policy is " + ("paused" if policy.paused else "dry-run")
+                )
             self.policy_seen = True
             self.metrics.policy_valid.set(1)
             if changed:
@@ -187,7 +212,7 @@ class PolicyKeeper:
         """
         meta = body.get("metadata") or {}
         text = (meta.get("annotations") or {}).get(well_known.ANNOTATION_BREAKER_RESET)
-        if text is None or not self.policy_seen:
+        if text is None or not self.policy_seen or not self.may_act():
             return
         name = self.settings.policy_name
         request = _breaker_request(str(text))
@@ -262,7 +287,7 @@ class PolicyKeeper:
 
     async def save_fleet_status(self) -> None:
         """Persist the breaker, recent actions and budget use in the FleetPolicy status."""
-        if not self.policy_seen:
+        if not self.policy_seen or not self.may_act():
             return
         fleet = self.fleet
         fleet.dirty_breaker = False

@@ -17,9 +17,11 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from gpufleet.api import nodedata
 from gpufleet.clock import Clock
 from gpufleet.domain import events as ev
 from gpufleet.domain import well_known
+from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.decide import Decision, decide
 from gpufleet.domain.operator import Received, answer
 from gpufleet.domain.records import NodeRecord
@@ -80,6 +82,12 @@ class NodePass:
         self.tasks = tasks
         self.clock = clock
         self.acting: AfterWrite | None = None
+        self.keys: list[nodedata.SigningKey] = []
+        """The key records are signed with (first) and verified by; none loaded: no decision."""
+        self._vouched: set[str] = set()
+        """Nodes whose record in the fleet view this controller wrote or read signed."""
+        self.may_act: Callable[[], bool] = lambda: True
+        """Whether this replica decides now (it holds the lease; the controller binds it)."""
         self.deleted: Callable[[str], None] | None = None
         """Told of a deleted Node (the controller forgets its drain and steps)."""
         self._rejoin_checked: dict[str, str] = {}
@@ -112,9 +120,12 @@ class NodePass:
         listing = await self.client.list(NODES, label_selector=selector)
         now = self.clock.now()
         for body in listing.items:
-            record, _ = nodes.record_of(body, now)
-            self.fleet.put(record)
-            self.book.put(nodes.name_of(body), body)
+            found = nodes.reading(body, now, self.keys)
+            name = nodes.name_of(body)
+            self.fleet.put(found.record)
+            if not found.untrusted:
+                self._vouched.add(name)
+            self.book.put(name, body)
         self.policies.update_gauges()
         log.info("fleet loaded: %d nodes", len(self.fleet.records))
 
@@ -130,6 +141,7 @@ class NodePass:
         """A Node is gone: nothing of it is kept here (the controller tells the others)."""
         self.fleet.forget(name)
         self.book.forget(name)
+        self._vouched.discard(name)
         self.adoption_pending.pop(name, None)
         if self.deleted is not None:
             self.deleted(name)
@@ -197,8 +209,14 @@ class NodePass:
     async def _process(self, body: Json, extra: Sequence[ev.Event]) -> None:
         name = nodes.name_of(body)
         self.book.put(name, body)
+        if not self.keys or not self.may_act():
+            return  # a standby, or no key to trust a record with: nothing is decided
         now = self.clock.now()
-        record, new = nodes.record_of(body, now)
+        found = nodes.reading(body, now, self.keys)
+        record, new = found.record, found.new
+        forced: tuple[Action, ...] = ()
+        if found.untrusted:
+            record, forced = self._in_place_of_untrusted(body, found, now)
         obs = nodes.observe(body, record)
         events: list[ev.Event] = [*obs.events, *extra]
         joined: machines.Registration | None = None
@@ -220,11 +238,17 @@ class NodePass:
                 record = d.record
             if not decisions:
                 self.fleet.put(record)
-        if new and not decisions and joined is None and self._defer_adoption(name, record):
+        if (
+            new
+            and not forced
+            and not decisions
+            and joined is None
+            and self._defer_adoption(name, record)
+        ):
             self._after(body, body, before, record, decisions, now)
             return
-        actions = tuple(a for d in decisions for a in d.actions)
-        patch = nodes.node_patch(body, record, actions, seen=obs.seen)
+        actions = (*forced, *(a for d in decisions for a in d.actions))
+        patch = nodes.node_patch(body, record, actions, key=self.keys[0], seen=obs.seen)
         if joined is not None:
             patch["metadata"]["annotations"].update(joined.annotations)
         if record.incident is not None:
@@ -233,7 +257,7 @@ class NodePass:
             )
         if obs.request is not None:  # removed in the write that stores its decision: once only
             patch["metadata"]["annotations"][well_known.ANNOTATION_OPERATOR_REQUEST] = None
-        if not new and nodes.apply_merge_patch(body, patch) == body:
+        if not new and not forced and nodes.apply_merge_patch(body, patch) == body:
             self._after(body, body, before, record, decisions, now)
             return
         log.debug(
@@ -256,9 +280,42 @@ class NodePass:
             self.on_node_deleted(name)
             return
         self.book.put(name, written)
+        self._vouched.add(name)
         if obs.request is not None:
             self._answer_operator(written, obs.request, before, events, decisions)
         self._after(body, written, before, record, decisions, now)
+
+    def _in_place_of_untrusted(
+        self, body: Json, found: nodes.Reading, now: float
+    ) -> tuple[NodeRecord, tuple[Action, ...]]:
+        """The record to decide on and write when the Node's cannot be trusted
+        (docs/decisions/0144): the controller's own, if it holds one it wrote or read
+        signed, written back; else a new one in ``triage`` with a cordon, held for a
+        person. Nothing disruptive either way, and an Event says which and why."""
+        name = nodes.name_of(body)
+        known = self.fleet.records.get(name) if name in self._vouched else None
+        if known is not None:
+            log.warning(
+                "node=%s record not trusted (%s): the controller's own restored",
+                name,
+                found.problem,
+            )
+            self.events.node(
+                body,
+                "Warning",
+                "RecordRestored",
+                f"the record on the Node was not written by the controller ({found.problem});"
+                f" its own ({known.state}) is written back",
+            )
+            return known, ()
+        reason = (
+            f"record on the Node not trusted ({found.problem}): held for a person;"
+            " `gpufleet node return` verifies and returns it"
+        )
+        log.error("node=%s %s", name, reason)
+        self.events.node(body, "Warning", "RecordUntrusted", reason)
+        held = NodeRecord.new(name, at=now, pool=nodes.pool_of(body), state=S.TRIAGE, reason=reason)
+        return held, (Action(ActionKind.CORDON, detail=reason),)
 
     def _defer_adoption(self, name: str, record: NodeRecord) -> bool:
         """Whether this first write waits its turn: a healthy node with nothing to decide.

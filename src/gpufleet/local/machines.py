@@ -36,7 +36,9 @@ from typing import Any
 from gpufleet.api import crds
 from gpufleet.api.machine import MachineSpec, manifest
 from gpufleet.api.names import GROUP, VERSION
+from gpufleet.clock import SYSTEM_CLOCK
 from gpufleet.domain import well_known
+from gpufleet.gate import Gate
 from gpufleet.kubeapi import ApiError, KubeApi
 from gpufleet.kubeapi.machines import MachineStore
 from gpufleet.kubeapi.sync import SyncKube
@@ -367,9 +369,10 @@ def power_on(kubeconfig: Path, names: list[str]) -> None:
 
     async def go() -> None:
         api = await KubeApi.connect(str(kubeconfig))
+        gate = Gate.for_operator(api, by="local-cluster", clock=SYSTEM_CLOCK)
         for name in names:
             try:
-                await machine_power.network_boot(
+                await gate.network_boot(
                     MachineStore(api), name, by="local-cluster", now=time.time()
                 )
             except (machine_power.PowerRefused, redfish.RedfishError, ApiError) as exc:

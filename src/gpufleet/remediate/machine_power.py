@@ -25,7 +25,8 @@ its power belongs to its Node's lifecycle (drain, budget, ladder).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,6 +38,7 @@ from gpufleet.remediate.identity import (
     endpoint_problem,
     mismatches,
 )
+from gpufleet.remediate.steps import Bmc
 
 log = logging.getLogger("gpufleet.machines")
 
@@ -82,14 +84,10 @@ class PowerOn:
     attempt: int
 
 
-async def machine_bmc(
-    store: MachineStore,
-    body: Mapping[str, Any],
-    *,
-    timeout_s: float = redfish.REQUEST_TIMEOUT_S,
-    retry_delays: tuple[float, ...] = redfish.RETRY_DELAYS,
-) -> redfish.RedfishClient:
-    """A client for the Machine's BMC, from the Secret its spec names (the caller closes it).
+async def machine_credentials(
+    store: MachineStore, body: Mapping[str, Any]
+) -> redfish.BmcCredentials:
+    """The Machine's BMC credentials, from the Secret its spec names.
 
     The endpoint is the Secret's, never the Machine's alone: raises
     :class:`BmcEndpointMismatch` when they disagree or the Secret names none.
@@ -104,12 +102,15 @@ async def machine_bmc(
     problem = endpoint_problem(name, str(bmc.get("endpoint") or ""), ref, data.get("endpoint"))
     if problem is not None:
         raise BmcEndpointMismatch(problem)
-    creds = redfish.BmcCredentials(
+    return redfish.BmcCredentials(
         endpoint=str(data["endpoint"]).strip(),
         username=data.get("username", ""),
         password=data.get("password", ""),
     )
-    return redfish.RedfishClient(creds, name=name, timeout_s=timeout_s, retry_delays=retry_delays)
+
+
+OpenBmc = Callable[[redfish.BmcCredentials, str], AbstractAsyncContextManager[Bmc]]
+"""Opens a BMC that can act (only the gate holds one: docs/decisions/0139)."""
 
 
 def identity_problems(body: Mapping[str, Any], seen: BmcIdentity) -> tuple[str, ...]:
@@ -128,18 +129,19 @@ async def network_boot(
     store: MachineStore,
     name: str,
     *,
+    open_bmc: OpenBmc,
     by: str,
     now: float,
     attempt: int = 1,
     why: str = "",
-    bmc_timeout_s: float = redfish.REQUEST_TIMEOUT_S,
-    bmc_retry_delays: tuple[float, ...] = redfish.RETRY_DELAYS,
 ) -> PowerOn:
     """Record, then power the Machine on (or restart it) to boot once from the network.
 
-    Raises :class:`PowerRefused` (nothing done), the port's errors (nothing done
-    if raised before the record; after it, the boot stalls and is retried), or
-    :class:`~gpufleet.remediate.redfish.RedfishError` from the BMC.
+    Called by the gate only (it alone has ``open_bmc``), after it has proven that
+    no Node of the machine exists. Raises :class:`PowerRefused` (nothing done),
+    the port's errors (nothing done if raised before the record; after it, the
+    boot stalls and is retried), or :class:`~gpufleet.remediate.redfish.RedfishError`
+    from the BMC.
     """
     body = await store.machine(name)
     status = body.get("status") or {}
@@ -149,13 +151,11 @@ async def network_boot(
             "Node's lifecycle (drain, budget, remediation ladder)"
         )
     try:
-        client = await machine_bmc(
-            store, body, timeout_s=bmc_timeout_s, retry_delays=bmc_retry_delays
-        )
+        creds = await machine_credentials(store, body)
     except BmcEndpointMismatch as exc:
         await store.refused(name, reason=exc.reason, message=str(exc), now=now)
         raise
-    async with client as bmc:
+    async with open_bmc(creds, name) as bmc:
         problems = identity_problems(body, await bmc.identity())
         if problems:
             raise PowerRefused(f"BMC of Machine {name} not verified: {'; '.join(problems)}")

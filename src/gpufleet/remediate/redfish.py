@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -124,7 +124,13 @@ def parse_address_map(text: str) -> dict[str, str]:
 
 
 class RedfishClient:
-    """One BMC. Use as ``async with RedfishClient(creds, name=node) as bmc:``."""
+    """One BMC, read only. Use as ``async with RedfishClient(creds, name=node) as bmc:``.
+
+    It reads what a BMC says (identity, power state, reset evidence) and can do
+    nothing to the machine: the requests that can (a Reset, a boot override) are
+    :class:`gpufleet.remediate.power.RedfishPower`'s, which only the gate holds
+    (docs/decisions/0139).
+    """
 
     def __init__(
         self,
@@ -149,7 +155,7 @@ class RedfishClient:
         )
         self._system: SystemInfo | None = None
 
-    async def __aenter__(self) -> RedfishClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -305,22 +311,6 @@ class RedfishClient:
         data = await self._request("GET", info.path)
         return str(data.get("PowerState", "Unknown"))
 
-    # ------------------------------------------------------------------ actions
-
-    async def reset(self, reset_type: str) -> None:
-        """POST ComputerSystem.Reset once; refuses types the BMC does not list.
-
-        Raises :class:`BmcOutcomeUnknown` when the answer is lost or a 5xx: the
-        caller must read the BMC (:meth:`evidence`) before doing anything else.
-        """
-        info = await self.system()
-        if not self.allows(reset_type):
-            raise BmcRejected(
-                self.name,
-                f"ResetType {reset_type} is not allowed (allowed: {', '.join(info.reset_types)})",
-            )
-        await self._request("POST", info.reset_target, {"ResetType": reset_type})
-
     def allows(self, reset_type: str) -> bool:
         """Whether the discovered system lists ``reset_type`` (or lists none at all)."""
         info = self._system
@@ -339,15 +329,6 @@ class RedfishClient:
         raise BmcUnreachable(
             self.name,
             f"PowerState still {current} {self._power_wait_s:g}s after asking for {state}",
-        )
-
-    async def set_one_time_boot(self, target: str = "Pxe") -> None:
-        """Boot once from ``target``; the next boot consumes the override."""
-        info = await self.system()
-        await self._request(
-            "PATCH",
-            info.path,
-            {"Boot": {"BootSourceOverrideTarget": target, "BootSourceOverrideEnabled": "Once"}},
         )
 
 

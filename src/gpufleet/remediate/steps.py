@@ -15,12 +15,21 @@ one performed reset (docs/decisions/0072):
 3. **write-ahead mark**: the caller's :class:`Journal` stores an
    :class:`ActionMark` durably (on the Node) *before* the POST;
 4. **one POST**: never repeated; a lost answer (timeout, 5xx) is followed by
-   reads until the reset shows or :data:`SETTLE_S` has passed;
+   reads until the reset shows or the settle time has passed (:data:`SETTLE_S`;
+   a GracefulRestart gets :data:`GRACEFUL_SETTLE_S`: the OS shuts down first,
+   and only then does the machine reset and ``LastResetTime`` move);
 5. **power on**: wait for ``PowerState: On``.
 
 A controller that restarts in the middle passes the mark it finds back in
-(``mark=``): the reset is then *read*, not posted, unless the BMC shows it
-never happened.
+(``mark=``): the reset is then *read*, not posted. Only an immediate reset
+(ForceRestart, PowerCycle, ForceOff, On) that the BMC shows never happened
+after its settle time is posted again, and only after ``prove`` (the gate's
+fresh proof that the node is empty) passed again; a GracefulRestart is never
+posted twice: if it does not show within its settle time the step fails and
+the ladder's next rung is a new decision (docs/decisions/0142).
+
+This module drives a :class:`Bmc` it is handed; only the gate
+(:mod:`gpufleet.gate`) can hand it one that acts (docs/decisions/0139).
 """
 
 from __future__ import annotations
@@ -46,8 +55,13 @@ SETTLE_S = 10.0
 """After a lost answer, how long the BMC is given to show the reset before the
 controller concludes it was not performed (BMCs apply an accepted reset within
 seconds; the answer is what gets lost)."""
+GRACEFUL_SETTLE_S = 300.0
+"""The same for a GracefulRestart: the BMC asks the OS to shut down, and the machine
+resets (``LastResetTime`` moves) only once it has; real servers take from seconds
+to minutes. Within this time nothing else is posted for the attempt."""
 POLL_S = 1.0
 """How often the BMC is read while waiting for the reset to show."""
+GRACEFUL = "GracefulRestart"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +115,15 @@ class Bmc(Protocol):
         """Boot once from ``target`` (idempotent)."""
         ...
 
+    async def clear_one_time_boot(self) -> None:
+        """Remove a one-time boot override (idempotent)."""
+        ...
+
 
 class Journal(Protocol):
     """Where the write-ahead mark is kept. ``write`` returns only once it is durable
-    and raises if it is not: then nothing is posted."""
+    and raises if it is not: then nothing is posted. The gate's journal also makes
+    its last checks there (its lease, no pod landed), right before the POST."""
 
     async def write(self, mark: ActionMark) -> None: ...
 
@@ -136,15 +155,19 @@ async def run_bmc_step(
     expected: identity.ExpectedIdentity,
     mark: ActionMark | None = None,
     prepare: Callable[[], Awaitable[None]] | None = None,
+    prove: Callable[[], Awaitable[None]] | None = None,
     clock: Callable[[], float] = time.time,
     settle_s: float = SETTLE_S,
+    graceful_settle_s: float = GRACEFUL_SETTLE_S,
     poll_s: float = POLL_S,
 ) -> str:
     """Run (or, given this attempt's ``mark``, resume) one BMC step; wait for power on.
 
-    ``prepare`` runs once the identity is verified and before the BMC is
-    touched, only on a fresh run (the reimage's new join token). ``clock`` is
-    wall time: ``mark.posted_at`` may come from another process.
+    ``prove`` runs before anything is posted afresh (a fresh run, or a resumed
+    immediate reset the BMC shows never happened) and raises if the node may not
+    be disrupted now. ``prepare`` runs once the identity is verified and proven,
+    before the BMC is touched, only on a fresh run (the reimage's new join
+    token). ``clock`` is wall time: ``mark.posted_at`` may come from another process.
 
     Returns a sentence for the record and the Event. Raises
     :class:`~gpufleet.remediate.redfish.RedfishError` (its subclasses
@@ -157,10 +180,11 @@ async def run_bmc_step(
     problems = identity.mismatches(expected, seen)
     if problems:
         raise BmcIdentityMismatch(bmc.name, problems, seen)
-    run = _Run(step, bmc, attempt, journal, clock, settle_s, poll_s)
+    run = _Run(step, bmc, attempt, journal, clock, settle_s, graceful_settle_s, poll_s, prove)
     if mark is not None and mark.binds(step.value, attempt.attempt, attempt.started_at):
         done = await run.resume(mark)
     else:
+        await run.proven()
         if prepare is not None:
             await prepare()
         done = await run.fresh()
@@ -176,7 +200,16 @@ class _Run:
     journal: Journal
     clock: Callable[[], float]
     settle_s: float
+    graceful_settle_s: float
     poll_s: float
+    prove: Callable[[], Awaitable[None]] | None
+
+    async def proven(self) -> None:
+        if self.prove is not None:
+            await self.prove()
+
+    def settle_for(self, reset_type: str) -> float:
+        return self.graceful_settle_s if reset_type == GRACEFUL else self.settle_s
 
     async def fresh(self) -> str:
         if self.step is Step.REBOOT:
@@ -228,7 +261,8 @@ class _Run:
         loop = asyncio.get_running_loop()
         # Wall time only to learn how much of the settle time is left (the POST may
         # be another process's); the waiting itself is on this loop's monotonic clock.
-        left = max(0.0, self.settle_s - max(0.0, self.clock() - mark.posted_at))
+        settle = self.settle_for(mark.reset_type)
+        left = max(0.0, settle - max(0.0, self.clock() - mark.posted_at))
         deadline = loop.time() + left
         happened: bool | None = None
         while True:
@@ -253,7 +287,7 @@ class _Run:
         raise ResetNotPerformed(
             self.bmc.name,
             f"{mark.reset_type} was not performed: {why}; LastResetTime unchanged "
-            f"{self.settle_s:g}s after the POST; not posted again",
+            f"{self.settle_for(mark.reset_type):g}s after the POST; not posted again",
         )
 
     async def resume(self, mark: ActionMark) -> str:
@@ -265,7 +299,12 @@ class _Run:
                 if await self.bmc.power_state() == "On":
                     return "ForceOff + On (on already)"
                 return f"ForceOff + {await self.post('On')}"
-            # Never performed: this attempt's one reset is still to be done.
+            if mark.reset_type == GRACEFUL:
+                # The OS may still have been shutting down: never posted twice.
+                return self.judged(mark, happened, why)
+            # An immediate reset the BMC shows never happened: this attempt's one reset
+            # is still to be done, and the node must be proven empty again first.
+            await self.proven()
             return f"{await self.fresh()} ({why}, not performed then)"
         done = self.judged(mark, happened, why)
         if mark.reset_type == "ForceOff":

@@ -146,7 +146,10 @@ def node_view(raw: Mapping[str, Any]) -> slurm_sync.SlurmView:
         base = str(state or "unknown")
         flags = frozenset(str(f).upper() for f in raw.get("state_flags") or ())
     reason = raw.get("reason") or None
-    return slurm_sync.SlurmView(state=base.lower(), flags=flags, reason=reason)
+    addresses = frozenset(
+        str(raw[k]).strip() for k in ("address", "hostname") if str(raw.get(k) or "").strip()
+    )
+    return slurm_sync.SlurmView(state=base.lower(), flags=flags, reason=reason, addresses=addresses)
 
 
 def job_nodes(raw: Mapping[str, Any]) -> frozenset[str]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpufleet.domain import well_known
 from gpufleet.domain.emptiness import (
+    Probe,
     SlurmWork,
     disruptive_work,
     is_slurm_node,
@@ -77,14 +77,31 @@ def test_silence_proceeds_only_when_the_rule_says_so_and_never_over_running_jobs
     assert not ready(busy, slurm_silent_for=10_000, if_silent=SlurmSilence.PROCEED)[0]
 
 
-def test_which_nodes_are_slurm_nodes() -> None:
-    taint = [well_known.TAINT_SLURM]
-    assert is_slurm_node({}, {}, taint, SlurmWait.AUTO)
-    assert is_slurm_node({well_known.LABEL_SLURM_CLUSTER: "ns.c"}, {}, [], SlurmWait.AUTO)
-    assert is_slurm_node({}, {well_known.ANNOTATION_SLURM_WORK: "{}"}, [], SlurmWait.AUTO)
-    assert not is_slurm_node({}, {}, [], SlurmWait.AUTO)
-    assert is_slurm_node({}, {}, [], SlurmWait.ALWAYS)
-    assert not is_slurm_node({}, {}, taint, SlurmWait.NEVER)
+def test_a_node_is_not_slurms_only_when_the_policy_or_the_syncer_says_so() -> None:
+    # Defect 7: marks are not needed, and their absence proves nothing (no label, no taint,
+    # no report is still a node Slurm may run jobs on: an external Slurm, holdTaint false).
+    absent = SlurmWork("absent", incident=OPENED)
+    assert is_slurm_node(None, SlurmWait.AUTO)
+    assert is_slurm_node(SlurmWork("idle"), SlurmWait.AUTO)
+    assert not is_slurm_node(absent, SlurmWait.AUTO)
+    assert is_slurm_node(absent, SlurmWait.ALWAYS)
+    assert not is_slurm_node(None, SlurmWait.NEVER)
+    assert absent.absent and not absent.empty
+
+
+def test_an_unmarked_node_without_a_report_waits_for_slurm() -> None:
+    ok, why = ready(None, slurm_silent_for=10_000)
+    assert not ok and "drain.slurm: never" in why
+
+
+def test_the_probe_and_its_answer_round_trip() -> None:
+    probe = Probe("ab12", 10.5, OPENED)
+    assert Probe.from_annotation(probe.to_annotation()) == probe
+    answer = work_report("idle+DRAIN", [], OPENED, 11.0, probe="ab12")
+    assert SlurmWork.from_annotation(answer.to_annotation()) == answer
+    for bad in ("", "{}", '{"id": 3, "at": 1}', '{"id": "", "at": 1}', "[1]"):
+        assert Probe.from_annotation(bad) is None
+    assert SlurmWork.from_annotation('{"state": "idle", "jobs": [], "probe": 7}') is None
 
 
 def test_disruptive_work_fails_closed() -> None:

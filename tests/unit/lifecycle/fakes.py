@@ -12,7 +12,12 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from gpufleet.api import fleetpolicy
+from gpufleet.api import fleetpolicy, nodedata
+from gpufleet.api.nodedata import SigningKey
+from gpufleet.clock import Clock
+from gpufleet.domain.policy import Policy, SlurmWait, default_policy
+from gpufleet.domain.records import NodeRecord
+from gpufleet.gate import BmcFactory, StaticFence
 from gpufleet.kubeapi import (
     EVENTS,
     NODES,
@@ -27,6 +32,7 @@ from gpufleet.kubeapi import (
     Resource,
 )
 from gpufleet.lifecycle import nodes
+from gpufleet.lifecycle.controller import Controller, ControllerSettings
 
 from ..fakes import UnmodelledKube
 
@@ -228,6 +234,38 @@ def _labels_match(obj: Mapping[str, Any], selector: str) -> bool:
 
 
 _port: type[KubePort] = FakeKube  # mypy checks the fake against the port here
+
+KEY = SigningKey.of(b"unit-test-record-key-0123456789")
+"""A record signing key for tests that build patches themselves."""
+
+FENCE = StaticFence("unit-test-controller")
+"""The unit tests' controller acts (it holds its lease); leadership is tested on its own."""
+
+
+def controller(
+    kube: KubePort,
+    settings: ControllerSettings | None = None,
+    *,
+    clock: Clock,
+    bmcs: BmcFactory | None = None,
+) -> Controller:
+    """A controller on the in-memory API that holds its lease (``FENCE``)."""
+    return Controller(kube, settings, clock=clock, fence=FENCE, bmcs=bmcs)
+
+
+def signed(ctl: Controller, record: NodeRecord) -> dict[str, str]:
+    """The record and its signature by ``ctl``'s key, as the controller writes them
+    (a test that puts a record on a Node by hand must sign it, or it is not trusted)."""
+    return nodedata.record_annotations(record, ctl.nodes.keys[0])
+
+
+def k8s_policy() -> Policy:
+    """The default policy for a fleet without Slurm (``drain.slurm: never``): the unit
+    tests run no syncer, so a Slurm node would wait for Slurm's word forever."""
+    policy = default_policy()
+    return policy.model_copy(
+        update={"drain": policy.drain.model_copy(update={"slurm": SlurmWait.NEVER})}
+    )
 
 
 def node(name: str, *, pool: str = "default", unschedulable: bool = False) -> dict[str, Any]:

@@ -7,10 +7,9 @@ import asyncio
 from gpufleet.clock import ManualClock
 from gpufleet.domain import conditions, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
-from gpufleet.domain.policy import default_policy
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
 
-from .fakes import FakeKube, node, set_condition
+from .fakes import FakeKube, controller, k8s_policy, node, set_condition
 
 
 def _answer(kube: FakeKube, name: str) -> None:
@@ -28,8 +27,8 @@ async def _repair_once(admin_cordon: bool) -> Controller:
     for i in range(4):
         kube.add_node(node(f"n{i}", unschedulable=admin_cordon and i == 1))
     clock = ManualClock()
-    ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=clock)
-    ctl.policies.use(default_policy())
+    ctl = controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=clock)
+    ctl.policies.use(k8s_policy())
     await ctl.prime()
     for body in list(kube.nodes.values()):
         await ctl.on_node(body)

@@ -12,11 +12,10 @@ from gpufleet.api.machine import MachineSpec, manifest
 from gpufleet.clock import ManualClock
 from gpufleet.domain import boot_watch, well_known
 from gpufleet.domain.enrollment import rfc3339
-from gpufleet.domain.policy import default_policy
 from gpufleet.kubeapi.machines import MACHINES
-from gpufleet.lifecycle.controller import Controller, ControllerSettings
+from gpufleet.lifecycle.controller import ControllerSettings
 
-from .fakes import FakeKube, node
+from .fakes import FakeKube, controller, k8s_policy, node
 
 SYSTEM = "vm-node-0000"
 
@@ -50,8 +49,8 @@ def test_a_ready_node_outside_the_selector_ends_its_machines_boot_as_joined() ->
         settings = ControllerSettings(
             status_save_delay_s=0.0, node_selector={well_known.LABEL_POOL: "machines"}
         )
-        ctl = Controller(kube, settings, clock=clock)
-        ctl.policies.use(default_policy())
+        ctl = controller(kube, settings, clock=clock)
+        ctl.policies.use(k8s_policy())
         await ctl.prime()
         assert SYSTEM not in ctl.book  # not managed: not in the Node cache
         ctl.on_machine("ADDED", machine)

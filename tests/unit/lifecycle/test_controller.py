@@ -10,12 +10,11 @@ import pytest
 from gpufleet.clock import ManualClock
 from gpufleet.domain import conditions, node_reports, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
-from gpufleet.domain.policy import default_policy
 from gpufleet.domain.records import record_from_json
 from gpufleet.lifecycle import nodes
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
 
-from .fakes import FakeKube, node, set_annotation, set_condition
+from .fakes import KEY, FakeKube, controller, k8s_policy, node, set_annotation, set_condition
 
 
 def xid79(name: str, at: float) -> FaultEvent:
@@ -31,8 +30,8 @@ async def make(
     clock = ManualClock()
     # No coalescing delay for the status save: settle() would wait it out.
     settings = ControllerSettings(status_save_delay_s=0.0)
-    ctl = Controller(kube, settings, clock=clock)
-    ctl.policies.use(default_policy().model_copy(update=policy))
+    ctl = controller(kube, settings, clock=clock)
+    ctl.policies.use(k8s_policy().model_copy(update=policy))
     await ctl.prime()
     for body in list(kube.nodes.values()):
         await ctl.on_node(body)
@@ -102,7 +101,7 @@ def test_someone_elses_cordon_and_taints_are_never_cleared() -> None:
 
     rec = NodeRecord.new("n1", at=0, state=nodes.NodeState.PRODUCTION)
     patch = nodes.node_patch(
-        kube_body, rec, (Action(ActionKind.UNTAINT), Action(ActionKind.UNCORDON))
+        kube_body, rec, (Action(ActionKind.UNTAINT), Action(ActionKind.UNCORDON)), key=KEY
     )
     assert "spec" not in patch  # no cordon change, admin taint kept
 
@@ -119,7 +118,9 @@ def test_our_cordon_is_cleared_and_only_our_taints_removed() -> None:
     from gpufleet.domain.records import NodeRecord
 
     rec = NodeRecord.new("n1", at=0, state=nodes.NodeState.PRODUCTION)
-    patch = nodes.node_patch(body, rec, (Action(ActionKind.UNTAINT), Action(ActionKind.UNCORDON)))
+    patch = nodes.node_patch(
+        body, rec, (Action(ActionKind.UNTAINT), Action(ActionKind.UNCORDON)), key=KEY
+    )
     after = nodes.apply_merge_patch(body, patch)
     assert "unschedulable" not in after["spec"]
     assert after["spec"]["taints"] == [{"key": "admin/hold", "effect": "NoSchedule"}]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from gpufleet.clock import ManualClock
-from gpufleet.lifecycle.controller import Controller, ControllerSettings
+from gpufleet.lifecycle.controller import ControllerSettings
 
-from .fakes import FakeKube, node
+from .fakes import FakeKube, controller, node
 from .test_controller import settle
 
 
@@ -15,7 +15,7 @@ def test_six_identical_withheld_announcements_are_one_event_counted_six_times() 
     async def go() -> FakeKube:
         kube = FakeKube()
         kube.add_node(node("n0"))
-        ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock())
+        ctl = controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock())
         body = kube.nodes["n0"]
         for _ in range(6):
             ctl.events.node(body, "Warning", "ActionWithheld", "budget-exhausted: cordon")

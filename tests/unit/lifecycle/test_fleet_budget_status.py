@@ -11,9 +11,9 @@ from gpufleet.clock import ManualClock
 from gpufleet.domain.policy import default_policy
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
-from gpufleet.lifecycle.controller import Controller, ControllerSettings
+from gpufleet.lifecycle.controller import ControllerSettings
 
-from .fakes import FakeKube
+from .fakes import FakeKube, controller
 
 
 def _spec(**budget: Any) -> dict[str, Any]:
@@ -27,7 +27,7 @@ def test_fleet_budget_in_the_status_follows_the_pools_and_the_policy() -> None:
     body = kube.custom[(fp.PLURAL, "default")]
     body["metadata"].update(generation=1, uid="u")
     body["spec"] = _spec(fleetMaxNodes=3)
-    ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock(1e9))
+    ctl = controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock(1e9))
     states = {"a0": NodeState.DRAINING, "b0": NodeState.VERIFYING}
     states.update({f"a{i}": NodeState.PRODUCTION for i in range(1, 9)})
     for name, state in states.items():
@@ -57,7 +57,7 @@ def test_without_a_fleet_limit_the_status_says_none() -> None:
     body = kube.custom[(fp.PLURAL, "default")]
     body["metadata"].update(generation=1, uid="u")
     body["spec"] = _spec()
-    ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock(1e9))
+    ctl = controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock(1e9))
     ctl.fleet.put(NodeRecord.new("n", at=0, state=NodeState.PRODUCTION, pool="p"))
 
     async def go() -> dict[str, Any]:

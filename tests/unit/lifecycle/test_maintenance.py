@@ -10,12 +10,12 @@ from gpufleet.api import maintenanceplan
 from gpufleet.domain import conditions, node_reports, well_known
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.policy import Budget, Safety
-from gpufleet.domain.records import NodeRecord, record_to_json
+from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
 from gpufleet.kubeapi import Patch, Resource
 from gpufleet.lifecycle.controller import Controller
 
-from .fakes import FakeKube, set_annotation
+from .fakes import FakeKube, set_annotation, signed
 from .test_controller import make, record, settle
 
 RACK = "example.com/rack"
@@ -165,7 +165,7 @@ def test_a_node_asked_for_that_left_production_meanwhile_is_not_taken_from_triag
         kube, ctl = await setup({**SPEC, "nodeSelector": {RACK: "r0"}}, paused=True)
         body = kube.nodes["n1"]
         triaged = NodeRecord.new("n1", at=ctl.clock.now(), state=NodeState.TRIAGE, reason="x")
-        body["metadata"]["annotations"][well_known.ANNOTATION_RECORD] = record_to_json(triaged)
+        body["metadata"]["annotations"].update(signed(ctl, triaged))
         body["metadata"]["labels"][well_known.LABEL_STATE] = "triage"
         await ctl.on_node(body)
         plan = kube.custom[(maintenanceplan.PLURAL, "p")]

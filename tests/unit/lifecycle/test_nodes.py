@@ -11,7 +11,7 @@ from gpufleet.domain.records import Incident, NodeRecord, StepAttempt
 from gpufleet.domain.states import NodeState
 from gpufleet.lifecycle import nodes
 
-from .fakes import node, set_condition
+from .fakes import KEY, node, set_condition
 
 
 def xid(at: float, number: int = 79) -> FaultEvent:
@@ -84,7 +84,7 @@ def test_our_taint_is_put_back_if_someone_removes_it_while_the_node_is_out() -> 
     rec = replace(NodeRecord.new("n1", at=0, state=NodeState.DRAINING), incident=inc)
     body = node("n1", unschedulable=True)
     body["metadata"]["annotations"][well_known.ANNOTATION_CORDONED] = well_known.CONTROLLER
-    patch = nodes.node_patch(body, rec, ())
+    patch = nodes.node_patch(body, rec, (), key=KEY)
     assert patch["spec"]["taints"] == [
         {"key": well_known.TAINT_UNHEALTHY, "value": "xid-79", "effect": "NoExecute"}
     ]
@@ -96,11 +96,11 @@ def test_the_lemon_score_is_written_on_the_node_and_removed_with_new_hardware() 
     score = lemon.add(None, weight=1.0, scope="gpu3", now=0.0, half_life_seconds=86400.0)
     score = lemon.add(score, weight=0.5, scope="gpu0", now=0.0, half_life_seconds=86400.0)
     rec = replace(NodeRecord.new("n1", at=0, state=NodeState.PRODUCTION), lemon=score)
-    ann = nodes.node_patch(node("n1"), rec, ())["metadata"]["annotations"]
+    ann = nodes.node_patch(node("n1"), rec, (), key=KEY)["metadata"]["annotations"]
     assert ann[well_known.ANNOTATION_LEMON_SCORE] == "1.50"
     assert ann[well_known.ANNOTATION_LEMON_GPUS] == "gpu3=1.00,gpu0=0.50"
     fresh = replace(rec, lemon=None)
-    ann = nodes.node_patch(node("n1"), fresh, ())["metadata"]["annotations"]
+    ann = nodes.node_patch(node("n1"), fresh, (), key=KEY)["metadata"]["annotations"]
     assert ann[well_known.ANNOTATION_LEMON_SCORE] is None
     assert ann[well_known.ANNOTATION_LEMON_GPUS] is None
 
@@ -108,11 +108,11 @@ def test_the_lemon_score_is_written_on_the_node_and_removed_with_new_hardware() 
 def test_a_spare_carries_its_label_and_taint_until_promoted() -> None:
     spare = replace(NodeRecord.new("n1", at=0, state=NodeState.PRODUCTION), spare=True)
     body = node("n1")
-    patch = nodes.node_patch(body, spare, ())
+    patch = nodes.node_patch(body, spare, (), key=KEY)
     assert patch["metadata"]["labels"][well_known.LABEL_SPARE] == "true"
     taint = {"key": well_known.TAINT_SPARE, "value": "true", "effect": "NoSchedule"}
     assert patch["spec"]["taints"] == [taint]
     body = nodes.apply_merge_patch(body, patch)
-    promoted = nodes.node_patch(body, replace(spare, spare=False), ())
+    promoted = nodes.node_patch(body, replace(spare, spare=False), (), key=KEY)
     assert promoted["metadata"]["labels"][well_known.LABEL_SPARE] is None
     assert promoted["spec"]["taints"] is None

@@ -16,9 +16,9 @@ from gpufleet.domain.faults import FaultEvent, FaultKind
 from gpufleet.domain.policy import default_policy
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
-from gpufleet.lifecycle.controller import Controller, ControllerSettings
+from gpufleet.lifecycle.controller import ControllerSettings
 
-from .fakes import FakeKube
+from .fakes import FakeKube, controller
 
 
 def _kube(generation: int) -> FakeKube:
@@ -36,7 +36,7 @@ def _conds(kube: FakeKube) -> list[dict[str, Any]]:
 def test_valid_survives_a_breaker_save_and_times_move_only_on_change() -> None:
     kube = _kube(generation=3)
     clock = ManualClock(1_800_000_000.0)
-    ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=clock)
+    ctl = controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=clock)
 
     async def go() -> None:
         await ctl.on_policy(kube.custom[(fp.PLURAL, "default")])
@@ -65,7 +65,7 @@ def test_a_restarted_controller_keeps_the_transition_times_it_finds() -> None:
             conditions.condition("BreakerOpen", "False", "Closed", "0", since=6.0),
         ]
     }
-    ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock(1e9))
+    ctl = controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock(1e9))
 
     async def go() -> None:
         await ctl.on_policy(body)
@@ -82,7 +82,7 @@ def test_nodes_waiting_for_the_rails_are_counted_per_pool_and_rail() -> None:
     ``budget.<pool>.waiting``, per rail in the ``FaultsWaiting`` condition, and gone
     from both once the node is acted on."""
     kube = _kube(generation=1)
-    ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock(1e9))
+    ctl = controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock(1e9))
     held = FaultEvent(FaultKind.XID, "a", at=1.0, xid=79)
     for name, pool in (("a", "gpu"), ("b", "gpu"), ("c", "cpu"), ("d", "gpu")):
         ctl.fleet.put(NodeRecord.new(name, at=0, state=NodeState.PRODUCTION, pool=pool))

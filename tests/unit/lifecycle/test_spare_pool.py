@@ -10,12 +10,12 @@ from typing import Any
 from gpufleet.clock import ManualClock
 from gpufleet.domain import conditions, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
-from gpufleet.domain.policy import Spares, default_policy
+from gpufleet.domain.policy import Spares
 from gpufleet.domain.records import NodeRecord, record_from_json, record_to_json
 from gpufleet.domain.states import NodeState
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
 
-from .fakes import FakeKube, node, set_condition
+from .fakes import FakeKube, controller, k8s_policy, node, set_condition
 
 
 def _spare_node(name: str) -> dict[str, Any]:
@@ -35,8 +35,8 @@ async def _make(spare_policy: Spares) -> tuple[FakeKube, Controller, ManualClock
         kube.add_node(node(f"n{i}"))
     kube.add_node(_spare_node("n3"))
     clock = ManualClock()
-    ctl = Controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=clock)
-    ctl.policies.use(default_policy().model_copy(update={"spares": spare_policy}))
+    ctl = controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=clock)
+    ctl.policies.use(k8s_policy().model_copy(update={"spares": spare_policy}))
     await ctl.prime()
     for body in list(kube.nodes.values()):
         await ctl.on_node(body)

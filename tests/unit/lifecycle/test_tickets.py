@@ -11,11 +11,10 @@ from typing import Any
 from gpufleet.clock import ManualClock
 from gpufleet.domain import events as ev
 from gpufleet.domain import rma, well_known
-from gpufleet.domain.policy import default_policy
 from gpufleet.lifecycle import tickets
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
 
-from .fakes import FakeKube, node
+from .fakes import FakeKube, controller, k8s_policy, node
 
 WEBHOOK = "http://127.0.0.1:9/never-called"
 
@@ -26,8 +25,8 @@ async def _in_triage(settings: ControllerSettings, **policy: Any) -> tuple[FakeK
     kube = FakeKube()
     for i in range(4):
         kube.add_node(node(f"n{i}"))
-    first = Controller(kube, ControllerSettings(), clock=ManualClock())
-    first.policies.use(default_policy())
+    first = controller(kube, ControllerSettings(), clock=ManualClock())
+    first.policies.use(k8s_policy())
     await first.prime()
     for body in list(kube.nodes.values()):
         await first.on_node(body)
@@ -36,8 +35,8 @@ async def _in_triage(settings: ControllerSettings, **policy: Any) -> tuple[FakeK
     await _settle(first)
     assert first.fleet.records["n0"].state.value == "triage"
     await first.close()
-    ctl = Controller(kube, settings, clock=ManualClock())
-    ctl.policies.use(default_policy().model_copy(update=policy))
+    ctl = controller(kube, settings, clock=ManualClock())
+    ctl.policies.use(k8s_policy().model_copy(update=policy))
     await ctl.prime()
     return kube, ctl
 
@@ -98,10 +97,10 @@ def test_many_nodes_in_triage_get_their_tickets_a_few_at_a_time() -> None:
         kube = FakeKube()
         for i in range(8):
             kube.add_node(node(f"n{i}"))
-        first = Controller(kube, ControllerSettings(), clock=ManualClock())
+        first = controller(kube, ControllerSettings(), clock=ManualClock())
         first.policies.use(
-            default_policy().model_copy(
-                update={"safety": default_policy().safety.model_copy(update={"budget": _no_limit()})}
+            k8s_policy().model_copy(
+                update={"safety": k8s_policy().safety.model_copy(update={"budget": _no_limit()})}
             )
         )
         await first.prime()
@@ -114,8 +113,8 @@ def test_many_nodes_in_triage_get_their_tickets_a_few_at_a_time() -> None:
         await first.close()
         assert sum(r.state.value == "triage" for r in first.fleet.records.values()) == 6
 
-        ctl = Controller(kube, ControllerSettings(ticket_webhook=WEBHOOK), clock=ManualClock())
-        ctl.policies.use(default_policy())
+        ctl = controller(kube, ControllerSettings(ticket_webhook=WEBHOOK), clock=ManualClock())
+        ctl.policies.use(k8s_policy())
         await ctl.prime()
         release = asyncio.Event()
         started: list[str] = []

@@ -1,0 +1,50 @@
+"""The requests that act on a machine through its BMC: Reset and the one-time boot.
+
+Only :mod:`gpufleet.gate` may import this module (an import-linter contract):
+every act that can disrupt a node asks the gate, which demands a fresh proof
+that the node is empty, the rails' consent and a compare-and-swap mark before it
+hands a step one of these drivers (docs/decisions/0139). Everything else reads
+BMCs with :class:`gpufleet.remediate.redfish.RedfishClient`, which has no way to
+change one.
+"""
+
+from __future__ import annotations
+
+from gpufleet.remediate.redfish import BmcRejected, RedfishClient
+
+
+class RedfishPower(RedfishClient):
+    """A BMC that can be acted on: a Reset, a one-time boot and its removal."""
+
+    async def reset(self, reset_type: str) -> None:
+        """POST ComputerSystem.Reset once; refuses types the BMC does not list.
+
+        Raises :class:`~gpufleet.remediate.redfish.BmcOutcomeUnknown` when the answer
+        is lost or a 5xx: the caller must read the BMC (:meth:`evidence`) before
+        doing anything else.
+        """
+        info = await self.system()
+        if not self.allows(reset_type):
+            raise BmcRejected(
+                self.name,
+                f"ResetType {reset_type} is not allowed (allowed: {', '.join(info.reset_types)})",
+            )
+        await self._request("POST", info.reset_target, {"ResetType": reset_type})
+
+    async def set_one_time_boot(self, target: str = "Pxe") -> None:
+        """Boot once from ``target``; the next boot consumes the override."""
+        info = await self.system()
+        await self._request(
+            "PATCH",
+            info.path,
+            {"Boot": {"BootSourceOverrideTarget": target, "BootSourceOverrideEnabled": "Once"}},
+        )
+
+    async def clear_one_time_boot(self) -> None:
+        """Remove a one-time boot override that was never used (idempotent).
+
+        A reimage that did not happen must not leave the machine set to network-boot
+        at whatever power action comes next, by anyone (docs/decisions/0143).
+        """
+        info = await self.system()
+        await self._request("PATCH", info.path, {"Boot": {"BootSourceOverrideEnabled": "Disabled"}})
