@@ -98,7 +98,10 @@ def test_a_command_past_its_timeout_is_killed_with_its_children(tmp_path: Path) 
         f"sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 1; done' &\nwait",
     )
     start = time.monotonic()
-    outcome = mc.run(path, timeout_s=1, env={})
+    found = mc.find(path.parent, path.name)
+    assert isinstance(found, mc.Command), found
+    with found:
+        outcome = mc.run(found, timeout_s=1, env={})
     assert not outcome.passed and "killed after 1 s" in outcome.detail
     assert time.monotonic() - start < 30
     child = int(pidfile.read_text())
