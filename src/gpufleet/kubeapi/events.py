@@ -64,6 +64,28 @@ def event_body(
     }
 
 
+def from_agent_of(event: Mapping[str, Any], node: str, *, agent: str) -> bool:
+    """Whether ``event`` was posted by the agent of ``node`` about ``node`` itself.
+
+    The agent posts its Events (:func:`event_body`) with ``component`` and
+    ``reportingComponent`` its name, ``reportingInstance`` and ``source.host`` its
+    node. Any account that may create Events can claim the first; only the node's own
+    agent may claim the node (the chart's ``<release>-agent-events`` admission policy),
+    so a reader that must trust what the agent saw on a node (the RMA evidence) takes
+    an Event only when all of them name that agent and that node.
+    """
+    involved = event.get("involvedObject") or {}
+    source = event.get("source") or {}
+    return (
+        involved.get("kind") == "Node"
+        and involved.get("name") == node
+        and event.get("reportingComponent") == agent
+        and source.get("component") == agent
+        and event.get("reportingInstance") == node
+        and source.get("host", node) == node
+    )
+
+
 class EventRecorder:
     """Posts Events the way Kubernetes' own recorder aggregates them.
 

@@ -32,6 +32,7 @@ from gpufleet.domain import node_reports, rma, well_known
 from gpufleet.domain import rma_payload as payloads
 from gpufleet.domain.records import NodeRecord
 from gpufleet.kubeapi import NODES, ApiError, Conflict, NotFound
+from gpufleet.kubeapi.events import from_agent_of
 from gpufleet.kubeapi.machines import MACHINES
 from gpufleet.kubeapi.resources import CONFIGMAPS, EVENTS
 from gpufleet.lifecycle import machines, nodes
@@ -354,7 +355,12 @@ class Tickets:
             log.warning("node=%s evidence %s not deleted: %s", node, ref, exc)
 
     async def _agent_events(self, node: str) -> tuple[payloads.AgentEvent, ...]:
-        """The agent's Warning Events about the node (the fault lines it saw), newest last."""
+        """The agent's Warning Events about the node (the fault lines it saw), newest last.
+
+        Only the node's own agent's: an Event another account posted, or another node's
+        agent, claiming to have seen something on this node is no evidence about it
+        (kubeapi.events.from_agent_of; the agent-events admission policy holds agents to
+        their own node)."""
         try:
             found = await self.client.list(
                 EVENTS,
@@ -366,7 +372,7 @@ class Tickets:
             return ()
         out: list[payloads.AgentEvent] = []
         for e in found.items:
-            if (e.get("source") or {}).get("component") != well_known.AGENT:
+            if not from_agent_of(e, node, agent=well_known.AGENT):
                 continue
             at = _epoch(e.get("lastTimestamp") or e.get("eventTime"))
             out.append(payloads.AgentEvent(at, str(e.get("reason", "")), str(e.get("message", ""))))
