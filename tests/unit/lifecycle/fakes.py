@@ -127,8 +127,11 @@ class FakeKube(UnmodelledKube):
         ckey = (resource.plural, name)
         if ckey in self.custom:
             raise Conflict(f"create {resource} {name}", 409, "already exists")
-        self.custom[ckey] = copy.deepcopy(dict(body))
-        return dict(body)
+        stored = copy.deepcopy(dict(body))
+        self._rv += 1
+        stored.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+        self.custom[ckey] = stored
+        return copy.deepcopy(stored)
 
     async def patch(
         self,
@@ -167,6 +170,11 @@ class FakeKube(UnmodelledKube):
         if key not in self.custom:
             raise self._missing(resource, name)
         obj = self.custom[key]
+        rv = (patch.get("metadata") or {}).get("resourceVersion")
+        if rv is not None and rv != (obj.get("metadata") or {}).get("resourceVersion"):
+            raise Conflict(f"patch {resource} {name}", 409, "changed")
+        self._rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
         if status:
             # The status subresource ignores everything but status.
             obj["status"] = nodes.apply_merge_patch(obj.get("status") or {}, patch["status"])

@@ -80,7 +80,7 @@ def _kube(machine_endpoint: str, secret_endpoint: str | None, **status: Any) -> 
 class _NoBmc:
     """Stands in for the Redfish client: any use of the BMC fails the test."""
 
-    def __init__(self, creds: redfish.BmcCredentials, **_: Any) -> None:
+    def __init__(self, creds: redfish.BmcCredentials, *_: Any, **__: Any) -> None:
         raise AssertionError(f"the BMC at {creds.endpoint} was contacted")
 
 
@@ -108,7 +108,9 @@ def test_power_on_refuses_a_machine_whose_endpoint_is_not_its_secrets(
 
     async def go() -> None:
         with pytest.raises(machine_power.BmcEndpointMismatch):
-            await machine_power.network_boot(KubeMachineStore(kube), "n7", by="admin", now=1e9)
+            await machine_power.network_boot(
+                KubeMachineStore(kube), "n7", open_bmc=_NoBmc, by="admin", now=1e9
+            )
 
     asyncio.run(go())
     machine = kube.custom[(MACHINES.plural, "n7")]
@@ -123,8 +125,8 @@ def test_the_machines_bmc_is_the_secrets_endpoint() -> None:
 
     async def go() -> str:
         body = await kube.get(MACHINES, "n7")
-        async with await machine_power.machine_bmc(KubeMachineStore(kube), body) as bmc:
-            return bmc.creds.endpoint
+        creds = await machine_power.machine_credentials(KubeMachineStore(kube), body)
+        return creds.endpoint
 
     assert asyncio.run(go()) == OWN
 

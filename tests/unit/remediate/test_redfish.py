@@ -12,7 +12,7 @@ import pytest
 
 from gpufleet.domain.ladder import Step
 from gpufleet.local import redfish as emulator
-from gpufleet.remediate import redfish, steps
+from gpufleet.remediate import power, redfish, steps
 from gpufleet.remediate.evidence import ActionMark, ResetEvidence
 from gpufleet.remediate.identity import ExpectedIdentity
 
@@ -63,7 +63,7 @@ async def _step(
     timeout_s: float = 5.0,
     settle_s: float = 1.0,
 ) -> str:
-    async with redfish.RedfishClient(
+    async with power.RedfishPower(
         creds, name="n1", retry_delays=(0.05,), timeout_s=timeout_s
     ) as client:
         return await steps.run_bmc_step(

@@ -1,0 +1,392 @@
+"""The gate against an in-memory API and BMC: each way an act must be refused, and the one way
+it goes ahead. Every test breaks one thing on purpose and counts the POSTs the BMC received."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from gpufleet.api import nodedata
+from gpufleet.clock import ManualClock
+from gpufleet.domain import emptiness, well_known
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.policy import Policy, SlurmSilence, SlurmWait, default_policy
+from gpufleet.domain.records import Incident, NodeRecord, StepAttempt
+from gpufleet.domain.states import NodeState
+from gpufleet.gate import Done, Failed, Gate, GateSettings, Held, Refused, Stale, StaticFence
+from gpufleet.kubeapi import NODES, SECRETS, Json, Patch, Resource
+from gpufleet.kubeapi.machines import MachineStore
+from gpufleet.kubeapi.secrets import encode_data
+from gpufleet.remediate import machine_power, redfish, steps
+from gpufleet.remediate.evidence import ActionMark, ResetEvidence
+from gpufleet.remediate.identity import BmcIdentity
+
+from ..fakes import FakeBmc
+from ..lifecycle.fakes import KEY, FakeKube, node
+
+NODE = "n1"
+OPENED = 1_000.0
+ATTEMPT = steps.Attempt(Step.REBOOT, 1, 1_010.0)
+SETTINGS = GateSettings(probe_timeout_s=0.5, probe_poll_s=0.05, settle_s=0.2, graceful_settle_s=0.4)
+
+
+def remediating(step: Step = Step.REBOOT) -> NodeRecord:
+    inc = Incident(
+        key="xid-79",
+        description="XID 79",
+        opened_at=OPENED,
+        plan=step,
+        current=step,
+        tried=(StepAttempt(step, 1, 1_010.0),),
+    )
+    return NodeRecord(
+        name=NODE, state=NodeState.REMEDIATING, since=1_010.0, reason="x", incident=inc
+    )
+
+
+def policy(slurm: SlurmWait = SlurmWait.NEVER, **update: Any) -> Policy:
+    p = default_policy()
+    return p.model_copy(update={"drain": p.drain.model_copy(update={"slurm": slurm}), **update})
+
+
+class World(FakeKube):
+    """The API with a Node in remediation, its BMC Secret, and a Slurm syncer stand-in that
+    answers probes with ``slurm_answer`` (None: silent)."""
+
+    def __init__(self, record: NodeRecord | None = None, *, signed: bool = True) -> None:
+        super().__init__()
+        body = node(NODE)
+        ann = body["metadata"]["annotations"]
+        rec = record or remediating()
+        ann.update(nodedata.record_annotations(rec, KEY))
+        if not signed:
+            del ann[well_known.ANNOTATION_RECORD_SIGNATURE]
+        ann[well_known.ANNOTATION_BMC_SECRET] = "bmc/n1"
+        self.add_node(body)
+        data = {"endpoint": "https://bmc-1", "username": "u", "password": "p"}
+        self.secrets[("bmc", "n1")] = {"metadata": {"name": "n1"}, "data": encode_data(data)}
+        self.slurm_answer: str | None = "idle+DRAIN"
+        self.probes = 0
+        self.on_mark: Any = None
+        """Called when a mark is written (a test lands a pod at that moment)."""
+
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        status: bool = False,
+        kind: Patch = Patch.MERGE,
+    ) -> Json:
+        out = await super().patch(
+            resource, name, patch, namespace=namespace, status=status, kind=kind
+        )
+        ann = (patch.get("metadata") or {}).get("annotations") or {}
+        probe = emptiness.Probe.from_annotation(ann.get(well_known.ANNOTATION_SLURM_PROBE))
+        if probe is not None:
+            self.probes += 1
+            if self.slurm_answer is not None:
+                work = emptiness.work_report(
+                    self.slurm_answer, (), probe.incident, 1.0, probe=probe.id
+                )
+                if self.slurm_answer.startswith("allocated"):
+                    work = replace(work, jobs=("42",))
+                await super().patch(
+                    NODES,
+                    name,
+                    {
+                        "metadata": {
+                            "annotations": {well_known.ANNOTATION_SLURM_WORK: work.to_annotation()}
+                        }
+                    },
+                )
+        if ann.get(well_known.ANNOTATION_BMC_ACTION) and self.on_mark is not None:
+            self.on_mark()
+        return out
+
+    def add_pod(self, name: str = "p1", **spec: Any) -> None:
+        self.pods.append(
+            {
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"nodeName": NODE, **spec},
+                "status": {"phase": "Running"},
+            }
+        )
+
+
+def machine_bmc() -> FakeBmc:
+    """The node's BMC: it says it is ``n1`` (the identity check passes)."""
+    bmc = FakeBmc()
+    bmc.seen = BmcIdentity(serial="SN-1", hostname=NODE)
+    return bmc
+
+
+def gate(world: World, bmc: FakeBmc, *, holding: bool = True) -> Gate:
+    @contextlib.asynccontextmanager
+    async def open_bmc(creds: redfish.BmcCredentials, name: str) -> AsyncIterator[FakeBmc]:
+        yield bmc
+
+    return Gate(
+        world,
+        open_bmc,
+        fence=StaticFence("replica-a", holding=holding),
+        keys=lambda: [KEY],
+        clock=ManualClock(2_000.0),
+        settings=SETTINGS,
+    )
+
+
+def resets(bmc: FakeBmc) -> list[str]:
+    return [c for c in bmc.calls if c.startswith("reset ")]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# ----------------------------------------------------------------------- ahead
+
+
+def test_an_empty_node_is_rebooted_once_after_a_signed_mark_written_by_compare_and_swap() -> None:
+    world, bmc = World(), machine_bmc()
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, Done), out
+    assert resets(bmc) == ["reset GracefulRestart"]
+    ann = world.nodes[NODE]["metadata"]["annotations"]
+    text, trust = nodedata.read_mark_text(world.nodes[NODE], [KEY])
+    assert trust is nodedata.Trust.SIGNED and text == ann[well_known.ANNOTATION_BMC_ACTION]
+
+
+def test_slurm_is_asked_at_the_moment_of_the_act_and_its_fresh_answer_decides() -> None:
+    for answer, ok in (("idle+DRAIN", True), ("absent", True), ("allocated+DRAIN", False)):
+        world, bmc = World(), machine_bmc()
+        world.slurm_answer = answer
+        out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy(SlurmWait.AUTO)))
+        assert world.probes == 1
+        assert isinstance(out, Done if ok else Refused), (answer, out)
+        assert len(resets(bmc)) == (1 if ok else 0)
+    world, bmc = World(), machine_bmc()
+    world.slurm_answer = "absent"  # drain.slurm always: Slurm has no node is not "empty"
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy(SlurmWait.ALWAYS)))
+    assert isinstance(out, Refused) and resets(bmc) == []
+
+
+def test_a_silent_slurm_refuses_unless_the_rule_says_proceed() -> None:
+    world, bmc = World(), machine_bmc()
+    world.slurm_answer = None
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy(SlurmWait.AUTO)))
+    assert isinstance(out, Refused) and "failing closed" in out.detail and resets(bmc) == []
+    rec = remediating()
+    assert rec.incident is not None
+    proceed = replace(rec, incident=replace(rec.incident, if_slurm_silent=SlurmSilence.PROCEED))
+    world, bmc = World(proceed), machine_bmc()
+    world.slurm_answer = None
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy(SlurmWait.AUTO)))
+    assert isinstance(out, Done) and len(resets(bmc)) == 1
+
+
+# ----------------------------------------------------------------------- refused
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        {},  # an ordinary pod
+        {"tolerations": [{"operator": "Exists"}]},  # tolerates everything
+    ],
+)
+def test_a_pod_on_the_node_at_the_moment_of_the_act_refuses_it(pod: dict[str, Any]) -> None:
+    world, bmc = World(), machine_bmc()
+    world.add_pod(**pod)
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, Refused) and "pod" in out.detail
+    assert (
+        resets(bmc) == []
+        and well_known.ANNOTATION_BMC_ACTION not in world.nodes[NODE]["metadata"]["annotations"]
+    )
+
+
+def test_a_pod_bound_between_the_proof_and_the_post_is_seen_and_the_mark_removed() -> None:
+    world, bmc = World(), machine_bmc()
+    world.on_mark = lambda: world.add_pod("late")
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, Refused) and "landed" in out.detail
+    assert resets(bmc) == []
+    assert well_known.ANNOTATION_BMC_ACTION not in world.nodes[NODE]["metadata"]["annotations"]
+
+
+# ----------------------------------------------------------------------- held
+
+
+def test_an_unsigned_or_forged_record_is_never_acted_on() -> None:
+    world, bmc = World(signed=False), machine_bmc()
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, Held) and "not trusted" in out.detail and resets(bmc) == []
+    world, bmc = World(), machine_bmc()
+    ann = world.nodes[NODE]["metadata"]["annotations"]
+    other = nodedata.record_annotations(replace(remediating(), name="n2"), KEY)
+    ann[well_known.ANNOTATION_RECORD] = other[well_known.ANNOTATION_RECORD]  # copied
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, Held) and resets(bmc) == []
+
+
+def test_no_lease_no_act_and_pause_or_dry_run_hold_it() -> None:
+    world, bmc = World(), machine_bmc()
+    out = run(gate(world, bmc, holding=False).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, Held) and "lease" in out.detail
+    for update in ({"paused": True}, {"dry_run": True}):
+        out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy(**update)))
+        assert isinstance(out, Held)
+    assert resets(bmc) == [] and world.probes == 0
+
+
+def test_an_attempt_the_record_no_longer_asks_for_is_stale() -> None:
+    world, bmc = World(), machine_bmc()
+    later = steps.Attempt(Step.POWER_CYCLE, 1, 1_020.0)
+    out = run(gate(world, bmc).bmc_step(NODE, later, policy=policy()))
+    assert isinstance(out, Stale) and resets(bmc) == []
+
+
+def test_two_replicas_racing_on_one_attempt_post_once() -> None:
+    world, bmc = World(), machine_bmc()
+    a, b = gate(world, bmc), gate(world, bmc)
+
+    async def both() -> list[Any]:
+        return list(
+            await asyncio.gather(
+                a.bmc_step(NODE, ATTEMPT, policy=policy()),
+                b.bmc_step(NODE, ATTEMPT, policy=policy()),
+            )
+        )
+
+    outcomes = run(both())
+    assert len(resets(bmc)) == 1, (outcomes, bmc.calls)
+    assert sum(isinstance(o, Done) for o in outcomes) >= 1
+
+
+# ---------------------------------------------------------------------- resumed
+
+
+def _marked(world: World, reset_type: str, baseline: ResetEvidence) -> None:
+    mark = ActionMark(
+        step=ATTEMPT.step.value,
+        attempt=ATTEMPT.attempt,
+        started_at=ATTEMPT.started_at,
+        reset_type=reset_type,
+        baseline=baseline,
+        posted_at=1_999.9,
+    )
+    world.nodes[NODE]["metadata"]["annotations"].update(
+        nodedata.mark_annotations(NODE, mark.to_json(), KEY)
+    )
+
+
+def test_a_resumed_attempt_whose_reset_shows_is_done_without_a_post() -> None:
+    world, bmc = World(), machine_bmc()
+    _marked(world, "GracefulRestart", ResetEvidence(last_reset_time="t0", power_state="On"))
+    bmc.resets = 1  # the BMC shows a reset since the baseline
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, Done) and resets(bmc) == []
+
+
+def test_a_graceful_restart_that_does_not_show_is_never_posted_again() -> None:
+    world, bmc = World(), machine_bmc()
+    _marked(world, "GracefulRestart", ResetEvidence(last_reset_time="t0", power_state="On"))
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, Failed) and "not posted again" in out.detail
+    assert resets(bmc) == []
+
+
+def test_an_immediate_reset_that_never_happened_is_posted_once_after_a_fresh_proof() -> None:
+    world, bmc = World(), machine_bmc()
+    _marked(world, "ForceRestart", ResetEvidence(last_reset_time="t0", power_state="On"))
+    world.add_pod()
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, Refused) and resets(bmc) == []  # proven again: a pod came
+    world.pods.clear()
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, Done) and len(resets(bmc)) == 1
+
+
+def test_a_forged_mark_for_the_attempt_in_progress_fails_closed() -> None:
+    world, bmc = World(), machine_bmc()
+    _marked(world, "ForceRestart", ResetEvidence(last_reset_time="t0"))
+    world.nodes[NODE]["metadata"]["annotations"][well_known.ANNOTATION_BMC_ACTION_SIGNATURE] = (
+        "v1:forged:00"
+    )
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, Failed) and "cannot be trusted" in out.detail and resets(bmc) == []
+
+
+# ------------------------------------------------------------------- the agent
+
+
+def test_a_gpu_reset_request_is_written_only_after_the_proof() -> None:
+    world = World(remediating(Step.GPU_RESET))
+    world.add_pod()
+    g = gate(world, machine_bmc())
+
+    def request() -> str | None:
+        return world.nodes[NODE]["metadata"]["annotations"].get(
+            well_known.ANNOTATION_AGENT_REQUEST
+        )
+
+    out = run(g.agent_request(NODE, "gpu-reset", policy=policy()))
+    assert isinstance(out, Refused) and request() is None
+    world.pods.clear()
+    out = run(g.agent_request(NODE, "gpu-reset", policy=policy()))
+    assert isinstance(out, Done) and request() is not None
+    patches = world.patches
+    out = run(g.agent_request(NODE, "gpu-reset", policy=policy()))
+    assert isinstance(out, Done) and world.patches == patches  # already there: not rewritten
+    out = run(g.agent_request(NODE, "command", policy=policy()))
+    assert isinstance(out, Stale)  # not what the record asks for
+
+
+# ------------------------------------------------------------------- machines
+
+
+def test_a_machine_with_a_node_is_never_power_cycled_by_a_boot() -> None:
+    world, bmc = World(), machine_bmc()
+    world.custom[("machines", NODE)] = {"metadata": {"name": NODE}, "spec": {}, "status": {}}
+    world.nodes[NODE]["metadata"]["labels"][well_known.LABEL_MACHINE] = NODE
+    with pytest.raises(machine_power.PowerRefused, match="has joined as Node"):
+        run(gate(world, bmc).network_boot(MachineStore(world), NODE, by="admin", now=1.0))
+    assert resets(bmc) == []
+
+
+def test_an_automated_boot_honours_the_lease_and_the_rails() -> None:
+    world, bmc = World(), machine_bmc()
+    world.custom[("machines", "m9")] = {"metadata": {"name": "m9"}, "spec": {}, "status": {}}
+    for g, p, why in (
+        (gate(world, bmc, holding=False), policy(), "lease"),
+        (gate(world, bmc), policy(paused=True), "paused"),
+    ):
+        with pytest.raises(machine_power.PowerRefused, match=why):
+            run(g.network_boot(MachineStore(world), "m9", by="c", now=1.0, policy=p))
+    assert resets(bmc) == []
+
+
+def test_disarm_removes_a_one_time_boot_and_the_mark_goes() -> None:
+    world, bmc = World(), machine_bmc()
+    g = gate(world, bmc)
+    _marked(world, "PowerCycle", ResetEvidence(last_reset_time="t0"))
+    assert run(g.disarm(NODE, ATTEMPT))
+    run(g.clear_mark(NODE, ATTEMPT))
+    assert "boot cleared" in bmc.calls
+    assert well_known.ANNOTATION_BMC_ACTION not in world.nodes[NODE]["metadata"]["annotations"]
+
+
+def test_secrets_are_read_from_the_nodes_annotation_only() -> None:
+    world, bmc = World(), machine_bmc()
+    del world.secrets[("bmc", "n1")]
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
+    assert isinstance(out, (Failed, Held)) and resets(bmc) == []
+    assert SECRETS.plural == "secrets"
