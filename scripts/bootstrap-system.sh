@@ -12,9 +12,28 @@
 #      75 s once, then a cache lookup).
 # Python dependencies are installed by scripts/bootstrap-python.sh.
 # Needs root for apt-get on a fresh machine; fails naming the step that failed.
+# Each step's wall time is printed at the end (scripts/test's summary shows them).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 start=$(date +%s)
+steps=()
+# step NAME COMMAND...: run it and remember its wall time.
+step() {
+  local name="$1" t0 step_rc=0
+  shift
+  t0=$(date +%s)
+  "$@" || step_rc=$?
+  steps+=("$(printf '%-22s %5d s' "$name" "$(( $(date +%s) - t0 ))")")
+  return "$step_rc"
+}
+# The steps that run gpufleet need the venv: when scripts/test installs it beside
+# this script (GPUFLEET_VENV_PID), wait for that install to end first.
+wait_for_venv() {
+  local pid="${GPUFLEET_VENV_PID:-}"
+  if [[ -n "$pid" ]]; then
+    while kill -0 "$pid" 2>/dev/null; do sleep 1; done
+  fi
+}
 
 # Debian packages. slurm-wlm-jwt-plugin gives slurmrestd its JWT auth; time
 # provides /usr/bin/time for the build measurements; openssl and procps are
@@ -38,7 +57,7 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-if ((${#missing[@]})); then
+apt_install() {
   echo "== apt-get install ${missing[*]}" >&2
   if [[ $(id -u) -ne 0 ]]; then
     echo "bootstrap-system: these Debian packages are missing: ${missing[*]}" >&2
@@ -58,18 +77,20 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
   [[ -z "$own_policy" ]] || rm -f /usr/sbin/policy-rc.d
   ((rc == 0)) || { echo "bootstrap-system: apt-get install ${missing[*]} failed" >&2; exit 1; }
-fi
+}
+if ((${#missing[@]})); then step "apt-get install" apt_install; fi
 
 # Go binaries (version-pinned by deps/*/go.mod, cached outside the repository).
-PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-go-binaries.sh" >&2
+step "Go binaries" env PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-go-binaries.sh" >&2
 # helm, for the chart tests (helm lint / template); after the Kubernetes builds.
-PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-helm.sh" >&2
+step helm env PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-helm.sh" >&2
 # promtool, for the test that lints every component's /metrics.
-PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-promtool.sh" >&2
+step promtool env PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-promtool.sh" >&2
+wait_for_venv
 # The node image (after the Go binaries: it carries their kubelet and kubeadm).
 # Not fatal: only the tests with real machines need it, and they say so.
 if [[ $(id -u) -eq 0 ]]; then
-  PATH="$PATH:/usr/local/go/bin" "$root/.venv/bin/gpufleet" local image build >&2 \
+  step "node image" env PATH="$PATH:/usr/local/go/bin" "$root/.venv/bin/gpufleet" local image build >&2 \
     || echo "bootstrap-system: the node image was not built (above); tests with real machines will fail" >&2
 else
   echo "bootstrap-system: not root, node image not built (gpufleet local image build needs root)" >&2
@@ -77,7 +98,7 @@ fi
 # The Slurm 24.11 root (Debian 13 packages) the local cluster's `--slurm 24.11`
 # and tests/integration/test_slurm_24_11.py chroot into: about 75 s once.
 if [[ $(id -u) -eq 0 ]]; then
-  "$root/.venv/bin/gpufleet" local slurm-image build >&2 \
+  step "Slurm 24.11 root" "$root/.venv/bin/gpufleet" local slurm-image build >&2 \
     || echo "bootstrap-system: the Slurm 24.11 root was not built (above); its tests will fail" >&2
 else
   echo "bootstrap-system: not root, Slurm 24.11 root not built (needs root)" >&2
@@ -85,10 +106,11 @@ fi
 # The gpufleet and Slurm images the chart's pods run (tests/integration/
 # test_chart_on_machines.py): on that root, a minute once, seconds per code change.
 if [[ $(id -u) -eq 0 ]]; then
-  "$root/.venv/bin/gpufleet" local images build >&2 \
+  step images "$root/.venv/bin/gpufleet" local images build >&2 \
     || echo "bootstrap-system: the images were not built (above); the chart's tests on machines will fail" >&2
 else
   echo "bootstrap-system: not root, images not built (needs root)" >&2
 fi
 
 echo "== system dependencies ready ($(( $(date +%s) - start )) s)" >&2
+for line in "${steps[@]}"; do echo "   $line" >&2; done
