@@ -18,13 +18,13 @@ from controller_harness import (
     bmc_counters,
     create_kwok_nodes,
     policy_spec,
-    prepare_fleet,
     put_policy,
     report_fault,
     reset_node,
     running,
     wait_for,
 )
+from fleet import Fleet
 
 from gpufleet.domain import well_known
 from gpufleet.domain.faults import Subsystem
@@ -35,19 +35,13 @@ STORM_NODES = [f"storm-{i:02d}" for i in range(20)]
 
 
 @pytest.fixture(scope="module")
-def env(
-    local_cluster: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Any, Api, Path]]:
-    api = Api(local_cluster)
-    prepare_fleet(api, local_cluster)
-    logs = tmp_path_factory.mktemp("controller-logs")
+def env(fleet: Fleet) -> Iterator[tuple[Any, Api, Path]]:
+    api = fleet.api
     try:
-        yield local_cluster, api, logs
+        yield fleet.info, api, fleet.logs
     finally:
         for node in STORM_NODES:
             api.delete(f"/api/v1/nodes/{node}")
-        for node in local_cluster.node_names:
-            reset_node(api, node)
         for item in api.get(f"{GV}/fleetpolicies")["items"]:
             api.delete(f"{GV}/fleetpolicies/{item['metadata']['name']}")
         api.delete(f"{GV}/noderemediations")

@@ -26,13 +26,13 @@ from controller_harness import (
     bmc_control,
     bmc_counters,
     policy_spec,
-    prepare_fleet,
     put_policy,
     report_fault,
     reset_node,
     running,
     wait_for,
 )
+from fleet import Fleet
 
 from gpufleet.domain import well_known
 from gpufleet.domain.records import NodeRecord
@@ -42,26 +42,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def env(
-    local_cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[ClusterInfo, Api, Path]]:
-    api = Api(local_cluster)
-    prepare_fleet(api, local_cluster)
-    logs = tmp_path_factory.mktemp("reliability-bmc")
-    try:
-        yield local_cluster, api, logs
-    finally:
-        for node in local_cluster.node_names:
-            bmc_control(local_cluster, node, **WELL_BEHAVED_BMC)
-            reset_node(api, node)
-            api.patch(
-                f"/api/v1/nodes/{node}",
-                {
-                    "metadata": {
-                        "annotations": {well_known.ANNOTATION_BMC_SECRET: f"{SYSTEM_NS}/bmc-{node}"}
-                    }
-                },
-            )
+def env(fleet: Fleet) -> tuple[ClusterInfo, Api, Path]:
+    """The shared fleet; its teardown puts every BMC and BMC Secret back (conftest.py)."""
+    return fleet.info, fleet.api, fleet.logs
 
 
 @pytest.fixture

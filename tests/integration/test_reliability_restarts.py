@@ -21,13 +21,13 @@ from controller_harness import (
     answer_request,
     bmc_counters,
     policy_spec,
-    prepare_fleet,
     put_policy,
     report_fault,
     reset_node,
     running,
     wait_for,
 )
+from fleet import Fleet
 
 from gpufleet.domain import conditions, well_known
 from gpufleet.domain.faults import Subsystem
@@ -39,15 +39,11 @@ NS = "reliability-restarts"
 
 
 @pytest.fixture(scope="module")
-def env(
-    local_cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[ClusterInfo, Api, Path]]:
-    api = Api(local_cluster)
-    prepare_fleet(api, local_cluster)
+def env(fleet: Fleet) -> Iterator[tuple[ClusterInfo, Api, Path]]:
+    api = fleet.api
     api.post("/api/v1/namespaces", {"metadata": {"name": NS}}, ok=(201, 409))
-    logs = tmp_path_factory.mktemp("reliability-restarts")
     try:
-        yield local_cluster, api, logs
+        yield fleet.info, api, fleet.logs
     finally:
         api.delete(f"/api/v1/namespaces/{NS}")
         for name in ("restart-ladder", "restart-drain", "restart-frozen"):
@@ -56,8 +52,6 @@ def env(
             if api.http.get(path).status_code == 200:
                 api.patch(path, {"metadata": {"finalizers": None}})
                 api.delete(path)
-        for node in local_cluster.node_names:
-            reset_node(api, node)
 
 
 def resets(info: ClusterInfo, node: str) -> int:
