@@ -86,7 +86,7 @@ step "Go binaries" env PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-go-bi
 step helm env PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-helm.sh" >&2
 # promtool, for the test that lints every component's /metrics.
 step promtool env PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-promtool.sh" >&2
-wait_for_venv
+[[ -z "${GPUFLEET_VENV_PID:-}" ]] || step "wait: Python install" wait_for_venv
 # The node image (after the Go binaries: it carries their kubelet and kubeadm).
 # Not fatal: only the tests with real machines need it, and they say so.
 if [[ $(id -u) -eq 0 ]]; then
