@@ -91,6 +91,10 @@ class ClusterSpec:
     simulated hardware's ``/recover``: a reboot clears what a real one clears)."""
     bmc_boot_seconds: float = 0.0
     """How long an emulated server takes to boot after a reset (PowerState Off meanwhile)."""
+    bmc_os_shutdown_seconds: float = 3.0
+    """How long an emulated server's OS takes to shut down after a graceful reset before
+    the machine resets and ``LastResetTime`` moves (PowerState On meanwhile; real servers:
+    seconds to minutes; :data:`gpufleet.local.redfish.DEFAULT_OS_SHUTDOWN_S`)."""
     machines: int = 0
     """Real machines (qemu VMs that network-boot and join with kubeadm) beside the KWOK
     nodes: :mod:`gpufleet.local.machines`. 0 leaves the cluster as it always was."""
@@ -872,6 +876,7 @@ class LocalCluster:
                     "node": b.node,
                     "port": int(b.url.rsplit(":", 1)[1]),
                     "boot_seconds": self.spec.bmc_boot_seconds,
+                    "os_shutdown_seconds": self.spec.bmc_os_shutdown_seconds,
                     **(
                         {"boot_hook": self.spec.bmc_boot_hooks[b.node]}
                         if b.node in self.spec.bmc_boot_hooks

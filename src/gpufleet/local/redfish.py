@@ -27,6 +27,33 @@ resources) each time the system boots. The local cluster points it at the node's
 simulated hardware, so that a reboot or power cycle clears what a real one
 would clear (a GPU that fell off the bus), as on a real server.
 
+What real firmware does that remediation must live with (docs/local-cluster.md,
+"The Redfish emulator's firmware behaviours", says which firmware does each):
+
+- **A graceful reset waits for the OS.** ``GracefulRestart`` and
+  ``GracefulShutdown`` ask the OS to shut down (the BMC logs the request and
+  answers at once); the machine resets only once the OS is down, after
+  ``os_shutdown_seconds`` (default :data:`DEFAULT_OS_SHUTDOWN_S`; real servers
+  take seconds to minutes). Until then ``PowerState`` reads ``On`` (or
+  ``PoweringOff``) and ``LastResetTime`` does not move; then it moves, the
+  system powers off and (for a restart) boots. A second graceful request while
+  the OS is shutting down joins the one under way (one reset); a forced one
+  (``ForceOff``, ``ForceRestart``, ``PowerCycle``) overrides it at once.
+  ``osIgnoresShutdown`` (control) models a hung OS that never acts on the
+  request: answered, logged, never performed.
+- **Allowed reset types per system** (``reset_types``): the AllowableValues of
+  the Reset action and its ActionInfo list them, and a POST of another type is
+  refused 400 ``ActionParameterNotSupported``, nothing done.
+- **A Reset answered with a Task** (``task_reset``): ``202 Accepted``, a
+  ``Location`` header naming a Task under ``/redfish/v1/TaskService/Tasks``,
+  whose ``TaskState`` is ``Running`` until the reset is performed, then
+  ``Completed``.
+- **Transitional power states** (``power_transitions``): ``PoweringOff`` while
+  the OS shuts down, ``PoweringOn`` while the system boots (``boot_seconds``)
+  instead of ``Off``.
+- **A one-time boot override is consumed by the boot that uses it** (it reads
+  ``Disabled`` afterwards; above).
+
 Misbehaviour, for reliability tests, switched at run time per BMC through
 ``/gpufleet/control`` (outside Redfish; same credentials; GET reads, PATCH
 sets): ``failAfterReset: N`` -- the next N Reset POSTs are performed, then
@@ -34,8 +61,12 @@ answered 500; ``slowAnswers: N`` with ``slowAnswerSeconds: S`` -- performed,
 answered only after S seconds; ``refuse: N`` -- answered 503 and *not*
 performed; ``getDelaySeconds: S`` -- every GET answered after S seconds;
 ``bootSeconds``; ``reportLastResetTime: false`` -- an older BMC without
-``LastResetTime``. ``Oem.Gpufleet.ResetPosts`` counts every Reset POST
-received (performed or not), ``ResetCount`` the resets performed.
+``LastResetTime``; ``osIgnoresShutdown: true`` -- see above. The firmware
+behaviours are switched there too: ``osShutdownSeconds``, ``resetTypes``,
+``taskReset``, ``powerTransitions``. ``Oem.Gpufleet.ResetPosts`` counts every
+Reset POST received (performed or not), ``ResetCount`` the resets performed or
+under way (a graceful one from its POST: its OS is shutting down), and
+``GracefulJoined`` the graceful requests that joined one under way.
 
 A BMC entry with a ``vm`` (the fields of :class:`gpufleet.local.vm.VmSpec`) is
 the BMC of a real machine of the local cluster, a qemu virtual machine this
@@ -80,8 +111,17 @@ FAULTS: dict[str, Any] = {
     "refuse": 0,
     "getDelaySeconds": 0.0,
     "reportLastResetTime": True,
+    "osIgnoresShutdown": False,
 }
 """Misbehaviour switches and their defaults (a well-behaved BMC)."""
+
+DEFAULT_OS_SHUTDOWN_S = 3.0
+"""How long the OS of an emulated system takes to shut down after a graceful request,
+unless its entry says otherwise (``os_shutdown_seconds``; 0: at once). Real servers take
+from a few seconds to minutes; tests that probe a settle window set it longer."""
+GRACEFUL = ("GracefulRestart", "GracefulShutdown")
+FORCED = ("ForceOff", "ForceRestart", "PowerCycle")
+"""Resets that cut the OS short: they override a graceful one under way."""
 
 RESET_TYPES = (
     "On",
@@ -100,6 +140,7 @@ MANAGER = "/redfish/v1/Managers/BMC"
 CHASSIS = "/redfish/v1/Chassis/1"
 LOG = f"{SYSTEM}/LogServices/EventLog"
 RESET_ACTION = f"{SYSTEM}/Actions/ComputerSystem.Reset"
+TASKS = "/redfish/v1/TaskService/Tasks"
 CONTROL = "/gpufleet/control"
 """Test control endpoint (not Redfish): the misbehaviour switches of this BMC."""
 
@@ -173,6 +214,24 @@ class BmcState:
     power_lock: threading.Lock = field(default_factory=threading.Lock)
     """Serialises the VM's power operations (they run outside ``lock``)."""
     crashes_seen: int = 0
+    os_shutdown_seconds: float = DEFAULT_OS_SHUTDOWN_S
+    """How long the OS takes to shut down after a graceful request (see the module docstring)."""
+    reset_types: tuple[str, ...] = RESET_TYPES
+    """The ResetTypes this system allows (the action's AllowableValues)."""
+    task_reset: bool = False
+    """Answer an accepted Reset 202 with a Task instead of 204."""
+    power_transitions: bool = False
+    """Report PoweringOff / PoweringOn while the OS shuts down / the system boots."""
+    graceful_joined: int = 0
+    """Graceful requests that joined a shutdown already under way."""
+    tasks: dict[str, Json] = field(default_factory=dict)
+    _shutdown: int = 0
+    """Generation of the OS shutdown under way (0: none)."""
+    _shutdown_type: str = ""
+    _generations: int = 0
+    _booting: bool = False
+    _reset_task: str | None = None
+    """The Task of the reset just accepted (set by :meth:`reset` when ``task_reset``)."""
 
     def __post_init__(self) -> None:
         self.system_uuid = self.system_uuid or str(uuid.uuid5(uuid.NAMESPACE_DNS, self.node))
@@ -181,13 +240,28 @@ class BmcState:
 
     def control(self) -> Json:
         """The switches as the control endpoint shows them."""
-        return {**self.faults, "bootSeconds": self.boot_seconds}
+        return {
+            **self.faults,
+            "bootSeconds": self.boot_seconds,
+            "osShutdownSeconds": self.os_shutdown_seconds,
+            "resetTypes": list(self.reset_types),
+            "taskReset": self.task_reset,
+            "powerTransitions": self.power_transitions,
+        }
 
     def set_control(self, body: Json) -> None:
         """Set switches; an unknown name or a wrong type is refused (400), nothing set."""
         for key, value in body.items():
-            if key == "bootSeconds":
+            if key in ("bootSeconds", "osShutdownSeconds"):
                 ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+            elif key in ("taskReset", "powerTransitions"):
+                ok = isinstance(value, bool)
+            elif key == "resetTypes":
+                ok = (
+                    isinstance(value, list)
+                    and bool(value)
+                    and all(isinstance(v, str) and v in RESET_TYPES for v in value)
+                )
             elif key in FAULTS:
                 want = type(FAULTS[key])
                 ok = isinstance(value, want) or (
@@ -201,13 +275,30 @@ class BmcState:
                     HTTPStatus.BAD_REQUEST,
                     "PropertyValueNotInList",
                     f"control {key}={value!r}: known switches {', '.join(sorted(FAULTS))}, "
-                    "bootSeconds (numbers >= 0; reportLastResetTime a boolean)",
+                    "bootSeconds, osShutdownSeconds (numbers >= 0), taskReset, "
+                    "powerTransitions (booleans), resetTypes (a list of ResetTypes)",
                 )
         for key, value in body.items():
             if key == "bootSeconds":
                 self.boot_seconds = float(value)
+            elif key == "osShutdownSeconds":
+                self.os_shutdown_seconds = float(value)
+            elif key == "resetTypes":
+                self.reset_types = tuple(value)
+            elif key == "taskReset":
+                self.task_reset = value
+            elif key == "powerTransitions":
+                self.power_transitions = value
             else:
                 self.faults[key] = value
+
+    def reported_power_state(self) -> str:
+        """``PowerState`` as the BMC reports it (transitional values when it shows them)."""
+        if self.power_transitions and self._shutdown:
+            return "PoweringOff"
+        if self.power_transitions and self._booting and self.power_state == "Off":
+            return "PoweringOn"
+        return self.power_state
 
     def take(self, switch: str) -> bool:
         """Use up one count of a ``next N POSTs`` switch; whether it applied."""
@@ -273,6 +364,7 @@ class BmcState:
     def boot(self) -> None:
         """Power on and boot, consuming a one-time override."""
         self.power_state = "On"
+        self._booting = False
         self.boot_count += 1
         source = self.boot_target if self.boot_enabled != "Disabled" else "Hdd"
         if source == "None":
@@ -293,10 +385,11 @@ class BmcState:
             self.boot()
             return
         self.power_state = "Off"
+        self._booting = True
 
         def later() -> None:
             with self.lock:
-                if self.power_state == "Off":
+                if self.power_state == "Off" and self._booting:
                     self.boot()
 
         timer = threading.Timer(self.boot_seconds, later)
@@ -304,23 +397,103 @@ class BmcState:
         timer.start()
 
     def reset(self, reset_type: str) -> None:
+        """Carry out (or, graceful, start) one accepted reset. Caller holds ``lock``."""
+        self._reset_task = None
         if reset_type not in RESET_TYPES:
             raise RedfishError(
                 HTTPStatus.BAD_REQUEST,
                 "ActionParameterValueNotInList",
                 f"ResetType {reset_type!r} is not one of {', '.join(RESET_TYPES)}",
             )
-        self.reset_count += 1
-        self.last_reset_type = reset_type
-        self.last_reset_time = _precise_now()
+        if reset_type not in self.reset_types:
+            raise RedfishError(
+                HTTPStatus.BAD_REQUEST,
+                "ActionParameterNotSupported",
+                f"ResetType {reset_type} is not supported by this system "
+                f"(allowed: {', '.join(self.reset_types)}); nothing was done",
+            )
         self.record(
             "Gpufleet.1.0.ResetRequested", f"{self.node}: ComputerSystem.Reset {reset_type}"
         )
+        if self.vm is None and reset_type in GRACEFUL and self.power_state == "On":
+            self._graceful(reset_type)
+            return
+        if reset_type in FORCED:
+            self._shutdown = 0  # a forced reset overrides a graceful one under way
+        self.reset_count += 1
+        self.last_reset_type = reset_type
+        self.last_reset_time = _precise_now()
+        if self.task_reset:
+            self._reset_task = self._new_task(reset_type, done=True)
         if self.vm is not None:
             self._reset_vm(reset_type, self.vm)
             return
+        self._perform(reset_type)
+
+    def _graceful(self, reset_type: str) -> None:
+        """Ask the OS to shut down; the reset follows ``os_shutdown_seconds`` later."""
+        if self._shutdown:
+            self.graceful_joined += 1
+            self.record(
+                "Gpufleet.1.0.ShutdownInProgress",
+                f"{self.node}: {reset_type} joins the {self._shutdown_type} under way",
+            )
+            return
+        if self.faults["osIgnoresShutdown"]:
+            return  # the OS never acts on the request (a hung kernel ignores ACPI)
+        self.reset_count += 1
+        self.last_reset_type = reset_type
+        self._generations += 1
+        self._shutdown, self._shutdown_type = self._generations, reset_type
+        task = self._new_task(reset_type, done=False) if self.task_reset else None
+        self._reset_task = task
+        generation = self._shutdown
+        self.record("Gpufleet.1.0.OsShutdownStarted", f"{self.node}: the OS is shutting down")
+
+        def down() -> None:  # caller holds the lock
+            if self._shutdown != generation:
+                return  # overridden by a forced reset meanwhile
+            self._shutdown = 0
+            self.last_reset_time = _precise_now()
+            self._perform(reset_type)
+            if task is not None:
+                self._finish_task(task)
+
+        def later() -> None:
+            with self.lock:
+                down()
+
+        if self.os_shutdown_seconds <= 0:
+            down()
+            return
+        timer = threading.Timer(self.os_shutdown_seconds, later)
+        timer.daemon = True
+        timer.start()
+
+    def _new_task(self, reset_type: str, *, done: bool) -> str:
+        task_id = str(len(self.tasks) + 1)
+        self.tasks[task_id] = {
+            "@odata.id": f"{TASKS}/{task_id}",
+            "@odata.type": "#Task.v1_7_0.Task",
+            "Id": task_id,
+            "Name": f"ComputerSystem.Reset {reset_type}",
+            "TaskState": "Running",
+            "TaskStatus": "OK",
+            "StartTime": _now(),
+            "Messages": [],
+        }
+        if done:
+            self._finish_task(task_id)
+        return task_id
+
+    def _finish_task(self, task_id: str) -> None:
+        self.tasks[task_id].update(TaskState="Completed", EndTime=_now(), PercentComplete=100)
+
+    def _perform(self, reset_type: str) -> None:
+        """The power side of a reset, now (emulated power)."""
         if reset_type in ("ForceOff", "GracefulShutdown"):
             self.power_state = "Off"
+            self._booting = False
             self.record("Gpufleet.1.0.PowerOff", f"{self.node} powered off")
         elif reset_type in ("On", "ForceOn"):
             if self.power_state != "On":
@@ -437,6 +610,7 @@ def render(state: BmcState, path: str) -> Json | None:
             "Managers": {"@odata.id": "/redfish/v1/Managers"},
             "Chassis": {"@odata.id": "/redfish/v1/Chassis"},
             "SessionService": {"@odata.id": "/redfish/v1/SessionService"},
+            "TaskService": {"@odata.id": "/redfish/v1/TaskService"},
             "Links": {"Sessions": {"@odata.id": "/redfish/v1/SessionService/Sessions"}},
         }
     if path == "/redfish/v1/Systems":
@@ -453,7 +627,7 @@ def render(state: BmcState, path: str) -> Json | None:
             "Model": "Emulated 8-GPU server",
             "SerialNumber": state.serial,
             "UUID": state.system_uuid,
-            "PowerState": state.power_state,
+            "PowerState": state.reported_power_state(),
             **(
                 {"LastResetTime": state.last_reset_time}
                 if state.faults["reportLastResetTime"]
@@ -472,12 +646,13 @@ def render(state: BmcState, path: str) -> Json | None:
                 "#ComputerSystem.Reset": {
                     "target": f"{SYSTEM}/Actions/ComputerSystem.Reset",
                     "@Redfish.ActionInfo": f"{SYSTEM}/ResetActionInfo",
-                    "ResetType@Redfish.AllowableValues": list(RESET_TYPES),
+                    "ResetType@Redfish.AllowableValues": list(state.reset_types),
                 }
             },
             "Oem": {
                 "Gpufleet": {
                     "ResetCount": state.reset_count,
+                    "GracefulJoined": state.graceful_joined,
                     "ResetPosts": state.reset_posts,
                     "ResetPostsByType": dict(state.reset_posts_by_type),
                     "LastResetType": state.last_reset_type,
@@ -497,10 +672,25 @@ def render(state: BmcState, path: str) -> Json | None:
                     "Name": "ResetType",
                     "Required": True,
                     "DataType": "String",
-                    "AllowableValues": list(RESET_TYPES),
+                    "AllowableValues": list(state.reset_types),
                 }
             ],
         }
+    if path == "/redfish/v1/TaskService":
+        return {
+            "@odata.id": path,
+            "@odata.type": "#TaskService.v1_2_0.TaskService",
+            "Id": "TaskService",
+            "Name": "Task Service",
+            "ServiceEnabled": True,
+            "Tasks": {"@odata.id": TASKS},
+        }
+    if path == TASKS:
+        return _collection(
+            path, "Task Collection", "Task", [t["@odata.id"] for t in state.tasks.values()]
+        )
+    if path.startswith(f"{TASKS}/"):
+        return state.tasks.get(path.rsplit("/", 1)[1])
     if path == f"{SYSTEM}/LogServices":
         return _collection(path, "Log Service Collection", "LogService", [LOG])
     if path == LOG:
@@ -543,7 +733,7 @@ def render(state: BmcState, path: str) -> Json | None:
             "Id": "1",
             "Name": f"Chassis of {state.node}",
             "ChassisType": "RackMount",
-            "PowerState": state.power_state,
+            "PowerState": state.reported_power_state(),
             "Links": {
                 "ComputerSystems": [{"@odata.id": SYSTEM}],
                 "ManagedBy": [{"@odata.id": MANAGER}],
@@ -694,6 +884,9 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             if bmc.take("slowAnswers"):
                 self._answer_delay = float(bmc.faults["slowAnswerSeconds"])
+            task = bmc._reset_task
+            if task is not None:
+                return HTTPStatus.ACCEPTED, dict(bmc.tasks[task]), {"Location": f"{TASKS}/{task}"}
             return HTTPStatus.NO_CONTENT, None, {}
         if method == "PATCH" and path == SYSTEM:
             bmc.patch_system(self._body())
@@ -778,6 +971,10 @@ def serve(config: Json) -> list[ThreadingHTTPServer]:
             hostname=str(bmc.get("hostname", "")),
             system_uuid=str(bmc.get("uuid", "")),
             power_state="Off" if bmc.get("vm") else "On",
+            os_shutdown_seconds=float(bmc.get("os_shutdown_seconds", DEFAULT_OS_SHUTDOWN_S)),
+            reset_types=tuple(bmc.get("reset_types") or RESET_TYPES),
+            task_reset=bool(bmc.get("task_reset", False)),
+            power_transitions=bool(bmc.get("power_transitions", False)),
         )
         vm = vm_from_config(bmc["vm"], state.system_uuid) if bmc.get("vm") else None
         state.vm = vm
