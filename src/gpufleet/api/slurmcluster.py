@@ -8,9 +8,9 @@ apiserver fills them in and ``kubectl get -o yaml`` shows the effective spec.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from gpufleet.api.names import SLURM_CLUSTER
@@ -35,8 +35,14 @@ LINE = r"^[^\x00-\x1f\x7f]*$"
 """One line of ``extraConfig``: anything but a control character."""
 LABEL_KEY = r"^([A-Za-z0-9][A-Za-z0-9.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$"
 """A Kubernetes label key (prefix/name)."""
+POOL = r"^[a-z0-9][a-z0-9-]*$"
+"""A node pool's name, where it is defined and where a partition names it."""
+MAX_POOLS = 32
+"""Node pools, partitions, and pools per partition: the apiserver checks that every pool
+a partition names is defined (a CEL rule whose cost grows with these lists' bounds)."""
 
 Word = Annotated[str, Field(pattern=WORD, max_length=63)]
+PoolName = Annotated[str, Field(pattern=POOL, max_length=40)]
 LabelKey = Annotated[str, Field(pattern=LABEL_KEY, max_length=316)]
 
 
@@ -49,7 +55,7 @@ class _Model(BaseModel):
 class NodePool(_Model):
     """Kubernetes Nodes that become Slurm nodes with one shape."""
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=40)
+    name: PoolName
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels that select the pool's Nodes."
     )
@@ -77,7 +83,11 @@ class NodePool(_Model):
 
 class Partition(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
-    pools: list[str] = Field(min_length=1)
+    pools: list[PoolName] = Field(
+        min_length=1,
+        max_length=MAX_POOLS,
+        description="Node pools (spec.nodePools names) whose Nodes the partition holds.",
+    )
     default: bool = False
     priority_tier: int = Field(default=1, ge=0, le=65533)
     preempt_mode: Literal["OFF", "REQUEUE", "CANCEL", "SUSPEND"] = "REQUEUE"
@@ -152,8 +162,8 @@ class SlurmClusterSpec(_Model):
     )
     controller_port: int = 6817
     slurmd_port: int = 6818
-    node_pools: list[NodePool] = Field(min_length=1)
-    partitions: list[Partition] = Field(min_length=1)
+    node_pools: list[NodePool] = Field(min_length=1, max_length=MAX_POOLS)
+    partitions: list[Partition] = Field(min_length=1, max_length=MAX_POOLS)
     preemption: Preemption = Field(default_factory=Preemption)
     accounting: Accounting = Field(default_factory=Accounting)
     topology: Topology = Field(default_factory=Topology)
@@ -163,6 +173,35 @@ class SlurmClusterSpec(_Model):
         description="Lines appended to slurm.conf as they are (one directive each, no newline).",
     )
 
+    @model_validator(mode="after")
+    def _partitions_name_pools(self) -> Self:
+        """Every pool a partition names is one of ``nodePools`` (the CRD's CEL rule too):
+        a name that matches none would give the partition no nodes, silently."""
+        pools = [p.name for p in self.node_pools]
+        problems = [
+            f"nodePools[{i}].name: {name!r} is defined twice"
+            for i, name in enumerate(pools)
+            if name in pools[:i]
+        ]
+        for i, part in enumerate(self.partitions):
+            problems += [
+                f"partitions[{i}].pools[{j}]: {pool!r} is not a node pool of this cluster "
+                f"(nodePools: {', '.join(pools)})"
+                for j, pool in enumerate(part.pools)
+                if pool not in pools
+            ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+POOLS_DEFINED_RULE: Json = {
+    "rule": "self.partitions.all(p, p.pools.all(n, self.nodePools.exists(q, q.name == n)))",
+    "message": "every pool a partition names must be one of spec.nodePools",
+    "fieldPath": ".partitions",
+    "reason": "FieldValueInvalid",
+}
+"""The apiserver's copy of :meth:`SlurmClusterSpec._partitions_name_pools` (existence)."""
 
 _COUNT: Json = {"type": "integer"}
 STATUS_SCHEMA: Json = {
@@ -180,7 +219,9 @@ STATUS_SCHEMA: Json = {
 
 
 def spec_schema() -> Json:
-    return structural(SlurmClusterSpec.model_json_schema(by_alias=True), defaults=True)
+    spec = structural(SlurmClusterSpec.model_json_schema(by_alias=True), defaults=True)
+    spec["x-kubernetes-validations"] = [POOLS_DEFINED_RULE]
+    return spec
 
 
 def crd_manifest() -> Json:

@@ -5,7 +5,11 @@ One reconcile of one SlurmCluster, as ordered steps:
 1. validate the spec with the same pydantic model the CRD schema came from
    (a bad spec sets ``Ready=False, reason=InvalidSpec`` and stops: nothing is
    rendered from a spec we do not understand; a value the renderer will not
-   write, e.g. a Node address with a line break, sets ``reason=UnsafeValue``);
+   write, e.g. a Node address with a line break, sets ``reason=UnsafeValue``; a
+   partition whose pools select no Node sets ``reason=PartitionWithoutNodes``:
+   in both cases nothing is applied and slurmctld keeps its last config. Only the
+   very first config, before any Node of a pool joined, is applied with that
+   partition empty (``Nodes=""``), still ``Ready=False``, so that slurmctld can start);
 2. select the Nodes of each pool, label them ``gpufleet.io/slurm-cluster``
    (the slurmd DaemonSet's node selector) and unlabel Nodes that left;
 3. render slurm.conf, gres.conf and topology.conf; server-side apply the
@@ -132,13 +136,23 @@ class ClusterOperator:
         pools = render.assign(spec, infos)
         members = sorted(n.name for m in pools.values() for n in m)
         await self._label_members(namespace, name, items, set(members))
+        selected = [n for m in pools.values() for n in m]
+        kept = old_status.get("configHash")
+        empty: render.EmptyPartition | None = None
         try:
-            data = render.render_all(spec, [n for m in pools.values() for n in m])
-        except render.UnsafeValue as e:  # nothing is written: slurmctld keeps its last config
-            status["conditions"] = _ready(
-                old_status, "False", "UnsafeValue", str(e), self.clock.now(), generation
-            )
-            return await self._write_status(namespace, name, old_status, status)
+            data = render.render_all(spec, selected)
+        except render.EmptyPartition as e:
+            if kept:  # a good config exists: slurmctld keeps it, its nodes stay in Slurm
+                return await self._not_rendered(namespace, name, old_status, status, e, kept)
+            # The first config (no Node joined yet): slurmctld starts with the partition
+            # empty; Ready stays False and says which partition waits for nodes.
+            empty = e
+            try:
+                data = render.render_all(spec, selected, empty_partitions=True)
+            except render.NotRendered as other:
+                return await self._not_rendered(namespace, name, old_status, status, other, kept)
+        except render.NotRendered as e:
+            return await self._not_rendered(namespace, name, old_status, status, e, kept)
         digest = render.config_hash(data)
         await self._apply_configmap(obj, data, digest)
         status["configHash"] = digest
@@ -178,9 +192,33 @@ class ClusterOperator:
             except SlurmError as e:
                 reason, message = "SlurmUnavailable", str(e)[:1000]
                 status["nodesByState"] = old_status.get("nodesByState", {})
+        if empty is not None:
+            reason = empty.reason
+            message = f"{empty}; rendered with it empty (no config was applied before)"
         ready: conditions.Status = "True" if reason == "Reconciled" else "False"
         status["conditions"] = _ready(
             old_status, ready, reason, message, self.clock.now(), generation
+        )
+        return await self._write_status(namespace, name, old_status, status)
+
+    async def _not_rendered(
+        self,
+        namespace: str,
+        name: str,
+        old_status: Mapping[str, Any],
+        status: dict[str, Any],
+        e: render.NotRendered,
+        kept: str | None,
+    ) -> dict[str, Any]:
+        """Nothing applied: ``Ready=False`` with the renderer's reason; slurmctld keeps its
+        last config (or none)."""
+        message = f"{e}; slurmctld keeps " + (
+            f"its last config ({kept})" if kept else "no config: none was rendered yet"
+        )
+        log.warning("slurmcluster=%s/%s not rendered: %s", namespace, name, message)
+        generation = int(status.get("observedGeneration") or 0)
+        status["conditions"] = _ready(
+            old_status, "False", e.reason, message, self.clock.now(), generation
         )
         return await self._write_status(namespace, name, old_status, status)
 

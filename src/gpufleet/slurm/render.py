@@ -15,7 +15,11 @@ spec, but the renderer is the last line before slurmctld runs the file (a
 ``PrologSlurmctld=`` line injected through a newline would run as root), and
 Node names, addresses and label values do not come from the spec at all. A
 value that does not fit raises :class:`UnsafeValue` naming the field; nothing
-is rendered.
+is rendered. Nor is a partition left without nodes (:class:`EmptyPartition`: its
+pools are not defined, or select no Node): Slurm would take ``Nodes=""`` as a
+partition that never runs a job, and the operator keeps the last config instead
+(``empty_partitions=True`` renders them empty: the operator's first config, before
+any Node joined, so that slurmctld can start).
 """
 
 from __future__ import annotations
@@ -25,7 +29,15 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpufleet.api.slurmcluster import HOST, LINE, VALUE, WORD, NodePool, SlurmClusterSpec
+from gpufleet.api.slurmcluster import (
+    HOST,
+    LINE,
+    VALUE,
+    WORD,
+    NodePool,
+    Partition,
+    SlurmClusterSpec,
+)
 from gpufleet.domain import hostlist, slurm_accounting, slurm_hooks
 
 HOOK_DIR = "/etc/slurm"
@@ -40,14 +52,42 @@ _ALLOWED = {
 _COMPILED = {p: re.compile(p) for p in _ALLOWED}
 
 
-class UnsafeValue(ValueError):
+class NotRendered(ValueError):
+    """Nothing is rendered from this spec and these Nodes; ``reason`` is the condition's."""
+
+    reason = "NotRendered"
+
+
+class UnsafeValue(NotRendered):
     """A value cannot be written into slurm.conf/gres.conf/topology.conf as it is."""
+
+    reason = "UnsafeValue"
 
     def __init__(self, field: str, value: str, pattern: str) -> None:
         super().__init__(
             f"{field}={value!r} cannot be written into the Slurm config: {_why(value, pattern)}"
             f" (allowed: {_ALLOWED[pattern]})"
         )
+        self.field = field
+
+
+class EmptyPartition(NotRendered):
+    """A partition would hold no node: its pools are not defined or select no Node."""
+
+    reason = "PartitionWithoutNodes"
+
+    def __init__(self, field: str, partition: str, why: str) -> None:
+        super().__init__(f"{field}: partition {partition!r} would have no nodes: {why}")
+        self.field = field
+
+
+class UnknownPool(NotRendered):
+    """A partition names a pool the spec does not define (the model and the CRD refuse it)."""
+
+    reason = "UnknownPool"
+
+    def __init__(self, field: str, partition: str, why: str) -> None:
+        super().__init__(f"{field}: partition {partition!r} names {why}")
         self.field = field
 
 
@@ -147,7 +187,12 @@ def _names(nodes: Iterable[NodeInfo]) -> list[str]:
     return [_node_name(n) for n in nodes]
 
 
-def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]]) -> str:
+def render_slurm_conf(
+    spec: SlurmClusterSpec,
+    pools: Mapping[str, list[NodeInfo]],
+    *,
+    empty_partitions: bool = False,
+) -> str:
     lines = [
         "# Rendered by the gpufleet SlurmCluster operator; edit the SlurmCluster, not this.",
         f"ClusterName={_safe('spec.clusterName', spec.cluster_name)}",
@@ -208,9 +253,15 @@ def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]
             ]
             lines.append(" ".join(p for p in parts if p))
     for part in spec.partitions:
-        names = _names(n for pool in part.pools for n in pools.get(pool, []))
-        node_expr = hostlist.compress(names) if names else '""'
         where = f"spec.partitions[{part.name!r}]"
+        names = _names(n for pool in _partition_pools(spec, part, where) for n in pools[pool])
+        if not names and not empty_partitions:
+            raise EmptyPartition(
+                f"{where}.pools",
+                part.name,
+                f"no Node matches the nodeSelector of pool(s) {', '.join(part.pools)}",
+            )
+        node_expr = hostlist.compress(names) if names else '""'
         lines.append(
             f"PartitionName={_safe(f'{where}.name', part.name)} Nodes={node_expr} "
             f"Default={'YES' if part.default else 'NO'} "
@@ -222,6 +273,22 @@ def render_slurm_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]
         _safe(f"spec.extraConfig[{i}]", line, LINE) for i, line in enumerate(spec.extra_config)
     ]
     return "\n".join(lines) + "\n"
+
+
+def _partition_pools(spec: SlurmClusterSpec, part: Partition, where: str) -> list[str]:
+    """The partition's pool names, each a safe word and a defined pool (the model and the
+    CRD check both; the renderer is the last line before slurmctld reads the file)."""
+    defined = sorted(p.name for p in spec.node_pools)
+    for i, pool in enumerate(part.pools):
+        _safe(f"{where}.pools[{i}]", pool)
+        if pool not in defined:
+            known = ", ".join(defined)
+            raise UnknownPool(
+                f"{where}.pools[{i}]",
+                part.name,
+                f"{pool!r}, which is not a node pool of this cluster (nodePools: {known})",
+            )
+    return list(part.pools)
 
 
 def render_gres_conf(spec: SlurmClusterSpec, pools: Mapping[str, list[NodeInfo]]) -> str:
@@ -276,12 +343,14 @@ def render_topology_conf(spec: SlurmClusterSpec, nodes: Sequence[NodeInfo]) -> s
     return "\n".join(lines) + "\n"
 
 
-def render_all(spec: SlurmClusterSpec, nodes: Sequence[NodeInfo]) -> dict[str, str]:
+def render_all(
+    spec: SlurmClusterSpec, nodes: Sequence[NodeInfo], *, empty_partitions: bool = False
+) -> dict[str, str]:
     """The ConfigMap data: slurm.conf, gres.conf and (when enabled) topology.conf."""
     pools = assign(spec, nodes)
     selected = [n for members in pools.values() for n in members]
     data = {
-        "slurm.conf": render_slurm_conf(spec, pools),
+        "slurm.conf": render_slurm_conf(spec, pools, empty_partitions=empty_partitions),
         "gres.conf": render_gres_conf(spec, pools),
         "cgroup.conf": CGROUP_CONF,
     }
