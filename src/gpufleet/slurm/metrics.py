@@ -110,6 +110,12 @@ class SyncerMetrics:
             "Lent nodes returned to Slurm (their Pod gone).",
             registry=r,
         )
+        self.bind_refusals = Counter(
+            "gpufleet_syncer_bind_refusals_total",
+            "Binds the lender refused: the Pod or the Node was not one it is entitled to "
+            "(lender.bind_refusal); the node was returned to Slurm.",
+            registry=r,
+        )
         self.kube_nodes = Gauge(
             "gpufleet_syncer_kube_nodes",
             "Kubernetes Nodes matching the syncer's node selector.",

@@ -174,30 +174,45 @@ def report_patches(
 def taint_patch(node: Mapping[str, Any], value: str | None) -> dict[str, Any] | None:
     """A patch that sets our taint to ``value`` (None removes it); None if nothing changes.
 
-    The whole taint list is replaced (taints have no merge key), keeping
-    everyone else's taints as they are.
+    The whole taint list is replaced (taints have no merge key), keeping everyone
+    else's taints as ``node`` shows them; so the patch carries ``node``'s
+    ``resourceVersion`` and the apiserver refuses it (409 Conflict) if the Node changed
+    since: a taint someone added meanwhile is never written over. The caller reads
+    the Node again and asks for a new patch.
     """
     if slurm_taint_value(node) == value:
         return None
     others = [dict(t) for t in taints(node) if t.get("key") != well_known.TAINT_SLURM]
     if value is not None:
         others.append({"key": well_known.TAINT_SLURM, "value": value, "effect": "NoSchedule"})
-    return {"spec": {"taints": others}}
-
-
-def lend_patch(node: Mapping[str, Any], pod: str) -> dict[str, Any]:
-    patch: dict[str, Any] = {"metadata": {"annotations": {well_known.ANNOTATION_LENT_TO: pod}}}
-    taint = taint_patch(node, LENT)
-    if taint is not None:
-        patch.update(taint)
+    patch: dict[str, Any] = {"spec": {"taints": others}}
+    version = (node.get("metadata") or {}).get("resourceVersion")
+    if version:
+        patch["metadata"] = {"resourceVersion": version}
     return patch
 
 
+def lend_patch(node: Mapping[str, Any], pod: str) -> dict[str, Any]:
+    """Lock ``node`` for ``pod``: the annotation and the ``lent`` taint, in one write
+    guarded by the Node's ``resourceVersion`` (see :func:`taint_patch`)."""
+    return _with_taint({well_known.ANNOTATION_LENT_TO: pod}, taint_patch(node, LENT), node)
+
+
 def return_patch(node: Mapping[str, Any], hold: bool) -> dict[str, Any]:
-    patch: dict[str, Any] = {"metadata": {"annotations": {well_known.ANNOTATION_LENT_TO: None}}}
+    """Give ``node`` back to Slurm: annotation removed, taint ``held`` (or none), guarded."""
     taint = taint_patch(node, HELD if hold else None)
+    return _with_taint({well_known.ANNOTATION_LENT_TO: None}, taint, node)
+
+
+def _with_taint(
+    annotations: dict[str, Any], taint: dict[str, Any] | None, node: Mapping[str, Any]
+) -> dict[str, Any]:
+    patch: dict[str, Any] = {"metadata": {"annotations": annotations}}
     if taint is not None:
-        patch.update(taint)
+        patch["spec"] = taint["spec"]
+        version = (node.get("metadata") or {}).get("resourceVersion")
+        if version:
+            patch["metadata"]["resourceVersion"] = version
     return patch
 
 

@@ -639,17 +639,34 @@ class Syncer:
             log.info("node=%s slurm work reported: %s jobs=%s", name, new.state, list(new.jobs))
 
     async def _keep_taint(self, name: str) -> None:
-        node = self.nodes.get(name)
-        if node is None or self.settings.dry_run:
+        """Our taint as the node wants it, written over the taints the Node has *now*: the
+        patch is guarded by the ``resourceVersion`` it was computed from (kn.taint_patch),
+        and a 409 (the Node changed: someone added a taint) reads it again and computes
+        again, a few times, rather than writing over what it did not see."""
+        cached = self.nodes.get(name)
+        if cached is None or self.settings.dry_run:
             return
-        if kn.lent_to(node) is not None:
-            want: str | None = kn.LENT
-        else:
-            want = kn.HELD if self.settings.hold_taint else None
-        patch = kn.taint_patch(node, want)
-        if patch is not None:
-            await self.patch_node(name, patch)
-            node.setdefault("spec", {})["taints"] = patch["spec"]["taints"]
+        node: Mapping[str, Any] = cached
+        tries = 3
+        for _ in range(tries):
+            if kn.lent_to(node) is not None:
+                want: str | None = kn.LENT
+            else:
+                want = kn.HELD if self.settings.hold_taint else None
+            patch = kn.taint_patch(node, want)
+            if patch is None:
+                return
+            try:
+                await self.patch_node(name, patch)
+            except ApiError as e:
+                if e.status != 409:  # kubeapi.Conflict: the Node changed since it was read
+                    raise
+                log.info("node=%s changed before our taint was written: read again", name)
+                node = await self.kube.get(NODES, name)
+                continue
+            cached.setdefault("spec", {})["taints"] = patch["spec"]["taints"]
+            return
+        log.warning("node=%s taint not written: the Node kept changing (%d tries)", name, tries)
 
     async def _requeue(
         self, name: str, kube: slurm_sync.KubeView, view: slurm_sync.SlurmView
