@@ -27,7 +27,7 @@ import httpx
 import yaml
 from waiting import wait_for
 
-from gpufleet.domain import conditions, enrollment, node_reports, well_known
+from gpufleet.domain import agent_requests, conditions, enrollment, node_reports, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.policy import Detection, default_policy
 from gpufleet.domain.records import NodeRecord, record_from_json
@@ -133,12 +133,22 @@ def report_fault(api: Api, node: str, number: int, subsystem: Subsystem = Subsys
 
 
 def answer_request(api: Api, node: str, passed: bool, detail: str = "") -> str:
-    """Answer the agent request on the Node (as the agent would); returns its kind."""
-    value = (api.node(node)["metadata"].get("annotations") or {}).get(
-        well_known.ANNOTATION_AGENT_REQUEST
-    )
-    request = conditions.decode_request(value)
-    assert request is not None, f"{node} has no agent request"
+    """Answer the agent request the node's record asks for now (as the agent would);
+    returns its kind. A GPU reset or a command is written by the gate only once the node
+    is proven empty, a moment after the record: waited for (bounded)."""
+
+    def current() -> conditions.AgentRequest | None:
+        body = api.node(node)
+        value = (body["metadata"].get("annotations") or {}).get(well_known.ANNOTATION_AGENT_REQUEST)
+        request = conditions.decode_request(value)
+        record = api.record(node)
+        wanted = agent_requests.request_id(record) if record is not None else None
+        return request if request is not None and request.id == wanted else None
+
+    try:
+        request = wait_for(f"{node}'s agent request", current, timeout=30)
+    except AssertionError:
+        raise AssertionError(f"{node} has no agent request") from None
     api.set_condition(
         node, conditions.AgentResult(request.id, passed, detail or request.kind).condition()
     )
@@ -252,13 +262,18 @@ def prepare_fleet(api: Api, info: Any) -> None:
         add_bmc_secret(api, node, bmc.url, bmc.user, bmc.password)
 
 
-def policy_spec(**changes: Any) -> dict[str, Any]:
-    """The default policy as a FleetPolicy spec, with short timeouts for tests."""
+def policy_spec(*, slurm: str = "never", **changes: Any) -> dict[str, Any]:
+    """The default policy as a FleetPolicy spec, with short timeouts for tests.
+
+    ``slurm`` is ``drain.slurm``: a module that runs no syncer says no Slurm has to
+    confirm its nodes empty (``never``: otherwise each drain waits for Slurm's word
+    forever, docs/decisions/0146); a module with a syncer passes ``auto``."""
     spec: dict[str, Any] = default_policy().model_dump(by_alias=True, mode="json")
     for entry in spec["ladder"]:
         entry["timeoutSeconds"] = 120
     spec["checks"]["verificationTimeoutSeconds"] = 120
     spec["drain"]["timeoutSeconds"] = 30
+    spec["drain"]["slurm"] = slurm
     spec.update(changes)
     return spec
 
@@ -295,8 +310,9 @@ class ControllerProcess:
         log_dir: Path,
         *,
         policy: str,
-        peering: str = "",
-        priority: int = 0,
+        lease: str = "",
+        lease_duration: float = 8.0,
+        identity: str = "",
         wait_policy: bool = True,
         extra_args: tuple[str, ...] = (),
     ) -> None:
@@ -306,8 +322,11 @@ class ControllerProcess:
         self.policy = policy
         self.port = free_port()
         self.log = log_dir / f"controller-{policy}-{self.port}.log"
-        self.peering = peering
-        self.priority = priority
+        self.lease = lease or f"controller-{policy}"
+        """Replicas given the same lease are one controller: only its holder acts."""
+        self.lease_duration = lease_duration
+        """Short in tests, so a restarted process takes over in seconds (30 s by default)."""
+        self.identity = identity
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ControllerProcess:
@@ -324,13 +343,17 @@ class ControllerProcess:
             str(self.port),
             "--tick",
             "0.3",
-            "--peering",
-            self.peering,
+            "--lease",
+            self.lease,
+            "--lease-duration",
+            str(self.lease_duration),
+            # The emulator's OS takes seconds, not minutes, to shut down (local.redfish).
+            "--graceful-settle",
+            "20",
+            *(["--identity", self.identity] if self.identity else []),
             *(["--verbose"] if os.environ.get("GPUFLEET_CONTROLLER_DEBUG") else []),
             *self.extra_args,
         ]
-        if self.priority:
-            args += ["--priority", str(self.priority)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from controller_harness import (
     GV,
-    ROOT,
     Api,
     answer_request,
     bmc_counters,
@@ -260,53 +258,42 @@ def test_pause_and_dry_run_are_honoured(env: Any, switch: str) -> None:
     reset_node(api, node)
 
 
-def test_two_replicas_with_peering_only_one_acts(env: Any) -> None:
+def test_two_replicas_one_lease_only_the_holder_acts_and_the_other_takes_over(env: Any) -> None:
+    """One acting replica (docs/decisions/0141): two processes on one Lease; only its holder
+    acts; SIGKILLed, the other takes over once the lease ran out, and acts once."""
     info, api, logs = env
-    node = info.node_names[0]
-    reset_node(api, node)
-    for doc in yaml.safe_load_all(
-        (ROOT / "deploy/controller/peering-crd.yaml").read_text()
-        + "\n---\n"
-        + (ROOT / "deploy/controller/peering.yaml").read_text()
-    ):
-        if doc["kind"] == "CustomResourceDefinition":
-            api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc, ok=(201, 409))
-            wait_for(
-                "peering CRD served",
-                lambda: api.http.get("/apis/kopf.dev/v1/clusterkopfpeerings").status_code == 200,
-            )
-        else:
-            api.post("/apis/kopf.dev/v1/clusterkopfpeerings", doc, ok=(201, 409))
+    first, second = info.node_names[0], info.node_names[1]
+    for node in (first, second):
+        reset_node(api, node)
     put_policy(api, "ha", policy_spec())
+    before = {n: bmc_counters(info, n)["ResetCount"] for n in (first, second)}
+    leader = "gpufleet_controller_leader"
     with (
-        running(info, logs, policy="ha", peering="gpufleet", priority=200) as high,
-        running(
-            info, logs, policy="ha", peering="gpufleet", priority=100, wait_policy=False
-        ) as low,
+        running(info, logs, policy="ha", lease="ha") as a,
+        running(info, logs, policy="ha", lease="ha", wait_policy=False) as b,
     ):
-        # Both replicas are in the peering object before the fault: each has announced
-        # itself there, so the low-priority one has seen the other (and paused) and its
-        # silence below is a pause, not slowness.
-        def peers() -> set[int]:
-            status = api.get("/apis/kopf.dev/v1/clusterkopfpeerings/gpufleet").get("status")
-            return {p.get("priority") for p in (status or {}).values() if isinstance(p, dict)}
 
-        wait_for("both replicas in the peering", lambda: {100, 200} <= peers(), timeout=30)
-        # Being in the peering is not yet having paused: kopf stops a paused replica's
-        # daemons (OPERATOR_PAUSING), so the low one's tick counter stands still while
-        # the high one completes passes. Only then is its silence below a pause.
-        ticks = "gpufleet_controller_ticks_total"
+        def one_leader() -> tuple[Any, Any] | None:
+            states = (a.metric(leader), b.metric(leader))
+            if sorted(v or 0.0 for v in states) != [0.0, 1.0]:
+                return None
+            return (a, b) if states[0] == 1.0 else (b, a)
 
-        def low_paused() -> bool:
-            before = low.metric(ticks) or 0.0
-            high.wait_ticks(3)
-            return (low.metric(ticks) or 0.0) == before
-
-        wait_for("the low-priority replica paused", low_paused, timeout=60)
-        report_fault(api, node, 79)
-        wait_for("cordon", lambda: api.node(node)["spec"].get("unschedulable"), timeout=15)
-        wait_for("verifying", lambda: api.state(node) == "verifying")
+        holder, standby = wait_for("one replica holds the lease", one_leader, timeout=30)
+        report_fault(api, first, 79)
+        wait_for("verifying", lambda: api.state(first) == "verifying", timeout=60)
         acted = 'gpufleet_actions_total{action="cordon",result="ok"}'
-        assert high.metric(acted) == 1
-        assert not low.metric(acted)
-    reset_node(api, node)
+        assert holder.metric(acted) == 1
+        assert not standby.metric(acted)
+        answer_request(api, first, passed=True)
+        wait_for("production", lambda: api.state(first) == "production")
+        holder.kill()  # no release: the standby waits for the lease to run out
+        wait_for("the standby took over", lambda: standby.metric(leader) == 1.0, timeout=30)
+        report_fault(api, second, 79)
+        wait_for("verifying", lambda: api.state(second) == "verifying", timeout=60)
+        answer_request(api, second, passed=True)
+        wait_for("production", lambda: api.state(second) == "production")
+    after = {n: bmc_counters(info, n)["ResetCount"] for n in (first, second)}
+    assert after == {n: before[n] + 1 for n in before}  # one reset each, by one replica
+    for node in (first, second):
+        reset_node(api, node)

@@ -112,7 +112,7 @@ def test_a_reimage_rollout_respects_budget_and_racks_and_waits_for_the_slurm_job
 ) -> None:
     info, api, slurm, logs = env
     nodes = list(info.node_names[:4])
-    spec = policy_spec()
+    spec = policy_spec(slurm="auto")
     spec["safety"]["budget"] = {"maxNodes": 2, "maxPercent": 100, "minNodes": 2}
     put_policy(api, "maintenance", spec)
     before = {n: resets(info, n) for n in nodes}
@@ -191,7 +191,7 @@ def test_a_reimage_rollout_respects_budget_and_racks_and_waits_for_the_slurm_job
 def test_a_plan_pauses_resumes_and_stops_itself_after_max_failures(env: Any) -> None:
     info, api, _, logs = env
     nodes = list(info.node_names[:4])
-    spec = policy_spec()
+    spec = policy_spec(slurm="auto")
     spec["safety"]["budget"] = {"maxNodes": 1, "maxPercent": 100, "minNodes": 1}
     put_policy(api, "maintenance-stop", spec)
     with running(info, logs, policy="maintenance-stop") as ctl:

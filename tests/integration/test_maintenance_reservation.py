@@ -102,7 +102,7 @@ def test_the_window_is_a_slurm_reservation_that_shrinks_and_goes(env: Any) -> No
         "scontrol", "create", "reservation", f"ReservationName={FOREIGN}", "StartTime=now+4hours",
         "Duration=60", f"Nodes={other}", "Users=root",
     )  # fmt: skip
-    spec = policy_spec()
+    spec = policy_spec(slurm="auto")
     spec["safety"]["budget"] = {"maxNodes": 2, "maxPercent": 100, "minNodes": 2}
     put_policy(api, "window", spec)
     start = time.time() + 3600

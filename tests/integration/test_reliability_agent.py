@@ -201,31 +201,48 @@ def test_a_controller_issued_gpu_reset_on_an_empty_node_is_carried_out(env: Any)
     reset_node(api, node)
 
 
-def test_a_legitimate_gpu_reset_waits_while_a_pod_runs_on_the_node(env: Any) -> None:
+def test_a_gpu_reset_refused_for_a_pod_that_landed_drains_the_node_again_never_escalates(
+    env: Any,
+) -> None:
+    """The gate wrote the request once the node was proven empty; a pod lands after it;
+    the agent refuses (decision 0074). The refusal sends the node back to draining (the pod
+    is evicted), never up the ladder; the reset is asked again and carried out once."""
     info, api, logs = env
     node = "guard-busy"
     put_policy(api, "agent-guard-busy", policy_spec())
     with running(info, logs, policy="agent-guard-busy"):
         report_fault(api, node, 48, Subsystem.GPU)  # as the agent would report it
         wait_for("remediating", lambda: api.state(node) == "remediating", timeout=30)
-        value = api.node(node)["metadata"]["annotations"][well_known.ANNOTATION_AGENT_REQUEST]
+        value = wait_for(
+            "the gate's request",
+            lambda: (api.node(node)["metadata"].get("annotations") or {}).get(
+                well_known.ANNOTATION_AGENT_REQUEST
+            ),
+            timeout=30,
+        )
         assert json.loads(value)["node"] == node  # the controller bound it
-        start_pod(api, node, "late-job")  # work lands on the node after the drain
+        start_pod(api, node, "late-job")  # work lands on the node after the proof
         with RunningAgent(info, node).started() as a:
-            wait_for(
-                "refusal",
-                lambda: refused(api, node),
-                timeout=15,
-            )
+            wait_for("refusal", lambda: refused(api, node), timeout=15)
             msg = refused(api, node)
             assert f"the node has work: 1 pod(s) run on the node ({NS}/late-job)" in msg
             events = wait_for("RequestRefused Event", lambda: refusal_events(api, node))
             assert "late-job" in events[0]["message"]
-            time.sleep(2.5)  # two retries while the pod is still there: still refused
-            assert a.hw.resets == 0 and api.state(node) == "remediating"
-            api.delete(f"/api/v1/namespaces/{NS}/pods/late-job?gracePeriodSeconds=0")
-            wait_for("GPU reset once the node is empty", lambda: a.hw.resets == 1, timeout=30)
-            wait_for("verifying", lambda: api.state(node) != "remediating", timeout=30)
+            wait_for(
+                "the pod evicted by the new drain",
+                lambda: api.http.get(f"/api/v1/namespaces/{NS}/pods/late-job").status_code == 404,
+                timeout=60,
+            )
+            wait_for("GPU reset once the node is empty", lambda: a.hw.resets == 1, timeout=60)
+            wait_for("verifying", lambda: api.state(node) == "verifying", timeout=30)
             assert a.hw.resets == 1
+        record = api.record(node)
+        assert record is not None and record.incident is not None
+        tried = [
+            (t.step.value, t.outcome.value if t.outcome else None) for t in record.incident.tried
+        ]
+        assert tried == [("gpu-reset", "refused"), ("gpu-reset", "succeeded")]  # no reboot
+        drained_again = [h for h in record.history if h.trigger.value == "work-found"]
+        assert len(drained_again) == 1
     print(f"refused: {msg}")
     reset_node(api, node)

@@ -105,7 +105,7 @@ def finish_verification(api: Api, node: str) -> None:
 def test_let_finish_rule_waits_for_the_slurm_job_before_the_reboot(env: Any, syncer: Any) -> None:
     info, api, slurm, logs = env
     node = info.node_names[0]
-    spec = policy_spec()
+    spec = policy_spec(slurm="auto")
     rules = [r for r in spec["rules"] if r["match"].get("xid") != 79]
     rules.insert(0, {"match": {"xid": 79}, "action": "reboot", "requeue": "let-finish"})
     spec["rules"] = rules
@@ -165,7 +165,7 @@ def test_slurmctld_down_no_reboot_until_slurm_confirms_then_requeue_first(
 def test_held_fault_survives_its_condition_clearing_and_is_repaired_later(env: Any) -> None:
     info, api, _, logs = env
     first, second = info.node_names[2], info.node_names[3]
-    spec = policy_spec()
+    spec = policy_spec()  # no syncer in this test: Kubernetes alone says the nodes are empty
     spec["safety"]["budget"] = {"maxNodes": 1, "maxPercent": 100, "minNodes": 1}
     put_policy(api, "budget-one", spec)
     before = resets(info, second)
@@ -234,7 +234,7 @@ def _fault_while_slurm_is_out(
     """XID 79 while Slurm cannot be asked: cordoned, nothing rebooted, "failing closed";
     once ``restore`` brings Slurm back: drain, requeue, then exactly one reboot."""
     info, api, slurm, logs = env
-    put_policy(api, policy, policy_spec())
+    put_policy(api, policy, policy_spec(slurm="auto"))
     before = resets(info, node)
     with running(info, logs, policy=policy):
         report_fault(api, node, 79)

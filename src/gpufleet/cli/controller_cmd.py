@@ -53,6 +53,14 @@ def controller(
         str,
         typer.Option(help="This replica's name in the Lease; default: host name + random."),
     ] = "",
+    graceful_settle: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Seconds a GracefulRestart whose answer was lost is given to show (the OS"
+            " shuts down first); nothing else is posted for that attempt meanwhile.",
+        ),
+    ] = 300.0,
     key_secret: Annotated[
         str,
         typer.Option(
@@ -166,6 +174,7 @@ def controller(
         lease_duration_s=lease_duration,
         identity=identity,
         key_secret=key_secret,
+        graceful_settle_s=graceful_settle,
     )
     options = RunOptions(
         kubeconfig=kubeconfig_arg(kubeconfig),

@@ -47,6 +47,10 @@ class ControllerSettings:
     """Re-reads of a Node after a 409 before giving up until the next event."""
     bmc_retry_delays: tuple[float, ...] = redfish.RETRY_DELAYS
     """Pauses between attempts of one BMC request."""
+    graceful_settle_s: float = 300.0
+    """After a GracefulRestart whose answer was lost (or a restart in the middle), how
+    long the BMC is given to show it: the OS shuts down first, and only then does the
+    machine reset. Nothing else is posted for the attempt meanwhile (docs/decisions/0142)."""
     status_save_delay_s: float = 0.5
     """The FleetPolicy status (breaker, budget) is saved at most this often."""
     ticket_webhook: str | None = None

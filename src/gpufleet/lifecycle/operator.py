@@ -252,7 +252,9 @@ async def run(
             timeout_s=min(redfish.REQUEST_TIMEOUT_S, margin),
             retry_delays=settings.bmc_retry_delays,
         ),
-        gate_settings=GateSettings(lease_margin_s=margin),
+        gate_settings=GateSettings(
+            lease_margin_s=margin, graceful_settle_s=settings.graceful_settle_s
+        ),
     )
     registry = build_registry(ctl, leadership, options, primed=serve_metrics)
     await kopf.operator(

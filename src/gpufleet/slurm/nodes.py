@@ -27,6 +27,16 @@ def labels_of(node: Mapping[str, Any]) -> Mapping[str, str]:
     return node.get("metadata", {}).get("labels") or {}
 
 
+def addresses_of(node: Mapping[str, Any]) -> frozenset[str]:
+    """The names a Slurm node of this Node may go by: its name, host name label, addresses."""
+    meta = node.get("metadata") or {}
+    found = {str(meta.get("name") or "")}
+    found.add(str((meta.get("labels") or {}).get("kubernetes.io/hostname") or ""))
+    for a in (node.get("status") or {}).get("addresses") or []:
+        found.add(str(a.get("address") or ""))
+    return frozenset(f for f in found if f)
+
+
 def annotations_of(node: Mapping[str, Any]) -> Mapping[str, str]:
     return node.get("metadata", {}).get("annotations") or {}
 
