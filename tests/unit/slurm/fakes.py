@@ -2,9 +2,9 @@
 
 The syncer writes Nodes (strategic-merge patches) and reads Pods; this fake
 records the Node patches, answers Pod reads from ``pods`` (NotFound when there
-is none) and the lender's access reviews, refuses every write with Forbidden when ``refuse`` is set, and raises
-NotImplementedError for calls it does not model, so a test never passes because
-a call silently did nothing.
+is none) and the lender's access reviews, refuses every write with Forbidden
+when ``refuse`` is set, and raises NotImplementedError for calls it does not
+model, so a test never passes because a call silently did nothing.
 """
 
 from __future__ import annotations
