@@ -285,31 +285,39 @@ def test_placement_values_reach_every_pod() -> None:
     assert {"key": "gpufleet.io/unhealthy", "operator": "Exists"} in spec["tolerations"]
 
 
-# -- peering ----------------------------------------------------------------------------
+# -- one acting replica ------------------------------------------------------------------
 
 
-def test_controller_peering_object_and_crd_are_shipped() -> None:
+def test_controller_replicas_share_a_lease_and_no_peering_is_shipped() -> None:
+    """One acting replica (decision 0141): the replicas hold the Lease <release>-controller in
+    the release's namespace (their RBAC names it), sign records with the key Secret
+    <release>-record-key, and kopf's peering is gone."""
     docs = render("alpha", "--include-crds")
-    peering = [d for d in docs if d["kind"] == "ClusterKopfPeering"]
-    assert [p["metadata"]["name"] for p in peering] == ["alpha-gpufleet"]
+    assert not [d for d in docs if d["kind"] == "ClusterKopfPeering"]
+    assert not [d for d in docs if "kopf.dev" in d["metadata"]["name"]]
     ctl = next(
         d
         for d in docs
         if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-controller")
     )
-    args = containers(ctl)[0]["args"]
-    assert args[args.index("--peering") + 1] == "alpha-gpufleet"
+    container = containers(ctl)[0]
+    args = container["args"]
+    assert "--peering" not in args
+    assert args[args.index("--lease") + 1] == "alpha-gpufleet-controller"
+    assert args[args.index("--key-secret") + 1] == "alpha-gpufleet-record-key"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert ctl["spec"]["replicas"] == 2
-    crd = next(d for d in docs if d["metadata"]["name"] == "clusterkopfpeerings.kopf.dev")
-    plain = [
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("lease"))
+    named = {n for r in role["rules"] for n in r.get("resourceNames", [])}
+    assert named == {"alpha-gpufleet-controller", "alpha-gpufleet-record-key"}
+    vap = next(
         d
-        for d in yaml.safe_load_all((ROOT / "deploy/controller/peering-crd.yaml").read_text())
-        if d["kind"] == "CustomResourceDefinition"
-    ]
-    assert plain == [crd]
-    # The CRD is in crds/, which helm installs before any template: a first install
-    # creates the peering object without "no matches for kind ClusterKopfPeering".
-    assert (CHART / "crds/kopf.dev/clusterkopfpeerings.yaml").is_file()
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicy"
+        and d["metadata"]["name"] == "alpha-gpufleet-controller-records"
+    )
+    assert "gpufleet.io/record" in vap["spec"]["variables"][0]["expression"]
 
 
 # -- secrets ----------------------------------------------------------------------------

@@ -216,7 +216,16 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("controller", "patch", "maintenanceplans.gpufleet.io/status", "", "", True),
     ("controller", "patch", "maintenanceplans.gpufleet.io", "", "", False),
     ("controller", "delete", "maintenanceplans.gpufleet.io", "", "", False),
-    ("controller", "patch", "clusterkopfpeerings.kopf.dev", "", "", True),
+    # its Lease (one acting replica) and its record signing key, in its own namespace only
+    ("controller", "create", "leases.coordination.k8s.io", NS, "", True),
+    ("controller", "patch", "leases.coordination.k8s.io", NS, f"{FULL}-controller", True),
+    ("controller", "patch", "leases.coordination.k8s.io", NS, "kube-scheduler", False),
+    ("controller", "patch", "leases.coordination.k8s.io", "kube-system", "", False),
+    ("controller", "get", "secrets", NS, f"{FULL}-record-key", True),
+    ("controller", "create", "secrets", NS, "", True),
+    ("controller", "get", "secrets", NS, "another-secret", False),
+    ("agent", "get", "secrets", NS, f"{FULL}-record-key", False),
+    ("slurm-syncer", "get", "secrets", NS, f"{FULL}-record-key", False),
     ("controller", "get", "secrets", BMC_NS, "node-0-bmc", True),
     ("controller", "list", "secrets", BMC_NS, "", False),
     ("controller", "get", "secrets", NS, JWT, False),
@@ -416,6 +425,65 @@ def test_agent_changes_only_its_own_node(
     assert r.status_code == 200 and any(
         p["metadata"]["name"] == "agent-probe" for p in r.json()["items"]
     )
+
+
+def test_only_the_controller_writes_a_nodes_record_mark_and_request(
+    local_cluster: ClusterInfo, admin: Client, agent_token: tuple[str, str]
+) -> None:
+    """Defect 2 of issue 33: the record, the write-ahead mark and the agent request (and
+    their signatures) are written by the controller's account alone (decision 0144). The
+    syncer's account may patch Nodes (its taint) and the admin may patch anything: neither
+    may change these keys; the controller may."""
+    node = local_cluster.node_names[1]
+    token, own = agent_token
+    keys = (
+        "gpufleet.io/record",
+        "gpufleet.io/record-signature",
+        "gpufleet.io/bmc-action",
+        "gpufleet.io/bmc-action-signature",
+        "gpufleet.io/agent-request",
+    )
+    syncer = Client(local_cluster, user=SA["slurm-syncer"])
+    controller = Client(local_cluster, user=SA["controller"])
+    agent = Client(local_cluster, token=token)
+
+    def forged(key: str) -> dict[str, Any]:
+        return {"metadata": {"annotations": {key: '{"forged": true}'}}}
+
+    def refused(who: Client, path: str, key: str) -> bool:
+        r = who.request("PATCH", path, forged(key), kind="merge")
+        return r.status_code == 403 and "only the gpufleet lifecycle controller" in r.text
+
+    eventually(
+        lambda: refused(syncer, f"/api/v1/nodes/{node}", keys[0]),
+        "the controller-records admission policy",
+    )
+    for key in keys:
+        assert refused(syncer, f"/api/v1/nodes/{node}", key), key
+        assert refused(admin, f"/api/v1/nodes/{node}", key), key
+        assert (
+            refused(agent, f"/api/v1/nodes/{own}/status", key)
+            or (
+                agent.request("PATCH", f"/api/v1/nodes/{own}/status", forged(key), kind="merge")
+            ).status_code
+            == 403
+        ), key
+    # The syncer's own write (an annotation of its own) still goes through.
+    r = syncer.request(
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        {"metadata": {"annotations": {"gpufleet.io/slurm-state": "rbac-test"}}},
+        kind="merge",
+    )
+    assert r.status_code == 200, r.text
+    # The controller writes and removes them.
+    for key in keys:
+        r = controller.request("PATCH", f"/api/v1/nodes/{node}", forged(key), kind="merge")
+        assert r.status_code == 200, (key, r.text)
+    gone = {"metadata": {"annotations": {k: None for k in (*keys, "gpufleet.io/slurm-state")}}}
+    r = controller.request("PATCH", f"/api/v1/nodes/{node}", gone, kind="merge")
+    assert r.status_code == 200, r.text
+    assert not set(keys) & set(r.json()["metadata"].get("annotations") or {})
 
 
 def test_agent_token_without_a_node_is_refused(

@@ -75,7 +75,8 @@ def test_a_repaired_node_waits_as_a_spare_and_is_promoted_when_a_fault_takes_ano
 ) -> None:
     info, api, slurm, logs = env
     spare, other = info.node_names[0], info.node_names[1]
-    put_policy(api, "spares", policy_spec(slurm="auto", spares={"percent": 0, "minNodes": 1, "maxNodes": 1}))
+    spares = {"percent": 0, "minNodes": 1, "maxNodes": 1}
+    put_policy(api, "spares", policy_spec(slurm="auto", spares=spares))
     with running(info, logs, policy="spares"):
         _repair(api, spare)
         record = api.record(spare)

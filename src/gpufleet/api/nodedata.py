@@ -137,6 +137,13 @@ def read_record(body: Mapping[str, Any], keys: Sequence[SigningKey] = ()) -> Sto
     return StoredRecord(record, trust, problem)
 
 
+def trusted_record(body: Mapping[str, Any]) -> NodeRecord | None:
+    """The record, for a reader without the key (agent, syncer, CLI, demo): None when absent,
+    unreadable, or naming another node."""
+    stored = read_record(body)
+    return stored.record if stored.trusted else None
+
+
 def record_annotations(record: NodeRecord, key: SigningKey) -> dict[str, str]:
     """The record and its signature, to be written together in one patch."""
     text = record_to_json(record)

@@ -61,6 +61,15 @@ def controller(
             " shuts down first); nothing else is posted for that attempt meanwhile.",
         ),
     ] = 300.0,
+    lease_namespace: Annotated[
+        str | None,
+        typer.Option(
+            envvar="POD_NAMESPACE",
+            show_envvar=True,
+            help="Namespace of the Lease and the signing key Secret (the chart: the"
+            " release's); default: --namespace.",
+        ),
+    ] = None,
     key_secret: Annotated[
         str,
         typer.Option(
@@ -122,6 +131,11 @@ def controller(
 ) -> None:
     """Run the lifecycle controller: faults -> cordon, drain, remediation ladder, verification.
 
+    Replicas share a Lease (--lease): only its holder decides and acts; another takes
+    over --lease-duration seconds after the holder stopped renewing (at once if it let
+    go). Every disruptive act goes through the gate: a fresh proof that the node is
+    empty, the rails, a compare-and-swap mark (docs/decisions/0139, 0141).
+
     With --ticket-webhook, a node that reaches triage or rma gets an evidence bundle
     (a ConfigMap) and a ticket opened through the webhook, retried until acknowledged;
     ``gpufleet machines rearm`` closes it (docs/operations.md, "RMA tickets").
@@ -131,6 +145,8 @@ def controller(
         gpufleet controller --kubeconfig ~/.kube/config --policy-name default --metrics-port 29441
 
         gpufleet controller --node-selector nvidia.com/gpu.present=true
+
+        gpufleet controller --lease gpufleet-controller --lease-namespace gpufleet-system
 
         gpufleet controller --bmc-address-map 10.0.0.5=192.168.100.5
 
@@ -174,6 +190,8 @@ def controller(
         lease_duration_s=lease_duration,
         identity=identity,
         key_secret=key_secret,
+        key_namespace=lease_namespace,
+        lease_namespace=lease_namespace,
         graceful_settle_s=graceful_settle,
     )
     options = RunOptions(

@@ -19,11 +19,12 @@ from typing import Any
 import httpx
 import yaml
 
+from gpufleet.api import nodedata
 from gpufleet.demo import job, kube, policy
 from gpufleet.demo.fleet import Fleet
 from gpufleet.demo.observe import Entry
 from gpufleet.demo.timeline import StepMissed, Timeline
-from gpufleet.domain import enrollment, records, well_known
+from gpufleet.domain import enrollment, well_known
 from gpufleet.kubeapi.errors import ApiError
 from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local import kube as local_kube
@@ -315,14 +316,8 @@ def _held_faults(ctx: Ctx) -> list[str]:
     """Nodes whose record keeps a held fault (read from the Nodes, not assumed)."""
     held = []
     for node in kube.nodes(ctx.fleet.api):
-        text = (node["metadata"].get("annotations") or {}).get(well_known.ANNOTATION_RECORD)
-        if not text:
-            continue
-        try:
-            record = records.record_from_json(text)
-        except ValueError:
-            continue
-        if record.pending is not None:
+        record = nodedata.trusted_record(node)
+        if record is not None and record.pending is not None:
             held.append(record.name)
     return sorted(held)
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.domain import well_known as wk
-from gpufleet.domain.records import record_from_json
 from gpufleet.domain.states import NodeState
 
 LABELS = (
@@ -32,6 +31,8 @@ LABELS = (
 
 ANNOTATIONS = (
     wk.ANNOTATION_RECORD,
+    wk.ANNOTATION_RECORD_SIGNATURE,
+    wk.ANNOTATION_SLURM_PROBE,
     wk.ANNOTATION_REASON,
     wk.ANNOTATION_CORDONED,
     wk.ANNOTATION_REMEDIATION,
@@ -61,7 +62,11 @@ CONDITIONS = (
 )
 """Node condition types gpufleet writes (the kubelet never removes another's)."""
 
-HELD_ANNOTATIONS = (wk.ANNOTATION_BMC_ACTION, wk.ANNOTATION_RMA_TICKET)
+HELD_ANNOTATIONS = (
+    wk.ANNOTATION_BMC_ACTION,
+    wk.ANNOTATION_BMC_ACTION_SIGNATURE,
+    wk.ANNOTATION_RMA_TICKET,
+)
 """A power action in flight, a ticket with people: the Node is held whatever its state."""
 
 IN_SERVICE = frozenset({NodeState.PRODUCTION})
@@ -80,19 +85,28 @@ class Cleanup:
     """What the patches take off, for the report (``label gpufleet.io/state``, ``cordon``)."""
 
 
-def state_of(node: dict[str, Any]) -> NodeState | None:
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What the Node's lifecycle record says, as ``api.nodedata`` read it (the one codec of
+    gpufleet's data on a Node): its state, or that it cannot be read."""
+
+    state: NodeState | None = None
+    unreadable: bool = False
+
+
+def state_of(node: dict[str, Any], recorded: Recorded) -> NodeState | None:
     """The Node's gpufleet state: its record's, else its label's; None when neither
     says (a Node gpufleet never took on). Raises ValueError when what is there
     cannot be read."""
-    meta = node.get("metadata") or {}
-    raw = (meta.get("annotations") or {}).get(wk.ANNOTATION_RECORD)
-    if raw:
-        return record_from_json(raw).state
-    label = (meta.get("labels") or {}).get(wk.LABEL_STATE)
+    if recorded.unreadable:
+        raise ValueError("the record cannot be read")
+    if recorded.state is not None:
+        return recorded.state
+    label = ((node.get("metadata") or {}).get("labels") or {}).get(wk.LABEL_STATE)
     return None if label is None else NodeState(label)
 
 
-def why_kept(node: dict[str, Any]) -> str | None:
+def why_kept(node: dict[str, Any], recorded: Recorded) -> str | None:
     """Why ``node`` must keep gpufleet's marks (None: it may be released)."""
     meta = node.get("metadata") or {}
     annotations = meta.get("annotations") or {}
@@ -100,7 +114,7 @@ def why_kept(node: dict[str, Any]) -> str | None:
         if annotations.get(key):
             return f"{key} is set (a power action or an RMA ticket is in flight)"
     try:
-        state = state_of(node)
+        state = state_of(node, recorded)
     except ValueError:
         return "its gpufleet state cannot be read (failing closed)"
     if state is not None and state not in IN_SERVICE and _holds(node):
@@ -126,11 +140,11 @@ def _holds(node: dict[str, Any]) -> bool:
     return any(t.get("key") in wk.OWNED_TAINTS for t in spec.get("taints") or [])
 
 
-def cleanup(node: dict[str, Any]) -> Cleanup:
+def cleanup(node: dict[str, Any], recorded: Recorded) -> Cleanup:
     """The patches that remove gpufleet from ``node``, or why it is kept."""
     meta = node.get("metadata") or {}
     name = str(meta.get("name", ""))
-    kept = why_kept(node)
+    kept = why_kept(node, recorded)
     if kept is not None:
         return Cleanup(name, kept=kept)
     labels = meta.get("labels") or {}

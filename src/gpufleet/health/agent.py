@@ -51,6 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from gpufleet.api import nodedata
 from gpufleet.domain import (
     agent_requests,
     conditions,
@@ -64,7 +65,7 @@ from gpufleet.domain.faults import FaultEvent, Subsystem
 from gpufleet.domain.maintenance import DEFAULT_COMMAND_TIMEOUT_S
 from gpufleet.domain.policy import Detection, Policy, Response
 from gpufleet.domain.profiles import SkuProfile
-from gpufleet.domain.records import NodeRecord, Occurrence, record_from_json
+from gpufleet.domain.records import NodeRecord, Occurrence
 from gpufleet.health import checks, maintenance_commands, sysfs
 from gpufleet.health.fleet_policy import FleetPolicyFollower, fail_closed_detection
 from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
@@ -586,7 +587,9 @@ class Agent:
         except Exception as exc:
             return f"the Node could not be read ({exc}); failing closed", True
         annotations = (body.get("metadata") or {}).get("annotations") or {}
-        record = _record(annotations.get(well_known.ANNOTATION_RECORD))
+        # The codec cannot verify the record's signature here (only the controller holds the
+        # key): the admission policy lets only the controller's account write it (0144).
+        record = nodedata.trusted_record(body)
         why = agent_requests.refusal(req, self.node, record)
         if why is not None:
             return why, False
@@ -792,16 +795,6 @@ def request_view(node: dict[str, Any]) -> tuple[str | None, str | None]:
     # A refusal answers nothing: the request is judged again when the node changes.
     answered = found.id if found is not None and found.outcome != "refused" else None
     return annotation, answered
-
-
-def _record(text: str | None) -> NodeRecord | None:
-    """The node's lifecycle record, or None when absent or unreadable (refuses every request)."""
-    if not text:
-        return None
-    try:
-        return record_from_json(text)
-    except ValueError:
-        return None
 
 
 def _window(policy: Policy) -> float:

@@ -17,9 +17,9 @@ extra round trip, which is what makes sub-second cordons possible.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -35,8 +35,8 @@ from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
 from gpufleet.lifecycle import crds
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
 from gpufleet.lifecycle.leadership import Leadership, default_identity
-from gpufleet.remediate import redfish
 from gpufleet.lifecycle.metrics import Metrics
+from gpufleet.remediate import redfish
 
 log = logging.getLogger("gpufleet.controller")
 

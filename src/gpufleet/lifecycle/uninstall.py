@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.api import nodedata
 from gpufleet.domain import uninstall
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.kubeapi.client import KubeApi
@@ -118,7 +119,7 @@ async def release_nodes(
     for node in (await client.list(NODES, label_selector=selector)).items:
         name = node["metadata"]["name"]
         for _attempt in range(CONFLICT_RETRIES):
-            plan = uninstall.cleanup(node)
+            plan = uninstall.cleanup(node, recorded(node))
             if plan.kept is not None:
                 report.kept[name] = plan.kept
                 progress(f"node {name}: kept as it is ({plan.kept})")
@@ -163,3 +164,12 @@ async def _tell(client: KubeApi, node: Json, why: str) -> None:
         first=rfc3339(time.time()),
     )
     await client.create_event("default", event)
+
+
+def recorded(node: dict[str, Any]) -> uninstall.Recorded:
+    """What the Node's record says, read by the one codec (signature not checked: the
+    cleanup only reads the state to decide whether to keep the Node as it is)."""
+    stored = nodedata.read_record(node)
+    if stored.trust is nodedata.Trust.UNREADABLE:
+        return uninstall.Recorded(unreadable=True)
+    return uninstall.Recorded(state=stored.record.state if stored.record else None)

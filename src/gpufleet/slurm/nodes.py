@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.api import nodedata
 from gpufleet.domain import conditions as node_conditions
 from gpufleet.domain import records, slurm_sync, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
@@ -70,14 +71,8 @@ def _state(node: Mapping[str, Any]) -> NodeState | None:
 
 def _incident(node: Mapping[str, Any]) -> records.Incident | None:
     """The lifecycle record's open incident, if the Node carries a readable record."""
-    text = annotations_of(node).get(well_known.ANNOTATION_RECORD)
-    if not text:
-        return None
-    try:
-        record = records.record_from_json(text)
-    except (ValueError, TypeError):
-        return None
-    return record.incident
+    record = nodedata.trusted_record(node)
+    return record.incident if record is not None else None
 
 
 def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:

@@ -206,9 +206,9 @@ class Syncer:
         self._unresponsive_since: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending: dict[str, _Write] = {}
-        self._read_before_drain: set[str] = set()
-        """Nodes drained by this syncer whose Slurm state has not been read since: their
-        work is not reported idle from the read taken before the drain (defect 5)."""
+        self._drained_at: dict[str, float] = {}
+        """Nodes this syncer drained (monotonic time of the drain) that no poll has read
+        since: their work is not reported from the read taken before the drain (defect 5)."""
         self._probed: dict[str, str] = {}
         """Per node, the id of the last gate probe answered (each is answered once)."""
         self._writer: asyncio.Future[None] | None = None
@@ -336,6 +336,7 @@ class Syncer:
         if jobs is not self.jobs:
             self.jobs = jobs  # re-indexes the jobs by node
         self._view_current_at = began
+        self._drained_at = {n: t for n, t in self._drained_at.items() if t >= started}
         if full:
             self._last_full_read = started
         m.poll_seconds.labels(result="ok").observe(self.clock.monotonic() - started)
@@ -527,7 +528,7 @@ class Syncer:
                 m.drains.inc()
                 view = replace(view, flags=view.flags | {"DRAIN"}, reason=reason)
                 # Read before the drain: a job allocated in between is not in it.
-                self._read_before_drain.add(name)
+                self._drained_at[name] = acted
             else:
                 self.stats.resumes += 1
                 m.resumes.inc()
@@ -627,18 +628,11 @@ class Syncer:
                 )
                 annotations.pop(well_known.ANNOTATION_SLURM_WORK, None)
             return
-        if name in self._read_before_drain:
-            # Defect 5: the state below came from a read taken before our DRAIN; a job
-            # allocated between that read and the drain would be invisible in it. Read the
-            # node again now that the drain is in place (allocated/mixed if a job came).
-            after = await self.rest.node(name)
-            self._read_before_drain.discard(name)
-            if after is None:
-                return
-            view = after
-            if self.slurm is not None:
-                self.slurm[name] = after
-                self.view_changed()
+        if name in self._drained_at:
+            # Defect 5: the view came from a read taken before our DRAIN; a job allocated
+            # between that read and the drain would be invisible in it. No report until a
+            # poll that began after the drain has read the node (allocated if a job came).
+            return
         new = emptiness.work_report(
             view.label,
             (j.job_id for j in self.jobs_on(name)),

@@ -8,6 +8,11 @@ from gpufleet.domain import uninstall
 from gpufleet.domain import well_known as wk
 from gpufleet.domain.records import NodeRecord, record_to_json
 from gpufleet.domain.states import NodeState
+from gpufleet.lifecycle.uninstall import recorded
+
+
+def plan_of(node: dict[str, Any]) -> uninstall.Cleanup:
+    return uninstall.cleanup(node, recorded(node))
 
 
 def node(
@@ -51,7 +56,7 @@ def test_a_production_node_loses_our_marks_and_keeps_its_identity_and_others() -
             {"type": "GpuProblem", "status": "False"},
         ],
     )
-    plan = uninstall.cleanup(n)
+    plan = plan_of(n)
     assert plan.kept is None and plan.patch is not None
     meta = plan.patch["metadata"]
     assert meta["labels"] == {wk.LABEL_STATE: None}  # the pool stays
@@ -68,17 +73,17 @@ def test_a_production_node_loses_our_marks_and_keeps_its_identity_and_others() -
 
 
 def test_our_cordon_is_lifted_and_anothers_is_not() -> None:
-    ours = uninstall.cleanup(node(cordoned_by_us=True))
+    ours = plan_of(node(cordoned_by_us=True))
     assert ours.patch is not None and ours.patch["spec"]["unschedulable"] is None
     assert "cordon" in ours.removed
-    theirs = uninstall.cleanup(node(cordoned=True))
+    theirs = plan_of(node(cordoned=True))
     assert theirs.patch is not None and "spec" not in theirs.patch
     assert "cordon" not in theirs.removed
 
 
 def test_a_node_held_out_of_service_is_kept_whole_with_why() -> None:
     for state in ("remediating", "draining", "burn-in", "verifying", "triage", "rma"):
-        plan = uninstall.cleanup(
+        plan = plan_of(
             node(
                 state,
                 cordoned_by_us=True,
@@ -88,22 +93,22 @@ def test_a_node_held_out_of_service_is_kept_whole_with_why() -> None:
         )
         assert plan.patch is None and plan.status_patch is None
         assert plan.kept is not None and plan.kept.startswith(f"state {state}")
-    held = uninstall.cleanup(node(taints=[{"key": wk.TAINT_UNHEALTHY, "effect": "NoSchedule"}]))
+    held = plan_of(node(taints=[{"key": wk.TAINT_UNHEALTHY, "effect": "NoSchedule"}]))
     assert held.kept == f"taint {wk.TAINT_UNHEALTHY} is set"
 
 
 def test_a_power_action_in_flight_or_an_unreadable_record_keeps_the_node() -> None:
     inflight = node(annotations={wk.ANNOTATION_BMC_ACTION: '{"step": "reboot"}'})
-    assert uninstall.cleanup(inflight).kept is not None
+    assert plan_of(inflight).kept is not None
     broken = node(annotations={wk.ANNOTATION_RECORD: "{not json"})
-    assert uninstall.cleanup(broken).kept == "its gpufleet state cannot be read (failing closed)"
+    assert plan_of(broken).kept == "its gpufleet state cannot be read (failing closed)"
     unknown_state = node(None)
     unknown_state["metadata"]["labels"][wk.LABEL_STATE] = "sideways"
-    assert uninstall.cleanup(unknown_state).kept is not None
+    assert plan_of(unknown_state).kept is not None
 
 
 def test_a_node_gpufleet_never_touched_needs_nothing() -> None:
-    plan = uninstall.cleanup(node(None))
+    plan = plan_of(node(None))
     assert plan.kept is None and plan.patch is None and plan.status_patch is None
     assert plan.removed == ()
 
@@ -113,7 +118,7 @@ def test_a_machine_that_only_registered_as_provisioning_is_released() -> None:
     registration; no controller took it on (a system node): nothing holds it."""
     n = node(None)
     n["metadata"]["labels"][wk.LABEL_STATE] = "provisioning"
-    plan = uninstall.cleanup(n)
+    plan = plan_of(n)
     assert plan.kept is None and plan.removed == (f"label {wk.LABEL_STATE}",)
     taken_on = node("provisioning", taints=[{"key": wk.TAINT_UNVERIFIED, "effect": "NoSchedule"}])
-    assert uninstall.cleanup(taken_on).kept == "state provisioning"
+    assert plan_of(taken_on).kept == "state provisioning"

@@ -334,9 +334,7 @@ def test_a_gpu_reset_request_is_written_only_after_the_proof() -> None:
     g = gate(world, machine_bmc())
 
     def request() -> str | None:
-        return world.nodes[NODE]["metadata"]["annotations"].get(
-            well_known.ANNOTATION_AGENT_REQUEST
-        )
+        return world.nodes[NODE]["metadata"]["annotations"].get(well_known.ANNOTATION_AGENT_REQUEST)
 
     out = run(g.agent_request(NODE, "gpu-reset", policy=policy()))
     assert isinstance(out, Refused) and request() is None

@@ -82,20 +82,26 @@ def test_a_silent_slurm_leaves_the_probe_unanswered_and_it_is_asked_again() -> N
 
 def test_work_is_not_reported_idle_from_the_read_taken_before_our_drain() -> None:
     # Defect 5: the drain's fresh read saw the node idle; a job was allocated between that
-    # read and the DRAIN. The report must come from a read taken after the drain.
+    # read and the DRAIN. No report comes from that read; the next poll's read does.
     slurm = FakeSlurm(["n1"])
     s, kube = make(slurm, {"n1": draining("n1", 5.0)}, [])
     real_drain = slurm.drain
 
     async def drain_after_a_job_lands(target: Any, reason: str) -> None:
         slurm.views["n1"] = slurm_sync.SlurmView("allocated", frozenset(), None)
+        slurm.jobs = [
+            slurm_sync.JobView(job_id=9, priority=1, requeueable=True, nodes=frozenset({"n1"}))
+        ]
         await real_drain(target, reason)
 
     slurm.drain = drain_after_a_job_lands  # type: ignore[method-assign]
     asyncio.run(s.reconcile("n1"))
-    reports = [SlurmWork.from_annotation(t) for t in work_patches(kube)]
-    assert reports and all(r is not None and not r.empty for r in reports), reports
     assert slurm.calls and slurm.calls[0][0] == "drain"
+    assert work_patches(kube) == []  # nothing said from the read before the drain
+    assert asyncio.run(s.poll_slurm(full=True))
+    asyncio.run(s.reconcile("n1"))
+    [report] = [SlurmWork.from_annotation(t) for t in work_patches(kube)]
+    assert report is not None and not report.empty and report.jobs == ("9",)
 
 
 def test_an_unmarked_node_in_slurm_is_answered_too() -> None:

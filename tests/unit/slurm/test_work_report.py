@@ -51,7 +51,11 @@ def make(slurm: FakeSlurm, nodes: dict[str, Any], jobs: list[Any]) -> tuple[Sync
 def test_report_names_jobs_and_incident_and_is_not_rewritten_unchanged() -> None:
     slurm = FakeSlurm(["n1"])
     job = slurm_sync.JobView(job_id=42, priority=1, requeueable=False, nodes=frozenset({"n1"}))
+    slurm.jobs = [job]
     s, kube = make(slurm, {"n1": draining("n1", 123.0)}, [job])
+    asyncio.run(s.reconcile("n1"))  # drains it: nothing reported from the read before that
+    assert work_patches(kube) == []
+    assert asyncio.run(s.poll_slurm(full=True))  # a read after the drain
     asyncio.run(s.reconcile("n1"))
     texts = work_patches(kube)
     assert len(texts) == 1
@@ -60,8 +64,8 @@ def test_report_names_jobs_and_incident_and_is_not_rewritten_unchanged() -> None
     assert work.drained and not work.empty  # drained, but job 42 still runs
     asyncio.run(s.reconcile("n1"))
     assert len(work_patches(kube)) == 1  # same report within the heartbeat: no write
-    s.jobs = []
-    s.slurm = dict(slurm.views)
+    slurm.jobs = []
+    assert asyncio.run(s.poll_slurm(full=True))
     asyncio.run(s.reconcile("n1"))
     last = SlurmWork.from_annotation(work_patches(kube)[-1])
     assert last is not None and last.empty
