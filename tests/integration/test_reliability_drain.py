@@ -19,13 +19,13 @@ from controller_harness import (
     answer_request,
     bmc_counters,
     policy_spec,
-    prepare_fleet,
     put_policy,
     report_fault,
     reset_node,
     running,
     wait_for,
 )
+from fleet import Fleet
 from slurm_support import RunningSyncer, Slurm
 
 from gpufleet.domain import conditions, well_known
@@ -38,20 +38,13 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def env(
-    local_cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[ClusterInfo, Api, Slurm, Path]]:
-    api = Api(local_cluster)
-    prepare_fleet(api, local_cluster)
-    slurm = Slurm(local_cluster)
-    logs = tmp_path_factory.mktemp("reliability-drain")
+def env(fleet: Fleet) -> Iterator[tuple[ClusterInfo, Api, Slurm, Path]]:
+    slurm = Slurm(fleet.info)
     try:
-        yield local_cluster, api, slurm, logs
+        yield fleet.info, fleet.api, slurm, fleet.logs
     finally:
         slurm.cancel_all()
         slurm.undrain_all()
-        for node in local_cluster.node_names:
-            reset_node(api, node)
 
 
 @pytest.fixture

@@ -14,13 +14,12 @@ from controller_harness import (
     Api,
     answer_request,
     policy_spec,
-    prepare_fleet,
     put_policy,
     report_fault,
-    reset_node,
     running,
     wait_for,
 )
+from fleet import Fleet
 from slurm_support import RunningSyncer, Slurm
 
 from gpufleet.domain import conditions, well_known
@@ -32,22 +31,17 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def env(
-    local_cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[ClusterInfo, Api, Slurm, Path]]:
-    api = Api(local_cluster)
-    prepare_fleet(api, local_cluster)
-    slurm = Slurm(local_cluster)
-    logs = tmp_path_factory.mktemp("spares")
-    syncer = RunningSyncer(local_cluster, SyncSettings(poll_interval_s=0.5)).start()
+def env(fleet: Fleet) -> Iterator[tuple[ClusterInfo, Api, Slurm, Path]]:
+    api = fleet.api
+    slurm = Slurm(fleet.info)
+    syncer = RunningSyncer(fleet.info, SyncSettings(poll_interval_s=0.5)).start()
     try:
-        yield local_cluster, api, slurm, logs
+        yield fleet.info, api, slurm, fleet.logs
     finally:
         syncer.stop()
         slurm.cancel_all()
         slurm.undrain_all()
-        for node in local_cluster.node_names:
-            reset_node(api, node)
+        for node in fleet.info.node_names:
             api.patch(
                 f"/api/v1/nodes/{node}", {"metadata": {"labels": {well_known.LABEL_SPARE: None}}}
             )
