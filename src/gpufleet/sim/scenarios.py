@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.domain.bounds import MAX_SCORE
 from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
 from gpufleet.domain.policy import Policy, load_policy
 from gpufleet.sim.model import Model, default_model
@@ -57,8 +58,9 @@ def lemon_policy_yaml(threshold: float, gpu_threshold: float, half_life_days: fl
     return text
 
 
-NO_LEMON_POLICY_YAML = lemon_policy_yaml(1e6, 1e6, 14)
-"""The default policy with lemon detection switched off."""
+NO_LEMON_POLICY_YAML = lemon_policy_yaml(MAX_SCORE, MAX_SCORE, 14)
+"""The default policy with lemon detection switched off (thresholds at the bound, which
+no score reaches: domain.bounds.MAX_SCORE)."""
 
 _SPARES = "spares:\n  percent: 1 "
 if _SPARES not in DEFAULT_POLICY_YAML:
