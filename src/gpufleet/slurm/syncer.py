@@ -643,6 +643,12 @@ class Syncer:
         fresh = old is not None and new.at - old.at < self.settings.work_heartbeat_s
         if new.same_report(old) and fresh:
             return
+        if _answer_newer(old, self._view_current_at):
+            # The gate's probe was answered from a read taken after the poll this view
+            # comes from: written over, the gate would miss its answer (and take Slurm for
+            # silent) exactly when the poll is behind (a job that came since). Kept until a
+            # poll that began after it has read the node.
+            return
         text = new.to_annotation()
         await self.patch_node(
             name, {"metadata": {"annotations": {well_known.ANNOTATION_SLURM_WORK: text}}}
@@ -926,6 +932,12 @@ def _at_rest(kube: slurm_sync.KubeView | None) -> bool:
     a heartbeat). An unknown view on either side decides nothing, every time alike; a
     NOT_RESPONDING grace period is :meth:`Syncer._in_grace`'s."""
     return not (kube is not None and kube.known and slurm_sync.out_reason(kube) is not None)
+
+
+def _answer_newer(old: emptiness.SlurmWork | None, view_at: float | None) -> bool:
+    """Whether ``old`` answers a gate's probe with a read taken after the poll that began at
+    ``view_at`` (both on this syncer's wall clock; None: no poll, so nothing is newer)."""
+    return old is not None and old.probe is not None and view_at is not None and old.at >= view_at
 
 
 def _resolve(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gpufleet.clock import ManualClock
 from gpufleet.domain import emptiness, slurm_sync, well_known
 from gpufleet.domain.emptiness import Probe, SlurmWork
 from gpufleet.slurm.syncer import Syncer
@@ -112,3 +113,42 @@ def test_an_unmarked_node_in_slurm_is_answered_too() -> None:
     [answer] = answers(kube)
     assert answer.state == "idle" and not answer.absent and answer.incident is None
     assert isinstance(s, Syncer)
+
+
+def test_an_answer_newer_than_the_last_poll_is_not_written_over_from_that_poll() -> None:
+    # The gate's probe finds a job the last poll has not seen (an admin resumed the node and
+    # a job started). The Node event of the answer reconciles the node from that poll: the
+    # answer stays, or the gate would miss it and take Slurm for silent. A poll that began
+    # after the answer may replace it.
+    clock = ManualClock()
+    slurm = FakeSlurm(["n1"])
+    s = Syncer(kube=(kube := RecordingKube()), rest=slurm, scontrol=slurm, clock=clock)
+    s.nodes, s.slurm, s.jobs = {"n1": draining("n1", 5.0)}, dict(slurm.views), []
+    asyncio.run(s.reconcile("n1"))  # drained by the syncer
+    clock.advance(1.0)
+    assert asyncio.run(s.poll_slurm(full=True))
+    asyncio.run(s.reconcile("n1"))
+    assert [w.state for w in reports(kube)] == ["idle+DRAIN"]
+    slurm.views["n1"] = slurm_sync.SlurmView(
+        "mixed", frozenset({"DRAIN"}), slurm.views["n1"].reason
+    )
+    slurm.jobs = [
+        slurm_sync.JobView(job_id=8, priority=1, requeueable=False, nodes=frozenset({"n1"}))
+    ]
+    clock.advance(1.0)
+    probed(s.nodes["n1"], "p-2")
+    asyncio.run(s.answer_probe("n1"))
+    asyncio.run(s.reconcile("n1"))  # the answer's own Node event
+    last = reports(kube)[-1]
+    assert last.probe == "p-2" and last.jobs == ("8",)
+    clock.advance(1.0)
+    slurm.views["n1"] = slurm_sync.SlurmView("idle", frozenset({"DRAIN"}), slurm.views["n1"].reason)
+    slurm.jobs = []
+    assert asyncio.run(s.poll_slurm(full=True))  # began after the answer: its word counts
+    asyncio.run(s.reconcile("n1"))
+    last = reports(kube)[-1]
+    assert last.probe is None and last.empty
+
+
+def reports(kube: RecordingKube) -> list[SlurmWork]:
+    return [w for t in work_patches(kube) if (w := SlurmWork.from_annotation(t)) is not None]
