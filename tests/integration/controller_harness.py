@@ -416,9 +416,9 @@ class ControllerProcess:
 
 @contextlib.contextmanager
 def running(info: Any, log_dir: Path, **kw: Any) -> Iterator[ControllerProcess]:
-    ctl = ControllerProcess(info, log_dir, **kw).start()
-    try:
-        yield ctl
+    ctl = ControllerProcess(info, log_dir, **kw)
+    try:  # stopped also when it never came up (an invalid policy): no process left acting
+        yield ctl.start()
     finally:
         ctl.stop()
 
