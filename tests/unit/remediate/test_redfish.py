@@ -62,6 +62,7 @@ async def _step(
     mark: ActionMark | None = None,
     timeout_s: float = 5.0,
     settle_s: float = 1.0,
+    graceful_settle_s: float = 3.0,
 ) -> str:
     async with power.RedfishPower(
         creds, name="n1", retry_delays=(0.05,), timeout_s=timeout_s
@@ -74,6 +75,7 @@ async def _step(
             expected=expected or ExpectedIdentity(node="n1"),
             mark=mark,
             settle_s=settle_s,
+            graceful_settle_s=graceful_settle_s,
             poll_s=0.1,
         )
 
@@ -91,11 +93,9 @@ def test_power_cycle_uses_the_discovered_system_and_marks_before_posting(bmc) ->
     assert mark.baseline.last_reset_time == before  # read before the POST
 
 
-def test_power_cycle_falls_back_to_force_off_and_on(bmc, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_power_cycle_falls_back_to_force_off_and_on(bmc) -> None:  # type: ignore[no-untyped-def]
     state, creds = bmc
-    monkeypatch.setattr(
-        emulator, "RESET_TYPES", tuple(t for t in emulator.RESET_TYPES if t != "PowerCycle")
-    )
+    state.reset_types = tuple(t for t in emulator.RESET_TYPES if t != "PowerCycle")
     journal = Journal()
     text = run(_step(creds, Step.POWER_CYCLE, journal=journal))
     assert "ForceOff + On" in text
@@ -113,11 +113,9 @@ def test_reboot_is_a_graceful_restart(bmc) -> None:  # type: ignore[no-untyped-d
     assert state.last_reset_type == "GracefulRestart"
 
 
-def test_reboot_falls_back_to_force_restart(bmc, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_reboot_falls_back_to_force_restart(bmc) -> None:  # type: ignore[no-untyped-def]
     state, creds = bmc
-    monkeypatch.setattr(
-        emulator, "RESET_TYPES", tuple(t for t in emulator.RESET_TYPES if t != "GracefulRestart")
-    )
+    state.reset_types = tuple(t for t in emulator.RESET_TYPES if t != "GracefulRestart")
     run(_step(creds, Step.REBOOT))
     assert state.last_reset_type == "ForceRestart"
 
@@ -182,7 +180,8 @@ def test_a_refused_reset_fails_the_step_without_a_second_post(bmc) -> None:  # t
     state, creds = bmc
     _switch(state, refuse=1)
     with pytest.raises(steps.ResetNotPerformed, match=r"HTTP 503.*not posted again"):
-        run(_step(creds, Step.REBOOT, settle_s=0.5))
+        # A GracefulRestart is given its own (longer) settle time: the OS shuts down first.
+        run(_step(creds, Step.REBOOT, settle_s=0.5, graceful_settle_s=1.0))
     assert state.reset_posts == 1 and state.reset_count == 0
     assert state.reset_posts_by_type == {"GracefulRestart": 1}  # no ForceRestart either
 
