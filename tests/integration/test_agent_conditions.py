@@ -41,14 +41,16 @@ def condition(info: Any, node: str, ctype: str) -> dict[str, Any] | None:
     return None
 
 
-def record(info: Any, node: str, ctype: str | None) -> None:
+def record(info: Any, node: str, ctype: str | None, c: dict[str, Any] | None = None) -> None:
     """What the lifecycle controller writes with the record it decided: the watermark
-    covering the condition's latest occurrence (None: remove it, as found)."""
+    covering the latest occurrence of condition ``c`` (as read; None: remove it, as found)."""
     if ctype is None:
         arg = f"{well_known.ANNOTATION_FAULTS_SEEN}-"
     else:
-        c = condition(info, node, ctype) or {}
-        faults = conditions.faults_of(node, ctype, c["status"], c["message"])
+        c = c or {}
+        faults = conditions.faults_of(node, ctype, c.get("status", ""), c.get("message", ""))
+        if not faults:
+            return
         value = json.dumps({ctype: max(f.at for f in faults)})
         arg = f"{well_known.ANNOTATION_FAULTS_SEEN}={value}"
     subprocess.run(
@@ -66,7 +68,7 @@ def cleared_once_recorded(info: Any, node: str, ctype: str) -> bool:
     with each poll until it is gone)."""
     c = condition(info, node, ctype) or {}
     if c.get("status") == "True":
-        record(info, node, ctype)
+        record(info, node, ctype, c)
         return False
     return c.get("status") == "False"
 
