@@ -148,6 +148,8 @@ class FakeBmc(Bmc):
         self.lose_answer: bool | None = None
         """None: answer every reset; True: lose the answer of a performed reset;
         False: lose the answer and do not perform it."""
+        self.performs = True
+        """False: answer a reset as accepted and never carry it out (a hung OS)."""
         self.calls: list[str] = []
 
     @property
@@ -169,7 +171,7 @@ class FakeBmc(Bmc):
         self.calls.append(f"reset {reset_type}")
         if not self.allows(reset_type):
             raise BmcRejected(self._name, f"ResetType {reset_type} is not allowed")
-        if self.lose_answer is not False:
+        if self.lose_answer is not False and self.performs:
             self.resets += 1
             self.power = "Off" if reset_type == "ForceOff" else "On"
         if self.lose_answer is not None:

@@ -104,9 +104,6 @@ class Fleet:
             run_dir=run_dir,
             bmc_boot_hooks=hooks,
             bmc_boot_seconds=BOOT_SECONDS,
-            # A graceful restart resets at once here: the controller asks for verification
-            # as soon as one is answered (docs/decisions/0164).
-            bmc_os_shutdown_seconds=0.0,
             # A scenario powers its machines on through their BMCs.
             machines=machines,
             machine_power_on=False,
@@ -254,7 +251,6 @@ class Fleet:
                             "node": node,
                             "port": port,
                             "boot_seconds": BOOT_SECONDS,
-                            "os_shutdown_seconds": 0.0,
                             "boot_hook": f"http://127.0.0.1:{inject}/recover",
                         }
                     ],

@@ -238,7 +238,14 @@ class _Run:
         return f"{off} + {await self.post('On')}"
 
     async def post(self, reset_type: str) -> str:
-        """Baseline, mark, one POST; after a lost answer, read what happened."""
+        """Baseline, mark, one POST; then read until the reset shows.
+
+        An accepted reset is not done until the BMC shows it: a GracefulRestart is
+        answered at once but the machine resets only once its OS has shut down (a hung
+        OS never does), so the step waits for ``LastResetTime`` (or a log entry, or a
+        power change) up to the reset type's settle time. One that never shows fails the
+        step, "not performed", never posted again; the ladder's next rung is a new
+        decision. A lost answer is read the same way."""
         baseline = await self.bmc.evidence()
         mark = ActionMark(
             step=self.step.value,
@@ -254,7 +261,10 @@ class _Run:
         except BmcOutcomeUnknown as exc:
             happened = await self.observe(mark)
             return self.judged(mark, happened, f"answer lost ({exc})")
-        return reset_type
+        happened = await self.observe(mark)
+        if happened:
+            return reset_type
+        return self.judged(mark, happened, "accepted")
 
     async def observe(self, mark: ActionMark) -> bool | None:
         """Read the BMC until the reset shows or ``settle_s`` after the POST has passed."""

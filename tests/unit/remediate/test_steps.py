@@ -40,6 +40,7 @@ def run(step: Step, bmc: FakeBmc, journal: Journal, expected: ExpectedIdentity =
             expected=expected,
             clock=lambda: 2000.0,
             settle_s=0.0,
+            graceful_settle_s=0.0,
             poll_s=0.0,
         )
     )
@@ -54,9 +55,19 @@ def test_the_mark_is_written_after_the_identity_and_before_the_one_post() -> Non
         "evidence",
         "mark GracefulRestart",
         "reset GracefulRestart",
+        "evidence",  # an accepted reset is done once the BMC shows it
         "wait On",
     ]
     assert bmc.resets == 1 and journal.marks[0].baseline.last_reset_time == "t0"
+
+
+def test_an_accepted_graceful_restart_the_os_ignores_fails_the_step_posted_once() -> None:
+    bmc = FakeBmc()
+    bmc.performs = False  # the BMC answers 200; the OS never shuts down (a hung OS)
+    journal = Journal(bmc)
+    with pytest.raises(steps.ResetNotPerformed, match="accepted.*not posted again"):
+        run(Step.REBOOT, bmc, journal)
+    assert [c for c in bmc.calls if c.startswith("reset ")] == ["reset GracefulRestart"]
 
 
 def test_a_bmc_that_is_not_the_nodes_gets_neither_a_mark_nor_a_post() -> None:
