@@ -81,6 +81,8 @@ class _Plan:
     acts_on_node: bool = False
     """Runs a remediation step (breaker)."""
     extra: tuple[str, ...] = field(default=())
+    held_actions: tuple[Action, ...] = ()
+    """Notices that stand when a rail holds the plan (what the held record says changed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,7 @@ def _gate(ctx: _Ctx, plan: _Plan) -> Decision:
     why = _HOLD_TEXT[hold]
     return Decision(
         record=plan.held,
-        actions=(),
+        actions=plan.held_actions,
         reasons=(*plan.reasons, f"held: {why}"),
         withheld=plan.actions,
         hold=hold,
@@ -421,9 +423,11 @@ def _isolate(
         ),
         *notices,
     )
+    held_record, held_notices = _hold_fault(book, fault, own)
     return _Plan(
         applied=applied,
-        held=_hold_fault(book, fault, own),
+        held=held_record,
+        held_actions=held_notices,
         actions=actions,
         reasons=tuple(reasons),
         transition=t,
@@ -432,16 +436,27 @@ def _isolate(
     )
 
 
-def _hold_fault(record: NodeRecord, fault: FaultEvent, step: Step) -> NodeRecord:
-    """Keep a withheld fault as the node's pending incident (the most severe one wins).
+def _hold_fault(
+    record: NodeRecord, fault: FaultEvent, step: Step
+) -> tuple[NodeRecord, tuple[Action, ...]]:
+    """Keep a withheld fault as the node's pending incident (the most severe one wins),
+    and the Notice that says which, when two are held at once.
 
     Several faults held on one node become one incident when the rails allow it;
-    the occurrences of all of them stay in the record either way.
+    the occurrences of all of them stay in the record either way. Neither is dropped
+    silently: the one that does not stay pending is named in a Notice with the one
+    that handles it.
     """
-    current = record.pending_step
-    if record.pending is not None and current is not None and severity(current) > severity(step):
-        return record
-    return replace(record, pending=fault, pending_step=step)
+    held, current = record.pending, record.pending_step
+    if held is None or current is None or held.key == fault.key:
+        return replace(record, pending=fault, pending_step=step), ()
+    if severity(current) > severity(step):
+        text = f"{fault.key} (step {step}) is held with {held.key}, which asks for more ({current})"
+        return record, (Action(ActionKind.NOTIFY, detail=text),)
+    text = f"held fault {held.key} (step {current}) is handled by {fault.key} (step {step}), held"
+    return replace(record, pending=fault, pending_step=step), (
+        Action(ActionKind.NOTIFY, detail=text),
+    )
 
 
 def _raise_plan(

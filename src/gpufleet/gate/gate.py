@@ -16,6 +16,7 @@ a caller cannot mistake a refusal for an error and retry around the gate.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -137,19 +138,27 @@ class Gate:
 
             journal = _MarkJournal(self, name, attempt, resumed=mark)
             async with self._bmcs(creds, name) as bmc:
-                detail = await steps.run_bmc_step(
-                    attempt.step,
-                    bmc,
-                    attempt=attempt,
-                    journal=journal,
-                    expected=expected,
-                    mark=mark,
-                    prepare=ready,
-                    prove=prove,
-                    clock=self._clock.now,
-                    settle_s=self.settings.settle_s,
-                    graceful_settle_s=self.settings.graceful_settle_s,
-                )
+                try:
+                    detail = await steps.run_bmc_step(
+                        attempt.step,
+                        bmc,
+                        attempt=attempt,
+                        journal=journal,
+                        expected=expected,
+                        mark=mark,
+                        prepare=ready,
+                        prove=prove,
+                        clock=self._clock.now,
+                        settle_s=self.settings.settle_s,
+                        graceful_settle_s=self.settings.graceful_settle_s,
+                    )
+                except (_NotEmpty, _HoldOn, _Moved):
+                    if attempt.step is Step.REIMAGE and not journal.posted:
+                        # A reimage sets its one-time network boot before its mark: given
+                        # up before the POST, it must not leave the boot armed (0143).
+                        with contextlib.suppress(redfish.RedfishError):
+                            await bmc.clear_one_time_boot()
+                    raise
         except _NotEmpty as exc:
             return Refused(str(exc))
         except _HoldOn as exc:
@@ -470,6 +479,8 @@ class _MarkJournal:
         self._attempt = attempt
         self._own: set[float] = {resumed.posted_at} if resumed is not None else set()
         """``posted_at`` of the marks for this attempt that this run wrote or took up."""
+        self.posted = resumed is not None
+        """Whether a POST of this attempt may have gone out (a mark was let through)."""
 
     async def write(self, mark: ActionMark) -> None:
         gate, name, attempt = self._gate, self._name, self._attempt
@@ -523,6 +534,7 @@ class _MarkJournal:
                     f"{', '.join(holding[:5])}; the mark is removed, nothing posted"
                 )
         gate._check_fence()
+        self.posted = True
 
 
 def _request_for(

@@ -136,3 +136,21 @@ def test_a_held_fault_retried_is_not_a_new_fault_for_the_breaker() -> None:
         assert d.hold is Hold.BUDGET_EXHAUSTED
     assert len(f.view.breaker.recent) == counted
     assert [n for _, n in f.view.breaker.recent].count("n50") == 1
+
+
+def test_two_faults_held_at_once_keep_the_more_severe_and_say_so() -> None:
+    f = make_fleet(10)  # budget: one node
+    f.send("n0", xid("n0", 79, at=0), now=0)
+    d = f.send("n1", xid("n1", 48, at=1, gpu=1), now=1)  # gpu-reset, held
+    assert d.hold is Hold.BUDGET_EXHAUSTED and f.records["n1"].pending_step is Step.GPU_RESET
+    d = f.send("n1", xid("n1", 79, at=2), now=2)  # reboot, held too: it takes the place
+    assert d.hold is Hold.BUDGET_EXHAUSTED
+    assert f.records["n1"].pending is not None and f.records["n1"].pending.xid == 79
+    notices = [a.detail for a in d.actions if a.kind is ActionKind.NOTIFY]
+    assert any("held fault xid-48" in n and "xid-79" in n for n in notices), d.actions
+    d = f.send("n1", xid("n1", 48, at=3, gpu=2), now=3)  # milder again: held with 79
+    notices = [a.detail for a in d.actions if a.kind is ActionKind.NOTIFY]
+    assert any("is held with xid-79" in n for n in notices), d.actions
+    assert f.records["n1"].pending is not None and f.records["n1"].pending.xid == 79
+    d = f.send("n1", ev.Tick(), now=4)  # a retry of the held one says nothing new
+    assert not [a for a in d.actions if a.kind is ActionKind.NOTIFY]

@@ -388,3 +388,14 @@ def test_secrets_are_read_from_the_nodes_annotation_only() -> None:
     out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
     assert isinstance(out, (Failed, Held)) and resets(bmc) == []
     assert SECRETS.plural == "secrets"
+
+
+def test_a_reimage_given_up_before_its_post_leaves_no_one_time_boot_armed() -> None:
+    # The reimage sets its one-time network boot, then writes its mark: a pod landing at
+    # that moment (or the attempt timing out) stops it, and the boot must not stay armed.
+    reimage = steps.Attempt(Step.REIMAGE, 1, 1_010.0)
+    world, bmc = World(remediating(Step.REIMAGE)), machine_bmc()
+    world.on_mark = lambda: world.add_pod("late")
+    out = run(gate(world, bmc).bmc_step(NODE, reimage, policy=policy()))
+    assert isinstance(out, Refused) and resets(bmc) == []
+    assert bmc.calls.index("boot Pxe") < bmc.calls.index("boot cleared")

@@ -65,7 +65,7 @@ def test_an_accepted_graceful_restart_the_os_ignores_fails_the_step_posted_once(
     bmc = FakeBmc()
     bmc.performs = False  # the BMC answers 200; the OS never shuts down (a hung OS)
     journal = Journal(bmc)
-    with pytest.raises(steps.ResetNotPerformed, match="accepted.*not posted again"):
+    with pytest.raises(steps.ResetNotPerformed, match=r"accepted.*not posted again"):
         run(Step.REBOOT, bmc, journal)
     assert [c for c in bmc.calls if c.startswith("reset ")] == ["reset GracefulRestart"]
 
