@@ -14,6 +14,7 @@ from controller_harness import GV, Api, install
 
 from gpufleet.api import fleetpolicy
 from gpufleet.domain.policy import default_policy
+from gpufleet.gate.fence import StaticFence
 from gpufleet.kubeapi import KubeApi
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
 
@@ -95,7 +96,11 @@ def test_fleetpolicy_valid_survives_the_breaker_save(api: Api, local_cluster: An
 
     async def go() -> None:
         kube = await KubeApi.connect(str(local_cluster.kubeconfig))
-        ctl = Controller(kube, ControllerSettings(policy_name=POLICY, status_save_delay_s=0.0))
+        ctl = Controller(
+            kube,
+            ControllerSettings(policy_name=POLICY, status_save_delay_s=0.0),
+            fence=StaticFence("crd-conventions"),
+        )
         await ctl.on_policy(api.get(f"{GV}/{fleetpolicy.PLURAL}/{POLICY}"))
         await ctl.save_fleet_status()  # replaced the whole list before
         await ctl.save_fleet_status()
