@@ -172,7 +172,8 @@ class FakeBmc(Bmc):
         if not self.allows(reset_type):
             raise BmcRejected(self._name, f"ResetType {reset_type} is not allowed")
         if self.lose_answer is not False and self.performs:
-            self.resets += 1
+            if reset_type != "ForceOff":  # a power-off is not a reset: LastResetTime stays
+                self.resets += 1
             self.power = "Off" if reset_type == "ForceOff" else "On"
         if self.lose_answer is not None:
             raise BmcOutcomeUnknown(self._name, "read timed out")

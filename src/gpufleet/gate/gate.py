@@ -479,8 +479,8 @@ class _MarkJournal:
         self._attempt = attempt
         self._own: set[float] = {resumed.posted_at} if resumed is not None else set()
         """``posted_at`` of the marks for this attempt that this run wrote or took up."""
-        self.posted = resumed is not None
-        """Whether a POST of this attempt may have gone out (a mark was let through)."""
+        self.posted = resumed is not None and resumed.reset_type != steps.NETWORK_BOOT
+        """Whether a POST of this attempt may have gone out (a reset's mark was let through)."""
 
     async def write(self, mark: ActionMark) -> None:
         gate, name, attempt = self._gate, self._name, self._attempt
@@ -534,7 +534,8 @@ class _MarkJournal:
                     f"{', '.join(holding[:5])}; the mark is removed, nothing posted"
                 )
         gate._check_fence()
-        self.posted = True
+        if mark.reset_type != steps.NETWORK_BOOT:
+            self.posted = True
 
 
 def _request_for(

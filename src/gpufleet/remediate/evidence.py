@@ -58,8 +58,17 @@ class ResetEvidence:
         )
 
 
-def reset_since(before: ResetEvidence, after: ResetEvidence) -> bool | None:
-    """Whether a reset happened between the two readings; None when it cannot be told."""
+def reset_since(
+    before: ResetEvidence, after: ResetEvidence, reset_type: str | None = None
+) -> bool | None:
+    """Whether a reset happened between the two readings; None when it cannot be told.
+
+    A ``ForceOff`` is judged by the power state alone: a power-off is not a reset, so
+    ``LastResetTime`` does not move (real BMCs and both emulators); read by it, every
+    ``ForceOff`` of a ForceOff + On power cycle looked "not performed" and the machine
+    was left off."""
+    if reset_type == "ForceOff" and after.power_state is not None:
+        return after.power_state == "Off"
     if after.last_reset_time is not None:
         return after.last_reset_time != before.last_reset_time
     if before.log_newest is not None or after.log_resets:

@@ -62,6 +62,11 @@ to minutes. Within this time nothing else is posted for the attempt."""
 POLL_S = 1.0
 """How often the BMC is read while waiting for the reset to show."""
 GRACEFUL = "GracefulRestart"
+NETWORK_BOOT = "Pxe"
+"""The ``resetType`` of the mark a reimage writes before it sets its one-time network
+boot: no reset is posted under it, but a process killed between the override and its
+reset leaves the mark, so whoever finds the attempt ended removes the override
+(docs/decisions/0143, 0147)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +225,7 @@ class _Run:
                     pass  # refused (4xx): nothing was done, the forced restart may go
             return await self.post("ForceRestart")
         if self.step is Step.REIMAGE:
+            await self.journal.write(self.mark(NETWORK_BOOT, await self.bmc.evidence()))
             await self.bmc.set_one_time_boot("Pxe")  # idempotent: may be repeated
             return f"Pxe once + {await self.power_cycle()}"
         return await self.power_cycle()
@@ -246,15 +252,7 @@ class _Run:
         power change) up to the reset type's settle time. One that never shows fails the
         step, "not performed", never posted again; the ladder's next rung is a new
         decision. A lost answer is read the same way."""
-        baseline = await self.bmc.evidence()
-        mark = ActionMark(
-            step=self.step.value,
-            attempt=self.attempt.attempt,
-            started_at=self.attempt.started_at,
-            reset_type=reset_type,
-            baseline=baseline,
-            posted_at=self.clock(),
-        )
+        mark = self.mark(reset_type, await self.bmc.evidence())
         await self.journal.write(mark)
         try:
             await self.bmc.reset(reset_type)
@@ -265,6 +263,16 @@ class _Run:
         if happened:
             return reset_type
         return self.judged(mark, happened, "accepted")
+
+    def mark(self, reset_type: str, baseline: ResetEvidence) -> ActionMark:
+        return ActionMark(
+            step=self.step.value,
+            attempt=self.attempt.attempt,
+            started_at=self.attempt.started_at,
+            reset_type=reset_type,
+            baseline=baseline,
+            posted_at=self.clock(),
+        )
 
     async def observe(self, mark: ActionMark) -> bool | None:
         """Read the BMC until the reset shows or ``settle_s`` after the POST has passed."""
@@ -277,7 +285,7 @@ class _Run:
         happened: bool | None = None
         while True:
             try:
-                happened = reset_since(mark.baseline, await self.bmc.evidence())
+                happened = reset_since(mark.baseline, await self.bmc.evidence(), mark.reset_type)
             except RedfishError:
                 happened = None
             if happened or loop.time() >= deadline:
@@ -302,6 +310,9 @@ class _Run:
 
     async def resume(self, mark: ActionMark) -> str:
         """A POST of this attempt may have gone out before a restart: read, then finish."""
+        if mark.reset_type == NETWORK_BOOT:  # the override perhaps, never a reset
+            await self.proven()
+            return f"{await self.fresh()} (the network boot was being set before a restart)"
         happened = await self.observe(mark)
         why = "posted before a controller restart"
         if happened is False:

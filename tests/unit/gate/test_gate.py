@@ -391,11 +391,38 @@ def test_secrets_are_read_from_the_nodes_annotation_only() -> None:
 
 
 def test_a_reimage_given_up_before_its_post_leaves_no_one_time_boot_armed() -> None:
-    # The reimage sets its one-time network boot, then writes its mark: a pod landing at
+    # The reimage marks its network boot, sets it, then marks its reset: a pod landing at
     # that moment (or the attempt timing out) stops it, and the boot must not stay armed.
     reimage = steps.Attempt(Step.REIMAGE, 1, 1_010.0)
     world, bmc = World(remediating(Step.REIMAGE)), machine_bmc()
-    world.on_mark = lambda: world.add_pod("late")
+    marks: list[str] = []
+
+    def second_mark() -> None:
+        marks.append("mark")
+        if len(marks) == 2:
+            world.add_pod("late")
+
+    world.on_mark = second_mark
     out = run(gate(world, bmc).bmc_step(NODE, reimage, policy=policy()))
     assert isinstance(out, Refused) and resets(bmc) == []
     assert bmc.calls.index("boot Pxe") < bmc.calls.index("boot cleared")
+
+
+def test_a_reimage_marks_its_network_boot_before_setting_it() -> None:
+    # Killed between the override and its reset, the attempt leaves a mark, so whoever
+    # finds the attempt ended removes the override (the sweep's disarm).
+    reimage = steps.Attempt(Step.REIMAGE, 1, 1_010.0)
+    world, bmc = World(remediating(Step.REIMAGE)), machine_bmc()
+    seen: list[tuple[str, list[str]]] = []
+
+    def look() -> None:
+        ann = world.nodes[NODE]["metadata"]["annotations"]
+        mark = ActionMark.from_json(ann.get(well_known.ANNOTATION_BMC_ACTION))
+        assert mark is not None
+        seen.append((mark.reset_type, list(bmc.calls)))
+
+    world.on_mark = look
+    out = run(gate(world, bmc).bmc_step(NODE, reimage, policy=policy()))
+    assert isinstance(out, Done)
+    assert seen[0][0] == steps.NETWORK_BOOT and "boot Pxe" not in seen[0][1]
+    assert "boot Pxe" in seen[1][1] and resets(bmc) == [f"reset {seen[1][0]}"]

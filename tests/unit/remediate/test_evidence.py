@@ -46,3 +46,13 @@ def test_an_unreadable_mark_is_none() -> None:
     assert ActionMark.from_json(None) is None
     assert ActionMark.from_json("{not json") is None
     assert ActionMark.from_json('{"step": "reboot"}') is None
+
+
+def test_a_force_off_is_judged_by_the_power_state_not_last_reset_time() -> None:
+    """A power-off is not a reset: LastResetTime stays; the power state shows it."""
+    before = ResetEvidence(last_reset_time="2025-01-01T00:00:00Z", power_state="On")
+    off = ResetEvidence(last_reset_time="2025-01-01T00:00:00Z", power_state="Off")
+    assert reset_since(before, off) is False  # read as a reset, it never happened
+    assert reset_since(before, off, "ForceOff") is True
+    assert reset_since(before, before, "ForceOff") is False
+    assert reset_since(before, ResetEvidence(last_reset_time="x"), "ForceOff") is True

@@ -70,6 +70,19 @@ def test_an_accepted_graceful_restart_the_os_ignores_fails_the_step_posted_once(
     assert [c for c in bmc.calls if c.startswith("reset ")] == ["reset GracefulRestart"]
 
 
+def test_a_power_cycle_without_power_cycle_is_force_off_then_on_each_posted_once() -> None:
+    """A BMC that lists no PowerCycle: ForceOff (shown by the power state; a power-off
+    does not move LastResetTime), then On. Judged by LastResetTime alone, the ForceOff
+    looked "not performed" and the machine was left off."""
+    bmc = FakeBmc()
+    bmc.allowed = ("On", "ForceOff", "GracefulRestart", "ForceRestart")
+    journal = Journal(bmc)
+    done = run(Step.POWER_CYCLE, bmc, journal)
+    assert done.endswith("ForceOff + On") and bmc.power == "On"
+    assert [c for c in bmc.calls if c.startswith("reset ")] == ["reset ForceOff", "reset On"]
+    assert [m.reset_type for m in journal.marks] == ["ForceOff", "On"]
+
+
 def test_a_bmc_that_is_not_the_nodes_gets_neither_a_mark_nor_a_post() -> None:
     bmc = FakeBmc(serial="SN-OTHER")
     journal = Journal(bmc)
