@@ -150,8 +150,7 @@ class Acting:
             self.steps.start_command(name)
         elif kind is ActionKind.RESTART_JOB:
             self.events.node(body, "Warning", "RestartJob", a.detail)
-        elif kind is ActionKind.NOTIFY:
-            self.events.node(body, "Warning", "Notice", a.detail)
+        # NOTIFY: posted by the node pass before the record write (EventSink.node_first).
         self.metrics.actions.labels(action=kind.value, result=result).inc()
 
 

@@ -120,6 +120,8 @@ class Controller:
         )
         feed = self.nodes.feed
         self.fence = fence
+        self._taking_over = False
+        """Between taking the lease and having read what the last holder left."""
         gate = Gate(
             client,
             bmcs or redfish_bmcs(retry_delays=s.bmc_retry_delays),
@@ -221,16 +223,25 @@ class Controller:
     # ------------------------------------------------------------ acting or not
 
     def active(self) -> bool:
-        """Whether this replica acts now (it holds the lease); a standby keeps its caches."""
-        return self.fence.holds(0.0)
+        """Whether this replica acts now (it holds the lease and has taken over); a
+        standby keeps its caches."""
+        return self.fence.holds(0.0) and not self._taking_over
 
     async def activate(self) -> None:
         """This replica starts acting (it took the lease): the key, then the breaker and
         rate limit re-read from the FleetPolicy status (never this process's stale
-        copy), every Node listed afresh, and what arrived meanwhile decided."""
-        await self.load_key()
-        await self.policies.reload()
-        await self.nodes.prime()
+        copy), every Node listed afresh, and what arrived meanwhile decided.
+
+        Nothing is decided until the status is read: a watch event decided meanwhile
+        could trip the breaker, and the read, taken before that save landed, would then
+        put the closed breaker back (the next fault isolated past an open breaker)."""
+        self._taking_over = True
+        try:
+            await self.load_key()
+            await self.policies.reload()
+            await self.nodes.prime()
+        finally:
+            self._taking_over = False
         for _, body in self.book.items():
             await self.nodes.on_node(body)
 

@@ -2,8 +2,11 @@
 
 Events are the audit trail a person reads (``kubectl describe node``); they are
 posted in the background, after the record is stored, and a failed post is only
-logged: an Event never holds up or undoes a decision. A repeat (same reason,
-object and message) counts on the first Event (``kubeapi.events.EventRecorder``).
+logged: an Event never holds up or undoes a decision. The one exception is a
+Notice (a held fault let go, dismissed or replaced): it is posted before the record
+write that drops the fault, and without it the write waits (:meth:`EventSink.node_first`).
+A repeat (same reason, object and message) counts on the first Event
+(``kubeapi.events.EventRecorder``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,16 @@ class EventSink:
         """An Event about a Node."""
         self._post(body, ("Node", "v1"), type_, reason, message)
 
+    async def node_first(
+        self, body: Mapping[str, Any], type_: str, reason: str, message: str
+    ) -> None:
+        """An Event about a Node, posted now, before the write it speaks of; raises
+        :class:`~gpufleet.kubeapi.ApiError` if it was not. For what must never be lost
+        with a process killed after the write (a held fault let go: its Notice)."""
+        await self._recorder.record(
+            self._namespace, self._event(body, ("Node", "v1"), type_, reason, message)
+        )
+
     def machine(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """An Event about a Machine."""
         self._post(body, _MACHINE, type_, reason, message)
@@ -54,8 +67,18 @@ class EventSink:
         reason: str,
         message: str,
     ) -> None:
+        self._tasks.spawn(self._send(self._event(body, kind, type_, reason, message)), "event")
+
+    def _event(
+        self,
+        body: Mapping[str, Any],
+        kind: tuple[str, str],
+        type_: str,
+        reason: str,
+        message: str,
+    ) -> Json:
         meta = body.get("metadata", {})
-        event = event_body(
+        return event_body(
             involved={
                 "apiVersion": kind[1],
                 "kind": kind[0],
@@ -70,7 +93,6 @@ class EventSink:
             namespace=self._namespace,
             first=str(remediations.iso(self._clock.now())),
         )
-        self._tasks.spawn(self._send(event), "event")
 
     async def _send(self, event: Json) -> None:
         try:

@@ -130,7 +130,10 @@ class GatedSteps:
                 self._spawn(name, attempt)
             elif record.state is NodeState.MAINTENANCE and agent_requests.request_id(record):
                 self._spawn(name, record.since)
-            self._sweep(name, record)
+        for name in self.book.marked():  # in any state: triage and production are not ticked
+            marked = self.fleet.records.get(name)
+            if marked is not None:
+                self._sweep(name, marked)
 
     def after(self, before: NodeRecord, record: NodeRecord) -> None:
         """A decision was stored: attempts it ended are cleaned up (mark, one-time boot)."""

@@ -13,6 +13,8 @@ import asyncio
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from gpufleet.domain import well_known
+
 Json = dict[str, Any]
 
 
@@ -22,6 +24,9 @@ class NodeBook:
     def __init__(self) -> None:
         self._bodies: dict[str, Json] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._marked: dict[str, None] = {}
+        """Names whose Node carries a BMC action mark (an ordered set): a mark left by
+        an attempt that ended is swept whatever state the node is in now."""
 
     def get(self, name: str) -> Json | None:
         return self._bodies.get(name)
@@ -31,9 +36,19 @@ class NodeBook:
 
     def put(self, name: str, body: Json) -> None:
         self._bodies[name] = body
+        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        if well_known.ANNOTATION_BMC_ACTION in annotations:
+            self._marked[name] = None
+        else:
+            self._marked.pop(name, None)
 
     def forget(self, name: str) -> None:
         self._bodies.pop(name, None)
+        self._marked.pop(name, None)
+
+    def marked(self) -> list[str]:
+        """The nodes whose Node carries a BMC action mark, as last seen."""
+        return list(self._marked)
 
     def items(self) -> Iterator[tuple[str, Json]]:
         return iter(list(self._bodies.items()))

@@ -25,6 +25,7 @@ from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.decide import Decision, decide
 from gpufleet.domain.operator import Received, answer
 from gpufleet.domain.records import NodeRecord
+from gpufleet.domain.states import OUT_OF_SERVICE
 from gpufleet.kubeapi import NODES, ApiError, Conflict, KubePort, NotFound
 from gpufleet.lifecycle import machines, nodes, remediations
 from gpufleet.lifecycle.core import ControllerSettings, Json, S, log
@@ -238,6 +239,13 @@ class NodePass:
                 record = d.record
             if not decisions:
                 self.fleet.put(record)
+            frees = _frees_a_slot(previous, record)
+            if frees:
+                assert previous is not None
+                # Taking a slot is counted before its write (a reservation); freeing one
+                # only once its write has landed: counted free earlier, another node took
+                # it while this write could still fail or wait, and the budget was exceeded.
+                self.fleet.put(previous)
         if (
             new
             and not forced
@@ -245,9 +253,17 @@ class NodePass:
             and joined is None
             and self._defer_adoption(name, record)
         ):
+            await self._freed(record, frees)
             self._after(body, body, before, record, decisions, now)
             return
         actions = (*forced, *(a for d in decisions for a in d.actions))
+        try:
+            await self._notices_first(body, actions)
+        except ApiError:
+            async with self.fleet.lock:  # not decided yet: the next event or tick decides again
+                if previous is not None:
+                    self.fleet.put(previous)
+            raise
         patch = nodes.node_patch(body, record, actions, key=self.keys[0], seen=obs.seen)
         if joined is not None:
             patch["metadata"]["annotations"].update(joined.annotations)
@@ -258,6 +274,7 @@ class NodePass:
         if obs.request is not None:  # removed in the write that stores its decision: once only
             patch["metadata"]["annotations"][well_known.ANNOTATION_OPERATOR_REQUEST] = None
         if not new and not forced and nodes.apply_merge_patch(body, patch) == body:
+            await self._freed(record, frees)
             self._after(body, body, before, record, decisions, now)
             return
         log.debug(
@@ -279,11 +296,25 @@ class NodePass:
         except NotFound:
             self.on_node_deleted(name)
             return
+        await self._freed(record, frees)
         self.book.put(name, written)
         self._vouched.add(name)
         if obs.request is not None:
             self._answer_operator(written, obs.request, before, events, decisions)
         self._after(body, written, before, record, decisions, now)
+
+    async def _notices_first(self, body: Json, actions: Sequence[Action]) -> None:
+        """Post the decision's Notices before the write that drops what they tell of:
+        killed between the two, the fault would be gone with nothing said."""
+        for a in actions:
+            if a.kind is ActionKind.NOTIFY:
+                await self.events.node_first(body, "Warning", "Notice", a.detail)
+
+    async def _freed(self, record: NodeRecord, frees: bool) -> None:
+        """The decision that frees a budget slot is on the Node now: count it free."""
+        if frees:
+            async with self.fleet.lock:
+                self.fleet.put(record)
 
     def _in_place_of_untrusted(
         self, body: Json, found: nodes.Reading, now: float
@@ -405,3 +436,12 @@ def _older(body: Mapping[str, Any], known: Mapping[str, Any] | None) -> bool:
     a = str(body.get("metadata", {}).get("resourceVersion", ""))
     b = str(known.get("metadata", {}).get("resourceVersion", ""))
     return a.isdigit() and b.isdigit() and int(a) < int(b)
+
+
+def _frees_a_slot(previous: NodeRecord | None, record: NodeRecord) -> bool:
+    """Whether the decision takes the node out of the disruption budget's count."""
+    return (
+        previous is not None
+        and previous.state in OUT_OF_SERVICE
+        and record.state not in OUT_OF_SERVICE
+    )
