@@ -1,0 +1,507 @@
+"""The invariants, checked where they can first fail: at the write, the reset, the GPU reset.
+
+Numbers follow the safety rules gpufleet promises (docs/reliability.md):
+
+1. **no disruption under work**: no BMC reset (other than the ``On`` half of
+   ``ForceOff`` + ``On``) and no GPU reset while a pod that holds the node
+   (:func:`~gpufleet.domain.emptiness.pod_holds_node`) or a Slurm job runs on it, looked
+   at by the BMC and hardware models the moment they accept the act; ``1b``: a
+   one-time network boot (a reimage waiting for the next reset) armed on a machine
+   whose record has no reimage in progress;
+2. **one reset per decision**: at most one performed disruptive reset per (node,
+   incident ``openedAt``, step, attempt, ``startedAt``), as the Node's record says when
+   the BMC accepts it (``On`` after ``ForceOff`` of the same attempt allowed);
+3. **held faults kept, raised faults heard**: a record's ``pending`` fault leaves it only
+   into an incident of that fault or with a ``Notice`` Event (3a); every fault the agent
+   raised on its Node is in the controller's ``faults-seen`` watermark by the end (3b);
+4. **disruption budget**: never more Nodes whose gpufleet-written state label is out of
+   service than the policy's budget allows;
+5. **circuit breaker**: no isolation while the saved breaker is open (5a); an open
+   breaker closes once its cooldown passed without a new fault (5b: held faults
+   retried are not new faults);
+6. **own what you touch**: a gpufleet identity changes only ``gpufleet.io/`` labels,
+   annotations and taints, gpufleet's conditions, and the cordon gpufleet set.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpufleet.domain import conditions, well_known
+from gpufleet.domain.emptiness import SlurmWork
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.policy import Policy
+from gpufleet.domain.records import NodeRecord, record_from_json
+from gpufleet.domain.states import OUT_OF_SERVICE, NodeState
+from gpufleet.dst.kube import Write
+from gpufleet.dst.world import Proc, Violation
+from gpufleet.kubeapi import EVENTS, NODES, custom
+from gpufleet.lifecycle import crds
+
+if TYPE_CHECKING:
+    from gpufleet.dst.bmc import BmcModel
+    from gpufleet.dst.world import World
+
+GPUFLEET_CONDITIONS = frozenset(
+    {
+        *well_known.CONDITIONS.values(),
+        well_known.CONDITION_SLURM,
+        well_known.CONDITION_BMC_MISMATCH,
+        well_known.CONDITION_REQUEST,
+        well_known.CONDITION_HARDWARE,
+    }
+)
+POLICIES = custom(crds.FLEET_POLICY_PLURAL)
+NOTICE_WAIT_S = 10.0
+"""How long after a record drops a held fault its Notice Event may come."""
+ARMED_GRACE_S = 5.0
+"""How long a one-time network boot may stay armed with no reimage in progress."""
+
+
+def record_in(obj: Mapping[str, Any] | None) -> NodeRecord | None:
+    text = (
+        ((obj or {}).get("metadata") or {}).get("annotations", {}).get(well_known.ANNOTATION_RECORD)
+    )
+    if not text:
+        return None
+    try:
+        return record_from_json(text)
+    except ValueError:
+        return None
+
+
+def _gpufleet(identity: str) -> bool:
+    return identity in (well_known.CONTROLLER, "gpufleet-slurm-syncer") or identity.startswith(
+        well_known.AGENT
+    )
+
+
+@dataclass
+class _Drop:
+    node: str
+    key: str
+    at: float
+    writer: str
+    state: str
+    """The state the record moved to when it dropped the fault."""
+    done: bool = False
+
+
+@dataclass
+class Invariants:
+    """Watches one world; files a :class:`Violation` with it at the first sign of one."""
+
+    world: World
+    policy: Policy
+    resets: dict[tuple[Any, ...], list[tuple[str, str]]] = field(default_factory=dict)
+    """Decision key -> (reset type, process) of every reset performed for it."""
+    record_writer: dict[str, str] = field(default_factory=dict)
+    """Node -> the identity that last wrote its record."""
+    raised: dict[tuple[str, str, float], str] = field(default_factory=dict)
+    """(node, condition type, fault time) -> fault key, for every fault an agent raised."""
+    state_labels: dict[str, str] = field(default_factory=dict)
+    """Node -> the state label gpufleet last wrote."""
+    drops: list[_Drop] = field(default_factory=list)
+    genuine: list[tuple[float, str]] = field(default_factory=list)
+    """(time, node) of controller writes that recorded a new fault occurrence."""
+    breaker_open_since: float | None = None
+    breaker_status: dict[str, Any] = field(default_factory=dict)
+    """The breaker as the controller last saved it in the FleetPolicy status."""
+    isolations: list[tuple[float, str]] = field(default_factory=list)
+    held_drained: dict[str, float] = field(default_factory=dict)
+    """Node -> incident openedAt of a record stored draining with the drain done (held)."""
+    armed_since: dict[str, float] = field(default_factory=dict)
+
+    def attach(self) -> None:
+        w = self.world
+        w.api.on_write.append(self.on_write)
+        w.on_reset.append(self.on_reset)
+        w.on_gpu_reset.append(self.on_gpu_reset)
+
+    def _fail(self, inv: str, node: str, text: str, **detail: Any) -> None:
+        self.world.violate(Violation(inv, self.world.loop.time(), node, text, dict(detail)))
+
+    # ------------------------------------------------------ 1, 2: the acts
+
+    def _work(self, node: str) -> tuple[list[str], list[int]]:
+        pods = [
+            f"{p['metadata'].get('namespace')}/{p['metadata']['name']}"
+            for p in self.world.pods_on(node)
+        ]
+        jobs = [j.id for j in self.world.slurm.jobs_on(node)]
+        return pods, jobs
+
+    def route(self, node: str, jobs: list[int]) -> tuple[str, str]:
+        """Which known route led to an act under work: (category, the record's story)."""
+        obj = self.world.api.find(NODES, node)
+        rec = record_in(obj)
+        if self.record_writer.get(node, well_known.CONTROLLER) != well_known.CONTROLLER:
+            return "forged-record", f"the record was written by {self.record_writer[node]}"
+        if rec is None or rec.incident is None:
+            return "no-incident", "no incident on the record"
+        inc = rec.incident
+        bits = [f"state {rec.state.value}", f"incident {inc.key} opened {inc.opened_at:.0f}"]
+        prev = inc.tried[-2] if len(inc.tried) >= 2 else None
+        if prev is not None:
+            bits.append(f"after {prev.step.value} {prev.outcome.value if prev.outcome else '?'}")
+        last = rec.history[-1] if rec.history else None
+        if last is not None:
+            bits.append(f"entered via {last.trigger.value} from {last.source.value}")
+        ann = ((obj or {}).get("metadata") or {}).get("annotations") or {}
+        work = SlurmWork.from_annotation(ann.get(well_known.ANNOTATION_SLURM_WORK))
+        if work is not None and work.incident == inc.opened_at:
+            bits.append(f"slurm-work says {work.state} jobs={list(work.jobs)}")
+        held = self.held_drained.get(node) == inc.opened_at
+        if held:
+            bits.append("drain completion was held, then the hold lifted")
+        text = "; ".join(bits)
+        if last is not None and last.trigger.value == "verification-failed":
+            return "after-failed-verification", text
+        if prev is not None and prev.outcome is not None and prev.outcome.value == "timed-out":
+            return "after-step-timeout", text
+        if prev is not None and prev.outcome is not None and prev.outcome.value == "failed":
+            return "after-failed-step", text
+        if held:
+            return "hold-lifted-drained", text
+        slurm = self.world.slurm
+        if jobs:
+            drained = slurm.drained_at.get(node, 0.0)
+            resumed = slurm.resumed_at.get(node, 0.0)
+            started = [j.started for j in slurm.jobs_on(node)]
+            if resumed > inc.opened_at and any(t >= resumed for t in started):
+                return "admin-resume-then-job", text
+            if any(inc.opened_at - 5 <= t <= drained for t in started):
+                return "stale-slurm-report", text
+            return "job-after-drain", text
+        return "pod-after-drain", text
+
+    def on_reset(self, proc: Proc, m: BmcModel, reset_type: str) -> None:
+        node = m.node
+        rec = record_in(self.world.api.find(NODES, node))
+        inc = rec.incident if rec is not None else None
+        last = inc.tried[-1] if inc is not None and inc.tried else None
+        key = (
+            node,
+            inc.opened_at if inc else None,
+            inc.current.value if inc and inc.current else None,
+            last.attempt if last else None,
+            last.started_at if last else None,
+        )
+        done = self.resets.setdefault(key, [])
+        second_half = reset_type == "On" and [t for t, _ in done[-1:]] == ["ForceOff"]
+        if done and not second_half:
+            names = {p.split("#")[0] for _, p in done}
+            if {p for _, p in done} == {proc.label}:
+                how = "same-incarnation"
+            elif names == {proc.name}:
+                how = "after-restart"
+            else:
+                how = "two-replicas"
+            self._fail(
+                "2",
+                node,
+                f"{proc.label} posted Reset {reset_type} after "
+                f"{' + '.join(f'{t} by {p}' for t, p in done)} for the same decision "
+                f"(step {key[2]} attempt {key[3]} startedAt {key[4]})",
+                key=key,
+                category=f"2/{how}",
+            )
+        done.append((reset_type, proc.label))
+        if second_half:
+            return
+        pods, jobs = self._work(node)
+        if pods or jobs:
+            cat, why = self.route(node, jobs)
+            self._fail(
+                "1",
+                node,
+                f"{proc.label} posted Reset {reset_type} while pods {pods} and Slurm jobs "
+                f"{jobs} run there ({why})",
+                pods=pods,
+                jobs=jobs,
+                category=f"1/{cat}",
+            )
+
+    def on_gpu_reset(self, node: str, index: int | None) -> None:
+        pods, jobs = self._work(node)
+        if pods or jobs:
+            cat, why = self.route(node, jobs)
+            self._fail(
+                "1",
+                node,
+                f"GPU {index} reset while pods {pods} and Slurm jobs {jobs} run there ({why})",
+                pods=pods,
+                jobs=jobs,
+                category=f"1/gpu-reset-{cat}",
+            )
+
+    def check_armed(self) -> None:
+        """1b: a one-time network boot armed while no reimage is in progress."""
+        now = self.world.loop.time()
+        for m in self.world.bmcs.values():
+            rec = record_in(self.world.api.find(NODES, m.node))
+            reimaging = (
+                rec is not None
+                and rec.state is NodeState.REMEDIATING
+                and rec.incident is not None
+                and rec.incident.current is Step.REIMAGE
+            )
+            if m.boot_override is None or reimaging:
+                self.armed_since.pop(m.node, None)
+                continue
+            since = self.armed_since.setdefault(m.node, now)
+            if now - since >= ARMED_GRACE_S:
+                state = rec.state.value if rec is not None else "?"
+                self._fail(
+                    "1b",
+                    m.node,
+                    f"one-time {m.boot_override} boot armed for {now - since:.0f}s on a node in "
+                    f"{state} with no reimage in progress: its next reset reimages it",
+                )
+                self.armed_since[m.node] = float("inf")
+
+    # ------------------------------------------------------------ the writes
+
+    def on_write(self, w: Write) -> None:
+        if w.resource == str(NODES):
+            self._node_write(w)
+        elif w.resource == str(EVENTS) and w.after is not None:
+            self._event_write(w)
+        elif w.resource == str(POLICIES) and w.identity == well_known.CONTROLLER:
+            self._breaker_write(w)
+
+    def _node_write(self, w: Write) -> None:
+        before, after = w.before or {}, w.after or {}
+        if w.identity.startswith(well_known.AGENT):
+            self._raised(w.name, after)
+        if _gpufleet(w.identity):
+            self._ownership(w, before, after)
+        rb = ((before.get("metadata") or {}).get("annotations") or {}).get(
+            well_known.ANNOTATION_RECORD
+        )
+        ra = ((after.get("metadata") or {}).get("annotations") or {}).get(
+            well_known.ANNOTATION_RECORD
+        )
+        if rb != ra:
+            self.record_writer[w.name] = w.identity
+        if w.identity == well_known.CONTROLLER:
+            self._record_write(w, record_in(before), record_in(after))
+        label = ((after.get("metadata") or {}).get("labels") or {}).get(well_known.LABEL_STATE)
+        old = ((before.get("metadata") or {}).get("labels") or {}).get(well_known.LABEL_STATE)
+        if label != old and w.identity == well_known.CONTROLLER:
+            if label is None:
+                self.state_labels.pop(w.name, None)
+            else:
+                self.state_labels[w.name] = label
+            self._budget(w.name)
+
+    def _raised(self, node: str, obj: Mapping[str, Any]) -> None:
+        for c in (obj.get("status") or {}).get("conditions") or []:
+            ctype = str(c.get("type", ""))
+            for f in conditions.faults_of(
+                node, ctype, str(c.get("status")), str(c.get("message", ""))
+            ):
+                self.raised.setdefault((node, ctype, f.at), f.key)
+
+    def _record_write(self, w: Write, old: NodeRecord | None, new: NodeRecord | None) -> None:
+        if new is None:
+            return
+        now = w.at
+        if old is not None and old.pending is not None and new.pending is None:
+            into = (
+                new.incident is not None
+                and new.incident.key == old.pending.key
+                and (old.incident is None or old.incident.opened_at != new.incident.opened_at)
+            )
+            if not into:
+                self.drops.append(_Drop(w.name, old.pending.key, now, w.identity, new.state.value))
+                self.world.loop.call_later(NOTICE_WAIT_S, self._drop_due, self.drops[-1])
+        old_occ = set(old.occurrences) if old is not None else set()
+        if any(o not in old_occ for o in new.occurrences):
+            self.genuine.append((now, w.name))
+        if (
+            new.state is NodeState.DRAINING
+            and (old is None or old.state is NodeState.PRODUCTION)
+            and new.incident is not None
+            and new.incident.plan is not None
+            and new.incident.key != "operator"
+        ):
+            self.isolations.append((now, w.name))
+            b = self.breaker_status
+            wall = self.world.clock.now()
+            cooldown = self.policy.safety.breaker.cooldown_seconds
+            if b.get("open") and wall - float(b.get("lastFaultAt") or 0.0) < cooldown:
+                self._fail(
+                    "5a",
+                    w.name,
+                    f"isolated ({new.incident.key}) while the saved breaker is open (tripped at "
+                    f"{float(b.get('trippedAt') or 0) - wall + now:.1f}, last fault at "
+                    f"{float(b.get('lastFaultAt') or 0) - wall + now:.1f}: within its cooldown)",
+                )
+        inc = new.incident
+        if new.state is NodeState.DRAINING and inc is not None and inc.drained:
+            self.held_drained[w.name] = inc.opened_at
+
+    def _event_write(self, w: Write) -> None:
+        ev = w.after or {}
+        if ev.get("reason") != "Notice" or w.identity != well_known.CONTROLLER:
+            return
+        node = (ev.get("involvedObject") or {}).get("name")
+        msg = str(ev.get("message", ""))
+        for d in self.drops:
+            if not d.done and d.node == node and d.key in msg:
+                d.done = True
+
+    def _drop_due(self, d: _Drop) -> None:
+        if d.done:
+            return
+        ctl_alive = any(
+            p.alive and p.identity == well_known.CONTROLLER for p in self.world.procs.values()
+        )
+        rec = record_in(self.world.api.find(NODES, d.node))
+        state = rec.state.value if rec is not None else "?"
+        how = {"draining": "isolate", "production": "to-production"}.get(d.state, d.state)
+        self._fail(
+            "3a",
+            d.node,
+            f"held fault {d.key} dropped from the record at {d.at:.1f} as it went {d.state} "
+            f"(now {state}) with no Notice Event in {NOTICE_WAIT_S:g}s"
+            + ("" if ctl_alive else " (no controller alive since)"),
+            category=f"3a/{how}",
+        )
+
+    def _budget(self, node: str) -> None:
+        out: dict[str, int] = {}
+        size: dict[str, int] = {}
+        for name in self.world.node_names:
+            obj = self.world.api.find(NODES, name)
+            pool = (
+                ((obj or {}).get("metadata") or {})
+                .get("labels", {})
+                .get(well_known.LABEL_POOL, "default")
+            )
+            size[pool] = size.get(pool, 0) + 1
+            if self.state_labels.get(name) in {s.value for s in OUT_OF_SERVICE}:
+                out[pool] = out.get(pool, 0) + 1
+        for pool, n in out.items():
+            allowed = self.policy.safety.budget.allowed(size[pool])
+            if n > allowed:
+                names = sorted(
+                    k
+                    for k, v in self.state_labels.items()
+                    if v in {s.value for s in OUT_OF_SERVICE}
+                )
+                ctls = sorted(
+                    p.label
+                    for p in self.world.procs.values()
+                    if p.alive and p.identity == well_known.CONTROLLER
+                )
+                self._fail(
+                    "4",
+                    node,
+                    f"{n} nodes of pool {pool} out of service ({', '.join(names)}); the budget "
+                    f"allows {allowed} (controllers running: {', '.join(ctls)})",
+                    category="4/" + ("two-replicas" if len(ctls) > 1 else "one-replica"),
+                )
+
+    def _breaker_write(self, w: Write) -> None:
+        b = ((w.after or {}).get("status") or {}).get("breaker")
+        if not isinstance(b, dict):
+            return
+        self.breaker_status = dict(b)
+        if b.get("open") and self.breaker_open_since is None:
+            self.breaker_open_since = float(b.get("trippedAt") or w.at)
+        elif not b.get("open"):
+            self.breaker_open_since = None
+
+    def check_breaker(self) -> None:
+        """5b: an open breaker with no new fault for its cooldown must have closed."""
+        if self.breaker_open_since is None:
+            return
+        cfg = self.policy.safety.breaker
+        now = self.world.clock.now()
+        t = self.world.loop.time()
+        last = max((at for at, _ in self.genuine), default=0.0)
+        recent = {n for at, n in self.genuine if t - at < cfg.window_seconds}
+        slack = 3 * 2.0 + 5.0  # ticks and the status save
+        if t - last >= cfg.cooldown_seconds + slack and len(recent) <= cfg.threshold(
+            len(self.world.node_names)
+        ):
+            obj = self.world.api.find(POLICIES, "default")
+            b = ((obj or {}).get("status") or {}).get("breaker") or {}
+            self._fail(
+                "5b",
+                "-",
+                f"the breaker is still open {t - last:.0f}s after the last new fault (cooldown "
+                f"{cfg.cooldown_seconds:g}s); it counts its last fault at "
+                f"{float(b.get('lastFaultAt') or 0) - (now - t):.1f}",
+            )
+            self.breaker_open_since = None
+
+    # ------------------------------------------------------------ ownership
+
+    def _ownership(self, w: Write, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+        bm, am = before.get("metadata") or {}, after.get("metadata") or {}
+        bad: list[str] = []
+        for sect in ("labels", "annotations"):
+            b, a = bm.get(sect) or {}, am.get(sect) or {}
+            for k in set(b) | set(a):
+                if b.get(k) != a.get(k) and not k.startswith(f"{well_known.GROUP}/"):
+                    bad.append(f"{sect[:-1]} {k}")
+        bs, as_ = dict(before.get("spec") or {}), dict(after.get("spec") or {})
+        bt = {t.get("key"): t for t in bs.pop("taints", None) or []}
+        at = {t.get("key"): t for t in as_.pop("taints", None) or []}
+        for k in set(bt) | set(at):
+            if bt.get(k) != at.get(k) and not str(k).startswith(f"{well_known.GROUP}/"):
+                bad.append(f"taint {k} ({'removed' if k not in at else 'changed'})")
+        bu, au = bool(bs.pop("unschedulable", False)), bool(as_.pop("unschedulable", False))
+        if bu != au:
+            ours_before = (bm.get("annotations") or {}).get(well_known.ANNOTATION_CORDONED)
+            ours_after = (am.get("annotations") or {}).get(well_known.ANNOTATION_CORDONED)
+            if w.identity != well_known.CONTROLLER:
+                bad.append("the cordon (not the controller)")
+            elif au and ours_after != well_known.CONTROLLER:
+                bad.append("a cordon without gpufleet.io/cordoned-by")
+            elif not au and ours_before != well_known.CONTROLLER:
+                bad.append("someone else's cordon (cleared)")
+        if bs != as_:
+            bad.append(
+                "spec " + ",".join(sorted(k for k in set(bs) | set(as_) if bs.get(k) != as_.get(k)))
+            )
+        bc = {c.get("type"): c for c in (before.get("status") or {}).get("conditions") or []}
+        ac = {c.get("type"): c for c in (after.get("status") or {}).get("conditions") or []}
+        for k in set(bc) | set(ac):
+            if bc.get(k) != ac.get(k) and k not in GPUFLEET_CONDITIONS:
+                bad.append(f"condition {k}")
+        if bad:
+            self._fail(
+                "6", w.name, f"{w.identity} changed what it does not own: {'; '.join(sorted(bad))}"
+            )
+
+    # -------------------------------------------------------------- the end
+
+    def check_end(self) -> None:
+        """3b: every fault an agent raised is in the controller's watermark."""
+        for (node, ctype, at), key in sorted(self.raised.items()):
+            obj = self.world.api.find(NODES, node)
+            ann = ((obj or {}).get("metadata") or {}).get("annotations") or {}
+            try:
+                seen = json.loads(ann.get(well_known.ANNOTATION_FAULTS_SEEN) or "{}")
+            except ValueError:
+                seen = {}
+            mark = float(seen.get(ctype, float("-inf")))
+            if mark < at:
+                rec = record_in(obj)
+                state = rec.state.value if rec is not None else "?"
+                when = at - self.world.clock.now() + self.world.loop.time()
+                self._fail(
+                    "3b",
+                    node,
+                    f"{key} raised on {ctype} at {when:.1f}"
+                    f" was never recorded by a controller (node {state}, watermark "
+                    f"{'none' if mark == float('-inf') else f'{mark:.1f}'})",
+                )
+                return

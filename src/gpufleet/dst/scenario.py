@@ -1,0 +1,506 @@
+"""The cluster a run starts with, and the environment events a seed throws at it.
+
+An environment event is something outside gpufleet that happens at a virtual time:
+a GPU fault, a pod that lands with a preset ``nodeName`` and tolerations for
+everything, a Slurm job, an administrator's drain or ``scontrol resume``, a
+process killed, a second controller replica, a partition, the policy paused, a
+forged write by another identity, slurmctld down, a BMC that refuses. A seed
+draws a list of them (:func:`generate`); the shrinker deletes them one by one.
+Each carries every number it needs, so deleting one never changes another.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import yaml
+
+from gpufleet.domain import agent_requests, well_known
+from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
+from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.operator import OperatorRequest
+from gpufleet.domain.policy import Policy, load_policy
+from gpufleet.domain.records import Incident, NodeRecord, StepAttempt, record_to_json
+from gpufleet.domain.states import NodeState, Transition, Trigger
+from gpufleet.dst.bmc import BmcModel
+from gpufleet.dst.kube import PDB_LABEL, node_body
+from gpufleet.dst.node import FAULTS
+from gpufleet.dst.procs import (
+    PEERING,
+    POLICIES,
+    agent_spec,
+    controller_spec,
+    peering_body,
+    syncer_spec,
+)
+from gpufleet.dst.world import GPU_ANNOTATION, World
+from gpufleet.kubeapi import NODES, PODS, SECRETS, NotFound
+from gpufleet.kubeapi.secrets import encode_data
+
+ADMIN = "admin"
+INTRUDER = "intruder"
+WORK_NS = "work"
+BMC_NS = "gpufleet-bmc"
+
+
+@functools.cache
+def _default_spec_text() -> str:
+    return json.dumps(yaml.safe_load(DEFAULT_POLICY_YAML))
+
+
+def dst_policy_spec(breaker_min_nodes: int = 2) -> dict[str, Any]:
+    """The default policy with times a run can reach: short ladder timeouts, a quick
+    clear, a budget of two nodes out of four, a breaker that trips at three faulting
+    nodes (``breaker_min_nodes`` + 1)."""
+    spec: dict[str, Any] = json.loads(_default_spec_text())
+    spec["ladder"] = [
+        {"step": "gpu-reset", "timeoutSeconds": 60, "attempts": 1},
+        {"step": "reboot", "timeoutSeconds": 120, "attempts": 1},
+        {"step": "power-cycle", "timeoutSeconds": 120, "attempts": 1},
+        {"step": "reimage", "timeoutSeconds": 180, "attempts": 1, "onFailure": "triage"},
+    ]
+    spec["detection"]["clearAfterSeconds"] = 20
+    spec["checks"]["verificationTimeoutSeconds"] = 120
+    spec["drain"]["timeoutSeconds"] = 120
+    spec["safety"] = {
+        "budget": {"maxNodes": 2, "maxPercent": 50, "minNodes": 1},
+        "breaker": {
+            "maxNodes": 2,
+            "maxPercent": 10,
+            "minNodes": breaker_min_nodes,
+            "windowSeconds": 300,
+            "cooldownSeconds": 120,
+        },
+        "rateLimit": {"maxActions": 30, "windowSeconds": 600},
+    }
+    return spec
+
+
+@functools.cache
+def dst_policy(breaker_min_nodes: int = 2) -> Policy:
+    return load_policy(yaml.safe_dump(dst_policy_spec(breaker_min_nodes)), "dst policy")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The shape of a run."""
+
+    nodes: int = 4
+    duration: float = 900.0
+    """Virtual seconds of environment events."""
+    calm_s: float = 200.0
+    """Quiet seconds at the end (processes back, nothing injected) before the final checks."""
+    rate_per_min: float = 8.0
+    """Environment events per virtual minute."""
+    peering: bool = True
+    """The ClusterKopfPeering object exists at the start."""
+    breaker_min_nodes: int = 2
+    """The breaker tolerates this many faulting nodes in its window (4: never trips here)."""
+    weights: dict[str, int] = field(
+        default_factory=lambda: {
+            "fault": 14,
+            "pod": 10,
+            "job": 14,
+            "resume": 4,
+            "admin-drain": 1,
+            "admin-taint": 2,
+            "kill": 5,
+            "replica": 2,
+            "partition": 2,
+            "pause": 3,
+            "forge": 1,
+            "slurm-down": 1,
+            "bmc-refuse": 2,
+            "operator": 3,
+            "pdb": 1,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Env:
+    """One environment event."""
+
+    at: float
+    kind: str
+    args: tuple[Any, ...] = ()
+
+    def text(self) -> str:
+        return f"{self.kind} " + " ".join(str(a) for a in self.args)
+
+
+def generate(seed: int, cfg: Config) -> list[Env]:
+    """The environment events of a seed."""
+    rng = random.Random(f"env-{seed}")
+    names = [f"n{i + 1}" for i in range(cfg.nodes)]
+    kinds = list(cfg.weights)
+    weights = [cfg.weights[k] for k in kinds]
+    out: list[Env] = []
+    t = rng.uniform(5, 30)
+    while t < cfg.duration:
+        kind = rng.choices(kinds, weights)[0]
+        node = rng.choice(names)
+        ev: Env
+        if kind == "fault":
+            ev = Env(t, kind, (node, rng.choice(sorted(FAULTS)), rng.randrange(8)))
+        elif kind == "pod":
+            ev = Env(
+                t, kind, (node, rng.random() < 0.5, rng.random() < 0.3, round(rng.uniform(20, 400)))
+            )
+        elif kind == "job":
+            ev = Env(
+                t,
+                kind,
+                (
+                    rng.randrange(1000),
+                    rng.random() < 0.6,
+                    rng.random() < 0.85,
+                    round(rng.uniform(20, 600)),
+                ),
+            )
+        elif kind == "kill":
+            proc = rng.choice(["ctl-1", "ctl-1", "syncer", f"agent-{node}"])
+            ev = Env(t, kind, (proc, round(rng.choice([2, 10, 40, 90]))))
+        elif kind == "replica":
+            ev = Env(t, kind, (round(rng.uniform(60, 400)),))
+        elif kind == "partition":
+            ev = Env(t, kind, (rng.choice(["ctl-1", "ctl-2", "syncer"]), round(rng.uniform(5, 90))))
+        elif kind == "pause":
+            ev = Env(t, kind, (round(rng.uniform(10, 200)),))
+        elif kind == "forge":
+            ev = Env(t, kind, (node, rng.choice(["record-reboot", "gpu-reset-request"])))
+        elif kind == "slurm-down":
+            ev = Env(t, kind, (rng.choice(["ctld", "restd"]), round(rng.uniform(5, 120))))
+        elif kind == "bmc-refuse":
+            ev = Env(
+                t,
+                kind,
+                (
+                    node,
+                    rng.choice(["GracefulRestart", "PowerCycle", "ForceOff"]),
+                    round(rng.uniform(30, 400)),
+                ),
+            )
+        elif kind == "operator":
+            ev = Env(
+                t,
+                kind,
+                (node, rng.choice(["triage", "triage", "dismiss"]), round(rng.uniform(60, 300))),
+            )
+        elif kind == "pdb":
+            ev = Env(t, kind, (round(rng.uniform(10, 120)),))
+        elif kind == "admin-drain":
+            ev = Env(t, kind, (node, round(rng.uniform(30, 300))))
+        elif kind == "admin-taint":
+            ev = Env(t, kind, (node, rng.choice(["taint", "cordon"])))
+        else:
+            ev = Env(t, kind, (node,))
+        out.append(replace(ev, at=round(ev.at, 3)))
+        t += rng.expovariate(cfg.rate_per_min / 60.0)
+    return out
+
+
+# ------------------------------------------------------------------- set-up
+
+
+def build(world: World, cfg: Config, seed: int) -> Policy:
+    """The cluster at virtual time 0: Nodes, BMCs and their Secrets, the FleetPolicy,
+    the peering object, and the processes (one controller, the syncer, the agents)."""
+    rng = random.Random(f"build-{seed}")
+    api = world.api
+    policy = dst_policy(cfg.breaker_min_nodes)
+    spec = dst_policy_spec(cfg.breaker_min_nodes)
+    api.create(ADMIN, POLICIES, {"metadata": {"name": "default"}, "spec": spec}, None)
+    if cfg.peering:
+        api.create(ADMIN, PEERING, peering_body(), None)
+    for name in world.node_names:
+        endpoint = f"https://bmc-{name}.dst"
+        api.create(
+            ADMIN,
+            SECRETS,
+            {
+                "metadata": {"name": f"bmc-{name}"},
+                "data": encode_data({"endpoint": endpoint, "username": "u", "password": "p"}),
+            },
+            BMC_NS,
+        )
+        body = node_body(
+            name, annotations={well_known.ANNOTATION_BMC_SECRET: f"{BMC_NS}/bmc-{name}"}
+        )
+        body["metadata"]["labels"][well_known.LABEL_SLURM_CLUSTER] = "dst"
+        api.create("kubelet", NODES, body, None)
+        allowed: tuple[str, ...] = (
+            "On",
+            "ForceOff",
+            "GracefulRestart",
+            "ForceRestart",
+            "PowerCycle",
+        )
+        if rng.random() < 0.25:
+            allowed = ("On", "ForceOff", "GracefulRestart", "ForceRestart")
+        world.add_bmc(
+            BmcModel(
+                node=name,
+                endpoint=endpoint,
+                serial=f"SN-{name}",
+                reports_reset_time=rng.random() < 0.75,
+                allowed=allowed,
+                shutdown_s=rng.choice([2.0, 8.0, 30.0]),
+            )
+        )
+        world.add_process(f"agent-{name}", agent_spec(name, policy))
+    world.add_process("ctl-1", controller_spec(priority=100))
+    world.add_process("ctl-2", controller_spec(priority=50 if rng.random() < 0.5 else 150))
+    world.add_process("syncer", syncer_spec())
+    for name in world.node_names:
+        world.start(f"agent-{name}")
+    world.start("syncer")
+    world.start("ctl-1")
+    return policy
+
+
+# -------------------------------------------------------------------- events
+
+
+def apply(world: World, ev: Env) -> None:
+    """Carry out one environment event now."""
+    handler = _HANDLERS[ev.kind]
+    world.trace.add("env", ev.text(), handler(world, *ev.args), key=True)
+
+
+def _fault(world: World, node: str, kind: str, gpu: int) -> str:
+    world.hw[node].inject(kind, world.clock.now(), gpu)
+    return "logged by the kernel"
+
+
+def _pod(world: World, node: str, gpu: bool, pdb: bool, lifetime: float) -> str:
+    name = f"job-{node}-{int(world.loop.time() * 1000)}"
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {PDB_LABEL: "block"} if pdb else {},
+            "annotations": {GPU_ANNOTATION: "true" if gpu else "false"},
+        },
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "main", "image": "train"}],
+        },
+        "status": {"phase": "Running"},
+    }
+    world.api.create("scheduler", PODS, body, WORK_NS)
+
+    def done() -> None:
+        pod = world.api.find(PODS, name, WORK_NS)
+        if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+            world.api.patch(
+                "kubelet",
+                PODS,
+                name,
+                {"status": {"phase": "Succeeded"}},
+                namespace=WORK_NS,
+                status=True,
+            )
+            world.trace.add("kubelet", f"pod {WORK_NS}/{name}", "Succeeded", key=True)
+
+    world.loop.call_later(lifetime, done)
+    return f"pod {WORK_NS}/{name} running on {node} (gpu={gpu}, pdb={pdb})"
+
+
+def _job(world: World, pick: int, uses_gpu: bool, requeueable: bool, lifetime: float) -> str:
+    candidates = world.slurm.candidates()
+    if not candidates:
+        return "no idle undrained node: stays pending"
+    node = candidates[pick % len(candidates)]
+    job = world.slurm.start_job(node, requeueable=requeueable, uses_gpu=uses_gpu)
+
+    def done() -> None:
+        if world.slurm.end_job(job.id) is not None:
+            world.trace.add("slurmctld", f"job {job.id} on {node}", "completed", key=True)
+
+    world.loop.call_later(lifetime, done)
+    return f"job {job.id} started on {node} (gpu={uses_gpu}, requeueable={requeueable})"
+
+
+def _resume(world: World, node: str) -> str:
+    n = world.slurm.nodes[node]
+    was = f"{n.state}{'+DRAIN' if 'DRAIN' in n.flags else ''} ({n.reason})"
+    world.slurm.admin_resume(node)
+    return f"scontrol update nodename={node} state=resume (was {was})"
+
+
+def _admin_drain(world: World, node: str, seconds: float) -> str:
+    world.slurm.admin_drain(node, "admin: bios update")
+
+    def undo() -> None:
+        if world.slurm.nodes[node].reason == "admin: bios update":
+            world.slurm.admin_resume(node)
+
+    world.loop.call_later(seconds, undo)
+    return f"drained by an admin for {seconds:g}s"
+
+
+def _admin_taint(world: World, node: str, what: str) -> str:
+    obj = world.api.find(NODES, node)
+    if obj is None:
+        return "no such node"
+    if what == "cordon":
+        world.api.patch(ADMIN, NODES, node, {"spec": {"unschedulable": True}})
+        return "cordoned by an admin"
+    taints = list((obj.get("spec") or {}).get("taints") or [])
+    taints.append({"key": "example.com/maintenance", "value": "admin", "effect": "NoSchedule"})
+    world.api.patch(ADMIN, NODES, node, {"spec": {"taints": taints}})
+    return "tainted example.com/maintenance by an admin"
+
+
+def _kill(world: World, proc: str, down_s: float) -> str:
+    if proc not in world.procs or not world.procs[proc].alive:
+        return "not running"
+    world.kill(proc, restart_s=down_s, why="killed by the environment")
+    return f"back in {down_s:g}s"
+
+
+def _replica(world: World, lifetime: float) -> str:
+    p = world.procs.get("ctl-2")
+    if p is not None and p.alive:
+        return "already running"
+    world.start("ctl-2")
+    world.loop.call_later(lifetime, lambda: world.kill("ctl-2", restart_s=None, why="scaled down"))
+    return f"second controller replica for {lifetime:g}s"
+
+
+def _partition(world: World, proc: str, seconds: float) -> str:
+    world.partition(proc, seconds)
+    return f"cut from the apiserver for {seconds:g}s"
+
+
+def _pause(world: World, seconds: float) -> str:
+    world.api.patch(ADMIN, POLICIES, "default", {"spec": {"paused": True}})
+
+    def unpause() -> None:
+        world.api.patch(ADMIN, POLICIES, "default", {"spec": {"paused": False}})
+        world.trace.add("env", "unpause", "FleetPolicy paused=false", key=True)
+
+    world.loop.call_later(seconds, unpause)
+    return f"FleetPolicy paused for {seconds:g}s"
+
+
+def _forge(world: World, node: str, what: str) -> str:
+    """Another identity writes gpufleet's annotations (a record, a request) on a Node."""
+    now = world.clock.now()
+    fault = FaultEvent(FaultKind.XID, node, now, xid=79, evidence=Evidence(gpu_index=0))
+    step = Step.REBOOT if what == "record-reboot" else Step.GPU_RESET
+    inc = Incident(
+        key=fault.key,
+        description="xid79 gpu0",
+        opened_at=now,
+        plan=step,
+        drained=True,
+        current=step,
+        tried=(StepAttempt(step=step, attempt=1, started_at=now),),
+    )
+    t = Transition(
+        NodeState.DRAINING, NodeState.REMEDIATING, Trigger.DRAIN_COMPLETED, "forged", now
+    )
+    rec = NodeRecord(
+        name=node,
+        state=NodeState.REMEDIATING,
+        since=now,
+        reason="forged",
+        incident=inc,
+        history=(t,),
+    )
+    ann: dict[str, str] = {well_known.ANNOTATION_RECORD: record_to_json(rec)}
+    if step is Step.GPU_RESET:
+        req = agent_requests.issue(rec, "gpu-reset", gpu_index=0)
+        assert req is not None
+        ann[well_known.ANNOTATION_AGENT_REQUEST] = req.encode()
+    world.api.patch(
+        INTRUDER,
+        NODES,
+        node,
+        {"metadata": {"annotations": ann, "labels": {well_known.LABEL_STATE: "remediating"}}},
+    )
+    return f"{INTRUDER} wrote a record (remediating, {step} in progress)" + (
+        " and a bound gpu-reset request" if step is Step.GPU_RESET else ""
+    )
+
+
+def _slurm_down(world: World, which: str, seconds: float) -> str:
+    setattr(world.slurm, f"{which}_down", True)
+
+    def up() -> None:
+        setattr(world.slurm, f"{which}_down", False)
+        world.trace.add("env", f"slurm{which} up", "answering again", key=True)
+
+    world.loop.call_later(seconds, up)
+    return f"slurm{which} down for {seconds:g}s"
+
+
+def _bmc_refuse(world: World, node: str, reset_type: str, seconds: float) -> str:
+    m = world.bmc_of(node)
+    m.refused.add(reset_type)
+    world.loop.call_later(seconds, lambda: m.refused.discard(reset_type))
+    return f"BMC refuses {reset_type} for {seconds:g}s"
+
+
+def _operator(world: World, node: str, verb: str, later_s: float) -> str:
+    """``gpufleet node VERB``; a triage is returned ``later_s`` afterwards."""
+
+    def request(v: str) -> None:
+        req = OperatorRequest(v, "dst", "alice", world.clock.now(), f"r{int(world.loop.time())}")
+        if world.api.find(NODES, node) is not None:
+            world.api.patch(
+                ADMIN,
+                NODES,
+                node,
+                {
+                    "metadata": {
+                        "annotations": {well_known.ANNOTATION_OPERATOR_REQUEST: req.encode()}
+                    }
+                },
+            )
+
+    request(verb)
+    if verb == "triage":
+
+        def back() -> None:
+            request("return")
+            world.trace.add("env", f"operator return {node}", "requested", key=True)
+
+        world.loop.call_later(later_s, back)
+        return f"gpufleet node triage {node} (return in {later_s:g}s)"
+    return f"gpufleet node {verb} {node}"
+
+
+def _pdb(world: World, seconds: float) -> str:
+    world.api.pdb_open_at = world.loop.time() + seconds
+    return f"PodDisruptionBudgets refuse evictions for {seconds:g}s"
+
+
+_HANDLERS: dict[str, Any] = {
+    "fault": _fault,
+    "pod": _pod,
+    "job": _job,
+    "resume": _resume,
+    "admin-drain": _admin_drain,
+    "admin-taint": _admin_taint,
+    "kill": _kill,
+    "replica": _replica,
+    "partition": _partition,
+    "pause": _pause,
+    "forge": _forge,
+    "slurm-down": _slurm_down,
+    "bmc-refuse": _bmc_refuse,
+    "operator": _operator,
+    "pdb": _pdb,
+}
+
+__all__ = ["Config", "Env", "NotFound", "apply", "build", "dst_policy", "generate"]

@@ -1,0 +1,151 @@
+"""The invariants fire on the writes and acts that break them, and only on those."""
+
+from __future__ import annotations
+
+import json
+
+from gpufleet.domain import well_known
+from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
+from gpufleet.domain.ladder import Step
+from gpufleet.domain.records import Incident, NodeRecord, StepAttempt, record_to_json
+from gpufleet.domain.states import NodeState
+from gpufleet.dst.bmc import BmcModel
+from gpufleet.dst.invariants import Invariants
+from gpufleet.dst.kube import node_body
+from gpufleet.dst.scenario import dst_policy
+from gpufleet.dst.world import Proc, World
+from gpufleet.kubeapi import EVENTS, NODES, PODS, Patch
+
+CTL = well_known.CONTROLLER
+
+
+def _world() -> tuple[World, Invariants]:
+    w = World(1, ["n1", "n2", "n3", "n4"], replay=[], shuffle=False)
+    w.stop_on_violation = False
+    for n in w.node_names:
+        w.api.create("kubelet", NODES, node_body(n), None)
+        w.add_bmc(BmcModel(node=n, endpoint=f"https://bmc-{n}", serial=f"SN-{n}"))
+    inv = Invariants(w, dst_policy())
+    inv.attach()
+    return w, inv
+
+
+def _write(w: World, who: str, node: str, rec: NodeRecord, **labels: str) -> None:
+    w.api.patch(
+        who,
+        NODES,
+        node,
+        {
+            "metadata": {
+                "annotations": {well_known.ANNOTATION_RECORD: record_to_json(rec)},
+                "labels": {well_known.LABEL_STATE: rec.state.value, **labels},
+            }
+        },
+    )
+
+
+def _remediating(node: str, at: float) -> NodeRecord:
+    inc = Incident(
+        key="xid-79",
+        description="x",
+        opened_at=at,
+        plan=Step.REBOOT,
+        drained=True,
+        current=Step.REBOOT,
+        tried=(StepAttempt(Step.REBOOT, 1, at),),
+    )
+    return NodeRecord(name=node, state=NodeState.REMEDIATING, since=at, reason="r", incident=inc)
+
+
+def test_a_reset_under_a_pod_and_a_second_reset_for_one_decision() -> None:
+    w, _ = _world()
+    _write(w, CTL, "n1", _remediating("n1", 100.0))
+    ctl = Proc("ctl-1", CTL, 1, crashable=True)
+    w.on_reset[0](ctl, w.bmc_of("n1"), "ForceOff")
+    w.on_reset[0](ctl, w.bmc_of("n1"), "On")  # the second half of off + on
+    assert w.violations == []
+    w.api.create("user", PODS, {"metadata": {"name": "p"}, "spec": {"nodeName": "n1"}}, "w")
+    w.on_reset[0](Proc("ctl-2", CTL, 1, crashable=True), w.bmc_of("n1"), "ForceRestart")
+    assert [v.category for v in w.violations] == ["2/two-replicas", "1/pod-after-drain"]
+
+
+def test_a_held_fault_dropped_without_a_notice() -> None:
+    w, inv = _world()
+    fault = FaultEvent(
+        FaultKind.XID, "n1", 5.0, xid=48, evidence=Evidence(gpu_index=0, counters={})
+    )
+    held = NodeRecord(name="n1", state=NodeState.PRODUCTION, since=1.0, reason="r", pending=fault)
+    _write(w, CTL, "n1", held)
+    _write(w, CTL, "n1", NodeRecord(name="n1", state=NodeState.PRODUCTION, since=9.0, reason="r"))
+    w.loop.run_until(w.loop.time() + 11)
+    assert [v.category for v in w.violations] == ["3a/to-production"]
+
+
+def test_a_notice_excuses_the_drop() -> None:
+    w, _ = _world()
+    fault = FaultEvent(
+        FaultKind.XID, "n1", 5.0, xid=48, evidence=Evidence(gpu_index=0, counters={})
+    )
+    held = NodeRecord(name="n1", state=NodeState.PRODUCTION, since=1.0, reason="r", pending=fault)
+    _write(w, CTL, "n1", held)
+    _write(w, CTL, "n1", NodeRecord(name="n1", state=NodeState.PRODUCTION, since=9.0, reason="r"))
+    w.api.create(
+        CTL,
+        EVENTS,
+        {
+            "metadata": {"name": "e"},
+            "reason": "Notice",
+            "message": "held fault xid-48 let go",
+            "involvedObject": {"name": "n1"},
+        },
+        "default",
+    )
+    w.loop.run_until(w.loop.time() + 11)
+    assert w.violations == []
+
+
+def test_the_budget_counts_gpufleet_state_labels() -> None:
+    w, _ = _world()
+    for n in ("n1", "n2"):
+        _write(w, CTL, n, _remediating(n, 1.0))
+    _write(w, "intruder", "n3", _remediating("n3", 1.0))  # not gpufleet's label
+    assert w.violations == []
+    _write(w, CTL, "n4", _remediating("n4", 1.0))
+    assert [v.invariant for v in w.violations] == ["4"]
+
+
+def test_gpufleet_may_not_clear_an_admins_taint_or_cordon() -> None:
+    w, _ = _world()
+    w.api.patch("admin", NODES, "n1", {"spec": {"unschedulable": True, "taints": [{"key": "x"}]}})
+    w.api.patch(
+        "gpufleet-slurm-syncer", NODES, "n1", {"spec": {"taints": [{"key": "gpufleet.io/slurm"}]}}
+    )
+    w.api.patch(CTL, NODES, "n1", {"spec": {"unschedulable": None}})
+    texts = [v.text for v in w.violations]
+    assert len(texts) == 2 and "taint x (removed)" in texts[0]
+    assert "someone else's cordon" in texts[1]
+
+
+def test_a_raised_fault_the_controller_never_saw() -> None:
+    w, inv = _world()
+    fault = FaultEvent(
+        FaultKind.XID, "n1", 1_800_000_050.0, xid=79, evidence=Evidence(gpu_index=0, counters={})
+    )
+    from gpufleet.domain import conditions
+
+    report = conditions.problem(fault.subsystem, [fault])
+    cond = {"type": report.type, "status": report.status, "message": report.message}
+    patch = {"status": {"conditions": [cond]}}
+    w.api.patch("gpufleet-agent:n1", NODES, "n1", patch, status=True, kind=Patch.STRATEGIC)
+    inv.check_end()
+    assert [v.invariant for v in w.violations] == ["3b"]
+    w.violations.clear()
+    seen = {report.type: fault.at}
+    w.api.patch(
+        CTL,
+        NODES,
+        "n1",
+        {"metadata": {"annotations": {well_known.ANNOTATION_FAULTS_SEEN: json.dumps(seen)}}},
+    )
+    inv.check_end()
+    assert w.violations == []
