@@ -70,7 +70,7 @@ def test_a_reset_under_a_pod_and_a_second_reset_for_one_decision() -> None:
 
 
 def test_a_held_fault_dropped_without_a_notice() -> None:
-    w, inv = _world()
+    w, _ = _world()
     fault = FaultEvent(
         FaultKind.XID, "n1", 5.0, xid=48, evidence=Evidence(gpu_index=0, counters={})
     )
