@@ -23,6 +23,7 @@ KNOWN = {
     "1/after-step-timeout",  # a refused GPU reset escalates to a reboot after its timeout
     "1/hold-lifted-drained",  # a drain completion held by a rail, acted on later
     "1/pod-after-drain",  # a pod landed after the drain loop looked
+    "1/after-held-success",  # a step succeeded, its verification was held: next rung
     "1/job-after-drain",  # a job allocated after the drain loop looked
     "1/stale-slurm-report",  # "drained and idle" from a jobs read older than the DRAIN
     "1/admin-resume-then-job",  # scontrol resume of a node gpufleet drained, then a job

@@ -164,6 +164,10 @@ class Invariants:
             return "after-step-timeout", text
         if prev is not None and prev.outcome is not None and prev.outcome.value == "failed":
             return "after-failed-step", text
+        if prev is not None and prev.outcome is not None and prev.outcome.value == "succeeded":
+            # The step worked, its verification was held (a rail), and the tick's retry
+            # started the next rung instead.
+            return "after-held-success", text
         if held:
             return "hold-lifted-drained", text
         slurm = self.world.slurm
