@@ -57,6 +57,10 @@ LATENCY: dict[int, float] = {0: 0.002, 1: 0.1, 2: 1.0, 3: 5.0}
 """Seconds a call takes (both ways), by its choice; any other choice: the default."""
 
 
+WATCH_DELAY = {0: 0.0, 1: 0.05, 2: 0.5, 3: 3.0, 4: 0.0}
+"""Seconds a watch event is late, by its choice."""
+
+
 class ChoiceSource:
     """Draws (and records) or replays the run's choices, one integer per question."""
 
@@ -81,7 +85,10 @@ class ChoiceSource:
     def call(self, *, crashable: bool = True, writes: bool = False) -> int:
         """The choice for one call through a port (see :class:`Choice`)."""
         if self._replay is not None:
-            return self._next(0)
+            # A shrunk list may hand this question a value drawn for another kind of
+            # question: anything that is not a call's choice is the default.
+            value = self._next(0)
+            return value if 0 <= value <= Choice.DUPLICATE else 0
         o = self.odds
         r = self._rng.randrange(10_000)
         value = Choice.DEFAULT
@@ -101,7 +108,8 @@ class ChoiceSource:
     def watch(self) -> int:
         """The choice for one watch event: 0 on time, 1-3 late, 4 the stream ends after it."""
         if self._replay is not None:
-            return self._next(0)
+            value = self._next(0)
+            return value if value in WATCH_DELAY else 0
         o = self.odds
         r = self._rng.randrange(10_000)
         if r < o.watch_drop:
@@ -114,9 +122,5 @@ class ChoiceSource:
     def pick(self, n: int) -> int:
         """One of ``n`` (0 when replaying past the recorded list)."""
         if self._replay is not None:
-            return self._next(0)
+            return self._next(0) % max(n, 1)
         return self._next(self._rng.randrange(n) if n > 1 else 0)
-
-
-WATCH_DELAY = {0: 0.0, 1: 0.05, 2: 0.5, 3: 3.0, 4: 0.0}
-"""Seconds a watch event is late, by its choice."""

@@ -32,6 +32,7 @@ from gpufleet.dst.kube import PDB_LABEL, node_body
 from gpufleet.dst.node import FAULTS
 from gpufleet.dst.procs import (
     PEERING,
+    PEERING_NAME,
     POLICIES,
     agent_spec,
     controller_spec,
@@ -118,6 +119,7 @@ class Config:
             "bmc-refuse": 2,
             "operator": 3,
             "pdb": 1,
+            "peering": 0,
         }
     )
 
@@ -196,6 +198,8 @@ def generate(seed: int, cfg: Config) -> list[Env]:
             ev = Env(t, kind, (round(rng.uniform(10, 120)),))
         elif kind == "admin-drain":
             ev = Env(t, kind, (node, round(rng.uniform(30, 300))))
+        elif kind == "peering":
+            ev = Env(t, kind, (round(rng.uniform(30, 300)),))
         elif kind == "admin-taint":
             ev = Env(t, kind, (node, rng.choice(["taint", "cordon"])))
         else:
@@ -480,6 +484,22 @@ def _operator(world: World, node: str, verb: str, later_s: float) -> str:
     return f"gpufleet node {verb} {node}"
 
 
+def _peering(world: World, seconds: float) -> str:
+    """The ClusterKopfPeering object goes away for a while (``peering.mandatory`` is False:
+    every replica then runs standalone)."""
+    if world.api.find(PEERING, PEERING_NAME) is None:
+        return "no peering object to delete"
+    world.api.delete(ADMIN, PEERING, PEERING_NAME)
+
+    def back() -> None:
+        if world.api.find(PEERING, PEERING_NAME) is None:
+            world.api.create(ADMIN, PEERING, peering_body(), None)
+            world.trace.add("env", "peering object", "created again", key=True)
+
+    world.loop.call_later(seconds, back)
+    return f"ClusterKopfPeering {PEERING_NAME} deleted for {seconds:g}s"
+
+
 def _pdb(world: World, seconds: float) -> str:
     world.api.pdb_open_at = world.loop.time() + seconds
     return f"PodDisruptionBudgets refuse evictions for {seconds:g}s"
@@ -501,6 +521,7 @@ _HANDLERS: dict[str, Any] = {
     "bmc-refuse": _bmc_refuse,
     "operator": _operator,
     "pdb": _pdb,
+    "peering": _peering,
 }
 
 __all__ = ["Config", "Env", "NotFound", "apply", "build", "dst_policy", "generate"]
