@@ -38,6 +38,7 @@ KNOWN = {
     "2/same-incarnation",
     "3a/isolate",  # a later fault replaces a held one
     "3a/to-production",  # a return to production drops the held fault
+    "3a/notice-lost",  # the Notice of a dismissed fault lost with its writer
     "3b",  # a fault raised and cleared while no controller acted
     "4/two-replicas",  # two replicas each take the last budget slot
     "4/one-replica",  # a slot counted free before the write that frees it landed

@@ -72,6 +72,9 @@ class BmcModel:
     """A one-time boot target armed and not yet consumed."""
     posts: list[tuple[float, str]] = field(default_factory=list)
     """(virtual time, reset type) of every reset it performed."""
+    shutting_down: asyncio.TimerHandle | None = None
+    """A graceful restart whose OS shutdown is under way (a later reset or power-off
+    cuts it short: the OS that was shutting down is gone)."""
 
 
 class BmcClient(Bmc):
@@ -188,20 +191,27 @@ def perform(world: World, m: BmcModel, reset_type: str) -> None:
     m.posts.append((loop.time(), reset_type))
 
     def reset_now() -> None:
+        m.shutting_down = None
         m.resets += 1
         m.last_reset_time = rfc3339(world.clock.now() + m.resets * 1e-3)
         m.log.append((m.last_reset_time, f"System reset ({reset_type})"))
         m.power = "On"
         world.machine_reset(m, reset_type)
 
+    if reset_type != "GracefulRestart" and m.shutting_down is not None:
+        m.shutting_down.cancel()
+        m.shutting_down = None
     if reset_type == "ForceOff":
         if m.power == "On":
             m.power = "Off"
             m.log.append((rfc3339(world.clock.now()), "System power off"))
             world.machine_off(m)
     elif reset_type == "GracefulRestart":
-        loop.call_later(m.shutdown_s, reset_now)
-    else:  # ForceRestart, PowerCycle, On (a boot)
+        if m.shutting_down is None:
+            m.shutting_down = loop.call_later(m.shutdown_s, reset_now)
+    elif reset_type == "On" and m.power == "On":
+        pass  # already on: nothing happens
+    else:  # ForceRestart, PowerCycle, On from off (a boot)
         reset_now()
 
 

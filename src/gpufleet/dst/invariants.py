@@ -37,7 +37,7 @@ from gpufleet.domain.policy import Policy
 from gpufleet.domain.records import NodeRecord, record_from_json
 from gpufleet.domain.states import OUT_OF_SERVICE, NodeState
 from gpufleet.dst.kube import Write
-from gpufleet.dst.world import Proc, Violation
+from gpufleet.dst.world import CURRENT, Proc, Violation
 from gpufleet.kubeapi import EVENTS, NODES, custom
 from gpufleet.lifecycle import crds
 
@@ -84,7 +84,8 @@ class _Drop:
     node: str
     key: str
     at: float
-    writer: str
+    writer: Proc | None
+    """The incarnation that wrote the record (a killed one never posted its Notice)."""
     state: str
     """The state the record moved to when it dropped the fault."""
     done: bool = False
@@ -321,7 +322,9 @@ class Invariants:
                 and (old.incident is None or old.incident.opened_at != new.incident.opened_at)
             )
             if not into:
-                self.drops.append(_Drop(w.name, old.pending.key, now, w.identity, new.state.value))
+                self.drops.append(
+                    _Drop(w.name, old.pending.key, now, CURRENT.get(), new.state.value)
+                )
                 self.world.loop.call_later(NOTICE_WAIT_S, self._drop_due, self.drops[-1])
         old_occ = set(old.occurrences) if old is not None else set()
         if any(o not in old_occ for o in new.occurrences):
@@ -337,7 +340,16 @@ class Invariants:
             b = self.breaker_status
             wall = self.world.clock.now()
             cooldown = self.policy.safety.breaker.cooldown_seconds
-            if b.get("open") and wall - float(b.get("lastFaultAt") or 0.0) < cooldown:
+            genuine = max(
+                (at for at, n in self.genuine if not (n == w.name and at == now)), default=-1e9
+            )
+            # Open by the saved status, and rightly so: a new fault within the cooldown (a
+            # status kept open by retried held faults, 5b, does not count here).
+            if (
+                b.get("open")
+                and wall - float(b.get("lastFaultAt") or 0.0) < cooldown
+                and now - genuine < cooldown
+            ):
                 self._fail(
                     "5a",
                     w.name,
@@ -362,18 +374,19 @@ class Invariants:
     def _drop_due(self, d: _Drop) -> None:
         if d.done:
             return
-        ctl_alive = any(
-            p.alive and p.identity == well_known.CONTROLLER for p in self.world.procs.values()
-        )
         rec = record_in(self.world.api.find(NODES, d.node))
         state = rec.state.value if rec is not None else "?"
         how = {"draining": "isolate", "production": "to-production"}.get(d.state, d.state)
+        if d.writer is not None and not d.writer.alive:
+            how = "notice-lost"  # the writer was killed before its Notice Event landed
         self._fail(
             "3a",
             d.node,
             f"held fault {d.key} dropped from the record at {d.at:.1f} as it went {d.state} "
             f"(now {state}) with no Notice Event in {NOTICE_WAIT_S:g}s"
-            + ("" if ctl_alive else " (no controller alive since)"),
+            + (
+                f" ({d.writer.label} was killed since)" if how == "notice-lost" and d.writer else ""
+            ),
             category=f"3a/{how}",
         )
 
