@@ -9,6 +9,7 @@ first seed of every category is shrunk and its replayable spec written to ``--ou
         [--weights forge=0,replica=4] [--breaker-min-nodes 4] [--shrink --out /tmp/dst]
 
 Replay one: ``python bench/dst_soak.py --replay /tmp/dst/1_after-step-timeout.json``.
+``--keep-going`` runs every seed to its end (the verdict is then its first violation).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def main() -> int:
     ap.add_argument("--only", default="", help="shrink only these categories (comma separated)")
     ap.add_argument("--out", default="dst-findings")
     ap.add_argument("--replay", default="", help="a spec file written by --shrink")
+    ap.add_argument(
+        "--keep-going", action="store_true", help="run each seed to its end past violations"
+    )
     args = ap.parse_args()
     ensure_hash_seed()
     if args.replay:
@@ -71,11 +75,13 @@ def main() -> int:
     shrunk: set[str] = set()
     only = set(filter(None, args.only.split(",")))
     steps = calls = 0
+    virtual = 0.0
     run_wall = 0.0
     began = time.perf_counter()
     for seed in range(args.start, args.start + args.seeds):
-        r = run(Spec(seed, cfg), keep_trace=False)
+        r = run(Spec(seed, cfg), keep_trace=False, stop_on_violation=not args.keep_going)
         steps += r.steps
+        virtual += r.virtual_s
         calls += r.calls
         run_wall += r.wall_s
         cat = r.violation.category if r.violation else "ok"
@@ -103,6 +109,7 @@ def main() -> int:
                 "steps": steps,
                 "trace_lines": calls,
                 "steps_per_s": round(steps / run_wall) if run_wall else None,
+                "virtual_s_per_s": round(virtual / run_wall) if run_wall else None,
                 "seeds_per_min": round(60 * args.seeds / run_wall, 1) if run_wall else None,
                 "wall_s": round(wall, 1),
                 "config": {"duration": cfg.duration, "nodes": cfg.nodes, "weights": args.weights},

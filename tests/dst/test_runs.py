@@ -34,11 +34,13 @@ KNOWN = {
     "1/gpu-reset-forged-record",
     "1b",  # a reimage's one-time network boot left armed
     "2/two-replicas",  # two replicas drive one attempt
-    "2/after-restart",  # a restarted controller posts again for a slow graceful restart
+    "2/after-restart",  # a restarted controller misreads a ForceOff it posted and posts again
     "2/same-incarnation",
+    "2/stale-attempt",  # a BMC task posts for an attempt the ladder has moved past
     "3a/isolate",  # a later fault replaces a held one
     "3a/to-production",  # a return to production drops the held fault
-    "3a/notice-lost",  # the Notice of a dismissed fault lost with its writer
+    "3a/notice-lost",  # the Notice lost with its writer (killed before it posted)
+    "3a/let-go-notice-lost",  # a held fault let go or dismissed, its Notice never posted
     "3b",  # a fault raised and cleared while no controller acted
     "4/two-replicas",  # two replicas each take the last budget slot
     "4/one-replica",  # a slot counted free before the write that frees it landed

@@ -40,6 +40,7 @@ from gpufleet.dst.kube import Write
 from gpufleet.dst.world import CURRENT, Proc, Violation
 from gpufleet.kubeapi import EVENTS, NODES, custom
 from gpufleet.lifecycle import crds
+from gpufleet.remediate.evidence import ActionMark
 
 if TYPE_CHECKING:
     from gpufleet.dst.bmc import BmcModel
@@ -88,6 +89,8 @@ class _Drop:
     """The incarnation that wrote the record (a killed one never posted its Notice)."""
     state: str
     """The state the record moved to when it dropped the fault."""
+    was: str = ""
+    """The state it was in."""
     done: bool = False
 
 
@@ -97,8 +100,9 @@ class Invariants:
 
     world: World
     policy: Policy
-    resets: dict[tuple[Any, ...], list[tuple[str, str]]] = field(default_factory=dict)
-    """Decision key -> (reset type, process) of every reset performed for it."""
+    resets: dict[tuple[Any, ...], list[tuple[str, str, bool]]] = field(default_factory=dict)
+    """Decision key -> (reset type, process, posted for a stale attempt) of every reset
+    performed for it."""
     record_writer: dict[str, str] = field(default_factory=dict)
     """Node -> the identity that last wrote its record."""
     raised: dict[tuple[str, str, float], str] = field(default_factory=dict)
@@ -195,26 +199,41 @@ class Invariants:
             last.attempt if last else None,
             last.started_at if last else None,
         )
+        ann = ((self.world.api.find(NODES, node) or {}).get("metadata") or {}).get(
+            "annotations"
+        ) or {}
+        mark = ActionMark.from_json(ann.get(well_known.ANNOTATION_BMC_ACTION))
+        # A POST whose write-ahead mark names another attempt than the record's: a task
+        # that carried on after the ladder had moved past its attempt.
+        stale = (
+            mark is not None
+            and key[2] is not None
+            and not mark.binds(str(key[2]), int(key[3] or 0), float(key[4] or 0.0))
+        )
         done = self.resets.setdefault(key, [])
-        second_half = reset_type == "On" and [t for t, _ in done[-1:]] == ["ForceOff"]
+        second_half = reset_type == "On" and [t for t, _, _ in done[-1:]] == ["ForceOff"]
         if done and not second_half:
-            names = {p.split("#")[0] for _, p in done}
-            if {p for _, p in done} == {proc.label}:
+            names = {p.split("#")[0] for _, p, _ in done}
+            if stale or any(s for _, _, s in done):
+                how = "stale-attempt"
+            elif {p for _, p, _ in done} == {proc.label}:
                 how = "same-incarnation"
             elif names == {proc.name}:
                 how = "after-restart"
             else:
                 how = "two-replicas"
+            before = " + ".join(
+                f"{t} by {p}" + (" (stale attempt)" if s else "") for t, p, s in done
+            )
             self._fail(
                 "2",
                 node,
-                f"{proc.label} posted Reset {reset_type} after "
-                f"{' + '.join(f'{t} by {p}' for t, p in done)} for the same decision "
+                f"{proc.label} posted Reset {reset_type} after {before} for the same decision "
                 f"(step {key[2]} attempt {key[3]} startedAt {key[4]})",
                 key=key,
                 category=f"2/{how}",
             )
-        done.append((reset_type, proc.label))
+        done.append((reset_type, proc.label, stale))
         if second_half:
             return
         pods, jobs = self._work(node)
@@ -377,6 +396,8 @@ class Invariants:
         rec = record_in(self.world.api.find(NODES, d.node))
         state = rec.state.value if rec is not None else "?"
         how = {"draining": "isolate", "production": "to-production"}.get(d.state, d.state)
+        if d.state == d.was == "production":
+            how = "let-go-notice-lost"  # dismissed or let go: its Notice never landed
         if d.writer is not None and not d.writer.alive:
             how = "notice-lost"  # the writer was killed before its Notice Event landed
         self._fail(
