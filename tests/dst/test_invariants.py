@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from gpufleet.domain import well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
@@ -69,26 +70,35 @@ def test_a_reset_under_a_pod_and_a_second_reset_for_one_decision() -> None:
     assert [v.category for v in w.violations] == ["2/two-replicas", "1/pod-after-drain"]
 
 
-def test_a_held_fault_dropped_without_a_notice() -> None:
-    w, _ = _world()
+def _held_then_dropped(w: World, *, via: NodeState) -> None:
+    """n1 holds a fault in production, then a record without it is written (through ``via``)."""
     fault = FaultEvent(
         FaultKind.XID, "n1", 5.0, xid=48, evidence=Evidence(gpu_index=0, counters={})
     )
     held = NodeRecord(name="n1", state=NodeState.PRODUCTION, since=1.0, reason="r", pending=fault)
     _write(w, CTL, "n1", held)
+    if via is not NodeState.PRODUCTION:
+        _write(w, CTL, "n1", replace(held, state=via))
     _write(w, CTL, "n1", NodeRecord(name="n1", state=NodeState.PRODUCTION, since=9.0, reason="r"))
+
+
+def test_a_held_fault_dropped_without_a_notice() -> None:
+    w, _ = _world()
+    _held_then_dropped(w, via=NodeState.VERIFYING)
     w.loop.run_until(w.loop.time() + 11)
     assert [v.category for v in w.violations] == ["3a/to-production"]
 
 
+def test_a_held_fault_let_go_whose_notice_never_came() -> None:
+    w, _ = _world()
+    _held_then_dropped(w, via=NodeState.PRODUCTION)
+    w.loop.run_until(w.loop.time() + 11)
+    assert [v.category for v in w.violations] == ["3a/let-go-notice-lost"]
+
+
 def test_a_notice_excuses_the_drop() -> None:
     w, _ = _world()
-    fault = FaultEvent(
-        FaultKind.XID, "n1", 5.0, xid=48, evidence=Evidence(gpu_index=0, counters={})
-    )
-    held = NodeRecord(name="n1", state=NodeState.PRODUCTION, since=1.0, reason="r", pending=fault)
-    _write(w, CTL, "n1", held)
-    _write(w, CTL, "n1", NodeRecord(name="n1", state=NodeState.PRODUCTION, since=9.0, reason="r"))
+    _held_then_dropped(w, via=NodeState.PRODUCTION)
     w.api.create(
         CTL,
         EVENTS,

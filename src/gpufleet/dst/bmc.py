@@ -99,6 +99,10 @@ class BmcClient(Bmc):
     async def aclose(self) -> None:
         return None
 
+    def _unreachable(self, what: str) -> BmcUnreachable:
+        """What the client raises once its retries of an idempotent request ran out."""
+        return BmcUnreachable(self._name, f"{what}: no answer after 4 attempts")
+
     async def _get(self, what: str, fn: Callable[[], Any]) -> Any:
         return await self.world.port_call(
             self.proc,
@@ -106,7 +110,7 @@ class BmcClient(Bmc):
             f"{self.model.node} GET {what}",
             fn,
             writes=False,
-            error=lambda w: BmcUnreachable(self._name, f"{w}: no answer after 4 attempts"),
+            error=self._unreachable,
         )
 
     async def identity(self) -> BmcIdentity:
@@ -174,14 +178,9 @@ class BmcClient(Bmc):
         def arm() -> None:
             m.boot_override = target
 
+        what = f"{m.node} PATCH Boot {target} Once"
         await self.world.port_call(
-            self.proc,
-            "bmc",
-            f"{m.node} PATCH Boot {target} Once",
-            arm,
-            writes=False,
-            key=True,
-            error=lambda w: BmcUnreachable(self._name, f"{w}: no answer after 4 attempts"),
+            self.proc, "bmc", what, arm, writes=False, key=True, error=self._unreachable
         )
 
 

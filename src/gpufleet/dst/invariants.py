@@ -234,32 +234,24 @@ class Invariants:
                 category=f"2/{how}",
             )
         done.append((reset_type, proc.label, stale))
-        if second_half:
-            return
-        pods, jobs = self._work(node)
-        if pods or jobs:
-            cat, why = self.route(node, jobs)
-            self._fail(
-                "1",
-                node,
-                f"{proc.label} posted Reset {reset_type} while pods {pods} and Slurm jobs "
-                f"{jobs} run there ({why})",
-                pods=pods,
-                jobs=jobs,
-                category=f"1/{cat}",
-            )
+        if not second_half:
+            self._under_work(node, f"{proc.label} posted Reset {reset_type}", "")
 
     def on_gpu_reset(self, node: str, index: int | None) -> None:
+        self._under_work(node, f"GPU {index} reset", "gpu-reset-")
+
+    def _under_work(self, node: str, act: str, kind: str) -> None:
+        """1: the act took effect while a pod or a Slurm job was on the node."""
         pods, jobs = self._work(node)
         if pods or jobs:
             cat, why = self.route(node, jobs)
             self._fail(
                 "1",
                 node,
-                f"GPU {index} reset while pods {pods} and Slurm jobs {jobs} run there ({why})",
+                f"{act} while pods {pods} and Slurm jobs {jobs} run there ({why})",
                 pods=pods,
                 jobs=jobs,
-                category=f"1/gpu-reset-{cat}",
+                category=f"1/{kind}{cat}",
             )
 
     def check_armed(self) -> None:
@@ -342,7 +334,14 @@ class Invariants:
             )
             if not into:
                 self.drops.append(
-                    _Drop(w.name, old.pending.key, now, CURRENT.get(), new.state.value)
+                    _Drop(
+                        w.name,
+                        old.pending.key,
+                        now,
+                        CURRENT.get(),
+                        new.state.value,
+                        old.state.value,
+                    )
                 )
                 self.world.loop.call_later(NOTICE_WAIT_S, self._drop_due, self.drops[-1])
         old_occ = set(old.occurrences) if old is not None else set()
