@@ -66,7 +66,7 @@ NETWORK_BOOT = "Pxe"
 """The ``resetType`` of the mark a reimage writes before it sets its one-time network
 boot: no reset is posted under it, but a process killed between the override and its
 reset leaves the mark, so whoever finds the attempt ended removes the override
-(docs/decisions/0143, 0147)."""
+(docs/decisions/0143, 0148)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +265,7 @@ class _Run:
         return self.judged(mark, happened, "accepted")
 
     def mark(self, reset_type: str, baseline: ResetEvidence) -> ActionMark:
+        """The write-ahead mark of this attempt for ``reset_type``, from ``baseline``."""
         return ActionMark(
             step=self.step.value,
             attempt=self.attempt.attempt,
