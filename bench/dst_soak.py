@@ -5,10 +5,10 @@ steps, steps per second and seeds per minute on this machine. With ``--shrink`` 
 first seed of every category is shrunk and its replayable spec written to ``--out``
 (one JSON file per category), with the shrunk run's story.
 
-    PYTHONPATH=src python bench/dst_soak.py --seeds 200 [--start 0] [--duration 900]
+    .venv/bin/python bench/dst_soak.py --seeds 200 [--start 0] [--duration 900]
         [--weights forge=0,replica=4] [--breaker-min-nodes 4] [--shrink --out /tmp/dst]
 
-Replay one: ``python bench/dst_soak.py --replay /tmp/dst/1_after-step-timeout.json``.
+Replay one: ``.venv/bin/python bench/dst_soak.py --replay /tmp/dst/1_after-step-timeout.json``.
 ``--keep-going`` runs every seed to its end (the verdict is then its first violation).
 """
 
@@ -50,7 +50,11 @@ def _save(out: pathlib.Path, r: Result, original: Result) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="example: .venv/bin/python bench/dst_soak.py --seeds 200 --shrink --out /tmp/dst; "
+        "then --replay /tmp/dst/<category>.json tells that seed's story",
+    )
     ap.add_argument("--seeds", type=int, default=50)
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--duration", type=float, default=900.0)
