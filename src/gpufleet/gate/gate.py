@@ -136,7 +136,10 @@ class Gate:
                 if prepare is not None:
                     await prepare(body)
 
-            journal = _MarkJournal(self, name, attempt, resumed=mark)
+            async def slurm_again() -> None:
+                await self._prove_slurm(name, record, policy)
+
+            journal = _MarkJournal(self, name, attempt, resumed=mark, slurm=slurm_again)
             async with self._bmcs(creds, name) as bmc:
                 try:
                     detail = await steps.run_bmc_step(
@@ -354,6 +357,15 @@ class Gate:
         holding = await proof.pods_holding(self._kube, name)
         if holding:
             raise _NotEmpty(f"{len(holding)} pod(s) on the node: {', '.join(holding[:5])}")
+        why = await self._prove_slurm(name, record, policy)
+        # The pods again: the probe took a moment, and a pod may have been bound meanwhile.
+        holding = await proof.pods_holding(self._kube, name)
+        if holding:
+            raise _NotEmpty(f"{len(holding)} pod(s) on the node: {', '.join(holding[:5])}")
+        log.info("node=%s proven empty: no pod; %s", name, why)
+
+    async def _prove_slurm(self, name: str, record: NodeRecord, policy: Policy) -> str:
+        """Raise :class:`_NotEmpty` unless Slurm says, now, that the node runs nothing."""
         inc = record.incident
         verdict = await proof.slurm_verdict(
             self._kube,
@@ -367,11 +379,7 @@ class Gate:
         )
         if not verdict.empty:
             raise _NotEmpty(verdict.why)
-        # The pods again: the probe took a moment, and a pod may have been bound meanwhile.
-        holding = await proof.pods_holding(self._kube, name)
-        if holding:
-            raise _NotEmpty(f"{len(holding)} pod(s) on the node: {', '.join(holding[:5])}")
-        log.info("node=%s proven empty: no pod; %s", name, verdict.why)
+        return verdict.why
 
     def _mark(self, body: Mapping[str, Any], attempt: steps.Attempt) -> ActionMark | None:
         """This attempt's mark on the Node, if the key signed it. A mark for this attempt
@@ -472,9 +480,17 @@ class _MarkJournal:
     """
 
     def __init__(
-        self, gate: Gate, name: str, attempt: steps.Attempt, *, resumed: ActionMark | None
+        self,
+        gate: Gate,
+        name: str,
+        attempt: steps.Attempt,
+        *,
+        resumed: ActionMark | None,
+        slurm: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._gate = gate
+        self._slurm = slurm
+        """Asks Slurm again after the mark (an admin's resume and a job since the proof)."""
         self._name = name
         self._attempt = attempt
         self._own: set[float] = {resumed.posted_at} if resumed is not None else set()
@@ -526,6 +542,16 @@ class _MarkJournal:
             mark.reset_type,
         )
         if mark.reset_type != "On":  # powering a machine that is off on disrupts nothing
+            if self._slurm is not None and mark.reset_type != steps.NETWORK_BOOT:
+                try:  # the proof came before the mark: Slurm is asked again, last
+                    await self._slurm()
+                except _NotEmpty as exc:
+                    with contextlib.suppress(ApiError):  # the probe wrote the Node since
+                        fresh = await gate._kube.get(NODES, name)
+                        text, _ = nodedata.read_mark_text(fresh, keys)
+                        if text == mark.to_json():
+                            await gate._clear_mark(name, fresh)
+                    raise _NotEmpty(f"{exc} (asked again before the POST); nothing posted") from exc
             holding = await proof.pods_holding(gate._kube, name)
             if holding:
                 await gate._clear_mark(name, written)

@@ -692,8 +692,13 @@ class Syncer:
                 )
             else:
                 jobs = [j.job_id for j in await self.rest.running_jobs() if slurm_name in j.nodes]
+                # The node again, after the jobs: a drain that held across the jobs read
+                # means no job could start unseen; an admin's resume meanwhile (and a job
+                # right after it) shows as not drained, and the gate refuses.
+                again = await self.rest.node(slurm_name)
+                label = view.label if again is None else again.label
                 report = emptiness.work_report(
-                    view.label, jobs, probe.incident, self.clock.now(), probe=probe.id
+                    label, jobs, probe.incident, self.clock.now(), probe=probe.id
                 )
         except SlurmError as e:
             self._probed.pop(name, None)

@@ -71,6 +71,8 @@ class World(FakeKube):
         data = {"endpoint": "https://bmc-1", "username": "u", "password": "p"}
         self.secrets[("bmc", "n1")] = {"metadata": {"name": "n1"}, "data": encode_data(data)}
         self.slurm_answer: str | None = "idle+DRAIN"
+        self.second_answer: str | None = None
+        """From the second probe on (None: the same as the first)."""
         self.probes = 0
         self.on_mark: Any = None
         """Called when a mark is written (a test lands a pod at that moment)."""
@@ -92,6 +94,8 @@ class World(FakeKube):
         probe = emptiness.Probe.from_annotation(ann.get(well_known.ANNOTATION_SLURM_PROBE))
         if probe is not None:
             self.probes += 1
+            if self.probes == 2 and self.second_answer is not None:
+                self.slurm_answer = self.second_answer
             if self.slurm_answer is not None:
                 work = emptiness.work_report(
                     self.slurm_answer, (), probe.incident, 1.0, probe=probe.id
@@ -154,6 +158,16 @@ def run(coro: Any) -> Any:
 # ----------------------------------------------------------------------- ahead
 
 
+def test_slurm_asked_again_after_the_mark_stops_a_job_that_started_since_the_proof() -> None:
+    # An admin resumed the node and a job started between the proof and the mark.
+    world, bmc = World(), machine_bmc()
+    world.second_answer = "allocated"
+    out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy(SlurmWait.AUTO)))
+    assert isinstance(out, Refused) and "asked again" in out.detail, out
+    assert resets(bmc) == [] and world.probes == 2
+    assert well_known.ANNOTATION_BMC_ACTION not in world.nodes[NODE]["metadata"]["annotations"]
+
+
 def test_an_empty_node_is_rebooted_once_after_a_signed_mark_written_by_compare_and_swap() -> None:
     world, bmc = World(), machine_bmc()
     out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy()))
@@ -169,7 +183,7 @@ def test_slurm_is_asked_at_the_moment_of_the_act_and_its_fresh_answer_decides() 
         world, bmc = World(), machine_bmc()
         world.slurm_answer = answer
         out = run(gate(world, bmc).bmc_step(NODE, ATTEMPT, policy=policy(SlurmWait.AUTO)))
-        assert world.probes == 1
+        assert world.probes == (2 if ok else 1)  # asked again after the mark, before the POST
         assert isinstance(out, Done if ok else Refused), (answer, out)
         assert len(resets(bmc)) == (1 if ok else 0)
     world, bmc = World(), machine_bmc()
