@@ -57,6 +57,7 @@ from gpufleet.kubeapi import (
     Unreachable,
     WatchEvent,
 )
+from gpufleet.lifecycle.nodes import apply_merge_patch
 
 if TYPE_CHECKING:
     from gpufleet.dst.world import Proc, World
@@ -89,17 +90,10 @@ def _obj(obj: Json) -> Json:
     return out
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: maps merge, ``null`` deletes, everything else replaces."""
-    if not isinstance(patch, Mapping):
-        return copy(patch)
-    out = dict(target) if isinstance(target, Mapping) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge_patch(out.get(k), v)
-    return out
+def merge_patch(target: Json, patch: Mapping[str, Any]) -> Json:
+    """RFC 7386 (the controller's own :func:`~gpufleet.lifecycle.nodes.apply_merge_patch`),
+    on a copy of the patch: what is stored never shares data with the caller's patch."""
+    return apply_merge_patch(target, copy(dict(patch)))
 
 
 MERGE_KEYS: dict[tuple[str, ...], str] = {

@@ -546,11 +546,7 @@ class _MarkJournal:
                 try:  # the proof came before the mark: Slurm is asked again, last
                     await self._slurm()
                 except _NotEmpty as exc:
-                    with contextlib.suppress(ApiError):  # the probe wrote the Node since
-                        fresh = await gate._kube.get(NODES, name)
-                        text, _ = nodedata.read_mark_text(fresh, keys)
-                        if text == mark.to_json():
-                            await gate._clear_mark(name, fresh)
+                    await gate.clear_mark(name, attempt)  # read again: the probe wrote the Node
                     raise _NotEmpty(f"{exc} (asked again before the POST); nothing posted") from exc
             holding = await proof.pods_holding(gate._kube, name)
             if holding:
