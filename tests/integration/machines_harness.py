@@ -267,6 +267,33 @@ def serve_behind_a_service(api: Api, name: str, node: str, **spec: Any) -> None:
     )
 
 
+NETCHECK_GIVES_UP_S = 2 * 30 * 6
+"""netcheck get's own bound for two URLs (scripts/node-image/netcheck: 30 tries, 5 s timeout
+and 1 s pause each)."""
+
+
+def _pod_story(api: Api, name: str) -> str:
+    """A pod's phase, conditions and container states, and the tail of its log where the
+    kubelet answers: what a timed-out wait names to say why."""
+    try:
+        pod = api.get(f"/api/v1/namespaces/default/pods/{name}")
+    except Exception as e:  # the story is for a failure message; never mask the failure
+        return f"{name}: not read ({e})"
+    status = pod.get("status") or {}
+    conditions = [f"{c['type']}={c['status']}" for c in status.get("conditions") or []]
+    states = [c.get("state") for c in status.get("containerStatuses") or []]
+    try:
+        logs = api.http.get(
+            f"/api/v1/namespaces/default/pods/{name}/log", params={"tailLines": 10}, timeout=10
+        ).text[-600:]
+    except Exception as e:
+        logs = f"(log not read: {e})"
+    return (
+        f"{name} on {pod.get('spec', {}).get('nodeName')}: {status.get('phase')} "
+        f"{conditions} {states} podIP={status.get('podIP')} log: {logs!r}"
+    )
+
+
 def pod_phase(api: Api, name: str, *phases: str) -> dict[str, Any] | None:
     pod: dict[str, Any] = api.get(f"/api/v1/namespaces/default/pods/{name}")
     return pod if pod.get("status", {}).get("phase") in phases else None
@@ -293,9 +320,18 @@ def assert_reached_by_name(
             ["get", f"http://{server}.default.svc.cluster.local/", f"https://{api_ip}/livez"],
             restartPolicy="Never",
         )
-        done = wait_for(
-            f"pod {client} finished", lambda: pod_phase(api, client, "Succeeded", "Failed"), timeout
-        )
+        try:
+            # netcheck gives up by itself (30 tries of at most 6 s per URL): wait that out,
+            # so a broken path fails with netcheck's own line saying what did not answer.
+            done = wait_for(
+                f"pod {client} finished",
+                lambda: pod_phase(api, client, "Succeeded", "Failed"),
+                max(timeout, NETCHECK_GIVES_UP_S + 60),
+            )
+        except AssertionError as e:
+            raise AssertionError(
+                f"{e}; {_pod_story(api, client)}; {_pod_story(api, server)}"
+            ) from e
         message = str(done["status"]["containerStatuses"][0]["state"]["terminated"].get("message"))
         assert done["status"]["phase"] == "Succeeded", message
         assert f" 200 netcheck {server}" in message, message

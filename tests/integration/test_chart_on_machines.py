@@ -409,7 +409,13 @@ TRAINING_JOB = r"""#!/bin/sh
 # A training job that checkpoints its step every few seconds and resumes from the last
 # checkpoint when it is started again. The machines share no filesystem (a reimage wipes
 # the node's): the checkpoint lives in the job's own Comment, in slurmctld's saved state.
-from=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/.*Comment=step:\([0-9]*\).*/\1/p')
+# slurmctld may be restarting as the job starts (a reconfigure when the node comes back):
+# a read that failed is not "no checkpoint", so it is tried again, a minute at most.
+for i in $(seq 30); do
+    shown=$(scontrol show job "$SLURM_JOB_ID") && break
+    sleep 2
+done
+from=$(echo "$shown" | sed -n 's/.*Comment=step:\([0-9]*\).*/\1/p')
 step=${from:-0}
 while true; do
     step=$((step + 1))
@@ -729,7 +735,10 @@ def reimage_after_xid_79(info: ClusterInfo, api: Api, tokens: TokenWatch) -> Non
         info,
         api,
         "slurm-client-requeued",
-        f"for i in $(seq 150); do scontrol show job {job} | grep -q JobState=RUNNING && break;"
+        # Until it runs and has written its first checkpoint of this run (until then its
+        # Comment is the last run's, which started from step 0).
+        f"for i in $(seq 150); do scontrol show job {job} | grep -q JobState=RUNNING"
+        f" && scontrol show job {job} | grep -q 'Comment=step:[0-9]*,from:[1-9]' && break;"
         f" sleep 2; done; scontrol show job {job}; "
         + sacct_until(f"-D -j {job}", f"alice|REQUEUED|{GPU}"),
     )

@@ -263,8 +263,13 @@ def test_the_fleet_budget_holds_a_fault_its_pool_has_room_for(
             )
             assert api.state(second) == "production"
             assert not api.node(second)["spec"].get("unschedulable")
-            withheld = [e for e in api.events(second) if e["reason"] == "ActionWithheld"]
-            assert withheld and withheld[-1]["message"].startswith("budget-exhausted")
+            # The Event is posted in the background after the record write (events.py).
+            withheld = wait_for(
+                "the ActionWithheld Event",
+                lambda: [e for e in api.events(second) if e["reason"] == "ActionWithheld"],
+                timeout=30,
+            )
+            assert withheld[-1]["message"].startswith("budget-exhausted"), withheld
 
             def fleet_status() -> dict[str, Any]:
                 status = api.get(f"{GV}/fleetpolicies/smaller-budget").get("status") or {}

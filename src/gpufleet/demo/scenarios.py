@@ -682,7 +682,7 @@ def new_machine(ctx: Ctx) -> None:
         "state",
         f"{name}: hardware matches the Machine, burn-in",
         "controller",
-        45,
+        90,  # the agent starts, reads its hardware and reports: 20 s alone, 45+ on a busy host
         node=name,
         match=lambda e: e.data.get("state") == "burn-in",
     )

@@ -113,7 +113,18 @@ def kubelet_configuration() -> str:
             "staticPodPath": "/etc/kubernetes/manifests",
             # A node of the local cluster has 1-2 GiB and no disk: do not evict
             # for pressure the emulation itself causes.
-            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%"},
+            "evictionHard": {
+                "memory.available": "50Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+            },
+            # No image garbage collection: a node's images were loaded at boot (pause,
+            # netcheck) or pulled from a registry it may no longer reach, and none can be
+            # fetched again. The host node's image store is on the host's disk, 85 % full
+            # on a busy CI machine: the kubelet deleted the netcheck image between two
+            # tests and the next pod failed with ErrImageNeverPull.
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
             "failSwapOn": False,
             # containerd's answers, not 2 minutes: an emulated machine starting seven pods
             # took longer to create a container, the kubelet gave up ("context deadline
