@@ -7,7 +7,8 @@ Numbers follow the safety rules gpufleet promises (docs/reliability.md):
    (:func:`~gpufleet.domain.emptiness.pod_holds_node`) or a Slurm job runs on it, looked
    at by the BMC and hardware models the moment they accept the act; ``1b``: a
    one-time network boot (a reimage waiting for the next reset) armed on a machine
-   whose record has no reimage in progress;
+   whose record has no reimage in progress or in verification, a reset of another
+   step with one armed, or one removed before the firmware of the reset read it;
 2. **one reset per decision**: at most one performed disruptive reset per (node,
    incident ``openedAt``, step, attempt, ``startedAt``), as the Node's record says when
    the BMC accepts it (``On`` after ``ForceOff`` of the same attempt allowed);
@@ -39,6 +40,7 @@ from gpufleet.domain.states import OUT_OF_SERVICE, NodeState
 from gpufleet.dst.kube import Write
 from gpufleet.dst.procs import CONTROLLER_SETTINGS
 from gpufleet.dst.world import CURRENT, Proc, Violation
+from gpufleet.gate.attempts import network_boot_may_be_starting
 from gpufleet.kubeapi import EVENTS, LEASES, NODES, PODS, custom
 from gpufleet.lifecycle import crds
 from gpufleet.remediate.evidence import ActionMark
@@ -135,6 +137,7 @@ class Invariants:
         w.api.on_write.append(self.on_write)
         w.on_reset.append(self.on_reset)
         w.on_gpu_reset.append(self.on_gpu_reset)
+        w.on_disk_boot.append(self.on_disk_boot)
 
     def _fail(self, inv: str, node: str, text: str, **detail: Any) -> None:
         self.world.violate(Violation(inv, self.world.loop.time(), node, text, dict(detail)))
@@ -220,6 +223,18 @@ class Invariants:
             "annotations"
         ) or {}
         mark = ActionMark.from_json(ann.get(well_known.ANNOTATION_BMC_ACTION))
+        if (
+            m.boot_override is not None
+            and reset_type != "ForceOff"
+            and (mark is None or mark.step != Step.REIMAGE.value)
+        ):
+            self._fail(
+                "1b",
+                node,
+                f"{reset_type} ({mark.step if mark else 'no mark'}) with a one-time "
+                f"{m.boot_override} boot armed: it reimages the machine",
+                category="1b/reset-not-reimage",
+            )
         # A POST whose write-ahead mark names another attempt than the record's: a task
         # that carried on after the ladder had moved past its attempt.
         stale = (
@@ -289,8 +304,22 @@ class Invariants:
                 category=f"1/{kind}{cat}",
             )
 
+    def on_disk_boot(self, m: BmcModel) -> None:
+        """1b: a reimage's network boot removed before the machine's firmware read it:
+        the machine booted its old disk and the reimage was silently not done."""
+        rec = record_in(self.world.api.find(NODES, m.node))
+        state = rec.state.value if rec is not None else "?"
+        self._fail(
+            "1b",
+            m.node,
+            f"the network boot armed at its reset was removed while the machine was "
+            f"starting (record {state}): it booted its disk, the reimage not done",
+            category="1b/network-boot-cancelled",
+        )
+
     def check_armed(self) -> None:
-        """1b: a one-time network boot armed while no reimage is in progress."""
+        """1b: a one-time network boot armed while no reimage is in progress or being
+        verified (until verification ends the firmware may still read it, 0177)."""
         now = self.world.loop.time()
         for m in self.world.bmcs.values():
             rec = record_in(self.world.api.find(NODES, m.node))
@@ -299,7 +328,7 @@ class Invariants:
                 and rec.state is NodeState.REMEDIATING
                 and rec.incident is not None
                 and rec.incident.current is Step.REIMAGE
-            )
+            ) or network_boot_may_be_starting(rec)
             if m.boot_override is None or reimaging:
                 self.armed_since.pop(m.node, None)
                 continue

@@ -146,6 +146,9 @@ class World:
         self.on_reset: list[Callable[[Proc, BmcModel, str, float], None]] = []
         """Called as a BMC accepts a reset: (caller, BMC, reset type, when it was sent)."""
         self.on_gpu_reset: list[Callable[[str, int | None], None]] = []
+        self.on_disk_boot: list[Callable[[BmcModel], None]] = []
+        """Called as a machine whose reset found a network boot armed boots its disk
+        instead: the override was removed while its firmware was starting."""
 
     def _later(self, delay: float, fn: Callable[[], None]) -> None:
         self.loop.call_later(delay, fn)
@@ -336,15 +339,23 @@ class World:
         for job in self.slurm.reboot(node):
             self.trace.add("slurmctld", f"job {job.id} on {node}", "lost: node rebooted", key=True)
         hw = self.hw[node]
-        if model.boot_override is not None:
-            model.boot_override = None
-            hw.fixed(Step.REIMAGE)
-        elif reset_type in ("PowerCycle", "On"):
-            hw.fixed(Step.POWER_CYCLE)
-        else:
-            hw.fixed(Step.REBOOT)
+        by_reset = Step.POWER_CYCLE if reset_type in ("PowerCycle", "On") else Step.REBOOT
+        # The BMC shows the machine on at once; its firmware reads a one-time network
+        # boot only as it starts, here when the boot ends (a real one: a minute or more).
+        network = model.boot_override is not None
+        this_reset = model.resets
+        if not network:
+            hw.fixed(by_reset)
 
         def booted() -> None:
+            if network and model.resets == this_reset:  # a later reset boots on its own
+                if model.boot_override is None:
+                    hw.fixed(by_reset)
+                    for hook in self.on_disk_boot:
+                        hook(model)
+                else:
+                    model.boot_override = None
+                    hw.fixed(Step.REIMAGE)
             if model.power == "On":
                 self.slurm.booted(node)
                 self.start(agent)

@@ -30,7 +30,7 @@ from gpufleet.domain.policy import Policy, SlurmSilence
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
 from gpufleet.gate import proof
-from gpufleet.gate.attempts import attempt_in_progress
+from gpufleet.gate.attempts import attempt_in_progress, network_boot_may_be_starting
 from gpufleet.gate.drivers import BmcFactory, redfish_bmcs
 from gpufleet.gate.fence import Fence, StaticFence
 from gpufleet.gate.outcomes import Done, Failed, Held, Outcome, Refused, Stale
@@ -185,6 +185,15 @@ class Gate:
         """
         try:
             body = await self._kube.get(NODES, name)
+            try:
+                record: NodeRecord | None = self._trusted_record(body)
+            except _HoldOn:
+                record = None  # nothing in progress can be told: an armed boot is the risk
+            if attempt_in_progress(record) == attempt or network_boot_may_be_starting(record):
+                # Judged on the Node as it is now, not on a cached copy: the attempt is
+                # still under way, or its machine may still be reading the boot (0177).
+                log.info("node=%s one-time boot of %s kept: still in use", name, attempt.step)
+                return False
             creds = await self._credentials(body)
             async with self._bmcs(creds, name) as bmc:
                 await bmc.clear_one_time_boot()

@@ -31,7 +31,7 @@ from gpufleet.domain.ladder import Step
 from gpufleet.domain.records import NodeRecord, Outcome
 from gpufleet.domain.states import NodeState
 from gpufleet.gate import Done, Failed, Gate, Held, Refused, Stale
-from gpufleet.gate.attempts import attempt_in_progress
+from gpufleet.gate.attempts import attempt_in_progress, network_boot_may_be_starting
 from gpufleet.kubeapi import ApiError, KubePort, NotFound
 from gpufleet.lifecycle import bmc as kube_bmc
 from gpufleet.lifecycle import machines
@@ -112,6 +112,8 @@ class GatedSteps:
         key: Key = (name, what)
         if key in self._running or self._asked.get(name) == key:
             return
+        if (name, CLEANUP) in self._running:
+            return  # a one-time boot being removed: the tick asks again once it is (0177)
         self._running.add(key)
         label = what.step if isinstance(what, steps.Attempt) else "command"
         task = self.tasks.spawn(self._drive(name, what), f"{label} {name}", acting=True)
@@ -139,7 +141,7 @@ class GatedSteps:
         """A decision was stored: attempts it ended are cleaned up (mark, one-time boot)."""
         ended = _ended_attempts(before, record)
         if ended:
-            self.tasks.spawn(self._cleanup(record.name, ended), f"cleanup {record.name}")
+            self._clean(record.name, ended)
 
     def forget(self, name: str) -> None:
         """A deleted Node: nothing of its acts is kept."""
@@ -258,17 +260,28 @@ class GatedSteps:
         """A mark left by an attempt that is no longer in progress (a crash between the
         result and its cleanup): cleaned up, and a reimage's one-time boot removed."""
         mark = kube_bmc.mark_of(self.book.get(name))
-        if mark is None or (name, "sweep") in self._running:
+        if mark is None:
             return
         current = attempt_in_progress(record)
         if current is not None and mark.binds(
             current.step.value, current.attempt, current.started_at
         ):
             return
-        attempt = steps.Attempt(Step(mark.step), mark.attempt, mark.started_at)
-        self._running.add((name, "sweep"))
-        task = self.tasks.spawn(self._cleanup(name, (attempt,)), f"sweep {name}", acting=True)
-        task.add_done_callback(functools.partial(_discard, self._running, (name, "sweep")))
+        if mark.step == Step.REIMAGE.value and network_boot_may_be_starting(record):
+            return  # its firmware may not have read the network boot yet (0177)
+        self._clean(name, (steps.Attempt(Step(mark.step), mark.attempt, mark.started_at),))
+
+    def _clean(self, name: str, ended: tuple[steps.Attempt, ...]) -> None:
+        """Clean up ``ended`` attempts of ``name`` in a task of their own, never beside
+        another task for the node: a one-time boot removed while the next reimage of the
+        node sets its own would cancel that one (found by the simulation). What is not
+        cleaned now keeps its mark, and the tick's sweep comes back to it."""
+        if any(key[0] == name for key in self._running):
+            return
+        key: Key = (name, CLEANUP)
+        self._running.add(key)
+        task = self.tasks.spawn(self._cleanup(name, ended), f"cleanup {name}", acting=True)
+        task.add_done_callback(functools.partial(_discard, self._running, key))
 
     async def _cleanup(self, name: str, ended: tuple[steps.Attempt, ...]) -> None:
         for attempt in ended:
@@ -289,6 +302,10 @@ class GatedSteps:
             await kube_bmc.mismatch_condition(
                 self.client, body, mismatch=mismatch, message=detail, now=self.clock.now()
             )
+
+
+CLEANUP = "cleanup"
+"""The key of a node's cleanup task in :attr:`GatedSteps._running`."""
 
 
 def _discard(running: set[Key], key: Key, _task: object) -> None:

@@ -45,6 +45,15 @@ class RedfishPower(RedfishClient):
 
         A reimage that did not happen must not leave the machine set to network-boot
         at whatever power action comes next, by anyone (docs/decisions/0143).
+
+        Read first, written only when a network boot is armed: every reboot and power
+        cycle asks this before its reset (decision 0177), and a write a BMC logs would
+        stand beside the reset's own entry in the evidence its reset is judged by. A
+        ``Continuous`` one is cleared too: some BMCs read a ``Once`` back as that.
         """
         info = await self.system()
+        boot = (await self._request("GET", info.path)).get("Boot") or {}
+        enabled = boot.get("BootSourceOverrideEnabled")
+        if enabled == "Disabled" or boot.get("BootSourceOverrideTarget") not in (None, "Pxe"):
+            return  # nothing armed, or not a network boot (not ours to remove)
         await self._request("PATCH", info.path, {"Boot": {"BootSourceOverrideEnabled": "Disabled"}})

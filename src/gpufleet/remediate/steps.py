@@ -217,6 +217,10 @@ class _Run:
         return self.graceful_settle_s if reset_type == GRACEFUL else self.settle_s
 
     async def fresh(self) -> str:
+        if self.step is not Step.REIMAGE:
+            # A reimage's network boot left armed (its reset unconfirmed, its override
+            # kept through verification) must not turn this reset into a reimage (0177).
+            await self.bmc.clear_one_time_boot()
         if self.step is Step.REBOOT:
             if self.bmc.allows("GracefulRestart"):
                 try:

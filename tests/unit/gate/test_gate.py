@@ -19,6 +19,7 @@ from gpufleet.domain.policy import Policy, SlurmSilence, SlurmWait, default_poli
 from gpufleet.domain.records import Incident, NodeRecord, StepAttempt
 from gpufleet.domain.states import NodeState
 from gpufleet.gate import Done, Failed, Gate, GateSettings, Held, Refused, Stale, StaticFence
+from gpufleet.gate.attempts import network_boot_may_be_starting
 from gpufleet.kubeapi import NODES, SECRETS, Json, Patch, Resource
 from gpufleet.kubeapi.machines import MachineStore
 from gpufleet.kubeapi.secrets import encode_data
@@ -386,14 +387,35 @@ def test_an_automated_boot_honours_the_lease_and_the_rails() -> None:
     assert resets(bmc) == []
 
 
+def _ended(state: NodeState, step: Step = Step.REBOOT) -> NodeRecord:
+    rec = remediating(step)
+    assert rec.incident is not None
+    done = replace(rec.incident.tried[-1], ended_at=1_020.0)
+    return replace(rec, state=state, incident=replace(rec.incident, current=None, tried=(done,)))
+
+
 def test_disarm_removes_a_one_time_boot_and_the_mark_goes() -> None:
-    world, bmc = World(), machine_bmc()
+    world, bmc = World(_ended(NodeState.TRIAGE)), machine_bmc()
     g = gate(world, bmc)
     _marked(world, "PowerCycle", ResetEvidence(last_reset_time="t0"))
     assert run(g.disarm(NODE, ATTEMPT))
     run(g.clear_mark(NODE, ATTEMPT))
     assert "boot cleared" in bmc.calls
     assert well_known.ANNOTATION_BMC_ACTION not in world.nodes[NODE]["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [remediating(), _ended(NodeState.VERIFYING, Step.REIMAGE)],
+    ids=["its-attempt-in-progress", "its-reimage-verifying"],
+)
+def test_disarm_judges_the_node_as_it_is_now_and_keeps_a_boot_in_use(record: NodeRecord) -> None:
+    """A sweep that read a stale copy of the record must not cancel a network boot the
+    attempt set or the machine may still read (0177): the gate reads the Node again."""
+    world, bmc = World(record), machine_bmc()
+    attempt = steps.Attempt(Step.REIMAGE, 1, 1_010.0) if "verifying" in record.state else ATTEMPT
+    assert not run(gate(world, bmc).disarm(NODE, attempt))
+    assert "boot cleared" not in bmc.calls
 
 
 def test_secrets_are_read_from_the_nodes_annotation_only() -> None:
@@ -440,3 +462,25 @@ def test_a_reimage_marks_its_network_boot_before_setting_it() -> None:
     assert isinstance(out, Done)
     assert seen[0][0] == steps.NETWORK_BOOT and "boot Pxe" not in seen[0][1]
     assert "boot Pxe" in seen[1][1] and resets(bmc) == [f"reset {seen[1][0]}"]
+
+
+@pytest.mark.parametrize(
+    ("step", "state", "starting"),
+    [
+        (Step.REIMAGE, NodeState.VERIFYING, True),  # the firmware may not have read it yet
+        (Step.REIMAGE, NodeState.PRODUCTION, False),  # verified: an armed one was never used
+        (Step.REIMAGE, NodeState.TRIAGE, False),
+        (Step.REIMAGE, NodeState.REMEDIATING, False),  # its own attempt: bound by the mark
+        (Step.REBOOT, NodeState.VERIFYING, False),
+    ],
+)
+def test_a_reimages_network_boot_is_kept_only_while_it_is_verified(
+    step: Step, state: NodeState, starting: bool
+) -> None:
+    """Decision 0177: the sweep leaves a reimage's override while its verification runs."""
+    done = replace(StepAttempt(step, 1, 1_010.0), ended_at=1_020.0)
+    rec = remediating(step)
+    assert rec.incident is not None
+    rec = replace(rec, state=state, incident=replace(rec.incident, current=None, tried=(done,)))
+    assert network_boot_may_be_starting(rec) is starting
+    assert not network_boot_may_be_starting(None)

@@ -129,6 +129,34 @@ def test_reimage_boots_once_from_the_network(bmc) -> None:  # type: ignore[no-un
     assert state.last_boot_source == "Hdd"
 
 
+def _overrides_set(state: emulator.BmcState) -> int:
+    return sum(e["MessageId"] == "Gpufleet.1.0.BootOverrideSet" for e in state.log)
+
+
+def test_a_reboot_never_uses_a_network_boot_a_reimage_left_armed(bmc) -> None:  # type: ignore[no-untyped-def]
+    """A reimage whose reset never came leaves its override armed through verification
+    (decision 0177); the next reboot removes it before its reset and boots the disk."""
+    state, creds = bmc
+
+    async def arm() -> None:
+        async with power.RedfishPower(creds, name="n1", retry_delays=(0.05,)) as client:
+            await client.set_one_time_boot("Pxe")
+
+    run(arm())
+    assert state.boot_enabled == "Once" and state.boot_target == "Pxe"
+    run(_step(creds, Step.REBOOT))
+    assert state.last_reset_type == "GracefulRestart"
+    assert state.last_boot_source == "Hdd"  # not a reimage
+    assert state.boot_enabled == "Disabled"
+
+
+def test_a_reboot_with_nothing_armed_writes_no_boot_override(bmc) -> None:  # type: ignore[no-untyped-def]
+    """Read first: a BMC's log gets no entry beside the reset's (its evidence)."""
+    state, creds = bmc
+    run(_step(creds, Step.POWER_CYCLE))
+    assert state.reset_posts == 1 and _overrides_set(state) == 0
+
+
 def test_bad_credentials_name_the_bmc(bmc) -> None:  # type: ignore[no-untyped-def]
     _, creds = bmc
     wrong = redfish.BmcCredentials(creds.endpoint, "admin", "nope")

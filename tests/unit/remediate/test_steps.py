@@ -52,6 +52,7 @@ def test_the_mark_is_written_after_the_identity_and_before_the_one_post() -> Non
     assert run(Step.REBOOT, bmc, journal).endswith("GracefulRestart")
     assert bmc.calls == [
         "identity",
+        "boot cleared",  # a reimage's network boot left armed never makes this a reimage
         "evidence",
         "mark GracefulRestart",
         "reset GracefulRestart",
