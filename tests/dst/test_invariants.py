@@ -70,6 +70,26 @@ def test_a_reset_under_a_pod_and_a_second_reset_for_one_decision() -> None:
     assert [v.category for v in w.violations] == ["2/two-replicas", "1/pod-after-drain"]
 
 
+def test_a_pod_counts_from_the_gates_last_look_at_the_nodes_pods() -> None:
+    """Decision 0147: a pod bound after the acting process last listed the node's pods is
+    in flight (no look after it could see it); one bound before that look is a violation,
+    and so is one bound after a look too old to be the act's own."""
+    w, inv = _world()
+    ctl = Proc("ctl-1", CTL, 1, crashable=True)
+    cases = {"n1": (10.0, 10.5), "n2": (10.0, 9.5), "n3": (5.0, 5.5)}  # node: (look, pod)
+    for node, (look, born) in cases.items():
+        _write(w, CTL, node, _remediating(node, 100.0))
+        w.api.create("user", PODS, {"metadata": {"name": node}, "spec": {"nodeName": node}}, "w")
+        inv.pod_born[f"w/{node}"] = born
+        w.pod_looks[(ctl.label, node)] = look
+        w.on_reset[0](ctl, w.bmc_of(node), "ForceRestart", 11.0)  # sent at 11.0
+    assert [(v.node, v.invariant) for v in w.violations if v.invariant == "1"] == [
+        ("n2", "1"),
+        ("n3", "1"),
+    ]
+    assert [node for _, node in inv.in_flight] == ["n1"]
+
+
 def _held_then_dropped(w: World, *, via: NodeState) -> None:
     """n1 holds a fault in production, then a record without it is written (through ``via``)."""
     fault = FaultEvent(

@@ -59,6 +59,9 @@ GPUFLEET_CONDITIONS = frozenset(
     }
 )
 POLICIES = custom(crds.FLEET_POLICY_PLURAL)
+LOOK_FRESH_S = 5.0
+"""A look at a node's pods this long before a reset's POST at most is that act's last look
+(the gate's after its mark; slowest answer in the model: 2.5 s)."""
 NOTICE_WAIT_S = 10.0
 """How long after a record drops a held fault its Notice Event may come."""
 ARMED_GRACE_S = 5.0
@@ -267,28 +270,47 @@ class Invariants:
             )
         done.append((reset_type, proc.label, stale))
         if not second_half:
-            self._under_work(node, f"{proc.label} posted Reset {reset_type}", "", sent=sent)
+            # A pod counts from the acting process's last look at the node's pods (the
+            # gate's, after the mark): its answer may take seconds to arrive, and nothing
+            # the gate does after the look can see a pod bound since (0147).
+            look = self.world.pod_looks.get((proc.label, node), sent)
+            if sent - look > LOOK_FRESH_S:
+                look = sent  # not this act's look: a gate that did not look is not excused
+            self._under_work(
+                node, f"{proc.label} posted Reset {reset_type}", "", sent=sent, looked=look
+            )
 
     def on_gpu_reset(self, node: str, index: int | None) -> None:
         self._under_work(node, f"GPU {index} reset", "gpu-reset-")
 
-    def _under_work(self, node: str, act: str, kind: str, *, sent: float | None = None) -> None:
+    def _under_work(
+        self,
+        node: str,
+        act: str,
+        kind: str,
+        *,
+        sent: float | None = None,
+        looked: float | None = None,
+    ) -> None:
         """1: the act took effect while a pod or a Slurm job was on the node.
 
-        Work that arrived while the request was on its way (after ``sent``) is the one
-        race no API closes (a pod bound by ``nodeName``, a job Slurm allocates, in the
-        milliseconds between the gate's last look and the BMC acting): traced and
-        counted, not a violation (docs/decisions/0147)."""
+        Work that arrived while the request was on its way (a pod after the gate's last
+        look at the node's pods, ``looked``; a job after ``sent``) is the one race no API
+        closes (a pod bound by ``nodeName``, a job Slurm allocates, between the gate's
+        last look and the BMC acting): traced and counted, not a violation
+        (docs/decisions/0147)."""
         pods, jobs = self._work(node)
         if sent is not None:
-            late_pods = [p for p in pods if self.pod_born.get(p, -1.0) > sent]
+            since = min(sent, looked if looked is not None else sent)
+            late_pods = [p for p in pods if self.pod_born.get(p, -1.0) > since]
             late_jobs = [j for j in jobs if self._job_born(j) > sent]
             if late_pods or late_jobs:
                 self.in_flight.append((self.world.loop.time(), node))
                 self.world.trace.add(
                     "invariant",
                     "in flight",
-                    f"{act}: pods {late_pods} and jobs {late_jobs} arrived after it was sent",
+                    f"{act}: pods {late_pods} bound after the last look at its pods, jobs "
+                    f"{late_jobs} allocated after it was sent",
                     key=True,
                 )
             pods = [p for p in pods if p not in late_pods]

@@ -569,10 +569,15 @@ class KubeClient:
         field_selector: str = "",
     ) -> ObjectList:
         sel = ",".join(filter(None, (label_selector, field_selector)))
-        return await self._call(
-            f"list {resource}" + (f" [{sel}]" if sel else ""),
-            lambda: self.api.list(resource, namespace, label_selector, field_selector),
-        )
+        looked = field_selector.removeprefix("spec.nodeName=") if resource == PODS else ""
+
+        def effect() -> ObjectList:
+            listing = self.api.list(resource, namespace, label_selector, field_selector)
+            if looked and looked != field_selector:  # a look at one node's pods, now
+                self.world.pod_looks[(self.proc.label, looked)] = self.world.loop.time()
+            return listing
+
+        return await self._call(f"list {resource}" + (f" [{sel}]" if sel else ""), effect)
 
     async def watch(
         self,

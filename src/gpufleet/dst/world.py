@@ -146,6 +146,9 @@ class World:
         self.on_reset: list[Callable[[Proc, BmcModel, str, float], None]] = []
         """Called as a BMC accepts a reset: (caller, BMC, reset type, when it was sent)."""
         self.on_gpu_reset: list[Callable[[str, int | None], None]] = []
+        self.pod_looks: dict[tuple[str, str], float] = {}
+        """(process label, node) -> when the apiserver last listed that node's pods for
+        that process: the moment of a look, not of its answer's arrival."""
         self.on_disk_boot: list[Callable[[BmcModel], None]] = []
         """Called as a machine whose reset found a network boot armed boots its disk
         instead: the override was removed while its firmware was starting."""
