@@ -17,13 +17,16 @@ def kinds(r: ScenarioResult, kind: str, node: str | None = None) -> list[str]:
 
 
 def order(r: ScenarioResult, *steps: tuple[str, str | None]) -> None:
-    """Each (kind, node) happened, in this order."""
+    """Each (kind, node) happened, in this order: none was certainly over before the step
+    that precedes it could have begun (the observer reads each source at its own moment:
+    ``Entry.earliest`` and ``Entry.latest`` bound when a thing happened)."""
     last = 0.0
     for kind, node in steps:
-        times = [e.t for e in r.entries if e.kind == kind and (node is None or e.node == node)]
-        assert times, f"{kind} on {node} never happened"
-        assert max(times) >= last, f"{kind} on {node} before the step that precedes it"
-        last = min(t for t in times if t >= last)
+        seen = [e for e in r.entries if e.kind == kind and (node is None or e.node == node)]
+        assert seen, f"{kind} on {node} never happened"
+        after = [e for e in seen if e.latest >= last]
+        assert after, f"{kind} on {node} before the step that precedes it: {seen[-1]}"
+        last = min(e.earliest for e in after)
 
 
 def job_completed_with_bounded_loss(r: ScenarioResult) -> None:

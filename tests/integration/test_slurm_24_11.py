@@ -101,9 +101,18 @@ def test_syncer_drains_requeues_and_resumes_through_the_api(cluster: ClusterInfo
         kube.set_condition(NODE, "GpuProblem", "True", "Xid79")
         wait_for("fault drain", lambda: drained(cluster, NODE) == "gpufleet: GpuProblem Xid79", 10)
         wait_for("requeue", lambda: restarts(cluster, job) >= 1, 20)
-        assert syncer.syncer is not None and syncer.syncer.stats.requeues >= 1
+        # By the syncer: its count goes up once scontrol's answer is back, a moment after
+        # slurmctld shows the restart.
+        stats = syncer.syncer.stats if syncer.syncer is not None else None
+        assert stats is not None
+        wait_for("the syncer's requeue counted", lambda: stats.requeues >= 1, 10)
         kube.set_condition(NODE, "GpuProblem", "False", "Healthy")
         wait_for("resume after the fault", lambda: drained(cluster, NODE) is None, 10)
+        wait_for(
+            "the syncer's drains and resumes counted",
+            lambda: stats.drains >= 2 and stats.resumes >= 2,
+            10,
+        )
         run(cluster, "scancel", str(job))
     finally:
         syncer.stop()

@@ -9,6 +9,7 @@ should happen next: that is the scenario's business.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -28,13 +29,32 @@ OWN_CONDITIONS = frozenset(well_known.CONDITIONS.values())
 
 @dataclass(frozen=True)
 class Entry:
-    """One thing that happened, seen at ``t`` (seconds since the epoch)."""
+    """One thing that happened, seen at ``t`` (seconds since the epoch).
+
+    What a poll finds happened some time between two reads of its source: after
+    ``after`` (the previous read began, and did not show it) and before ``before`` (this
+    read ended). Two things seen in different sources can be ordered only as far as
+    those windows allow: a kube read and a Slurm read of one poll are moments apart,
+    and under load a Slurm change caused by a Node change can be read before it.
+    """
 
     t: float
     kind: str
     node: str | None
     text: str
     data: dict[str, Any] = field(default_factory=dict, compare=False)
+    after: float | None = field(default=None, compare=False)
+    before: float | None = field(default=None, compare=False)
+
+    @property
+    def earliest(self) -> float:
+        """The earliest moment it can have happened."""
+        return self.t if self.after is None else min(self.after, self.t)
+
+    @property
+    def latest(self) -> float:
+        """The latest moment it can have happened."""
+        return self.t if self.before is None else max(self.before, self.t)
 
 
 @dataclass
@@ -151,6 +171,8 @@ class Observer:
         self.errors: dict[str, str] = {}
         self.request_kinds: dict[str, str] = {}
         self.events_seen: set[str] = set()
+        self.read_began: dict[str, float] = {}
+        """Per source, when its last successful read began."""
 
     def close(self) -> None:
         self.slurm.close()
@@ -174,8 +196,13 @@ class Observer:
             ("events", self._events),
             ("training job", self._training),
         ):
+            began = time.time()
             try:
-                out.extend(fn(now))
+                seen = fn(now)
+                after = self.read_began.get(source, began)
+                self.read_began[source] = began
+                ended = time.time()
+                out.extend(dataclasses.replace(e, after=after, before=ended) for e in seen)
                 self.errors.pop(source, None)
             except (ApiError, httpx.HTTPError, OSError, ValueError, KeyError) as exc:
                 self.errors[source] = str(exc)
