@@ -272,11 +272,11 @@ NETCHECK_GIVES_UP_S = 2 * 30 * 6
 and 1 s pause each)."""
 
 
-def _pod_story(api: Api, name: str) -> str:
+def pod_story(api: Api, name: str, namespace: str = "default") -> str:
     """A pod's phase, conditions and container states, and the tail of its log where the
     kubelet answers: what a timed-out wait names to say why."""
     try:
-        pod = api.get(f"/api/v1/namespaces/default/pods/{name}")
+        pod = api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
     except Exception as e:  # the story is for a failure message; never mask the failure
         return f"{name}: not read ({e})"
     status = pod.get("status") or {}
@@ -284,7 +284,7 @@ def _pod_story(api: Api, name: str) -> str:
     states = [c.get("state") for c in status.get("containerStatuses") or []]
     try:
         logs = api.http.get(
-            f"/api/v1/namespaces/default/pods/{name}/log", params={"tailLines": 10}, timeout=10
+            f"/api/v1/namespaces/{namespace}/pods/{name}/log", params={"tailLines": 10}, timeout=10
         ).text[-600:]
     except Exception as e:
         logs = f"(log not read: {e})"
@@ -329,9 +329,7 @@ def assert_reached_by_name(
                 max(timeout, NETCHECK_GIVES_UP_S + 60),
             )
         except AssertionError as e:
-            raise AssertionError(
-                f"{e}; {_pod_story(api, client)}; {_pod_story(api, server)}"
-            ) from e
+            raise AssertionError(f"{e}; {pod_story(api, client)}; {pod_story(api, server)}") from e
         message = str(done["status"]["containerStatuses"][0]["state"]["terminated"].get("message"))
         assert done["status"]["phase"] == "Succeeded", message
         assert f" 200 netcheck {server}" in message, message

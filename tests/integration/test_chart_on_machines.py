@@ -74,6 +74,7 @@ from machines_harness import (
     assert_refused_at_discovery,
     machine_policy,
     node_ready,
+    pod_story,
     signed_for,
     state,
     wait_for,
@@ -337,12 +338,15 @@ AS_ALICE = f"setpriv --reuid={ALICE_UID} --regid={ALICE_UID} --clear-groups"
 """Runs a command as slurm.users' alice in a Slurm client pod."""
 
 
-def slurm_client(info: ClusterInfo, api: Api, name: str, script: str) -> str:
-    """Runs ``script`` (sh) in a one-shot pod of the Slurm image on the GPU machine, where
-    pods start fastest, with the release's Slurm config and munge key (what the login pod
-    has) and alice in its passwd; returns what it printed (its termination message: the
-    host cannot reach a machine's kubelet for logs). A user's own client, as on a
-    workstation: the login pod is reached over ssh, which the host cannot reach either."""
+def slurm_client(info: ClusterInfo, api: Api, name: str, script: str, node: str = GPU) -> str:
+    """Runs ``script`` (sh) in a one-shot pod of the Slurm image on ``node``, with the
+    release's Slurm config and munge key (what the login pod has) and alice in its passwd;
+    returns what it printed (its termination message: the host cannot reach a machine's
+    kubelet for logs). A user's own client, as on a workstation: the login pod is reached
+    over ssh, which the host cannot reach either. On the GPU machine for ``srun`` (its
+    slurmd connects back to the client); a client that only asks slurmctld and slurmdbd
+    runs on the system node, where a pod starts in seconds, not in the emulated machine's
+    minutes (a helm upgrade was rolling its DaemonSets there)."""
     munged = (
         "mkdir -p /run/munge && chmod 0755 /run/munge"
         " && install -m 0400 /etc/munge-key/munge.key /run/munge/munge.key"
@@ -358,7 +362,7 @@ def slurm_client(info: ClusterInfo, api: Api, name: str, script: str) -> str:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
-            "nodeName": GPU,
+            "nodeName": node,
             "restartPolicy": "Never",
             "tolerations": [{"operator": "Exists"}],
             "automountServiceAccountToken": False,
@@ -389,14 +393,18 @@ def slurm_client(info: ClusterInfo, api: Api, name: str, script: str) -> str:
     path = f"/api/v1/namespaces/{NS}/pods"
     api.post(path, body)
     try:
-        done = wait_for(
-            f"pod {name} finished",
-            lambda: (
-                (pod := api.get(f"{path}/{name}"))["status"].get("phase") in ("Succeeded", "Failed")
-                and pod
-            ),
-            POD_TIMEOUT,
-        )
+        try:
+            done = wait_for(
+                f"pod {name} finished",
+                lambda: (
+                    (pod := api.get(f"{path}/{name}"))["status"].get("phase")
+                    in ("Succeeded", "Failed")
+                    and pod
+                ),
+                POD_TIMEOUT,
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {pod_story(api, name, NS)}") from e
         terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
         message = str(terminated.get("message", ""))
         assert done["status"]["phase"] == "Succeeded", message
@@ -741,6 +749,7 @@ def reimage_after_xid_79(info: ClusterInfo, api: Api, tokens: TokenWatch) -> Non
         f" && scontrol show job {job} | grep -q 'Comment=step:[0-9]*,from:[1-9]' && break;"
         f" sleep 2; done; scontrol show job {job}; "
         + sacct_until(f"-D -j {job}", f"alice|REQUEUED|{GPU}"),
+        node=SYSTEM,
     )
     assert "JobState=RUNNING" in shown, shown
     restarts = int(shown.split("Restarts=", 1)[1].split()[0])
@@ -783,6 +792,7 @@ def test_helm_upgrade_rolls_the_controller_and_acts_once(chart: Any) -> None:
         "slurm-client-partition",
         "for i in $(seq 150); do scontrol show partition debug >/dev/null 2>&1 && break;"
         " sleep 2; done; scontrol show partition debug",
+        node=SYSTEM,
     )
     assert "PartitionName=debug" in shown and f"Nodes={GPU}" in shown, shown
     assert state(api, GPU) == "production"
