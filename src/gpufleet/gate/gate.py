@@ -180,10 +180,12 @@ class Gate:
         An attempt that ended without its reset (a timeout, a crash between the
         override and the POST) must not leave the machine set to network-boot at
         the next power action, by anyone (docs/decisions/0143). Returns whether the
-        BMC was reached. Not disruptive: no proof, no lease needed beyond the
-        caller's; the mark of the attempt is removed afterwards.
+        BMC was reached. Not disruptive: no proof; the lease, since a replica that
+        lost it could remove the boot the next holder's reimage just set. The mark of the
+        attempt is removed afterwards.
         """
         try:
+            self._check_fence()  # a replica that lost the lease could cancel the next one's
             body = await self._kube.get(NODES, name)
             try:
                 record: NodeRecord | None = self._trusted_record(body)

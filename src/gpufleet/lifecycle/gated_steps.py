@@ -20,6 +20,7 @@ an untrusted record) as nothing at all: the tick asks again, and an Event says w
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -90,6 +91,8 @@ class GatedSteps:
         """Per node, the agent request the gate wrote (not asked again each tick)."""
         self._held_said: dict[str, str] = {}
         """Per node, the last hold announced (an Event once, not every tick)."""
+        self._held_back: dict[str, tuple[steps.Attempt, ...]] = {}
+        """Per node, ended attempts whose cleanup waits for the node's act task to end."""
 
     # ------------------------------------------------------------ starting
 
@@ -117,7 +120,7 @@ class GatedSteps:
         self._running.add(key)
         label = what.step if isinstance(what, steps.Attempt) else "command"
         task = self.tasks.spawn(self._drive(name, what), f"{label} {name}", acting=True)
-        task.add_done_callback(functools.partial(_discard, self._running, key))
+        task.add_done_callback(functools.partial(self._act_done, key))
 
     def resume(self) -> None:
         """Tick: an act the records say is in progress and that no task of this process
@@ -149,6 +152,7 @@ class GatedSteps:
             del self._results[key]
         self._asked.pop(name, None)
         self._held_said.pop(name, None)
+        self._held_back.pop(name, None)
 
     # ---------------------------------------------------------------- the task
 
@@ -254,6 +258,15 @@ class GatedSteps:
         if stored is None:
             log.info("node=%s result dropped: no longer the act in progress", name)
 
+    def _act_done(self, key: Key, task: asyncio.Task[Any]) -> None:
+        """An act's task ended: the cleanups held back while it ran (a cleanup does not
+        run beside it) run now, not a tick later. Not after a task that was stopped (a
+        lost lease, a pause): their marks stay, and the next holder's tick sweeps them."""
+        self._running.discard(key)
+        held = self._held_back.pop(key[0], ())
+        if held and not task.cancelled():
+            self._clean(key[0], held)
+
     # ------------------------------------------------------------- cleaning up
 
     def _sweep(self, name: str, record: NodeRecord) -> None:
@@ -273,10 +286,14 @@ class GatedSteps:
 
     def _clean(self, name: str, ended: tuple[steps.Attempt, ...]) -> None:
         """Clean up ``ended`` attempts of ``name`` in a task of their own, never beside
-        another task for the node: a one-time boot removed while the next reimage of the
-        node sets its own would cancel that one (found by the simulation). What is not
-        cleaned now keeps its mark, and the tick's sweep comes back to it."""
-        if any(key[0] == name for key in self._running):
+        another act of the node (their own tasks may still be winding down): a one-time
+        boot removed while the node's next reimage sets its own would cancel that one
+        (found by the simulation). Held back, it
+        runs when the node's act task ends; its mark stays meanwhile, so a restart's sweep
+        comes back to it."""
+        if any(key[0] == name and key[1] not in ended for key in self._running):
+            if (name, CLEANUP) not in self._running:  # run when the node's act ends
+                self._held_back[name] = (*self._held_back.get(name, ()), *ended)
             return
         key: Key = (name, CLEANUP)
         self._running.add(key)
