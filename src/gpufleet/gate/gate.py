@@ -497,7 +497,7 @@ class _MarkJournal:
         attempt: steps.Attempt,
         *,
         resumed: ActionMark | None,
-        slurm: Callable[[], Awaitable[None]] | None = None,
+        slurm: Callable[[], Awaitable[None]],
     ) -> None:
         self._gate = gate
         self._slurm = slurm
@@ -553,7 +553,7 @@ class _MarkJournal:
             mark.reset_type,
         )
         if mark.reset_type != "On":  # powering a machine that is off on disrupts nothing
-            if self._slurm is not None and mark.reset_type != steps.NETWORK_BOOT:
+            if mark.reset_type != steps.NETWORK_BOOT:
                 try:  # the proof came before the mark: Slurm is asked again, last
                     await self._slurm()
                 except _NotEmpty as exc:

@@ -288,9 +288,8 @@ class GatedSteps:
         """Clean up ``ended`` attempts of ``name`` in a task of their own, never beside
         another act of the node (their own tasks may still be winding down): a one-time
         boot removed while the node's next reimage sets its own would cancel that one
-        (found by the simulation). Held back, it
-        runs when the node's act task ends; its mark stays meanwhile, so a restart's sweep
-        comes back to it."""
+        (found by the simulation). Held back, it runs when the node's act task ends; its
+        mark stays meanwhile, so a restart's sweep comes back to it."""
         if any(key[0] == name and key[1] not in ended for key in self._running):
             if (name, CLEANUP) not in self._running:  # run when the node's act ends
                 self._held_back[name] = (*self._held_back.get(name, ()), *ended)

@@ -120,9 +120,9 @@ def kubelet_configuration() -> str:
             },
             # No image garbage collection: a node's images were loaded at boot (pause,
             # netcheck) or pulled from a registry it may no longer reach, and none can be
-            # fetched again. The host node's image store is on the host's disk, 85 % full
-            # on a busy CI machine: the kubelet deleted the netcheck image between two
-            # tests and the next pod failed with ErrImageNeverPull.
+            # fetched again. The host node's image store is on the host's disk (83 % full
+            # here before a run); past the default 85 % the kubelet deleted the netcheck
+            # image between two tests and the next pod failed with ErrImageNeverPull.
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "failSwapOn": False,

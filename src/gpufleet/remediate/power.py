@@ -51,8 +51,8 @@ class RedfishPower(RedfishClient):
         stand beside the reset's own entry in the evidence its reset is judged by. A
         ``Continuous`` one is cleared too: some BMCs read a ``Once`` back as that.
         """
-        info = await self.system()
-        boot = (await self._request("GET", info.path)).get("Boot") or {}
+        info, system = await self._system_now()
+        boot = system.get("Boot") or {}
         enabled = boot.get("BootSourceOverrideEnabled")
         if enabled == "Disabled" or boot.get("BootSourceOverrideTarget") not in (None, "Pxe"):
             return  # nothing armed, or not a network boot (not ours to remove)

@@ -254,10 +254,14 @@ class RedfishClient:
         )
         return self._system
 
+    async def _system_now(self) -> tuple[SystemInfo, Any]:
+        """The discovered system and its ComputerSystem resource, read now."""
+        info = await self.system()
+        return info, await self._request("GET", info.path)
+
     async def identity(self) -> BmcIdentity:
         """What the ComputerSystem says about itself, read now (never cached)."""
-        info = await self.system()
-        data = await self._request("GET", info.path)
+        _, data = await self._system_now()
         return BmcIdentity(
             serial=_text(data.get("SerialNumber")),
             uuid=_text(data.get("UUID")),
@@ -266,8 +270,7 @@ class RedfishClient:
 
     async def evidence(self) -> ResetEvidence:
         """What a reset would change: LastResetTime, else the logs, and PowerState."""
-        info = await self.system()
-        data = await self._request("GET", info.path)
+        info, data = await self._system_now()
         power = _text(data.get("PowerState"))
         last = _text(data.get("LastResetTime"))
         if last is not None or info.log_services is None:
@@ -307,8 +310,7 @@ class RedfishClient:
         return (await self.identity()).serial
 
     async def power_state(self) -> str:
-        info = await self.system()
-        data = await self._request("GET", info.path)
+        _, data = await self._system_now()
         return str(data.get("PowerState", "Unknown"))
 
     def allows(self, reset_type: str) -> bool:
