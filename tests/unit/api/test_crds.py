@@ -24,6 +24,22 @@ def test_committed_crds_are_the_generated_ones(directory: str) -> None:
         assert text == crds.render(manifest), f"{directory}/{name} is stale: {REGENERATE}"
 
 
+def test_the_crd_chart_templates_are_the_crds_kept_on_uninstall() -> None:
+    """The CRD chart upgrades the same CRDs as the plain copies, each marked to be kept:
+    uninstalling a CRD would delete every object of its kind (decision 0184)."""
+    generated = crds.manifests()
+    committed = {p.name for p in (ROOT / crds.CHART_DIR).glob("*.yaml")}
+    assert committed == set(generated), f"{crds.CHART_DIR}: CRD files differ; {REGENERATE}"
+    for name, manifest in generated.items():
+        chart = crds.chart_manifest(manifest)
+        text = (ROOT / crds.CHART_DIR / name).read_text()
+        assert text == crds.render(chart), f"{crds.CHART_DIR}/{name} is stale: {REGENERATE}"
+        assert chart["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert chart["spec"] == manifest["spec"]
+        assert "{{" not in text  # a template helm renders as it is
+    assert "annotations" not in next(iter(generated.values()))["metadata"]  # not changed
+
+
 def test_one_file_per_kind() -> None:
     kinds = {m["spec"]["names"]["kind"] for m in crds.manifests().values()}
     assert kinds == {
@@ -190,3 +206,4 @@ def test_the_generator_takes_no_option_for_a_directory(
     assert list(tmp_path.iterdir()) == []  # no directory named after an option
     assert crds.main([str(tmp_path / "out")]) == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(crds.manifests())
+    assert not (tmp_path / "deploy").exists()  # a directory given: plain copies there only
