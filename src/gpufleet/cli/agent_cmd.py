@@ -82,6 +82,7 @@ def run(
         help="Directory of the maintenance commands a MaintenancePlan (action command) may "
         "name: executables, not writable by group or others; a name not found here fails.",
     ),
+    log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
     """Watch GPUs, InfiniBand and the kernel; report Node conditions, Events and metrics.
 
@@ -106,7 +107,7 @@ def run(
 
         gpufleet agent --policy-name default
     """
-    logs.configure()
+    logs.configure(log_format=log_format)
     node = node_name(node)
     if policy_file is not None and policy_name is not None:
         raise typer.BadParameter(

@@ -128,6 +128,7 @@ def controller(
         ),
     ] = "",
     verbose: VerboseOpt = False,
+    log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
     """Run the lifecycle controller: faults -> cordon, drain, remediation ladder, verification.
 
@@ -167,7 +168,7 @@ def controller(
         redfish.set_address_map(redfish.parse_address_map(bmc_address_map))
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--bmc-address-map") from None
-    logs.configure(verbose)
+    logs.configure(verbose, log_format)
     # Imported here: kopf and the controller take a second to import, which
     # every other gpufleet command would pay at start-up.
     from gpufleet.lifecycle.controller import ControllerSettings

@@ -22,26 +22,13 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
-import pydantic
 import typer
-import yaml
-from rich.console import Console
-from rich.markup import escape
 
 # typer carries its own copy of click (typer._click): its Context and exceptions
 # are the ones raised here, not the click package's.
 from typer._click.core import Context
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
-
-from gpufleet.kubeapi import (
-    ApiError,
-    Forbidden,
-    KubeconfigError,
-    NotFound,
-    Unauthorized,
-    Unreachable,
-)
 
 EXIT_NO = 1
 """The command ran and the answer is no (or an unexpected error)."""
@@ -76,6 +63,9 @@ def warn(message: str, *, hint: str | None = None) -> None:
 
 
 def _print(label: str, color: str, message: str, hint: str | None) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     err.print(f"[{color}]{label}:[/] {escape(message)}")
     if hint:
@@ -88,9 +78,25 @@ KUBECONFIG_HINT = (
 
 
 def explain(exc: BaseException) -> CliError | None:
-    """The user-facing error for an exception, or None if it is not one we know."""
+    """The user-facing error for an exception, or None if it is not one we know.
+
+    The Kubernetes adapter, pydantic and yaml are imported here, on the way out, not
+    at start: a command that never talks to a cluster starts without them.
+    """
     if isinstance(exc, CliError):
         return exc
+    import pydantic
+    import yaml
+
+    from gpufleet.kubeapi import (
+        ApiError,
+        Forbidden,
+        KubeconfigError,
+        NotFound,
+        Unauthorized,
+        Unreachable,
+    )
+
     if isinstance(exc, KubeconfigError):
         return CliError(f"no usable kubeconfig: {exc}", hint=KUBECONFIG_HINT)
     if isinstance(exc, Unreachable):

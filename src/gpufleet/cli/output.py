@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import typer
-import yaml
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
@@ -99,6 +98,8 @@ def dump_json(data: Any) -> str:
 
 
 def dump_yaml(data: Any) -> str:
+    import yaml  # here: a command that prints no yaml starts without it
+
     # Through JSON first, so that yaml shows exactly what json shows (no Python tags).
     plain = json.loads(json.dumps(data, default=str))
     return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False, allow_unicode=True)

@@ -192,7 +192,8 @@ def validate_cmd(
 
     Example:
 
-        gpufleet policy validate deploy/policies/default.yaml
+        gpufleet policy show > my-policy.yaml
+        gpufleet policy validate my-policy.yaml
     """
     checked = [_check(path) for path in files]
     if structured(output):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from gpufleet.cli import logs
 from gpufleet.cli.errors import fail
 from gpufleet.cli.options import KubeconfigOpt
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
@@ -88,6 +88,7 @@ def serve_cmd(
             "(repeatable), e.g. gpufleet.local=http://10.0.2.100:5000."
         ),
     ] = None,
+    log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
     """Serve iPXE scripts, cloud-init and single-use join tokens to known machines.
 
@@ -112,8 +113,7 @@ def serve_cmd(
         gpufleet provision serve --public-url http://10.0.0.2:8080 \\
             --images-url http://10.0.0.2/images
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logs.configure(log_format=log_format)
     from gpufleet.provision.render import parse_registry_mirror
     from gpufleet.provision.server import ServeOptions, serve  # fastapi: slow to import
 

@@ -33,8 +33,8 @@ syncer_app = typer.Typer(
 )
 
 
-def _logging(verbose: bool) -> None:
-    logs.configure(verbose)
+def _logging(verbose: bool, log_format: logs.LogFormat) -> None:
+    logs.configure(verbose, log_format)
 
 
 def token_from(token_file: Path | None, jwt_key_file: Path | None, user: str) -> str:
@@ -96,6 +96,7 @@ def run_syncer(
         "127.0.0.1", help="Address /metrics listens on (0.0.0.0 for a Prometheus off the host)."
     ),
     verbose: VerboseOpt = False,
+    log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
     """Run the syncer until interrupted.
 
@@ -110,7 +111,7 @@ def run_syncer(
     from gpufleet.slurm.metrics import SyncerMetrics
     from gpufleet.slurm.syncer import Syncer, SyncSettings
 
-    _logging(verbose)
+    _logging(verbose, log_format)
     token = token_from(token_file, jwt_key_file, slurm_user)
     settings = SyncSettings(
         poll_interval_s=poll_interval,
@@ -162,6 +163,7 @@ def run_operator(
     ),
     interval: float = typer.Option(5.0, help="Seconds between reconcile passes."),
     verbose: VerboseOpt = False,
+    log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
     """Run the SlurmCluster operator until interrupted.
 
@@ -173,7 +175,7 @@ def run_operator(
     from gpufleet.kubeapi import KubeApi
     from gpufleet.slurm.operator import ClusterOperator, OperatorSettings
 
-    _logging(verbose)
+    _logging(verbose, log_format)
 
     async def main() -> None:
         kube = await KubeApi.connect(kubeconfig_arg(kubeconfig))

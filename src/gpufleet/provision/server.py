@@ -113,6 +113,8 @@ async def _serve(
         port=options.port,
         log_level="warning",
         access_log=False,
+        # uvicorn's loggers go to the process's handler (text or --log-format json).
+        log_config=None,
         lifespan="on",
     )
     server = uvicorn.Server(config)
