@@ -4,8 +4,8 @@
 #   1. Debian packages for Slurm, munge, MariaDB and qemu (apt-get only when one is missing);
 #   2. etcd, Kubernetes control-plane binaries, kubectl and KWOK, built from the
 #      Go module proxy into ~/.cache/gpufleet (skipped when cached), see
-#      scripts/build-go-binaries.sh; then helm (scripts/build-helm.sh) and
-#      promtool (scripts/build-promtool.sh);
+#      scripts/build-go-binaries.sh; then helm (scripts/build-helm.sh),
+#      promtool (scripts/build-promtool.sh) and the OCI registry (scripts/build-registry.sh);
 #   3. the node image the real machines boot (`gpufleet local image build`, as
 #      root: about 5 minutes once, then a cache lookup of about a second);
 #   4. the Slurm 24.11 root (`gpufleet local slurm-image build`, as root: about
@@ -86,6 +86,9 @@ step "Go binaries" env PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-go-bi
 step helm env PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-helm.sh" >&2
 # promtool, for the test that lints every component's /metrics.
 step promtool env PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-promtool.sh" >&2
+# The CNCF distribution registry, for the test that pushes the packaged chart to an OCI
+# registry and installs it from there (tests/integration/test_chart_release.py).
+step registry env PATH="$PATH:/usr/local/go/bin" "$root/scripts/build-registry.sh" >&2
 [[ -z "${GPUFLEET_VENV_PID:-}" ]] || step "wait: Python install" wait_for_venv
 # The node image (after the Go binaries: it carries their kubelet and kubeadm).
 # Not fatal: only the tests with real machines need it, and they say so.
