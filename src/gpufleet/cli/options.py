@@ -131,3 +131,14 @@ EventNamespaceOpt = Annotated[
 ]
 
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
+
+BmcCaBundleOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--bmc-ca-bundle",
+        envvar="GPUFLEET_BMC_CA_BUNDLE",
+        help="CA certificates (PEM) that BMC certificates are verified against when a BMC's"
+        " Secret has no ca.crt of its own; read at each BMC connection, so a rotated bundle"
+        " counts at once (docs/security.md, 'TLS to BMCs').",
+    ),
+]

@@ -23,10 +23,18 @@ def redfish_bmcs(
     *,
     timeout_s: float = redfish.REQUEST_TIMEOUT_S,
     retry_delays: tuple[float, ...] = redfish.RETRY_DELAYS,
+    ca_file: str | None = None,
 ) -> BmcFactory:
-    """Real BMCs, over Redfish."""
+    """Real BMCs, over Redfish; ``ca_file``: the CA bundle for BMCs whose Secret has no
+    ``ca.crt`` (read at each open, so a rotated bundle counts at once)."""
 
     def open_bmc(creds: redfish.BmcCredentials, name: str) -> RedfishPower:
-        return RedfishPower(creds, name=name, timeout_s=timeout_s, retry_delays=retry_delays)
+        return RedfishPower(
+            creds,
+            name=name,
+            timeout_s=timeout_s,
+            retry_delays=retry_delays,
+            default_ca_file=ca_file,
+        )
 
     return open_bmc

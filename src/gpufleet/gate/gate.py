@@ -38,6 +38,7 @@ from gpufleet.kubeapi import NODES, SECRETS, ApiError, Conflict, KubePort, NotFo
 from gpufleet.kubeapi.machines import MACHINES
 from gpufleet.kubeapi.secrets import decode_data
 from gpufleet.remediate import machine_power, redfish, steps
+from gpufleet.remediate.bmc_tls import BmcTls
 from gpufleet.remediate.evidence import ActionMark
 from gpufleet.remediate.identity import ExpectedIdentity
 
@@ -98,11 +99,14 @@ class Gate:
         self.settings = settings or GateSettings()
 
     @classmethod
-    def for_operator(cls, kube: KubePort, *, by: str, clock: Clock) -> Gate:
+    def for_operator(
+        cls, kube: KubePort, *, by: str, clock: Clock, ca_file: str | None = None
+    ) -> Gate:
         """The gate of a person's own command (``gpufleet machines power-on``): real BMCs,
         no lease (a person is not a replica) and no record key (it powers machines with
         no Node only, so no record is involved)."""
-        return cls(kube, redfish_bmcs(), fence=StaticFence(by), keys=lambda: (), clock=clock)
+        bmcs = redfish_bmcs(ca_file=ca_file)
+        return cls(kube, bmcs, fence=StaticFence(by), keys=lambda: (), clock=clock)
 
     # ------------------------------------------------------------ BMC steps
 
@@ -427,7 +431,12 @@ class Gate:
             )
         data = decode_data(await self._kube.get(SECRETS, secret, namespace=ns))
         try:
-            return redfish.BmcCredentials(data["endpoint"], data["username"], data["password"])
+            return redfish.BmcCredentials(
+                data["endpoint"],
+                data["username"],
+                data["password"],
+                tls=BmcTls.from_secret(data, ref),
+            )
         except KeyError as exc:
             raise redfish.BmcRejected(name, f"Secret {ref} lacks the key {exc}") from None
 

@@ -124,7 +124,7 @@ class Controller:
         """Between taking the lease and having read what the last holder left."""
         gate = Gate(
             client,
-            bmcs or redfish_bmcs(retry_delays=s.bmc_retry_delays),
+            bmcs or redfish_bmcs(retry_delays=s.bmc_retry_delays, ca_file=s.bmc_ca_file),
             fence=fence,
             keys=lambda: self.nodes.keys,
             clock=clock,

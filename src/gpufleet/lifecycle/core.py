@@ -47,6 +47,8 @@ class ControllerSettings:
     """Re-reads of a Node after a 409 before giving up until the next event."""
     bmc_retry_delays: tuple[float, ...] = redfish.RETRY_DELAYS
     """Pauses between attempts of one BMC request."""
+    bmc_ca_file: str | None = None
+    """CA bundle (PEM) for BMCs whose Secret has no ``ca.crt`` (docs/decisions/0208)."""
     graceful_settle_s: float = 300.0
     """After a GracefulRestart whose answer was lost (or a restart in the middle), how
     long the BMC is given to show it: the OS shuts down first, and only then does the

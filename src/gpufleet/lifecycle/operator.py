@@ -251,6 +251,7 @@ async def run(
         bmcs=redfish_bmcs(
             timeout_s=min(redfish.REQUEST_TIMEOUT_S, margin),
             retry_delays=settings.bmc_retry_delays,
+            ca_file=settings.bmc_ca_file,
         ),
         gate_settings=GateSettings(
             lease_margin_s=margin, graceful_settle_s=settings.graceful_settle_s

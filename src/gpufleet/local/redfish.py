@@ -15,6 +15,11 @@ afterwards. Every action is recorded in the EventLog and counted under
 Run: ``python -m gpufleet.local.redfish CONFIG.json`` where the config is
 ``{"user": ..., "password": ..., "bmcs": [{"node": "gpu-node-0000", "port": 18000}]}``.
 Each BMC listens on 127.0.0.1 at its own port and shares nothing with the others.
+With ``"tls": {"cert": PEM_FILE, "key": PEM_FILE}`` (at the top, for every BMC, or
+in a BMC's entry) it speaks HTTPS with that certificate, as a real BMC does
+(:func:`gpufleet.local.pki.create_bmc` makes one, signed by a CA of its own or
+self-signed); ``requests`` counts the HTTP requests each BMC answered, so a test
+can tell that a client which refused the certificate sent none.
 
 Each system reports ``SerialNumber`` ``SN-<node>`` (what the demo's Machines
 say), ``HostName`` the node name, a ``UUID`` derived from the node name, and a
@@ -90,6 +95,8 @@ import hmac
 import json
 import secrets
 import signal
+import ssl
+import sys
 import threading
 import time
 import urllib.error
@@ -225,6 +232,8 @@ class BmcState:
     graceful_joined: int = 0
     """Graceful requests that joined a shutdown already under way."""
     tasks: dict[str, Json] = field(default_factory=dict)
+    requests: int = 0
+    """HTTP requests received (a TLS handshake that failed is none)."""
     _shutdown: int = 0
     """Generation of the OS shutdown under way (0: none)."""
     _shutdown_type: str = ""
@@ -825,6 +834,8 @@ class _Handler(BaseHTTPRequestHandler):
         return hmac.compare_digest(user, want_user) and hmac.compare_digest(password, want_password)
 
     def _handle(self, method: str) -> None:
+        with self.bmc.lock:
+            self.bmc.requests += 1
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         self._answer_delay = 0.0
         try:
@@ -957,11 +968,38 @@ def vm_from_config(entry: Json, system_uuid: str = "") -> Vm:
     )
 
 
+class _TlsServer(ThreadingHTTPServer):
+    """HTTPS. Each connection's handshake runs in its handler's thread (at its first
+    read), so a client that refuses the certificate or stalls holds up no other one."""
+
+    def __init__(self, address: tuple[str, int], tls: Json) -> None:
+        super().__init__(address, _Handler)
+        self.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ssl_context.load_cert_chain(str(tls["cert"]), str(tls["key"]))
+
+    def get_request(self) -> tuple[Any, Any]:
+        conn, addr = super().get_request()
+        return self.ssl_context.wrap_socket(
+            conn, server_side=True, do_handshake_on_connect=False
+        ), addr
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that refused the certificate leaves mid-handshake: one line, no traceback.
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):  # ssl.SSLError and a reset connection are OSErrors
+            super().handle_error(request, client_address)
+            return
+        node = self.bmc.node  # type: ignore[attr-defined]
+        print(f"[{node}] {client_address[0]} TLS: {type(exc).__name__}: {exc}", flush=True)
+
+
 def serve(config: Json) -> list[ThreadingHTTPServer]:
-    """Start one HTTP server thread per BMC in ``config``; return the servers."""
+    """Start one HTTP(S) server thread per BMC in ``config``; return the servers."""
     servers: list[ThreadingHTTPServer] = []
     for bmc in config["bmcs"]:
-        server = ThreadingHTTPServer(("127.0.0.1", int(bmc["port"])), _Handler)
+        address = ("127.0.0.1", int(bmc["port"]))
+        tls = bmc.get("tls") or config.get("tls")
+        server = _TlsServer(address, tls) if tls else ThreadingHTTPServer(address, _Handler)
         server.daemon_threads = True
         state = BmcState(
             node=bmc["node"],

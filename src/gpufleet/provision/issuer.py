@@ -36,6 +36,7 @@ from gpufleet.provision import machines, render
 from gpufleet.provision.index import MachineIndex
 from gpufleet.provision.ratelimit import Buckets, Limit
 from gpufleet.remediate import identity, redfish
+from gpufleet.remediate.bmc_tls import BmcTls
 
 log = logging.getLogger("gpufleet.provision")
 Json = dict[str, Any]
@@ -61,6 +62,8 @@ class ServiceSettings:
 ten at once or more than one a second for long is a boot loop or an attack."""
     bmc_timeout_s: float = 5.0
     """Per BMC request when checking a presented serial."""
+    bmc_ca_file: str | None = None
+    """CA bundle (PEM) for BMCs whose Secret has no ``ca.crt`` (``--bmc-ca-bundle``)."""
 
 
 class _Stale(Exception):
@@ -366,12 +369,14 @@ class Provisioner:
             endpoint=str(data["endpoint"]).strip(),
             username=data.get("username", ""),
             password=data.get("password", ""),
+            tls=BmcTls.from_secret(data, ref),
         )
         async with redfish.RedfishClient(
             creds,
             name=name,
             timeout_s=self.settings.bmc_timeout_s,
             retry_delays=(0.2,),
+            default_ca_file=self.settings.bmc_ca_file,
         ) as bmc:
             return await bmc.serial_number()
 

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from gpufleet.domain import boot_watch, enrollment
 from gpufleet.remediate import redfish
+from gpufleet.remediate.bmc_tls import BmcTls
 from gpufleet.remediate.identity import (
     BmcIdentity,
     ExpectedIdentity,
@@ -106,6 +107,7 @@ async def machine_credentials(
         endpoint=str(data["endpoint"]).strip(),
         username=data.get("username", ""),
         password=data.get("password", ""),
+        tls=BmcTls.from_secret(data, ref),
     )
 
 

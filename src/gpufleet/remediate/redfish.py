@@ -16,19 +16,30 @@ answered 500 would power cycle again), so a lost answer raises
 :class:`BmcOutcomeUnknown` and the caller reads the BMC to learn what happened
 (:mod:`gpufleet.remediate.evidence`). Errors are typed and name the BMC, so an
 Event can say which machine refused what.
+
+TLS is verified as the BMC's Secret says (:mod:`gpufleet.remediate.bmc_tls`): its
+``ca.crt``, else the CA bundle the process was given, else the default trusted CAs;
+its ``certSha256`` pin is checked before any request is written. A refused
+certificate is a :class:`BmcTlsError`, never retried: nothing was sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
 import httpx
 
+from gpufleet.remediate import bmc_tls
+from gpufleet.remediate.bmc_tls import BmcTls
 from gpufleet.remediate.evidence import RESET_WORDS, ResetEvidence
 from gpufleet.remediate.identity import BmcIdentity
+
+log = logging.getLogger(__name__)
 
 RETRY_DELAYS: tuple[float, ...] = (0.5, 1.0, 2.0)
 """Pauses between attempts of one request: 4 attempts, about 3.5 s in all."""
@@ -56,6 +67,12 @@ class BmcAuthError(RedfishError):
     """The BMC refused the credentials (401/403): fix the Secret."""
 
 
+class BmcTlsError(RedfishError):
+    """The BMC's certificate was refused, or the Secret's TLS keys cannot be used: no
+    request was sent (so nothing was done), and the message names the key to set. Never
+    retried: the answer would be the same (docs/decisions/0211)."""
+
+
 class BmcRejected(RedfishError):
     """The BMC answered 4xx (or 501) to a request, or lacks a needed resource or
     action: nothing was done."""
@@ -77,6 +94,8 @@ class BmcCredentials:
     endpoint: str
     username: str
     password: str = field(repr=False)
+    tls: BmcTls = field(default_factory=BmcTls, repr=False)
+    """The Secret's TLS keys (``ca.crt``, ``certSha256``, ``insecureSkipVerify``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,16 +160,44 @@ class RedfishClient:
         retry_delays: Sequence[float] = RETRY_DELAYS,
         power_wait_s: float = POWER_WAIT_S,
         transport: httpx.AsyncBaseTransport | None = None,
+        default_ca_file: str | None = None,
     ) -> None:
         self.creds = creds
         self.name = f"{name} ({creds.endpoint})" if name else creds.endpoint
         self._retry_delays = tuple(retry_delays)
         self._power_wait_s = power_wait_s
+        self._default_ca_file = default_ca_file
+        url = httpx.URL(creds.endpoint)
+        base = reachable(creds.endpoint)
+        # Reached at another address (--bmc-address-map): the certificate is still
+        # checked against the host the Secret names.
+        self._extensions = {"sni_hostname": url.host} if base != creds.endpoint else {}
+        self._refusal = ""
+        verify: ssl.SSLContext | bool = True
+        try:
+            verify = bmc_tls.client_context(
+                creds.tls, scheme=url.scheme, default_ca_file=default_ca_file
+            )
+        except bmc_tls.TlsConfigError as exc:
+            self._refusal = f"TLS: {exc}; nothing sent"
+        else:
+            if creds.tls.skips_verification() and url.scheme == "https":
+                log.warning(
+                    "BMC %s: its certificate is NOT verified (%s is true in Secret %s): "
+                    "whoever answers at that address gets the BMC password; set %s or %s "
+                    "there instead",
+                    self.name,
+                    bmc_tls.KEY_INSECURE,
+                    creds.tls.secret,
+                    bmc_tls.KEY_CA,
+                    bmc_tls.KEY_PIN,
+                )
         self._http = httpx.AsyncClient(
-            base_url=reachable(creds.endpoint).rstrip("/"),
+            base_url=base.rstrip("/"),
             auth=(creds.username, creds.password),
             timeout=timeout_s,
             transport=transport,
+            verify=verify,
             headers={"Accept": "application/json", "OData-Version": "4.0"},
         )
         self._system: SystemInfo | None = None
@@ -168,13 +215,18 @@ class RedfishClient:
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """One request; repeated on a lost answer only if ``method`` is idempotent."""
+        if self._refusal:
+            raise BmcTlsError(self.name, self._refusal)
         if method not in IDEMPOTENT:
             return await self._send_once(method, path, body)
         last = ""
         for delay in (*self._retry_delays, None):
             try:
-                resp = await self._http.request(method, path, json=body)
+                resp = await self._http.request(
+                    method, path, json=body, extensions=self._extensions
+                )
             except httpx.HTTPError as exc:
+                self._check_certificate(exc)
                 last = f"{method} {path}: {type(exc).__name__}: {exc}".rstrip(": ")
             else:
                 if resp.status_code < 500 or resp.status_code == 501:
@@ -188,8 +240,9 @@ class RedfishClient:
     async def _send_once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         """A non-idempotent request: sent once, whatever happens."""
         try:
-            resp = await self._http.request(method, path, json=body)
+            resp = await self._http.request(method, path, json=body, extensions=self._extensions)
         except httpx.ConnectError as exc:
+            self._check_certificate(exc)
             # No connection was made, so the request never left: nothing was done.
             raise BmcUnreachable(
                 self.name, f"{method} {path}: {type(exc).__name__}: {exc}"
@@ -205,6 +258,15 @@ class RedfishClient:
                 status=resp.status_code,
             )
         return self._answer(method, path, resp)
+
+    def _check_certificate(self, exc: httpx.HTTPError) -> None:
+        """A refused certificate is a configuration to fix, not a BMC to wait for: said
+        at once, with the key to set, and never retried."""
+        refused = bmc_tls.refused_certificate(exc)
+        if refused is not None:
+            raise BmcTlsError(
+                self.name, bmc_tls.explain(refused, self.creds.tls, self._default_ca_file)
+            ) from exc
 
     def _answer(self, method: str, path: str, resp: httpx.Response) -> Any:
         if resp.status_code in (401, 403):
