@@ -25,22 +25,49 @@ def spec_schema() -> Json:
 
 STATUS_SCHEMA: Json = {
     "type": "object",
+    "description": "Written by the lifecycle controller: whether the policy is valid, the "
+    "breaker's state, the recent actions and the budgets in use.",
     "properties": {
-        "observedGeneration": {"type": "integer"},
+        "observedGeneration": {
+            "type": "integer",
+            "description": "The metadata.generation of the spec the controller last read.",
+        },
         "conditions": CONDITIONS,
         "breaker": {
             "type": "object",
             "description": "The circuit breaker (kept here across restarts).",
             "properties": {
-                "open": {"type": "boolean"},
-                "trippedAt": {"type": "number", "nullable": True},
-                "lastFaultAt": {"type": "number", "nullable": True},
-                "faultingNodes": {"type": "integer"},
+                "open": {
+                    "type": "boolean",
+                    "description": "True: automatic disruption is stopped (gpufleet breaker "
+                    "reset closes it; it closes by itself after safety.breaker.cooldownSeconds).",
+                },
+                "trippedAt": {
+                    "type": "number",
+                    "nullable": True,
+                    "description": "When it last opened (epoch seconds); null: closed.",
+                },
+                "lastFaultAt": {
+                    "type": "number",
+                    "nullable": True,
+                    "description": "When the last faulting node was counted (epoch seconds).",
+                },
+                "faultingNodes": {
+                    "type": "integer",
+                    "description": "Distinct nodes counted within safety.breaker.windowSeconds.",
+                },
                 "recent": {
                     "type": "array",
+                    "description": "The faults counted in the window: which node, when.",
                     "items": {
                         "type": "object",
-                        "properties": {"node": {"type": "string"}, "at": {"type": "number"}},
+                        "properties": {
+                            "node": {"type": "string", "description": "The Node's name."},
+                            "at": {
+                                "type": "number",
+                                "description": "When it faulted (epoch seconds).",
+                            },
+                        },
                     },
                 },
             },
@@ -60,10 +87,22 @@ STATUS_SCHEMA: Json = {
             "description": "The whole fleet (every pool): size, out of service, allowed "
             "(absent: the policy sets no fleet-wide limit), waiting.",
             "properties": {
-                "size": {"type": "integer"},
-                "outOfService": {"type": "integer"},
-                "allowed": {"type": "integer", "nullable": True},
-                "waiting": {"type": "integer"},
+                "size": {"type": "integer", "description": "Nodes in the fleet."},
+                "outOfService": {
+                    "type": "integer",
+                    "description": "Nodes that automation holds out of service now.",
+                },
+                "allowed": {
+                    "type": "integer",
+                    "nullable": True,
+                    "description": "Nodes that may be out at once (safety.budget.fleetMaxNodes, "
+                    "fleetMaxPercent); null: no fleet-wide limit.",
+                },
+                "waiting": {
+                    "type": "integer",
+                    "description": "Nodes holding a fault a safety rail withheld (kept, retried), "
+                    "every pool together.",
+                },
             },
         },
     },

@@ -55,6 +55,8 @@ class _Model(BaseModel):
 
 
 class Bmc(_Model):
+    """How the lifecycle controller and the boot watchdog reach the machine's BMC (Redfish)."""
+
     endpoint: str = Field(
         description="Redfish service root URL, e.g. https://10.0.0.5",
         json_schema_extra={"pattern": r"^https?://"},
@@ -82,14 +84,19 @@ class Bmc(_Model):
 
 
 class ExpectedHardware(_Model):
+    """What the machine must have: its Node is compared with this when it joins, and a
+    difference sends it to triage (InventoryMismatch) instead of burn-in."""
+
     gpu_model: str = Field(
         alias="gpuModel",
         min_length=1,
         description="e.g. NVIDIA-H100-80GB-HBM3",
         json_schema_extra={"maxLength": 63},
     )
-    gpu_count: int = Field(alias="gpuCount", ge=0, le=64)
-    hca_count: int = Field(alias="hcaCount", ge=0, le=64)
+    gpu_count: int = Field(alias="gpuCount", ge=0, le=64, description="GPUs the node must show")
+    hca_count: int = Field(
+        alias="hcaCount", ge=0, le=64, description="InfiniBand HCAs the node must show"
+    )
 
     @field_validator("gpu_model")
     @classmethod
@@ -104,6 +111,9 @@ class ExpectedHardware(_Model):
 
 
 class Topology(_Model):
+    """Where the machine sits in the InfiniBand fabric (becomes Node labels: Slurm's topology
+    and the maintenance plans' failure domains)."""
+
     leaf: str = Field(default="", description="InfiniBand leaf switch")
     block: str = Field(default="", description="InfiniBand block (group of leaves)")
 
@@ -116,6 +126,9 @@ class Topology(_Model):
 
 
 class MachineSpec(_Model):
+    """What the data centre says is in the rack: how to recognise the machine when it boots,
+    how to reach its BMC, and what hardware its Node must show."""
+
     macs: list[str] = Field(
         min_length=1,
         description="MAC addresses of the boot NICs (stored in lower case)",
@@ -188,10 +201,19 @@ def spec_of(body: Json) -> MachineSpec:
 
 # ----------------------------------------------------------------------- CRD
 
-_STR: Json = {"type": "string"}
-_TIME: Json = {"type": "string", "format": "date-time"}
+
+def _str(description: str) -> Json:
+    return {"type": "string", "description": description}
+
+
+def _time(description: str) -> Json:
+    return {"type": "string", "format": "date-time", "description": description + " (RFC 3339)"}
+
+
 STATUS_SCHEMA: Json = {
     "type": "object",
+    "description": "What provisioning did with the machine: armed or not, the join token "
+    "issued, the boot in progress, the Node it became.",
     # Defaulted by the apiserver: a Machine nobody has written a status for yet reads as
     # what it is (Registered, armed: its first boot may get a token), for kubectl's
     # columns and every reader alike.
@@ -202,13 +224,13 @@ STATUS_SCHEMA: Json = {
             "default": True,
             "description": "the next boot may get a join token",
         },
-        "armedBy": _STR,
-        "armedAt": _TIME,
-        "tokenId": _STR,
-        "tokenIssuedAt": _TIME,
-        "tokenExpiresAt": _TIME,
-        "tokensIssued": {"type": "integer"},
-        "lastBootAt": _TIME,
+        "armedBy": _str("who armed it last (the lifecycle controller for a reimage, or a person)"),
+        "armedAt": _time("when it was armed last"),
+        "tokenId": _str("the id of the last join token issued (the secret is never stored)"),
+        "tokenIssuedAt": _time("when that token was issued"),
+        "tokenExpiresAt": _time("when that token expires, used or not"),
+        "tokensIssued": {"type": "integer", "description": "join tokens issued, all boots"},
+        "lastBootAt": _time("when the machine last asked for a token (its last boot)"),
         "image": {
             "type": "string",
             "description": "the image version the machine boots (set by a reimage to a "
@@ -218,25 +240,42 @@ STATUS_SCHEMA: Json = {
             "type": "object",
             "description": "the boot in progress or the last one (gpufleet.domain.boot_watch)",
             "properties": {
-                "requestedAt": _TIME,
-                "requestedBy": _STR,
-                "attempt": {"type": "integer", "minimum": 1},
-                "networkBootAt": _TIME,
-                "outcome": {"type": "string", "enum": ["InProgress", "Joined", "Failed"]},
-                "stage": _STR,
-                "reason": _STR,
-                "message": _STR,
+                "requestedAt": _time("when the power-on was asked for"),
+                "requestedBy": _str("who asked for it (a reimage, an operator)"),
+                "attempt": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "power-ons of this boot so far, the first included "
+                    "(at most the policy's provisioning.bootAttempts)",
+                },
+                "networkBootAt": _time("when the machine asked for its iPXE script"),
+                "outcome": {
+                    "type": "string",
+                    "enum": ["InProgress", "Joined", "Failed"],
+                    "description": "InProgress, Joined (its Node registered) or Failed "
+                    "(every attempt stalled)",
+                },
+                "stage": _str("how far it came: requested, network-boot, token-issued, joined"),
+                "reason": _str("why it failed or stalled, one word (e.g. NoNetworkBoot)"),
+                "message": _str("why, in words, with what to check"),
             },
         },
-        "node": _STR,
+        "node": _str("the Node the machine became"),
         "phase": {
             "type": "string",
             "enum": ["Registered", "Armed", "Booting", "Joined", "Mismatch", "Failed"],
             "default": "Registered",
+            "description": "Registered (known, not booted yet), Armed (the next boot gets a "
+            "token), Booting (a token was issued), Joined (its Node registered with the "
+            "expected hardware), Mismatch (it registered with other hardware: triage), "
+            "Failed (the boot failed)",
         },
-        "observed": _STR,
-        "message": _STR,
-        "observedGeneration": {"type": "integer"},
+        "observed": _str("the hardware the joined Node showed (GPU model and count, HCAs)"),
+        "message": _str("the last thing that happened, in words"),
+        "observedGeneration": {
+            "type": "integer",
+            "description": "the metadata.generation of the spec last acted on",
+        },
         "conditions": CONDITIONS,
     },
 }

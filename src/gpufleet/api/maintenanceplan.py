@@ -183,28 +183,57 @@ def manifest(name: str, spec: MaintenancePlanSpec) -> Json:
 _NODE_STATUS: Json = {
     "type": "object",
     "properties": {
-        "name": {"type": "string"},
-        "phase": {"type": "string", "enum": [p.value for p in maintenance.NodePhase]},
-        "domain": {"type": "string"},
-        "startedAt": {"type": "number", "nullable": True},
-        "message": {"type": "string"},
-        "imageVersion": {"type": "string"},
+        "name": {"type": "string", "description": "The Node."},
+        "phase": {
+            "type": "string",
+            "enum": [p.value for p in maintenance.NodePhase],
+            "description": "Pending (not started), Requested (asked for; a rail may hold it), "
+            "Draining, Updating (the change is being made), Verifying, Succeeded (verified, "
+            "back in production) or Failed (verification failed, or triage or rma).",
+        },
+        "domain": {
+            "type": "string",
+            "description": "Its failure domain (the value of spec.failureDomainLabel).",
+        },
+        "startedAt": {
+            "type": "number",
+            "nullable": True,
+            "description": "When it started (epoch seconds); null: not started.",
+        },
+        "message": {"type": "string", "description": "Where it is, in words."},
+        "imageVersion": {
+            "type": "string",
+            "description": "For a reimage: the image version the node was verified on.",
+        },
     },
 }
 
 STATUS_SCHEMA: Json = {
     "type": "object",
+    "description": "Written by the lifecycle controller, only when it changes.",
     "properties": {
-        "phase": {"type": "string", "enum": [p.value for p in maintenance.PlanPhase]},
-        "message": {"type": "string"},
-        "total": {"type": "integer"},
-        "succeeded": {"type": "integer"},
-        "failed": {"type": "integer"},
-        "inProgress": {"type": "integer"},
-        "pending": {"type": "integer"},
+        "phase": {
+            "type": "string",
+            "enum": [p.value for p in maintenance.PlanPhase],
+            "description": "Scheduled (its startAt has not come), Progressing, Paused, "
+            "Stopped (maxFailures nodes failed), Aborted or Completed.",
+        },
+        "message": {"type": "string", "description": "Where the plan is, in words."},
+        "total": {"type": "integer", "description": "Nodes the plan selected."},
+        "succeeded": {"type": "integer", "description": "Nodes verified and back."},
+        "failed": {"type": "integer", "description": "Nodes that failed."},
+        "inProgress": {"type": "integer", "description": "Nodes out now (this batch)."},
+        "pending": {"type": "integer", "description": "Nodes not started yet."},
         "progress": {"type": "string", "description": "finished/total, e.g. 3/8"},
-        "nodes": {"type": "array", "items": _NODE_STATUS},
-        "observedGeneration": {"type": "integer"},
+        "nodes": {
+            "type": "array",
+            "description": "Every node of the plan, with its phase.",
+            "items": _NODE_STATUS,
+        },
+        "observedGeneration": {
+            "type": "integer",
+            "description": "The metadata.generation of the spec last acted on.",
+        },
         "conditions": CONDITIONS,
     },
 }

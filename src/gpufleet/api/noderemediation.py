@@ -29,7 +29,7 @@ class NodeRemediationSpec(BaseModel):
 
     node: str = Field(description="The Node being repaired.")
     fault: str = Field(description="Fault key (xid-79, ib-port-down, ...).")
-    description: str = ""
+    description: str = Field(default="", description="The fault in words, with its evidence.")
     plan: str = Field(default="", description="The rung the ladder starts at.")
     ladder: list[str] = Field(
         default_factory=list,
@@ -37,28 +37,60 @@ class NodeRemediationSpec(BaseModel):
     )
 
 
+def _field(type_: str, description: str, *, time: bool = False, null: bool = False) -> Json:
+    out: Json = {"type": type_}
+    if time:
+        out["format"] = "date-time"
+    if null:
+        out["nullable"] = True
+    out["description"] = description
+    return out
+
+
 _STEP_STATUS: Json = {
     "type": "object",
     "properties": {
-        "step": {"type": "string"},
-        "attempt": {"type": "integer"},
-        "startedAt": {"type": "string", "format": "date-time"},
-        "endedAt": {"type": "string", "format": "date-time", "nullable": True},
-        "outcome": {"type": "string", "nullable": True},
-        "detail": {"type": "string"},
+        "step": _field(
+            "string", "The rung (gpu-reset, reboot, power-cycle, reimage, verify, ...)."
+        ),
+        "attempt": _field("integer", "Which attempt of this rung, from 1."),
+        "startedAt": _field("string", "When the attempt began.", time=True),
+        "endedAt": _field("string", "When it ended; null: still running.", time=True, null=True),
+        "outcome": _field(
+            "string",
+            "How it ended: succeeded, failed, timed-out or refused (the node was not "
+            "empty); null: running.",
+            null=True,
+        ),
+        "detail": _field("string", "What happened, in words."),
     },
 }
 
 STATUS_SCHEMA: Json = {
     "type": "object",
+    "description": "Written by the lifecycle controller as the incident goes on.",
     "properties": {
-        "phase": {"type": "string", "enum": list(PHASES)},
-        "currentStep": {"type": "string", "nullable": True},
-        "steps": {"type": "array", "items": _STEP_STATUS},
-        "startedAt": {"type": "string", "format": "date-time"},
-        "completedAt": {"type": "string", "format": "date-time", "nullable": True},
-        "outcome": {"type": "string", "nullable": True},
-        "nodeState": {"type": "string"},
+        "phase": {
+            **_field(
+                "string",
+                "Draining, Remediating, Verifying, then Succeeded (the node "
+                "returned to production) or Escalated (triage or rma).",
+            ),
+            "enum": list(PHASES),
+        },
+        "currentStep": _field("string", "The rung running now; null: none.", null=True),
+        "steps": {
+            **_field("array", "Every step tried, in order, with its times and outcome."),
+            "items": _STEP_STATUS,
+        },
+        "startedAt": _field("string", "When the incident opened.", time=True),
+        "completedAt": _field("string", "When it ended; null: open.", time=True, null=True),
+        "outcome": _field(
+            "string",
+            "How it ended: repaired, or the state it ended in (triage, rma); null: open.",
+            null=True,
+        ),
+        "nodeState": _field("string", "The Node's gpufleet.io/state when last written."),
         "conditions": CONDITIONS,
     },
 }

@@ -91,12 +91,26 @@ CONDITIONS: Json = {
         "type": "object",
         "required": ["type", "status"],
         "properties": {
-            "type": {"type": "string"},
-            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-            "reason": {"type": "string"},
-            "message": {"type": "string"},
-            "lastTransitionTime": {"type": "string", "format": "date-time"},
-            "observedGeneration": {"type": "integer"},
+            "type": {"type": "string", "description": "The condition's type, e.g. Ready."},
+            "status": {
+                "type": "string",
+                "enum": ["True", "False", "Unknown"],
+                "description": "Whether the condition holds: True, False or Unknown.",
+            },
+            "reason": {
+                "type": "string",
+                "description": "Why, as one CamelCase word a program can match on.",
+            },
+            "message": {"type": "string", "description": "Why, in words for people."},
+            "lastTransitionTime": {
+                "type": "string",
+                "format": "date-time",
+                "description": "When status last changed (RFC 3339).",
+            },
+            "observedGeneration": {
+                "type": "integer",
+                "description": "The metadata.generation of the spec this condition was set for.",
+            },
         },
     },
     "x-kubernetes-list-type": "map",

@@ -55,12 +55,18 @@ class _Model(BaseModel):
 class NodePool(_Model):
     """Kubernetes Nodes that become Slurm nodes with one shape."""
 
-    name: PoolName
+    name: PoolName = Field(
+        description="The pool's name, as partitions name it (spec.partitions[].pools)."
+    )
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels that select the pool's Nodes."
     )
-    cpus: int = Field(default=64, ge=1)
-    real_memory_mib: int = Field(default=512 * 1024, ge=1)
+    cpus: int = Field(default=64, ge=1, description="CPUs per node announced to Slurm (CPUs=).")
+    real_memory_mib: int = Field(
+        default=512 * 1024,
+        ge=1,
+        description="Memory per node announced to Slurm, in MiB (RealMemory=).",
+    )
     gpus: int = Field(default=8, ge=0, description="GPUs per node, announced as gres gpu.")
     gpu_type: str | None = Field(
         default=None,
@@ -82,23 +88,46 @@ class NodePool(_Model):
 
 
 class Partition(_Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    """A Slurm partition over one or more node pools."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="The partition's name in Slurm.")
     pools: list[PoolName] = Field(
         min_length=1,
         max_length=MAX_POOLS,
         description="Node pools (spec.nodePools names) whose Nodes the partition holds.",
     )
-    default: bool = False
-    priority_tier: int = Field(default=1, ge=0, le=65533)
-    preempt_mode: Literal["OFF", "REQUEUE", "CANCEL", "SUSPEND"] = "REQUEUE"
-    max_time: str = Field(default="INFINITE", pattern=VALUE, max_length=32)
+    default: bool = Field(
+        default=False, description="The partition jobs go to when they name none (Default=YES)."
+    )
+    priority_tier: int = Field(
+        default=1,
+        ge=0,
+        le=65533,
+        description="PriorityTier: jobs of a higher tier are scheduled first and may preempt "
+        "lower tiers (with preemption.type preempt/partition_prio).",
+    )
+    preempt_mode: Literal["OFF", "REQUEUE", "CANCEL", "SUSPEND"] = Field(
+        default="REQUEUE", description="What happens to this partition's jobs when preempted."
+    )
+    max_time: str = Field(
+        default="INFINITE",
+        pattern=VALUE,
+        max_length=32,
+        description="MaxTime: the longest a job may run (Slurm's time format, e.g. 1-00:00:00).",
+    )
 
 
 class Preemption(_Model):
-    type: Literal["preempt/partition_prio", "preempt/qos", "preempt/none"] = (
-        "preempt/partition_prio"
+    """Which jobs may preempt which (Slurm), and when Kubernetes pods may take nodes from Slurm."""
+
+    type: Literal["preempt/partition_prio", "preempt/qos", "preempt/none"] = Field(
+        default="preempt/partition_prio", description="Slurm's PreemptType."
     )
-    mode: Literal["OFF", "REQUEUE", "CANCEL", "SUSPEND,GANG"] = "REQUEUE"
+    mode: Literal["OFF", "REQUEUE", "CANCEL", "SUSPEND,GANG"] = Field(
+        default="REQUEUE",
+        description="Slurm's PreemptMode: what happens to a preempted job (REQUEUE: it runs "
+        "again from its last checkpoint).",
+    )
     kubernetes_priority_threshold: int | None = Field(
         default=1_000_000,
         description="Pods at or above this priority may take nodes from Slurm; null disables.",
@@ -106,22 +135,37 @@ class Preemption(_Model):
 
 
 class Accounting(_Model):
-    enabled: bool = False
-    host: str = Field(default="slurmdbd", pattern=HOST, max_length=253)
-    port: int = 6819
+    """Slurm accounting through slurmdbd (docs/slurm.md)."""
+
+    enabled: bool = Field(default=False, description="Send job records to slurmdbd.")
+    host: str = Field(
+        default="slurmdbd", pattern=HOST, max_length=253, description="slurmdbd's host name."
+    )
+    port: int = Field(default=6819, description="slurmdbd's port.")
 
 
 class Topology(_Model):
-    enabled: bool = True
-    leaf_label: LabelKey = "network.topology.kubernetes.io/block"
-    spine_label: LabelKey = "network.topology.kubernetes.io/spine"
+    """Slurm's network topology (topology.conf, topology/tree) from Node labels, so jobs get
+    nodes under as few switches as possible."""
+
+    enabled: bool = Field(default=True, description="Write topology.conf from the labels.")
+    leaf_label: LabelKey = Field(
+        default="network.topology.kubernetes.io/block",
+        description="The Node label whose value names the node's leaf switch.",
+    )
+    spine_label: LabelKey = Field(
+        default="network.topology.kubernetes.io/spine",
+        description="The Node label whose value names the spine above that leaf.",
+    )
 
 
 class HealthChecks(_Model):
     """``gpufleet health check`` as Slurm's HealthCheckProgram, Prolog and Epilog
     (docs/slurm.md, "Slurm's own health checks"): the slurmd image needs gpufleet."""
 
-    enabled: bool = False
+    enabled: bool = Field(
+        default=False, description="Render gpufleet's health check hooks into slurm.conf."
+    )
     gpufleet: str = Field(
         default="/usr/local/bin/gpufleet",
         pattern=VALUE,
@@ -132,20 +176,31 @@ class HealthChecks(_Model):
         default_factory=lambda: ["gpu-count", "gpu-xid", "gpu-memory", "nvlink", "pcie"],
         description="Checks run by each hook (fast passive ones: a prolog runs per job).",
     )
-    timeout_seconds: int = Field(default=20, ge=1, le=120)
+    timeout_seconds: int = Field(
+        default=20, ge=1, le=120, description="Seconds each hook may run before it is stopped."
+    )
     health_interval_seconds: int = Field(
         default=300, ge=0, le=86400, description="HealthCheckInterval; 0: no HealthCheckProgram."
     )
-    prolog: bool = True
-    epilog: bool = True
+    prolog: bool = Field(default=True, description="Run the checks as Prolog (before each job).")
+    epilog: bool = Field(default=True, description="Run the checks as Epilog (after each job).")
     preflight: bool = Field(
         default=False, description="Gang all-reduce across a multi-node job's nodes (prolog)."
     )
-    preflight_timeout_seconds: int = Field(default=30, ge=5, le=120)
+    preflight_timeout_seconds: int = Field(
+        default=30, ge=5, le=120, description="Seconds the preflight all-reduce may take."
+    )
 
 
 class SlurmClusterSpec(_Model):
-    cluster_name: str = Field(default="gpufleet", pattern=r"^[a-z0-9_-]+$", max_length=40)
+    """The Slurm cluster the operator renders slurm.conf, gres.conf and topology.conf for."""
+
+    cluster_name: str = Field(
+        default="gpufleet",
+        pattern=r"^[a-z0-9_-]+$",
+        max_length=40,
+        description="Slurm's ClusterName (also the accounting cluster's name).",
+    )
     controller_host: str = Field(
         default="slurm-controller-0",
         pattern=HOST,
@@ -160,10 +215,16 @@ class SlurmClusterSpec(_Model):
         "name does not resolve by itself: a StatefulSet pod resolves as <pod>.<service> "
         "(cluster DNS), not as <pod>. Empty: the host name.",
     )
-    controller_port: int = 6817
-    slurmd_port: int = 6818
-    node_pools: list[NodePool] = Field(min_length=1, max_length=MAX_POOLS)
-    partitions: list[Partition] = Field(min_length=1, max_length=MAX_POOLS)
+    controller_port: int = Field(default=6817, description="slurmctld's port (SlurmctldPort).")
+    slurmd_port: int = Field(default=6818, description="slurmd's port (SlurmdPort).")
+    node_pools: list[NodePool] = Field(
+        min_length=1,
+        max_length=MAX_POOLS,
+        description="Kubernetes Nodes that become Slurm nodes, one shape per pool.",
+    )
+    partitions: list[Partition] = Field(
+        min_length=1, max_length=MAX_POOLS, description="Slurm partitions over the node pools."
+    )
     preemption: Preemption = Field(default_factory=Preemption)
     accounting: Accounting = Field(default_factory=Accounting)
     topology: Topology = Field(default_factory=Topology)
@@ -206,12 +267,27 @@ POOLS_DEFINED_RULE: Json = {
 _COUNT: Json = {"type": "integer"}
 STATUS_SCHEMA: Json = {
     "type": "object",
+    "description": "Written by the operator: the config it applied and the nodes Slurm has.",
     "properties": {
-        "observedGeneration": _COUNT,
-        "configHash": {"type": "string"},
-        "nodes": {"type": "integer"},
-        "nodesByState": {"type": "object", "additionalProperties": _COUNT},
-        "lastReconfigure": {"type": "string"},
+        "observedGeneration": {
+            **_COUNT,
+            "description": "The metadata.generation of the spec last rendered.",
+        },
+        "configHash": {
+            "type": "string",
+            "description": "Hash of the slurm.conf (and gres, topology) last applied.",
+        },
+        "nodes": {"type": "integer", "description": "Slurm nodes rendered from the pools."},
+        "nodesByState": {
+            "type": "object",
+            "additionalProperties": _COUNT,
+            "description": "Slurm nodes per Slurm state (idle, allocated, drained, ...).",
+        },
+        "lastReconfigure": {
+            "type": "string",
+            "description": "When slurmctld was last told to read the config "
+            "(scontrol reconfigure).",
+        },
         "conditions": CONDITIONS,
     },
 }

@@ -138,15 +138,27 @@ class LemonWeights(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         allow_inf_nan=False,
+        use_attribute_docstrings=True,  # descriptions in the FleetPolicy CRD
     )
 
     hardware: float = Field(default=1.0, ge=0, le=MAX_SCORE)
+    """Added by a hardware fault (the GPU, its memory or the switch failed: ECC, fallen off the
+    bus, SDC, diag). Default 1.0."""
     link: float = Field(default=0.5, ge=0, le=MAX_SCORE)
+    """Added by a link fault (a cable, port or PCIe, NVLink or InfiniBand link). Default 0.5."""
     performance: float = Field(default=0.5, ge=0, le=MAX_SCORE)
+    """Added by a performance fault (measured too slow: GEMM, HBM, NCCL, straggler). Default 0.5."""
     software: float = Field(default=0.5, ge=0, le=MAX_SCORE)
+    """Added by a host software fault (kernel lockup, hung task, a Slurm health check's drain).
+    Default 0.5."""
     environment: float = Field(default=0.1, ge=0, le=MAX_SCORE)
+    """Added by thermal or power throttling (the rack's cooling or power as much as the node).
+    Default 0.1."""
     informational: float = Field(default=0.1, ge=0, le=MAX_SCORE)
+    """Added by a fault worth a note (a pending row remap, a corrected switch error, a secondary
+    XID). Default 0.1."""
     application: float = Field(default=0.0, ge=0, le=MAX_SCORE)
+    """Added by an application XID (the program's fault; says nothing about the node). Default 0."""
 
     def of(self, cls: FaultClass) -> float:
         """The weight of a class."""

@@ -132,6 +132,8 @@ class _Model(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         allow_inf_nan=False,
+        # A field's docstring is its description in the FleetPolicy CRD (kubectl explain).
+        use_attribute_docstrings=True,
     )
 
 
@@ -140,8 +142,9 @@ class Match(_Model):
 
     fault: FaultKind | None = None
     xid: int | None = Field(default=None, gt=0, le=xids.MAX_XID)
-    """Any positive XID: NVIDIA adds XIDs with new drivers, and a policy may name
-    one before gpufleet's catalogue does (:meth:`Policy.warnings` says which)."""
+    """An XID number (1 to 65535). Any positive XID is accepted: NVIDIA adds XIDs with new drivers,
+    and a policy may name one before gpufleet's catalogue does (gpufleet policy validate warns
+    about it)."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Self:
@@ -164,7 +167,10 @@ class Repeat(_Model):
     """Escalate when a fault repeats: ``count`` times within ``window_seconds``."""
 
     count: int = Field(ge=2, le=MAX_REPEAT_COUNT)
+    """Occurrences (at least 2) within windowSeconds, counted on the scope, that make the rule
+    escalate to then."""
     window_seconds: float = Field(gt=0, le=MAX_WINDOW_SECONDS)
+    """The window, in seconds, over which occurrences are counted; older ones no longer count."""
     scope: Scope = Scope.COMPONENT
     then: Response
 
@@ -173,15 +179,27 @@ class Rule(_Model):
     """What one fault does to a node."""
 
     match: Match
+    """Which faults this rule applies to: exactly one of fault (a fault kind) or xid (a number)."""
     action: Response
+    """What one occurrence does: ignore or log (the node stays in), restart-job, or a ladder step
+    (gpu-reset, reboot, power-cycle, reimage) or hand-off (triage, rma) that takes the node out."""
     repeat: Repeat | None = None
+    """Escalation on repeats: count occurrences within windowSeconds do then (stronger than action)
+    instead. Absent: every occurrence does action."""
     taint: TaintEffect = TaintEffect.NO_SCHEDULE
+    """The effect of the fault taint put on the Node when it is taken out: NoSchedule (running pods
+    stay until drained) or NoExecute (pods without a toleration leave at once)."""
     drain: DrainMode | None = None
-    """None: the policy-wide drain mode."""
+    """How workloads leave the node for this fault (wait, evict, delete-after-timeout). Absent: the
+    policy-wide drain.mode."""
     requeue: RequeueMode = RequeueMode.NOW
+    """What happens to the Slurm jobs on the node: now (requeued at once, they resume elsewhere
+    from their last checkpoint) or let-finish (drained in Slurm, running jobs finish first)."""
     if_slurm_silent: SlurmSilence = SlurmSilence.WAIT
-    """While Slurm is silent about a draining Slurm node: wait (default) or proceed."""
+    """While Slurm says nothing about a draining Slurm node: wait (default, fail closed: nothing is
+    disrupted without Slurm's word) or proceed after drain.slurmSilentSeconds."""
     note: str = ""
+    """Free text for people (why the rule is there); not used in decisions."""
 
     @model_validator(mode="after")
     def _repeat_escalates(self) -> Self:
@@ -200,10 +218,13 @@ class LadderStep(_Model):
     """One rung: how long it may take, how often to try, where to go on failure."""
 
     step: Step
+    """The rung: gpu-reset, reboot, power-cycle, reimage, or a hand-off to people (triage, rma)."""
     timeout_seconds: float = Field(default=900, gt=0, le=MAX_TIMEOUT_SECONDS)
+    """Seconds one attempt of this rung may take before it counts as failed. Default 900."""
     attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS)
+    """Attempts of this rung before the ladder moves on. Default 1."""
     on_failure: Step | None = None
-    """Next rung when every attempt failed; None means the next entry."""
+    """The rung to go to when every attempt failed. Absent: the next entry of the ladder."""
 
 
 class Lemon(_Model):
@@ -217,10 +238,16 @@ class Lemon(_Model):
     """
 
     threshold: float = Field(default=2.5, gt=0, le=MAX_SCORE)
+    """A node whose decayed score is at least this when a new incident opens is a lemon (three
+    hardware faults of weight 1 close together reach the default). Default 2.5."""
     gpu_threshold: float = Field(default=2.0, gt=0, le=MAX_SCORE)
+    """The same for one GPU's own score (GPU faults only). Default 2.0."""
     half_life_days: float = Field(default=14, gt=0, le=MAX_HALF_LIFE_DAYS)
+    """Days after which a fault's weight in the score has halved. Default 14."""
     weights: LemonWeights = LemonWeights()
+    """How much one fault of each class adds to a node's score."""
     then: Response = Response.TRIAGE
+    """Where a lemon goes instead of another repair cycle. Default triage."""
 
     @property
     def half_life_seconds(self) -> float:
@@ -239,8 +266,11 @@ class Spares(_Model):
     """
 
     percent: float = Field(default=1.0, ge=0, le=100)
+    """Percentage of each pool's nodes kept as spares (rounded down). Default 1."""
     min_nodes: int = Field(default=0, ge=0, le=MAX_NODES)
+    """At least this many spares per pool (never the whole pool). Default 0."""
     max_nodes: int = Field(default=50, ge=0, le=MAX_NODES)
+    """At most this many spares per pool. Default 50."""
 
     def wanted(self, pool_size: int) -> int:
         """Spares a pool of ``pool_size`` nodes keeps."""
@@ -257,7 +287,10 @@ class Provisioning(_Model):
     """
 
     stall_seconds: float = Field(default=900, ge=5, le=MAX_TIMEOUT_SECONDS)
+    """Seconds a boot stage (power-on, iPXE request, user-data, Node Ready) may take before the
+    boot counts as stalled and is retried by a power cycle with a network boot. Default 900."""
     boot_attempts: int = Field(default=3, ge=1, le=10)
+    """Power-ons in all, the first included, before the Machine's boot has failed. Default 3."""
 
 
 class Budget(_Model):
@@ -265,14 +298,20 @@ class Budget(_Model):
     of the whole fleet, every pool together."""
 
     max_nodes: int = Field(default=50, ge=0, le=MAX_NODES)
+    """At most this many nodes of one pool out of service (taken out by automation) at once.
+    Default 50."""
     max_percent: float = Field(default=10.0, ge=0, le=100)
+    """At most this percentage of a pool out of service at once (rounded down; raised to minNodes).
+    Default 10."""
     min_nodes: int = Field(default=1, ge=0, le=MAX_NODES)
-    """Small pools (and a small fleet, for ``fleetMaxPercent``) still get this many
-    (unless a ``maxNodes`` is lower)."""
+    """Small pools (and a small fleet, for fleetMaxPercent) may still have this many nodes out,
+    unless maxNodes is lower. Default 1."""
     fleet_max_nodes: int | None = Field(default=None, ge=0, le=MAX_NODES)
-    """At most this many nodes out at once in the whole fleet; None: no fleet-wide limit."""
+    """At most this many nodes out at once in the whole fleet, every pool together; 0 stops all
+    automatic disruption. Absent: no fleet-wide limit."""
     fleet_max_percent: float | None = Field(default=None, ge=0, le=100)
-    """At most this share of the whole fleet out at once; None: no fleet-wide limit."""
+    """At most this percentage of the whole fleet out at once (raised to minNodes). Absent: no
+    fleet-wide limit."""
 
     def allowed(self, pool_size: int) -> int:
         """Nodes that may be out of service in a pool of ``pool_size``."""
@@ -306,12 +345,18 @@ class Breaker(_Model):
     """Stop automatic disruption when too many nodes fault within a window."""
 
     max_nodes: int = Field(default=20, ge=1, le=MAX_NODES)
+    """The breaker opens (all automatic disruption stops) when more distinct nodes than this fault
+    within windowSeconds. Default 20."""
     max_percent: float = Field(default=10.0, gt=0, le=100)
+    """The same as a percentage of the fleet; the lower of maxNodes and this (raised to minNodes)
+    holds. Default 10."""
     min_nodes: int = Field(default=2, ge=1, le=MAX_NODES)
-    """Small fleets always tolerate this many faulting nodes per window."""
+    """Small fleets always tolerate this many faulting nodes per window. Default 2."""
     window_seconds: float = Field(default=600, gt=0, le=MAX_WINDOW_SECONDS)
+    """Seconds over which distinct faulting nodes are counted. Default 600."""
     cooldown_seconds: float = Field(default=1800, ge=0, le=MAX_WINDOW_SECONDS)
-    """It closes again after this long without a new faulting node."""
+    """An open breaker closes by itself after this many seconds without a new faulting node
+    (gpufleet breaker reset closes it at once). Default 1800."""
 
     def threshold(self, fleet_size: int) -> int:
         """Distinct faulting nodes in the window that are still tolerated."""
@@ -323,46 +368,69 @@ class RateLimit(_Model):
     """At most ``max_actions`` disruptive actions fleet-wide per window."""
 
     max_actions: int = Field(default=30, ge=1, le=MAX_ACTIONS)
+    """At most this many disruptive actions (reset, reboot, power cycle, reimage) fleet-wide per
+    window. Default 30."""
     window_seconds: float = Field(default=600, gt=0, le=MAX_WINDOW_SECONDS)
+    """The rate limit's window in seconds. Default 600."""
 
 
 class Safety(_Model):
     """The safety rails."""
 
     budget: Budget = Budget()
+    """The disruption budget: how many nodes automation may hold out at once, per pool and fleet-
+    wide."""
     breaker: Breaker = Breaker()
+    """The circuit breaker: stops automatic disruption when too many nodes fault at once (a
+    monitoring bug must not drain the fleet)."""
     rate_limit: RateLimit = RateLimit()
+    """At most maxActions disruptive actions fleet-wide per windowSeconds."""
 
 
 class Drain(_Model):
     """Default drain behaviour."""
 
     mode: DrainMode = DrainMode.EVICT
+    """How workloads leave: wait (only interruptible pods are evicted), evict (Eviction API,
+    PodDisruptionBudgets respected; default) or delete-after-timeout (evict, then delete what is
+    left after timeoutSeconds)."""
     timeout_seconds: float = Field(default=600, gt=0, le=MAX_TIMEOUT_SECONDS)
+    """Seconds a drain may take; with mode delete-after-timeout the pods still there are then
+    deleted. Default 600."""
     slurm: SlurmWait = SlurmWait.AUTO
-    """Which nodes Slurm must confirm empty (drained, no job) before a node leaves draining."""
+    """Which nodes Slurm must confirm empty (drained, no job) before they are disrupted: auto
+    (nodes that are Slurm's; default), always, or never (fleets without Slurm)."""
     slurm_silent_seconds: float = Field(default=300, gt=0, le=MAX_TIMEOUT_SECONDS)
-    """Silence from Slurm after which a rule with ``ifSlurmSilent: proceed`` goes on."""
+    """Seconds of silence from Slurm about a draining node after which a rule with ifSlurmSilent:
+    proceed goes on. Default 300."""
 
 
 class Checks(_Model):
     """Active-check profiles used for verification and burn-in."""
 
     verification_profile: str = "verify"
+    """The agent's check profile run on a repaired node before it returns to production. Default
+    verify."""
     verification_timeout_seconds: float = Field(default=1800, gt=0, le=MAX_TIMEOUT_SECONDS)
+    """Seconds verification may take before it counts as failed (the ladder moves on). Default
+    1800."""
     burn_in_profile: str = "burn-in"
+    """The agent's check profile run on a new node before it gets work. Default burn-in."""
     burn_in_timeout_seconds: float = Field(default=4 * 3600, gt=0, le=MAX_TIMEOUT_SECONDS)
+    """Seconds burn-in may take before it counts as failed. Default 14400 (4 hours)."""
 
 
 class Stragglers(_Model):
     """When job telemetry names a node a straggler (docs/agent.md, "Stragglers")."""
 
     slower_than: float = Field(default=1.08, gt=1, le=MAX_SLOWER_THAN)
-    """A node whose compute per step is this many times its peers' median is slow."""
+    """A node whose compute time per step is at least this many times its peers' median is slow
+    (1.08: 8 % slower). Default 1.08."""
     window_steps: int = Field(default=50, ge=3, le=MAX_WINDOW_STEPS)
-    """Steps (reported by every rank) the comparison looks at; medians over them."""
+    """Training steps (reported by every rank) the comparison looks at; medians over them. Default
+    50."""
     report_every_seconds: float = Field(default=1800, gt=0, le=MAX_TIMEOUT_SECONDS)
-    """While a node stays slow, one ``straggler`` occurrence per this interval."""
+    """While a node stays slow, one straggler occurrence per this many seconds. Default 1800."""
 
     def rule(self) -> StragglerRule:
         return StragglerRule(slower_than=self.slower_than, window_steps=self.window_steps)
@@ -372,30 +440,51 @@ class Detection(_Model):
     """Debounce of problem conditions, and straggler detection (used by the agent)."""
 
     raise_after_seconds: float = Field(default=0, ge=0, le=MAX_TIMEOUT_SECONDS)
-    """A condition must be seen this long before it is raised."""
+    """A problem must be seen this many seconds before the agent raises its condition (0: at once).
+    Default 0."""
     clear_after_seconds: float = Field(default=300, ge=0, le=MAX_TIMEOUT_SECONDS)
-    """A raised condition must be healthy this long before it is cleared."""
+    """A raised condition must be healthy this many seconds before the agent clears it. Default
+    300."""
     stragglers: Stragglers = Stragglers()
+    """When job telemetry names a node a straggler (docs/agent.md)."""
 
 
 class Policy(_Model):
     """A whole policy. See docs/policy.md for every field."""
 
     dry_run: bool = False
-    """Decide and report, but change nothing."""
+    """Decide and report (Events, logs) but change nothing: every plan is held as when paused.
+    Default false."""
     paused: bool = False
-    """Make no automatic changes at all."""
+    """Make no automatic change at all: every plan is held (its facts kept) and carried out once
+    the policy is no longer paused. Default false."""
     rules: tuple[Rule, ...] = ()
+    """One rule per fault: what one occurrence does and what repeats do. Every fault kind but xid
+    needs one (names: docs/faults.md); an XID without a rule follows gpufleet's catalogue, and
+    one outside it follows unknownXid."""
     unknown_xid: Response = Response.LOG
-    """What an XID missing from the catalogue does."""
+    """What an XID that neither a rule nor gpufleet's catalogue knows does. Default log (recorded,
+    node stays in)."""
     ladder: tuple[LadderStep, ...] = ()
+    """The remediation ladder: the rungs in order, each with its timeout, attempts and where to go
+    when every attempt failed; no cycles, and it ends in triage or rma."""
     lemon: Lemon = Lemon()
+    """When a node is a lemon (faults too often) and goes to triage instead of another repair
+    cycle."""
     spares: Spares = Spares()
+    """Hot spares: verified nodes of each pool kept out of training work, promoted when a node of
+    their pool leaves production."""
     provisioning: Provisioning = Provisioning()
+    """The Day-0 boot watchdog: when a boot has stalled and how often it is retried."""
     safety: Safety = Safety()
+    """The safety rails: disruption budget, circuit breaker and rate limit."""
     drain: Drain = Drain()
+    """How workloads leave a node that is taken out, and what Slurm must confirm first."""
     checks: Checks = Checks()
+    """The active-check profiles run for verification after a repair and for burn-in of a new node,
+    and their time limits."""
     detection: Detection = Detection()
+    """Debounce of the agent's problem conditions, and straggler detection."""
     slurm: SlurmReasons = SlurmReasons()
     """How drain reasons set by others in Slurm are judged (domain.slurm_reasons)."""
 

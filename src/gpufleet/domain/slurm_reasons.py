@@ -60,13 +60,22 @@ class ReasonPattern(BaseModel):
     """One pattern of ``slurm.reasons``: a regular expression and its verdict."""
 
     model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,  # descriptions in the FleetPolicy CRD
     )
 
     pattern: str = Field(min_length=1, max_length=MAX_PATTERN_CHARS)
-    """Searched (not anchored unless it says ``^``) case-insensitively in the reason."""
+    """A regular expression searched (not anchored unless it starts with ^) case-insensitively in
+    the drain reason."""
     verdict: Verdict
+    """What a reason this pattern matches means: hardware (fault slurm-drain: the node is repaired
+    and verified), job (a job's or user's problem: nothing is done) or admin (a person holds the
+    node: never touched)."""
     note: str = ""
+    """Free text for people (what the pattern catches); not used in decisions."""
 
     @field_validator("pattern")
     @classmethod
@@ -110,14 +119,18 @@ class SlurmReasons(BaseModel):
     """The policy's ``slurm`` section: how foreign drain reasons are judged."""
 
     model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,  # descriptions in the FleetPolicy CRD
     )
 
     reasons: tuple[ReasonPattern, ...] = Field(default=DEFAULT_REASONS, max_length=200)
-    """Patterns, first match wins. A policy that gives ``reasons`` replaces the
-    built-in list (start from ``gpufleet policy show``)."""
+    """Patterns, first match wins. A policy that gives reasons replaces the built-in list (start
+    from gpufleet policy show)."""
     unmatched: Verdict = Verdict.ADMIN
-    """The verdict on a reason no pattern matches."""
+    """The verdict on a reason no pattern matches: hardware, job or admin. Default admin."""
 
     def classify(self, reason: str | None) -> Classification:
         return classify(reason, self.reasons, self.unmatched)

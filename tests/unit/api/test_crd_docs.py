@@ -37,6 +37,21 @@ def test_every_field_is_on_its_page(name: str) -> None:
             assert f"| `{path}` |" in text, f"{name}: {path} has no row"
 
 
+@pytest.mark.parametrize("name", sorted(crds.manifests()))
+def test_every_field_has_a_description(name: str) -> None:
+    """``kubectl explain`` says what each field means: the root, spec, status and every
+    field below them (an array's or map's own description covers its items)."""
+    root = _root(crds.manifests()[name])
+    schemas = [("", root)] + [(part, root["properties"][part]) for part in ("spec", "status")]
+    schemas += [
+        (f.path, f.schema)
+        for part in ("spec", "status")
+        for f in crd_docs.fields(root["properties"][part], part)
+    ]
+    missing = [path or "<root>" for path, schema in schemas if not schema.get("description")]
+    assert not missing, f"{name}: no description for {', '.join(missing)}"
+
+
 def test_a_row_names_type_required_default_and_allowed_values() -> None:
     text = crd_docs.pages()["slurmclusters.md"]
     row = next(line for line in text.splitlines() if line.startswith("| `spec.nodePools` |"))
