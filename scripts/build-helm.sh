@@ -14,25 +14,11 @@ cache="${GPUFLEET_CACHE:-$HOME/.cache/gpufleet}"
 out="$cache/bin/helm-$version"
 stamp="$out/kube-1.$kube_minor"
 if [[ -x "$out/helm" && -e "$stamp" ]]; then echo "  helm $version: cached"; exit 0; fi
-go_bin="$("$(dirname "${BASH_SOURCE[0]}")/find-go.sh")"
-mkdir -p "$out"
-echo "  helm $version: building helm.sh/helm/v3/cmd/helm (log: $out/build.log)"
-start=$(date +%s)
-# Built beside the cached one, then moved over it: a helm in use is never half-written.
-tmp_bin="$(mktemp -d "$out/.build.XXXXXX")"
-trap 'rm -rf "$tmp_bin"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/go-tool.sh"
 kube="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1"
 kube+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$kube_minor"
 kube+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1"
 kube+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$kube_minor"
-if ! GOBIN="$tmp_bin" CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" \
-    "$go_bin" install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$version $kube" \
-    "helm.sh/helm/v3/cmd/helm@$version" > "$out/build.log" 2>&1; then
-  echo "build-helm: FAILED; last lines of $out/build.log:" >&2
-  tail -20 "$out/build.log" >&2
-  exit 1
-fi
-mv -f "$tmp_bin/helm" "$out/helm"
+go_tool_install helm "$version" "helm.sh/helm/v3/cmd/helm@$version" "$out" \
+  -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$version $kube"
 touch "$stamp"
-echo "  helm $version: built in $(( $(date +%s) - start )) s"

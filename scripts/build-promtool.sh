@@ -11,15 +11,6 @@ version="${PROMTOOL_VERSION:-v0.316.0}"
 cache="${GPUFLEET_CACHE:-$HOME/.cache/gpufleet}"
 out="$cache/bin/promtool-$version"
 if [[ -x "$out/promtool" ]]; then echo "  promtool $version: cached"; exit 0; fi
-go_bin="$("$(dirname "${BASH_SOURCE[0]}")/find-go.sh")"
-mkdir -p "$out"
-echo "  promtool $version: building github.com/prometheus/prometheus/cmd/promtool (log: $out/build.log)"
-start=$(date +%s)
-if ! GOBIN="$out" CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" \
-    "$go_bin" install -trimpath -tags remove_all_sd -ldflags "-s -w" \
-    "github.com/prometheus/prometheus/cmd/promtool@$version" > "$out/build.log" 2>&1; then
-  echo "build-promtool: FAILED; last lines of $out/build.log:" >&2
-  tail -20 "$out/build.log" >&2
-  exit 1
-fi
-echo "  promtool $version: built in $(( $(date +%s) - start )) s"
+source "$(dirname "${BASH_SOURCE[0]}")/go-tool.sh"
+go_tool_install promtool "$version" "github.com/prometheus/prometheus/cmd/promtool@$version" \
+  "$out" -tags remove_all_sd -ldflags "-s -w"
