@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from gpufleet.api.names import FLEET_POLICY
 from gpufleet.api.schema import AGE, CONDITIONS, Json, column, crd, structural
+from gpufleet.domain import policy_compat
 from gpufleet.domain.policy import Policy
 
 NAMES = FLEET_POLICY
@@ -19,8 +20,25 @@ _FIELD = {"paused": "paused", "dryRun": "dry_run"}
 
 
 def spec_schema() -> Json:
-    """The OpenAPI schema of ``FleetPolicy.spec``."""
-    return structural(Policy.model_json_schema(by_alias=True))
+    """The OpenAPI schema of ``FleetPolicy.spec``, with the fields an earlier version had:
+    the apiserver keeps accepting a policy written for it (domain.policy_compat)."""
+    schema = structural(Policy.model_json_schema(by_alias=True))
+    for field in policy_compat.REMOVED:
+        _accept_removed(schema, field)
+    return schema
+
+
+def _accept_removed(schema: Json, field: policy_compat.RemovedField) -> None:
+    node = schema
+    for part in field.path[:-1]:
+        node = node["properties"][part]
+    node["properties"][field.path[-1]] = {
+        **field.schema,
+        "description": f"Deprecated: removed in {field.removed_in} ({field.decision}); use "
+        f"{field.replaced_by}. Still accepted"
+        + (f" and read as {field.replaced_by}: {field.how}" if field.convert else ", ignored")
+        + "; the controller warns (Event and condition Deprecated on the FleetPolicy).",
+    }
 
 
 STATUS_SCHEMA: Json = {

@@ -61,7 +61,7 @@ def load_or_exit(path: Path | None) -> Policy:
     if path is None:
         return default_policy()
     try:
-        return read_policy(path)
+        policy = read_policy(path)
     except OSError as exc:
         err.print(f"[red]cannot read policy file {escape(str(path))}: {exc.strerror}[/red]")
         raise typer.Exit(2) from exc
@@ -69,6 +69,9 @@ def load_or_exit(path: Path | None) -> Policy:
         err.print(f"[red]{escape(str(exc))}[/red]")
         err.print(f"Check it with: gpufleet policy validate {escape(str(path))}")
         raise typer.Exit(2) from exc
+    for deprecation in policy.deprecations:  # an earlier version's field: said, then used
+        warn(f"{path}: {deprecation.message()}")
+    return policy
 
 
 @app.command("explain")

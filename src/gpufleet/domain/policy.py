@@ -19,10 +19,18 @@ import math
 from enum import StrEnum
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
-from gpufleet.domain import nvlink5, xids, yamldoc
+from gpufleet.domain import nvlink5, policy_compat, xids, yamldoc
 from gpufleet.domain.bounds import (
     MAX_ACTIONS,
     MAX_ATTEMPTS,
@@ -490,6 +498,25 @@ class Policy(_Model):
 
     _rules: dict[str, Rule] = PrivateAttr(default_factory=dict)
     _ladder: dict[Step, int] = PrivateAttr(default_factory=dict)
+    _deprecations: tuple[policy_compat.Deprecation, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _earlier_fields(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        """A field an earlier version had is accepted, converted where it maps, and kept
+        in :attr:`deprecations` (domain.policy_compat): a policy written for that version
+        still loads after an upgrade."""
+        if not isinstance(data, dict):
+            return handler(data)
+        current, found = policy_compat.migrate(data)
+        policy = handler(current)
+        policy._deprecations = tuple(found)
+        return policy
+
+    @property
+    def deprecations(self) -> tuple[policy_compat.Deprecation, ...]:
+        """The removed fields this policy was written with (empty for a current one)."""
+        return self._deprecations
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -536,9 +563,10 @@ class Policy(_Model):
         raise KeyError(f"no rule for {fault.key}")  # unreachable: validated above
 
     def warnings(self) -> list[str]:
-        """What is valid but worth a second look: rules for XIDs that gpufleet's
-        catalogue does not know (typos, or XIDs newer than this release)."""
-        return [
+        """What is valid but worth a second look: fields an earlier version had (each
+        with its replacement), rules for XIDs that gpufleet's catalogue does not know
+        (typos, or XIDs newer than this release)."""
+        return [d.message() for d in self._deprecations] + [
             f"rules[{i}]: XID {rule.match.xid} is not in gpufleet's catalogue; "
             "the rule applies as written"
             for i, rule in enumerate(self.rules)

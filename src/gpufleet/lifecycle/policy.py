@@ -33,6 +33,10 @@ from gpufleet.lifecycle.tasks import TaskGroup
 _POLICIES = custom(crds.FLEET_POLICY_PLURAL)
 
 
+DEPRECATED = "Deprecated"
+"""The FleetPolicy condition that says its spec uses fields an earlier version had."""
+
+
 def _paused_default() -> Policy:
     return default_policy().model_copy(update={"paused": True})
 
@@ -194,6 +198,7 @@ class PolicyKeeper:
                     policy.dry_run,
                 )
             valid = ("True", "Valid", "the policy is in use")
+            self._say_deprecations(body, policy, generation)
         status: Json = {
             "conditions": self._set_policy_condition("Valid", *valid, generation=generation),
             "observedGeneration": generation,
@@ -248,6 +253,26 @@ class PolicyKeeper:
             )
         except ApiError as exc:
             log.warning("policy=%s breaker reset request not removed: %s", name, exc)
+
+    def _say_deprecations(self, body: Mapping[str, Any], policy: Policy, generation: Any) -> None:
+        """Fields of an earlier version in the spec: a Warning Event (once per generation,
+        which is when this runs) and the condition ``Deprecated``, which names each field
+        and its replacement until the spec no longer has them (domain.policy_compat)."""
+        name = self.settings.policy_name
+        had = any(c.get("type") == DEPRECATED for c in self._policy_conditions or [])
+        if not policy.deprecations:
+            if had:
+                self._set_policy_condition(
+                    DEPRECATED, "False", "CurrentFields", "no removed field",
+                    generation=generation,
+                )  # fmt: skip
+            return
+        text = "; ".join(d.message() for d in policy.deprecations)
+        log.warning("policy=%s written with removed fields: %s", name, text)
+        self.events.policy(body, "Warning", "DeprecatedFields", text)
+        self._set_policy_condition(
+            DEPRECATED, "True", "RemovedFields", text, generation=generation
+        )  # fmt: skip
 
     def _set_policy_condition(
         self, type_: str, status: Status, reason: str, message: str, *, generation: Any
