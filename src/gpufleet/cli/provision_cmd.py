@@ -11,7 +11,7 @@ import typer
 
 from gpufleet.cli import logs
 from gpufleet.cli.errors import fail
-from gpufleet.cli.options import KubeconfigOpt
+from gpufleet.cli.options import BmcCaBundleOpt, KubeconfigOpt
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
 from gpufleet.clock import SYSTEM_CLOCK
 from gpufleet.gate import Gate
@@ -88,6 +88,7 @@ def serve_cmd(
             "(repeatable), e.g. gpufleet.local=http://10.0.2.100:5000."
         ),
     ] = None,
+    bmc_ca_bundle: BmcCaBundleOpt = None,
     log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
     """Serve iPXE scripts, cloud-init and single-use join tokens to known machines.
@@ -112,6 +113,10 @@ def serve_cmd(
 
         gpufleet provision serve --public-url http://10.0.0.2:8080 \\
             --images-url http://10.0.0.2/images
+
+    Checking the BMCs' certificates against a site CA (for BMC Secrets without ca.crt):
+
+        gpufleet provision serve --bmc-ca-bundle /etc/gpufleet/bmc-ca/ca.crt
     """
     logs.configure(log_format=log_format)
     from gpufleet.provision.render import parse_registry_mirror
@@ -139,7 +144,12 @@ def serve_cmd(
     )
     if boot_dir is not None and not boot_dir.is_dir():
         fail(f"--boot-dir {boot_dir}: not a directory")
-    asyncio.run(serve(options, ServiceSettings(token_ttl_s=token_ttl, event_namespace=namespace)))
+    settings = ServiceSettings(
+        token_ttl_s=token_ttl,
+        event_namespace=namespace,
+        bmc_ca_file=str(bmc_ca_bundle) if bmc_ca_bundle else None,
+    )
+    asyncio.run(serve(options, settings))
 
 
 @app.command("render")
@@ -327,6 +337,7 @@ def import_cmd(
 def power_on_cmd(
     names: Annotated[list[str], typer.Argument(help="The Machines to power on.")],
     kubeconfig: KubeconfigOpt = None,
+    bmc_ca_bundle: BmcCaBundleOpt = None,
 ) -> None:
     """Power machines on to network-boot and join (Day 0), each through its BMC.
 
@@ -345,7 +356,8 @@ def power_on_cmd(
 
     async def go() -> list[str]:
         api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
-        gate = Gate.for_operator(api, by="admin", clock=SYSTEM_CLOCK)
+        ca_file = str(bmc_ca_bundle) if bmc_ca_bundle else None
+        gate = Gate.for_operator(api, by="admin", clock=SYSTEM_CLOCK, ca_file=ca_file)
         problems: list[str] = []
         for name in names:
             try:
