@@ -333,11 +333,20 @@ def _volume_secrets(docs: list[dict[str, Any]]) -> set[str]:
     }
 
 
-def test_munge_and_jwt_keys_by_reference() -> None:
+def _controller_args(docs: list[dict[str, Any]]) -> list[str]:
+    (ctl,) = [
+        d for d in docs if d["kind"] == "Deployment" and "controller" in d["metadata"]["name"]
+    ]
+    return next(c for c in containers(ctl) if c["name"] == "controller")["args"]
+
+
+def test_munge_and_jwt_keys_by_reference_or_made_once_by_the_controller() -> None:
     made = render("gpufleet")
-    assert {"gpufleet-munge-key", "gpufleet-slurm-jwt"} <= {
-        d["metadata"]["name"] for d in made if d["kind"] == "Secret"
-    }
+    assert not [d for d in made if d["kind"] == "Secret"]  # no random data in a render
+    assert {"gpufleet-munge-key", "gpufleet-slurm-jwt"} <= _volume_secrets(made)
+    args = _controller_args(made)
+    wanted = [args[i + 1] for i, a in enumerate(args) if a == "--generate-secret"]
+    assert wanted == ["gpufleet-munge-key:munge.key:1024", "gpufleet-slurm-jwt:jwt_hs256.key:64"]
     refd = render(
         "gpufleet",
         "--set",
@@ -347,6 +356,9 @@ def test_munge_and_jwt_keys_by_reference() -> None:
     )
     assert not [d for d in refd if d["kind"] == "Secret"]
     assert _volume_secrets(refd) == {"site-munge", "site-jwt"}
+    assert "--generate-secret" not in _controller_args(refd)
+    # Without the controller nothing would create them: named Secrets are required.
+    assert "slurm.munge.secretRef" in render_fails("--set", "controller.enabled=false")
 
 
 def _bmc_rules(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

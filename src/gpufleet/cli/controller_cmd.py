@@ -119,6 +119,15 @@ def controller(
             "nvidia.com/gpu.present=true); '' manages every Node."
         ),
     ] = "",
+    generate_secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME:KEY:LENGTH: create Secret NAME (in the Lease's namespace) with KEY of"
+            " LENGTH random letters and digits if it does not exist; an existing one is"
+            " never read or changed (repeatable; the chart's Slurm keys, docs/decisions/0188)."
+            " Example: --generate-secret gpufleet-munge-key:munge.key:1024",
+        ),
+    ] = None,
     bmc_address_map: Annotated[
         str,
         typer.Option(
@@ -168,6 +177,12 @@ def controller(
         redfish.set_address_map(redfish.parse_address_map(bmc_address_map))
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--bmc-address-map") from None
+    from gpufleet.lifecycle.generated_secrets import GeneratedSecret
+
+    try:
+        generated = tuple(GeneratedSecret.parse(t) for t in generate_secret or ())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--generate-secret") from None
     logs.configure(verbose, log_format)
     # Imported here: kopf and the controller take a second to import, which
     # every other gpufleet command would pay at start-up.
@@ -192,6 +207,7 @@ def controller(
         identity=identity,
         key_secret=key_secret,
         key_namespace=lease_namespace,
+        generated_secrets=generated,
         lease_namespace=lease_namespace,
         graceful_settle_s=graceful_settle,
     )

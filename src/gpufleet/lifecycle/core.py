@@ -16,6 +16,7 @@ from typing import Any
 
 from gpufleet.domain import events as ev
 from gpufleet.domain.states import NodeState
+from gpufleet.lifecycle.generated_secrets import GeneratedSecret
 from gpufleet.remediate import redfish
 
 log = logging.getLogger("gpufleet.controller")
@@ -79,6 +80,9 @@ class ControllerSettings:
     """The Lease the replicas hold to act (one acts; docs/decisions/0141)."""
     lease_namespace: str | None = None
     """Where that Lease lives; None: the event namespace."""
+    generated_secrets: tuple[GeneratedSecret, ...] = ()
+    """Secrets created in the Lease's namespace when absent, never read: the Slurm keys
+    the chart no longer renders (docs/decisions/0188)."""
     lease_duration_s: float = 30.0
     """How long the Lease holds without a renewal (a standby takes over this long after
     the holder stopped renewing). It is renewed every sixth of it, and the gate starts

@@ -32,7 +32,7 @@ from gpufleet.api import maintenanceplan
 from gpufleet.domain import well_known
 from gpufleet.gate import GateSettings, redfish_bmcs
 from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
-from gpufleet.lifecycle import crds
+from gpufleet.lifecycle import crds, generated_secrets
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
 from gpufleet.lifecycle.leadership import Leadership, default_identity
 from gpufleet.lifecycle.metrics import Metrics
@@ -142,6 +142,16 @@ def build_registry(
         settings.queueing.error_delays = QUEUE_ERROR_DELAYS
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        if ctl.settings.generated_secrets:  # every replica: the first one there creates
+            lease_task.append(
+                asyncio.create_task(
+                    generated_secrets.ensure_until_done(
+                        ctl.client,
+                        ctl.settings.lease_namespace or ctl.settings.event_namespace,
+                        ctl.settings.generated_secrets,
+                    )
+                )
+            )
         await ctl.prime()
         primed()
         lease_task.append(asyncio.create_task(_hold_lease(ctl, leadership)))
