@@ -144,7 +144,8 @@ def _literal(text: str) -> str:
     return "".join(_ENTITIES.get(c, c) for c in html.escape(text, quote=False))
 
 
-def _root(manifest: Json) -> Json:
+def root_schema(manifest: Json) -> Json:
+    """A CRD's (first and only) version's ``openAPIV3Schema``."""
     root: Json = manifest["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     return root
 
@@ -153,7 +154,7 @@ def page(manifest: Json) -> str:
     """The reference page of one CRD."""
     spec = manifest["spec"]
     names, version = spec["names"], spec["versions"][0]
-    root = _root(manifest)
+    root = root_schema(manifest)
     subresources = version.get("subresources", {})
     lines = [
         GENERATED,
@@ -229,7 +230,7 @@ def index(manifests: dict[str, Json]) -> str:
         spec = manifest["spec"]
         kind = spec["names"]["kind"]
         short = ", ".join(f"`{s}`" for s in spec["names"].get("shortNames", ()))
-        description = cell(_root(manifest).get("description", ""))
+        description = cell(root_schema(manifest).get("description", ""))
         lines.append(
             f"| [{kind}]({Path(name).stem}.md) | {spec['scope']} | {short} | {description} |"
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,17 +20,12 @@ def test_committed_pages_are_the_generated_ones() -> None:
         assert (ROOT / crd_docs.DIR / name).read_text() == text, f"{name} is stale: {REGENERATE}"
 
 
-def _root(manifest: dict[str, Any]) -> dict[str, Any]:
-    root: dict[str, Any] = manifest["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return root
-
-
 @pytest.mark.parametrize("name", sorted(crds.manifests()))
 def test_every_field_is_on_its_page(name: str) -> None:
-    manifest = crds.manifests()[name]
+    root = crd_docs.root_schema(crds.manifests()[name])
     text = crd_docs.pages()[name.replace(".yaml", ".md")]
     for part in ("spec", "status"):
-        paths = [f.path for f in crd_docs.fields(_root(manifest)["properties"][part], part)]
+        paths = [f.path for f in crd_docs.fields(root["properties"][part], part)]
         assert paths, part
         for path in paths:
             assert f"| `{path}` |" in text, f"{name}: {path} has no row"
@@ -41,7 +35,7 @@ def test_every_field_is_on_its_page(name: str) -> None:
 def test_every_field_has_a_description(name: str) -> None:
     """``kubectl explain`` says what each field means: the root, spec, status and every
     field below them (an array's or map's own description covers its items)."""
-    root = _root(crds.manifests()[name])
+    root = crd_docs.root_schema(crds.manifests()[name])
     schemas = [("", root)] + [(part, root["properties"][part]) for part in ("spec", "status")]
     schemas += [
         (f.path, f.schema)
