@@ -249,6 +249,20 @@ def test_agent_gets_the_nvidia_runtime_and_every_gpu() -> None:
     assert ds["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
     env = {e["name"] for e in containers(_agent("--set", "agent.backend=simulated"))[0]["env"]}
     assert not {n for n in env if n.startswith("NVIDIA_")}
+    # Its own image (the GPU variant), the tag following image.tag; the others keep image.
+    assert containers(_agent())[0]["image"] == "ghcr.io/gpufleet/gpufleet:" + _app_version()
+    gpu = ("--set", "agent.image.repository=r.example/gpufleet-gpu", "--set", "image.tag=1.2.3")
+    docs = render("gpufleet", *gpu)
+    assert containers(of_kind(docs, "DaemonSet")["gpufleet-agent"])[0]["image"] == (
+        "r.example/gpufleet-gpu:1.2.3"
+    )
+    ctl = of_kind(docs, "Deployment")["gpufleet-controller"]
+    assert containers(ctl)[0]["image"] == "ghcr.io/gpufleet/gpufleet:1.2.3"
+
+
+def _app_version() -> str:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    return str(chart["appVersion"])
 
 
 GPUFLEET_PROCESSES = {"controller", "agent", "syncer", "operator", "cleanup"}
