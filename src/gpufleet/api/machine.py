@@ -238,7 +238,8 @@ STATUS_SCHEMA: Json = {
         },
         "boot": {
             "type": "object",
-            "description": "the boot in progress or the last one (gpufleet.domain.boot_watch)",
+            "description": "the boot in progress or the last one: when it was asked for, how far "
+            "it came, how it ended",
             "properties": {
                 "requestedAt": _time("when the power-on was asked for"),
                 "requestedBy": _str("who asked for it (a reimage, an operator)"),

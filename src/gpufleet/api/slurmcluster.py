@@ -228,7 +228,11 @@ class SlurmClusterSpec(_Model):
     preemption: Preemption = Field(default_factory=Preemption)
     accounting: Accounting = Field(default_factory=Accounting)
     topology: Topology = Field(default_factory=Topology)
-    health_checks: HealthChecks = Field(default_factory=HealthChecks)
+    health_checks: HealthChecks = Field(
+        default_factory=HealthChecks,
+        description="gpufleet health check as Slurm's HealthCheckProgram, Prolog and Epilog "
+        "(docs/slurm.md): the slurmd image needs gpufleet.",
+    )
     extra_config: list[Annotated[str, Field(pattern=LINE, max_length=1024)]] = Field(
         default_factory=list,
         description="Lines appended to slurm.conf as they are (one directive each, no newline).",

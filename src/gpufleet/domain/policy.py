@@ -149,6 +149,8 @@ class Match(_Model):
     """Which faults a rule applies to: a fault kind, or an XID number."""
 
     fault: FaultKind | None = None
+    """A fault kind, e.g. ecc-uncorrectable or ib-port-down (every name: docs/faults.md); XIDs are
+    matched with xid instead."""
     xid: int | None = Field(default=None, gt=0, le=xids.MAX_XID)
     """An XID number (1 to 65535). Any positive XID is accepted: NVIDIA adds XIDs with new drivers,
     and a policy may name one before gpufleet's catalogue does (gpufleet policy validate warns
@@ -494,7 +496,8 @@ class Policy(_Model):
     detection: Detection = Detection()
     """Debounce of the agent's problem conditions, and straggler detection."""
     slurm: SlurmReasons = SlurmReasons()
-    """How drain reasons set by others in Slurm are judged (domain.slurm_reasons)."""
+    """How drain reasons that others set in Slurm are judged: patterns and their verdicts
+    (docs/slurm.md, drains set by others)."""
 
     _rules: dict[str, Rule] = PrivateAttr(default_factory=dict)
     _ladder: dict[Step, int] = PrivateAttr(default_factory=dict)
