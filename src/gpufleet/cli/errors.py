@@ -103,7 +103,7 @@ def explain(exc: BaseException) -> CliError | None:
         return CliError(
             f"cannot reach the Kubernetes apiserver: {exc}",
             hint="is the cluster running? (a local one: gpufleet local status); "
-            "is --kubeconfig the right one?",
+            "are --kubeconfig and --context the right ones?",
             code=EXIT_NO_ANSWER,
         )
     if isinstance(exc, Unauthorized):

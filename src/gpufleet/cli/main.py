@@ -23,7 +23,7 @@ from typer._click.formatting import HelpFormatter
 from typer._click.shell_completion import CompletionItem
 from typer.core import TyperCommand
 
-from gpufleet.cli import version_cmd
+from gpufleet.cli import options, version_cmd
 from gpufleet.cli.errors import Group
 
 
@@ -47,6 +47,7 @@ class Entry:
             single.command(name)(target)
             command = typer.main.get_command(single)
         command.name = name
+        options.with_context(command)
         return command
 
     def stub(self, name: str) -> Command:
@@ -89,8 +90,8 @@ COMMANDS: dict[str, Entry] = {
     "status": Entry(
         "status_cmd",
         "status",
-        "Nodes by state, nodes out and why, active remediations, Slurm partitions and the "
-        "circuit breaker, for a local cluster (-o wide: nothing cut).",
+        "Nodes by state, nodes out and why, active remediations, Slurm and the circuit "
+        "breaker (-o wide: nothing cut).",
     ),
     "controller": Entry(
         "controller_cmd",
@@ -226,14 +227,24 @@ def root(
     """
 
 
-def main() -> None:
+def main(prog_name: str | None = None) -> None:
     """Console-script entry point."""
     # kr8s 0.20 lists Kubernetes 1.28-1.35 and warns on newer servers; the calls we
     # make (core/v1, CRDs, watch, eviction) are stable across them.
     warnings.filterwarnings(
         "ignore", message="Kubernetes version .* is not supported", category=UserWarning
     )
-    app()
+    app(prog_name=prog_name)
+
+
+def kubectl_plugin() -> None:
+    """``kubectl-gpufleet``: the same command, run by kubectl as ``kubectl gpufleet ...``
+    (kubectl finds ``kubectl-<name>`` on PATH and passes it the rest of the line). Help
+    and errors say ``kubectl gpufleet``, as the user typed it."""
+    main(prog_name=PLUGIN_NAME)
+
+
+PLUGIN_NAME = "kubectl gpufleet"
 
 
 def command_tree() -> Any:

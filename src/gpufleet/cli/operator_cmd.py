@@ -40,6 +40,7 @@ from gpufleet.kubeapi import (
     NotFound,
     Resource,
     Unreachable,
+    contexts,
     custom,
 )
 from gpufleet.lifecycle import crds
@@ -90,7 +91,8 @@ async def whoami(client: KubePort, kubeconfig: Path | None) -> str:
 
 
 def kubeconfig_user(kubeconfig: Path | None) -> str | None:
-    """The user name of the kubeconfig's current context, if it can be read."""
+    """The user name of the kubeconfig's context in use (``--context``, else the current
+    one), if it can be read."""
     paths = [kubeconfig] if kubeconfig else []
     if not paths:
         env = os.environ.get("KUBECONFIG")
@@ -101,7 +103,7 @@ def kubeconfig_user(kubeconfig: Path | None) -> str | None:
             cfg = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError):
             continue
-        current = cfg.get("current-context")
+        current = contexts.name_in(cfg)
         for ctx in cfg.get("contexts") or []:
             if ctx.get("name") == current and (ctx.get("context") or {}).get("user"):
                 return str(ctx["context"]["user"])

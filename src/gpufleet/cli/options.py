@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -33,6 +33,50 @@ KubeconfigOpt = Annotated[Path | None, typer.Option("--kubeconfig", help=KUBECON
 def kubeconfig_arg(kubeconfig: Path | None) -> str | None:
     """What :meth:`gpufleet.kubeapi.KubeApi.connect` takes."""
     return str(kubeconfig) if kubeconfig is not None else None
+
+
+def _use_context(value: str | None) -> str | None:
+    if value:
+        from gpufleet.kubeapi import contexts
+
+        contexts.use(value)
+    return value
+
+
+ContextOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--context",
+        callback=_use_context,
+        expose_value=False,
+        help="The kubeconfig context to use, as kubectl's --context; default: "
+        "$GPUFLEET_CONTEXT, else the kubeconfig's current-context.",
+    ),
+]
+"""Every command that takes ``--kubeconfig`` takes this too: the root group adds it
+(:func:`with_context`), so a command declares only ``--kubeconfig``. Its value is put
+where every reader of the kubeconfig in this process looks (:mod:`gpufleet.kubeapi.contexts`)."""
+
+
+def with_context(command: Any) -> None:
+    """Give ``command`` and each command under it that takes ``--kubeconfig`` a
+    ``--context`` right after it."""
+    for sub in (getattr(command, "commands", None) or {}).values():
+        with_context(sub)
+    opts = [list(getattr(p, "opts", ())) for p in command.params]
+    where = [i for i, names in enumerate(opts) if "--kubeconfig" in names]
+    if where and not any("--context" in names for names in opts):
+        command.params.insert(where[0] + 1, _context_param())
+
+
+def _context_param() -> Any:
+    single = typer.Typer(add_completion=False)
+
+    @single.command()
+    def placeholder(context: ContextOpt = None) -> None:
+        """Never run: it only turns :data:`ContextOpt` into an option object."""
+
+    return typer.main.get_command(single).params[0]
 
 
 LOCAL_NAME = "default"

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from gpufleet.demo.kube import GV, answered, connect, nodes
 from gpufleet.domain import well_known
+from gpufleet.kubeapi.resources import Json
 from gpufleet.local.cluster import ClusterInfo
 
 
@@ -71,69 +72,15 @@ def not_ours(
 
 
 def gather(info: ClusterInfo) -> FleetStatus:
-    st = FleetStatus()
+    """A local cluster's status: its apiserver by the admin token, Slurm by ``sinfo``."""
     api = connect(info)
-    now = time.time()
-    pointers: dict[str, str] = {}  # node -> the NodeRemediation its controller points to
     try:
-        for n in nodes(api):
-            meta = n["metadata"]
-            pointer = (meta.get("annotations") or {}).get(well_known.ANNOTATION_REMEDIATION)
-            if pointer:
-                pointers[meta["name"]] = pointer
-            state = (meta.get("labels") or {}).get(well_known.LABEL_STATE, "unmanaged")
-            st.by_state[state] += 1
-            ann = meta.get("annotations") or {}
-            cordoned = bool((n.get("spec") or {}).get("unschedulable"))
-            lent = ann.get(well_known.ANNOTATION_LENT_TO)
-            if state != "production" or cordoned or lent:
-                why = ann.get(well_known.ANNOTATION_REASON) or ""
-                if lent:
-                    why = f"lent to Pod {lent}"
-                problems = [
-                    f"{c['type']}: {c.get('reason', '')}"
-                    for c in (n.get("status") or {}).get("conditions") or []
-                    if c["type"] in well_known.CONDITIONS.values() and c["status"] == "True"
-                ]
-                st.out.append((meta["name"], state, why, ", ".join(problems) or "-"))
-        found = answered(api, f"{GV}/noderemediations")
-        if found is not None:
-            for item in found.get("items") or []:
-                s = item.get("status") or {}
-                finished = s.get("phase") in ("Succeeded", "Escalated") and s.get("completedAt")
-                why = not_ours(item, pointers, finished=bool(finished))
-                if why is not None:
-                    node = str((item.get("spec") or {}).get("node", "?"))
-                    st.not_ours.append((item["metadata"]["name"], node, why))
-                    continue
-                if finished:
-                    continue
-                st.remediations.append(
-                    (
-                        item["spec"].get("node", "?"),
-                        str(item["spec"].get("fault", "")),
-                        f"{s.get('phase', '-')} / {s.get('currentStep') or '-'}",
-                        _ago(s.get("startedAt"), now),
-                    )
-                )
-        found = answered(api, f"{GV}/fleetpolicies")
-        if found is not None:
-            for item in found.get("items") or []:
-                status = item.get("status") or {}
-                b = status.get("breaker") or {}
-                waiting = sum(
-                    int(p.get("waiting") or 0)
-                    for p in (status.get("budget") or {}).values()
-                    if isinstance(p, dict)
-                )
-                st.breakers.append(
-                    (
-                        item["metadata"]["name"],
-                        bool(b.get("open")),
-                        int(b.get("faultingNodes", 0)),
-                        waiting,
-                    )
-                )
+        st = summarize(
+            nodes(api),
+            _items(answered(api, f"{GV}/noderemediations")),
+            _items(answered(api, f"{GV}/fleetpolicies")),
+            now=time.time(),
+        )
     finally:
         api.close()
     if info.slurm_conf is not None:
@@ -149,6 +96,95 @@ def gather(info: ClusterInfo) -> FleetStatus:
             alloc, idle, other, total = counts.split("/")
             st.partitions.append((name, avail, f"{alloc}/{idle}/{other}/{total}"))
     return st
+
+
+def _items(found: Json | None) -> list[Json] | None:
+    return None if found is None else list(found.get("items") or [])
+
+
+def summarize(
+    node_list: list[Json],
+    remediations: list[Json] | None,
+    policies: list[Json] | None,
+    *,
+    now: float,
+    slurm_clusters: list[Json] | None = None,
+) -> FleetStatus:
+    """The status from what was read (None: that kind could not be read, e.g. no CRD).
+
+    ``slurm_clusters``: SlurmCluster objects, one Slurm row each from the operator's
+    ``status.nodesByState`` (on a cluster where ``sinfo`` cannot be run from here).
+    """
+    st = FleetStatus()
+    pointers: dict[str, str] = {}  # node -> the NodeRemediation its controller points to
+    for n in node_list:
+        meta = n["metadata"]
+        pointer = (meta.get("annotations") or {}).get(well_known.ANNOTATION_REMEDIATION)
+        if pointer:
+            pointers[meta["name"]] = pointer
+        state = (meta.get("labels") or {}).get(well_known.LABEL_STATE, "unmanaged")
+        st.by_state[state] += 1
+        ann = meta.get("annotations") or {}
+        cordoned = bool((n.get("spec") or {}).get("unschedulable"))
+        lent = ann.get(well_known.ANNOTATION_LENT_TO)
+        if state != "production" or cordoned or lent:
+            why = ann.get(well_known.ANNOTATION_REASON) or ""
+            if lent:
+                why = f"lent to Pod {lent}"
+            problems = [
+                f"{c['type']}: {c.get('reason', '')}"
+                for c in (n.get("status") or {}).get("conditions") or []
+                if c["type"] in well_known.CONDITIONS.values() and c["status"] == "True"
+            ]
+            st.out.append((meta["name"], state, why, ", ".join(problems) or "-"))
+    for item in remediations or []:
+        s = item.get("status") or {}
+        finished = s.get("phase") in ("Succeeded", "Escalated") and s.get("completedAt")
+        why = not_ours(item, pointers, finished=bool(finished))
+        if why is not None:
+            node = str((item.get("spec") or {}).get("node", "?"))
+            st.not_ours.append((item["metadata"]["name"], node, why))
+            continue
+        if finished:
+            continue
+        st.remediations.append(
+            (
+                item["spec"].get("node", "?"),
+                str(item["spec"].get("fault", "")),
+                f"{s.get('phase', '-')} / {s.get('currentStep') or '-'}",
+                _ago(s.get("startedAt"), now),
+            )
+        )
+    for item in policies or []:
+        status = item.get("status") or {}
+        b = status.get("breaker") or {}
+        waiting = sum(
+            int(p.get("waiting") or 0)
+            for p in (status.get("budget") or {}).values()
+            if isinstance(p, dict)
+        )
+        st.breakers.append(
+            (item["metadata"]["name"], bool(b.get("open")), int(b.get("faultingNodes", 0)), waiting)
+        )
+    for item in slurm_clusters or []:
+        st.partitions.append(_slurm_cluster_row(item))
+    return st
+
+
+def _slurm_cluster_row(item: Json) -> tuple[str, str, str]:
+    """A SlurmCluster as a Slurm row: allocated (and mixed), idle, other, total."""
+    counts = {k: int(v) for k, v in ((item.get("status") or {}).get("nodesByState") or {}).items()}
+    alloc = counts.get("allocated", 0) + counts.get("mixed", 0)
+    idle = counts.get("idle", 0)
+    total = sum(counts.values())
+    ready = [
+        c.get("status")
+        for c in (item.get("status") or {}).get("conditions") or []
+        if c.get("type") == "Ready"
+    ]
+    avail = "up" if ready == ["True"] else "not ready"
+    name = f"{item['metadata'].get('namespace', '')}/{item['metadata']['name']}"
+    return name, avail, f"{alloc}/{idle}/{total - alloc - idle}/{total}"
 
 
 def to_data(st: FleetStatus) -> dict[str, object]:

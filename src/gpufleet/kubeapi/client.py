@@ -15,6 +15,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ import kr8s
 import kr8s.asyncio
 import yaml
 
+from gpufleet.kubeapi import contexts
 from gpufleet.kubeapi.errors import ApiError, Gone, KubeconfigError, Unreachable, error_for
 from gpufleet.kubeapi.port import ObjectList, WatchEvent
 from gpufleet.kubeapi.resources import EVENTS, PODS, Json, Patch, Resource
@@ -41,6 +43,22 @@ LIST_RESTARTS = 3
 """How many times a list whose continue token expired starts again before it fails."""
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """An apiserver's address, its CA and the user's certificate or token (files)."""
+
+    server: str
+    ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
+    token: str | None
+    insecure: bool
+
+
+def _path_or_none(path: Any) -> str | None:
+    return str(path) if path else None
+
+
 class KubeApi:
     """Async access to the apiserver through a kr8s API object."""
 
@@ -56,21 +74,33 @@ class KubeApi:
 
     @classmethod
     async def connect(
-        cls, kubeconfig: str | None = None, *, max_in_flight: int | None = None
+        cls,
+        kubeconfig: str | None = None,
+        *,
+        context: str | None = None,
+        max_in_flight: int | None = None,
     ) -> KubeApi:
         """Read the credentials and ask the apiserver its version (kr8s does both).
 
+        ``context``: a context of the kubeconfig; default: the one this process was
+        told to use (``--context``, :mod:`gpufleet.kubeapi.contexts`), else the
+        kubeconfig's current-context.
+
         Raises :class:`KubeconfigError` when there are no usable credentials (a named
         file that is missing: kr8s would quietly fall back to in-cluster credentials
-        and then fail without naming it), :class:`Unreachable` when no answer came,
-        and the error class of the status when the apiserver refused.
+        and then fail without naming it; a context the kubeconfig does not have),
+        :class:`Unreachable` when no answer came, and the error class of the status
+        when the apiserver refused.
         """
         for path in (kubeconfig or "").split(os.pathsep):
             if path and not os.path.isfile(os.path.expanduser(path)):
                 raise KubeconfigError(f"read kubeconfig {path}", None, "no such file")
+        context = context or contexts.chosen()
         what = f"connect with kubeconfig {kubeconfig}" if kubeconfig else "connect"
+        if context:
+            what += f", context {context}"
         try:
-            api = await kr8s.asyncio.api(kubeconfig=kubeconfig)
+            api = await kr8s.asyncio.api(kubeconfig=kubeconfig, context=context)
         except (httpx.HTTPStatusError, kr8s.ServerError) as exc:
             raise _translate(what, exc) from None
         except (httpx.HTTPError, kr8s.APITimeoutError) as exc:
@@ -83,6 +113,20 @@ class KubeApi:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise KubeconfigError(what, None, f"{type(exc).__name__}: {first}"[:300]) from exc
         return cls(api, max_in_flight=max_in_flight)
+
+    def credentials(self) -> Credentials:
+        """Where and as whom this client talks, as kr8s resolved them from the kubeconfig
+        and context (embedded certificates written to files, an exec plugin run): for a
+        second client that must reach the same apiserver as the same user (kopf's login)."""
+        auth = self._api.auth
+        return Credentials(
+            server=str(auth.server),
+            ca_file=_path_or_none(auth.server_ca_file),
+            cert_file=_path_or_none(auth.client_cert_file),
+            key_file=_path_or_none(auth.client_key_file),
+            token=auth.token or None,
+            insecure=bool(getattr(auth, "_insecure_skip_tls_verify", False)),
+        )
 
     # ------------------------------------------------------------------ core
 

@@ -31,7 +31,7 @@ from prometheus_client import start_http_server
 from gpufleet.api import maintenanceplan
 from gpufleet.domain import well_known
 from gpufleet.gate import GateSettings, redfish_bmcs
-from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
+from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi, contexts
 from gpufleet.lifecycle import crds, generated_secrets
 from gpufleet.lifecycle.controller import Controller, ControllerSettings
 from gpufleet.lifecycle.leadership import Leadership, default_identity
@@ -100,6 +100,21 @@ def service_account_login(
     )
 
 
+async def context_login(kubeconfig: str | None) -> kopf.ConnectionInfo:
+    """The kubeconfig's chosen context (``--context``), resolved as the controller's own
+    client resolves it: kopf's kubeconfig login reads only the current-context (and no
+    exec plugin), so with a context named the two clients could reach different clusters."""
+    found = (await KubeApi.connect(kubeconfig)).credentials()
+    return kopf.ConnectionInfo(
+        server=found.server,
+        ca_path=found.ca_file,
+        insecure=found.insecure,
+        certificate_path=found.cert_file,
+        private_key_path=found.key_file,
+        token=found.token,
+    )
+
+
 async def _hold_lease(ctl: Controller, leadership: Leadership) -> None:
     """Hold the Lease for as long as the process runs; act only while holding it."""
 
@@ -129,9 +144,11 @@ def build_registry(
     lease_task: list[asyncio.Task[None]] = []
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> Any:
+    async def login(**kwargs: Any) -> Any:
         if uses_service_account(os.environ):
             return service_account_login(os.environ)
+        if contexts.chosen():
+            return await context_login(options.kubeconfig)
         return kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)

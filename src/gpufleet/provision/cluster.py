@@ -9,19 +9,21 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gpufleet.kubeapi import contexts as kube_contexts
 from gpufleet.provision import render
 
 
 def endpoint_and_ca(kubeconfig: Path) -> tuple[str, bytes]:
-    """``(host:port, CA PEM)`` of the current context's cluster."""
+    """``(host:port, CA PEM)`` of the cluster of the context in use (``--context``, else
+    the current one)."""
     config = yaml.safe_load(kubeconfig.read_text())
-    current = config.get("current-context")
+    current = kube_contexts.name_in(config)
     contexts = {c["name"]: c["context"] for c in config.get("contexts") or []}
     clusters = {c["name"]: c["cluster"] for c in config.get("clusters") or []}
     try:
         cluster = clusters[contexts[current]["cluster"]]
     except KeyError:
-        raise ValueError(f"{kubeconfig}: no cluster for the current context {current!r}") from None
+        raise ValueError(f"{kubeconfig}: no cluster for the context {current!r}") from None
     url = urlsplit(str(cluster["server"]))
     port = url.port or 443
     if "certificate-authority-data" in cluster:
