@@ -79,7 +79,10 @@ def type_of(schema: Json) -> str:
 def _bound(schema: Json, key: str, exclusive: str, strict: str, loose: str) -> str | None:
     if key not in schema:
         return None
-    return f"{strict if schema.get(exclusive) else loose} {_json(schema[key])}"
+    value = schema[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 2592000, not 2592000.0: a float bound of a whole number
+    return f"{strict if schema.get(exclusive) else loose} {_json(value)}"
 
 
 def allowed(schema: Json) -> list[str]:

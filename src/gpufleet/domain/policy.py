@@ -182,7 +182,11 @@ class Repeat(_Model):
     window_seconds: float = Field(gt=0, le=MAX_WINDOW_SECONDS)
     """The window, in seconds, over which occurrences are counted; older ones no longer count."""
     scope: Scope = Scope.COMPONENT
+    """What repeats are counted on: component (the same GPU or HCA port, e.g. XID 13 three times on
+    GPU 3; default) or node (anywhere on the node)."""
     then: Response
+    """What the repeat does instead of action; it must be stronger than action (e.g. log, then
+    reboot)."""
 
 
 class Rule(_Model):
