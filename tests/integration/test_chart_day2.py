@@ -121,10 +121,18 @@ def test_alerts_select_series_labels_and_components_from_values() -> None:
         assert 'cluster="a"' in r["expr"] and "namespace=" not in r["expr"], r["alert"]
         assert r["labels"]["team"] == "gpu-platform", r["alert"]
         assert r["annotations"]["runbook_url"].startswith("https://runbooks.example/gpufleet#")
-    # By default a release's alerts read its own namespace's series, and its agents' job.
+    # By default a release's alerts read its own namespace's series, and its agents' job:
+    # the name of the Service the agents' ServiceMonitor scrapes (no jobLabel is set).
     by_name = {r["alert"]: r for r in alert_rules(release="beta")}
-    assert 'namespace="gpufleet-chartq"' in by_name["GpufleetBreakerOpen"]["expr"]
-    assert 'job="beta-gpufleet-agent-metrics"' in by_name["GpufleetAgentDown"]["expr"]
+    assert f'namespace="{NS}"' in by_name["GpufleetBreakerOpen"]["expr"]
+    docs = render("beta", "--set", "metrics.serviceMonitor.enabled=true")
+    monitor = of_kind(docs, "ServiceMonitor")["beta-gpufleet-agent"]
+    assert "jobLabel" not in monitor["spec"]
+    wanted = monitor["spec"]["selector"]["matchLabels"].items()
+    (service,) = [
+        s for s in of_kind(docs, "Service").values() if wanted <= s["metadata"]["labels"].items()
+    ]
+    assert f'job="{service["metadata"]["name"]}"' in by_name["GpufleetAgentDown"]["expr"]
     # Alerts only for the components the release runs.
     names = {r["alert"] for r in alert_rules("--set", "syncer.enabled=false")}
     assert "GpufleetBreakerOpen" in names
