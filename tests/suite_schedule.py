@@ -34,6 +34,7 @@ GROUPS: dict[str, str] = {
     "tests/integration/test_chart_on_machines.py": "host-ground",
     "tests/integration/test_host_node.py": "host-ground",
     "tests/integration/test_image_seed.py": "host-ground",
+    "tests/integration/test_local_images.py": "host-ground",
     "tests/integration/test_node_image.py": "host-ground",
 }
 """Path prefix -> the group its modules run in (one worker, one after another)."""

@@ -1,37 +1,43 @@
 #!/usr/bin/env bash
-# Builds a root filesystem holding Slurm 24.11 from Debian 13 packages: the
-# tree the local cluster chroots its Slurm daemons and commands into when it
+# Builds the Slurm image of images/slurm/Containerfile as one root filesystem:
+# the tree the local cluster chroots its Slurm daemons and commands into when it
 # runs `--slurm 24.11` (gpufleet.local.slurm_root), on a host whose own Slurm
-# is another release.
+# is another release, and the Slurm image's layer.
 #
-# Called by `gpufleet local slurm-image build`, which computes the cache key and
-# moves OUT into ~/.cache/gpufleet/slurm-root/<key> only when this succeeded;
-# by hand it builds into any empty directory:
+# The Containerfile's FROM (Debian's slim image of SUITE) is a debootstrap of SUITE;
+# its RUN steps come in STEPS (NN.sh: the command; NN.env: its environment,
+# NUL-separated NAME=value) and run chrooted in the tree, in order.
 #
-#   scripts/slurm-root/build.sh --out DIR --mirror http://deb.debian.org/debian
+# Called by `gpufleet local slurm-image build`, which reads the Containerfile,
+# computes the cache key and moves OUT into ~/.cache/gpufleet/slurm-root/<key> only
+# when this succeeded; by hand it builds into any empty directory:
+#
+#   scripts/slurm-root/build.sh --out DIR --mirror http://deb.debian.org/debian --steps STEPS
 #
 # Needs root (debootstrap, chroot). Writes OUT/root (the tree) and
 # OUT/packages.tsv (every installed package and its version).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 suite=trixie
-out="" mirror=""
+out="" mirror="" steps=""
 while (($#)); do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     --mirror) mirror="$2"; shift 2 ;;
     --suite) suite="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
     *) echo "slurm-root: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-[[ -n "$out" && -n "$mirror" ]] || { echo "slurm-root: --out and --mirror are required" >&2; exit 2; }
+[[ -n "$out" && -n "$mirror" && -d "$steps" ]] \
+  || { echo "slurm-root: --out, --mirror and --steps are required" >&2; exit 2; }
 fail() { echo "slurm-root: $*" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || fail "needs root (debootstrap and chroot)"
 command -v debootstrap >/dev/null || fail "debootstrap is missing: apt-get install debootstrap"
 root="$out/root"
 mkdir -p "$root"
 start=$(date +%s)
-step() { echo "== [$1/4] $2 ($(( $(date +%s) - start )) s)"; }
+step() { echo "== [$1/3] $2 ($(( $(date +%s) - start )) s)"; }
 
 mounted=()
 cleanup() {
@@ -46,8 +52,8 @@ debootstrap --variant=minbase "$suite" "$root" "$mirror" > "$out/debootstrap.log
   fail "debootstrap $suite from $mirror failed (is the mirror reachable? log above)"
 }
 
-step 2 "apt-get install $(grep -cv '^\s*\(#\|$\)' "$here/packages.txt") packages (Slurm daemons, commands, munge)"
-# The packages' services must not start in the chroot.
+step 2 "the Containerfile's RUN steps ($(ls "$steps"/*.sh | wc -l))"
+# The packages' services must not start in the chroot (Debian's images ship this too).
 printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"
 chmod 755 "$root/usr/sbin/policy-rc.d"
 echo "deb $mirror $suite main" > "$root/etc/apt/sources.list"
@@ -55,27 +61,18 @@ for fs in proc dev; do
   mount --bind "/$fs" "$root/$fs"
   mounted+=("$root/$fs")
 done
-mapfile -t packages < <(grep -v '^\s*\(#\|$\)' "$here/packages.txt")
-chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get update -q > "$out/apt.log" 2>&1 \
-  || { tail -15 "$out/apt.log" >&2; fail "apt-get update in the root failed"; }
-chroot "$root" env DEBIAN_FRONTEND=noninteractive \
-  apt-get install -y -q --no-install-recommends "${packages[@]}" >> "$out/apt.log" 2>&1 \
-  || { tail -25 "$out/apt.log" >&2; fail "apt-get install in the root failed (log above)"; }
+for run in "$steps"/*.sh; do
+  mapfile -d '' env < "${run%.sh}.env"
+  echo "   RUN $(head -c 100 "$run" | tr -s ' \n' ' ')..."
+  chroot "$root" /usr/bin/env -i "${env[@]}" /bin/sh -c "$(cat "$run")" < /dev/null \
+    > "$out/run.log" 2>&1 || { tail -25 "$out/run.log" >&2; fail "RUN $(basename "$run") failed (log above)"; }
+done
 chroot "$root" dpkg-query -W -f '${Package}\t${Version}\n' > "$out/packages.tsv"
 
 step 3 "mount points the local cluster binds (/etc/hosts, /run, /tmp)"
 for ((i=${#mounted[@]}-1; i>=0; i--)); do umount -l "${mounted[$i]}"; done
 mounted=()
-rm -f "$root/usr/sbin/policy-rc.d"
 touch "$root/etc/hosts"
 mkdir -p "$root/run" "$root/tmp"
-
-step 4 "clean the tree (apt lists and caches, docs, logs)"
-chroot "$root" apt-get clean
-# openssh-server's postinst made host keys: every copy of this tree would share them.
-rm -f "$root"/etc/ssh/ssh_host_*
-rm -rf "$root"/var/lib/apt/lists/* "$root"/var/log/*.log "$root"/var/log/apt/* \
-  "$root"/tmp/* "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/usr/share/locale/*/
-find "$root/usr/share/doc" -type f ! -name copyright -delete
-rm -f "$out/debootstrap.log" "$out/apt.log"
+rm -f "$out/debootstrap.log" "$out/run.log"
 echo "== done ($(( $(date +%s) - start )) s): $(du -sm "$root" | cut -f1) MiB"

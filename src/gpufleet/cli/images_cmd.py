@@ -22,10 +22,12 @@ console = Console(stderr=True)
 def build() -> None:
     """Build the images into the cache, or find them there; print their references.
 
-    Three layers: the Slurm 24.11 root (`gpufleet local slurm-image build`, built first
-    when missing), Debian 13's Python with gpufleet's dependencies, this checkout's
-    wheel. Beside them, the local cluster's CoreDNS (a static Go build; a few minutes the
-    first time). Only what changed is rebuilt: after a code change, seconds. Needs root
+    Both from their Containerfiles (images/slurm, images/gpufleet), as a release builds
+    them with docker: the Slurm image is the Slurm 24.11 root (`gpufleet local slurm-image
+    build`, built first when missing), the gpufleet image one layer per COPY and RUN on
+    it (Debian 13's Python with gpufleet's dependencies, this checkout's wheel). Beside
+    them, the local cluster's CoreDNS (a static Go build; a few minutes the first time).
+    Only what changed is rebuilt: after a code change, seconds. Needs root
     (overlay mounts, chroot) and the Debian mirror this host's apt uses. The result is
     an OCI image layout under ~/.cache/gpufleet/images/store/KEY, which `gpufleet local
     up --images` serves to its machines (docs/install.md).

@@ -699,6 +699,7 @@ class LocalCluster:
                 built.layout,
                 self._boot_dir,
                 trimmed={built.gpufleet},
+                trim=built.app_layers,
                 progress=lambda line: self._progress(f"images: {line}"),
             )
         except image_seed.SeedError as exc:

@@ -86,17 +86,18 @@ def _blob(layout: Path, digest: str) -> bytes:
     return (layout / "blobs" / "sha256" / digest.removeprefix("sha256:")).read_bytes()
 
 
-def plan(layout: Path, trimmed: Collection[str]) -> list[SeedImage]:
+def plan(layout: Path, trimmed: Collection[str], trim: int = 1) -> list[SeedImage]:
     """The images of OCI layout ``layout`` as the seed holds them: each image whose
-    reference is in ``trimmed`` without its top layer and named ``<repository>-base:<tag>``
-    (the tag a hash of its layers), every other image whole."""
+    reference is in ``trimmed`` without its ``trim`` top layers (those that change with
+    the code) and named ``<repository>-base:<tag>`` (the tag a hash of its layers), every
+    other image whole."""
     out: list[SeedImage] = []
     for reference, digest in oci_images.layout_images(layout).items():
         manifest = json.loads(_blob(layout, digest))
         image_config = json.loads(_blob(layout, manifest["config"]["digest"]))
         layers = tuple((str(d["digest"]), int(d["size"])) for d in manifest["layers"])
         if reference in trimmed:
-            layers = layers[:-1]
+            layers = layers[: len(layers) - trim]
             if not layers:
                 continue
             tag = hashlib.sha256(json.dumps(layers).encode()).hexdigest()[:12]
@@ -145,13 +146,14 @@ def build(
     node: Path,
     *,
     trimmed: Collection[str] = (),
+    trim: int = 1,
     progress: Progress = print,
     root: Path | None = None,
 ) -> Seed:
     """The seed disk of ``layout``'s images for machines booting node image ``node``,
     from the cache or built (about a minute: containerd unpacks, ``mkfs.ext4 -d``)."""
     start = time.monotonic()
-    images = plan(layout, trimmed)
+    images = plan(layout, trimmed, trim)
     if not images:
         raise SeedError(f"{layout}: no image to seed")
     containerd = containerd_version(node)

@@ -1,36 +1,41 @@
-"""Container images of gpufleet and Slurm, built from this checkout with no registry.
+"""Container images of gpufleet and Slurm, built from their Containerfiles with no
+container engine and no registry.
 
-Two images share their first layer::
+Each image has one description, ``images/<name>/Containerfile``, which a release builds
+with docker (:mod:`gpufleet.local.release`) and which this module runs (decisions 0180,
+0181). The two images share their first layer::
 
-    gpufleet.local/slurm:24.11-<k>      [slurm]
-    gpufleet.local/gpufleet:<v>-<k>     [slurm, python, app]
+    gpufleet.local/slurm:24.11.5-<k>     [slurm]
+    gpufleet.local/gpufleet:<v>-<k>      [slurm, a layer per COPY and RUN]
 
-- **slurm**: the Slurm 24.11 root (:mod:`gpufleet.local.slurm_root`: Debian 13
-  minbase, slurmctld, slurmd, slurmrestd, sackd, slurmdbd, munge, the clients and
-  the JWT plugin) as one layer. The chart's Slurm pods run it.
-- **python**: Debian 13's Python and a venv at ``/opt/gpufleet`` holding
-  gpufleet's runtime dependencies at the versions the tests ran (the node image's
-  list: :func:`gpufleet.local.node_image.node_requirements`).
-- **app**: this checkout's wheel installed into that venv, byte-compiled.
+- **slurm**: ``images/slurm/Containerfile`` as the Slurm root
+  (:mod:`gpufleet.local.slurm_root`: its Debian base debootstrapped, its RUN chrooted in
+  the same tree), one layer. The chart's Slurm pods run it.
+- **gpufleet**: ``images/gpufleet/Containerfile`` on it: the pinned requirements, Debian
+  13's Python with a venv at ``/opt/gpufleet`` holding gpufleet's runtime dependencies at
+  the versions the tests ran (the node image's list:
+  :func:`gpufleet.local.node_image.node_requirements`), this checkout's wheel, gpufleet
+  installed.
 
-gpufleet's image sits on the Slurm root because the syncer and the operator run
-the release's ``scontrol`` (requeue, reservations, reconfigure on 22.05); the
-agent and the controller do not need it, and one image is simpler to ship. A
-node pulls the shared layer once.
+gpufleet's image sits on the Slurm image because the syncer and the operator run the
+release's ``scontrol`` (requeue, reservations, reconfigure on 22.05); the agent and the
+controller do not need it, and one image is simpler to ship. A node pulls the shared layer
+once.
 
-The python and app layers are written by a command chrooted into an overlay of
-the layers below (``scripts/images/overlay-run.sh``): the overlay's upper
-directory *is* the layer, its whiteouts become OCI whiteouts. Layers are
-uncompressed tars (the local registry is on loopback; a gunzip under software
-emulation costs more than the bytes), cached by key under
-``~/.cache/gpufleet/images/layers/<key>``; a commit that changes only gpufleet's
-code rebuilds only the app layer (seconds). The images are an OCI image layout
-per combination under ``images/store/<key>`` (blobs hard-linked to the
-layers), which :mod:`gpufleet.local.registry` serves.
+A RUN is a command chrooted into an overlay of the layers below
+(``scripts/images/overlay-run.sh``): the overlay's upper directory *is* the layer, its
+whiteouts become OCI whiteouts. Layers are uncompressed tars (the local registry is on
+loopback; a gunzip under software emulation costs more than the bytes), cached by key
+under ``~/.cache/gpufleet/images/layers/<key>``; a commit that changes only gpufleet's code
+rebuilds only the two layers of the wheel (seconds). The images are an OCI image layout
+per combination under ``images/store/<key>`` (blobs hard-linked to the layers), which
+:mod:`gpufleet.local.registry` serves. The image config each image gets (Env, WorkingDir,
+Entrypoint, Cmd, Labels) is what its Containerfile says.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -44,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet.local import binaries, node_image, oci, slurm_root
+from gpufleet.local import binaries, containerfile, node_image, oci, release, slurm_root
 
 REGISTRY_HOST = "gpufleet.local"
 """The registry name in every image reference; a node's containerd maps it to the
@@ -272,6 +277,9 @@ class ImageSet:
     built: list[str]
     """Keys of the layers this call built (empty when all were cached)."""
     seconds: float
+    app_layers: int = 1
+    """How many of the gpufleet image's top layers change with gpufleet's code (from the
+    COPY of the wheel up): the machines' image seed leaves them out."""
 
     @property
     def gpufleet_tag(self) -> str:
@@ -297,9 +305,11 @@ def _check_host() -> None:
 def build(*, progress: Progress = print, wheel: Path | None = None) -> ImageSet:
     """Build (or find cached) the Slurm and gpufleet images of this checkout.
 
-    Builds the Slurm root first when it is missing (about two minutes), then
-    the python layer (a minute, once per dependency set), the app layer (seconds,
-    once per wheel) and the image layout.
+    Both are built from their Containerfiles (``images/<name>/Containerfile``, the files
+    a release builds with docker): the Slurm image is the Slurm root
+    (:mod:`gpufleet.local.slurm_root`, about two minutes when missing), the gpufleet
+    image one layer per COPY and RUN of its file on top of it (the Python layer a
+    minute, once per dependency set; the app layers seconds, once per wheel).
     """
     from gpufleet.local.wheel import WheelError, build_wheel
 
@@ -314,6 +324,10 @@ def build(*, progress: Progress = print, wheel: Path | None = None) -> ImageSet:
         except slurm_root.SlurmRootError as exc:
             raise ImageError(str(exc)) from exc
         slurm_version = slurm.version.split("-")[0]
+        try:
+            slurm_plan = release.plan("slurm")
+        except (containerfile.ContainerfileError, release.ReleaseError) as exc:
+            raise ImageError(str(exc)) from exc
 
         base, new = _layer(
             _key("slurm", {"slurm_root": slurm.directory.name}),
@@ -325,66 +339,39 @@ def build(*, progress: Progress = print, wheel: Path | None = None) -> ImageSet:
         if new:
             built.append(base.key)
 
-        requirements = node_image.node_requirements()
-        scripts = {
-            name: digest
-            for name, digest in node_image.tree_digests(scripts_dir()).items()
-            if name in ("overlay-run.sh", "python-layer.sh")
-        }
-        python_key = _key(
-            "python", {"below": base.key, "requirements": requirements, "scripts": scripts}
-        )
-
-        def make_python(staging: Path) -> Path:
-            mirror = os.environ.get("GPUFLEET_DEBIAN_MIRROR") or node_image.host_mirror()
-            wheels = staging / "wheels"
-            wheels.mkdir()
-            progress(f"python layer: wheels of {len(requirements)} dependencies")
-            node_image.download_wheels(requirements, wheels.parent)
-            shutil.move(str(staging / "requirements.txt"), wheels / "requirements.txt")
-            progress("python layer: Debian 13's python3 and the venv (about a minute)")
-            upper = staging / "upper"
-            _overlay_run(
-                [base.tree], upper, staging / "work",
-                ["/bin/sh", "/mnt/build/python-layer.sh", mirror, slurm_root.SUITE],
-                binds={wheels: "/mnt/wheels", scripts_dir(): "/mnt/build"},
-                net=True, what="the python layer", progress=progress,
-            )  # fmt: skip
-            shutil.rmtree(wheels)
-            shutil.rmtree(staging / "work", ignore_errors=True)
-            return upper
-
-        python, new = _layer(python_key, progress, make_python, overlay_upper=True)
-        if new:
-            built.append(python.key)
-
         wheel_dir = root / "wheel"
         if wheel is None:
             try:
                 wheel = build_wheel(wheel_dir)
             except WheelError as exc:
                 raise ImageError(str(exc)) from exc
-        wheel_sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        app_key = _key("app", {"below": python.key, "wheel": wheel_sha})
-
-        def make_app(staging: Path) -> Path:
-            upper = staging / "upper"
-            drop = staging / "wheel"
-            drop.mkdir()
-            shutil.copy2(wheel, drop / wheel.name)
-            _overlay_run(
-                [base.tree, python.tree], upper, staging / "work",
-                ["/opt/gpufleet/bin/pip", "install", "--quiet", "--no-cache-dir", "--no-index",
-                 "--no-deps", f"/mnt/wheel/{wheel.name}"],
-                binds={drop: "/mnt/wheel"}, net=False, what="the app layer", progress=progress,
-            )  # fmt: skip
-            shutil.rmtree(drop)
-            shutil.rmtree(staging / "work", ignore_errors=True)
-            return upper
-
-        app, new = _layer(app_key, progress, make_app, overlay_upper=True)
-        if new:
-            built.append(app.key)
+        version = wheel.name.split("-")[1]
+        context = _Context(
+            binaries.repo_root() or Path("."),
+            {
+                release.WHEEL.format(version=version): wheel,
+                release.REQUIREMENTS: _requirements_file(root),
+            },
+        )
+        try:
+            plan = release.plan("gpufleet", {"VERSION": version})
+        except (containerfile.ContainerfileError, release.ReleaseError) as exc:
+            raise ImageError(str(exc)) from exc
+        slurm_release = release.release_reference("slurm")
+        if plan.base != slurm_release:
+            raise ImageError(
+                f"images/gpufleet/Containerfile: FROM {plan.base}: the local build builds "
+                f"it on the Slurm image ({slurm_release})"
+            )
+        layers, new_keys = _step_layers(plan, [base], context, progress)
+        built += new_keys
+        wheel_name = release.WHEEL.format(version=version)
+        first_app = next(
+            (n for n, step in enumerate(plan.steps)
+             if isinstance(step, containerfile.CopyStep) and wheel_name in step.sources),
+            len(plan.steps),
+        )  # fmt: skip
+        app = layers[-1]
 
         coredns_sources = scripts_dir() / "coredns"
 
@@ -408,31 +395,172 @@ def build(*, progress: Progress = print, wheel: Path | None = None) -> ImageSet:
         )
         if new:
             built.append(coredns.key)
-        version = wheel.name.split("-")[1]
         gpufleet_ref = f"{GPUFLEET_REPOSITORY}:{version}-{app.key.split('-')[1][:8]}"
         slurm_ref = f"{SLURM_REPOSITORY}:{slurm_version}-{base.key.split('-')[1][:8]}"
         coredns_ref = f"{COREDNS_REPOSITORY}:{COREDNS_VERSION}-{coredns.key.split('-')[1][:8]}"
-        store_key = _key("store", {"layers": [base.key, python.key, app.key, coredns.key]})
+        all_layers = [base, *layers, coredns]
+        store_key = _key("store", {"layers": [la.key for la in all_layers]})
         store = root / "store" / store_key
         if not (store / "index.json").is_file():
             _write_store(
                 store,
                 {
-                    slurm_ref: ([base], SLURM_CONFIG),
-                    gpufleet_ref: ([base, python, app], gpufleet_config(version)),
+                    slurm_ref: ([base], slurm_plan.config.as_oci()),
+                    gpufleet_ref: ([base, *layers], plan.config.as_oci()),
                     coredns_ref: ([coredns], COREDNS_CONFIG),
                 },
             )
         node_image.prune(root / "store", KEEP_STORES, store_key)
-        kept = (
-            (app, KEEP_APP_LAYERS),
-            (base, KEEP_LAYERS),
-            (python, KEEP_LAYERS),
-            (coredns, KEEP_LAYERS),
-        )
-        for layer, keep in kept:
-            _prune_layers(root / "layers", keep=keep, current=layer.key)
-    return ImageSet(store, gpufleet_ref, slurm_ref, coredns_ref, built, time.monotonic() - start)
+        for layer in all_layers:
+            small = layer.size < SMALL_LAYER
+            _prune_layers(
+                root / "layers", keep=KEEP_APP_LAYERS if small else KEEP_LAYERS, current=layer.key
+            )
+        for legacy in LEGACY_KINDS:
+            for old in (root / "layers").glob(f"{legacy}-*"):
+                shutil.rmtree(old, ignore_errors=True)
+    return ImageSet(
+        store, gpufleet_ref, slurm_ref, coredns_ref, built, time.monotonic() - start,
+        app_layers=len(plan.steps) - first_app,
+    )  # fmt: skip
+
+
+SMALL_LAYER = 64 << 20
+"""Layers under this size (a wheel, the app installed: one per code change) keep
+:data:`KEEP_APP_LAYERS` of their kind, larger ones :data:`KEEP_LAYERS`."""
+LEGACY_KINDS = ("python", "app")
+"""Layer kinds of the builder before the Containerfiles, removed from the cache."""
+
+
+class _Context:
+    """The build context of a Containerfile: the checkout, with ``dist/`` files given."""
+
+    def __init__(self, repo: Path, given: dict[str, Path]) -> None:
+        self.repo = repo
+        self.given = given
+
+    def files(self, source: str, where: str) -> list[Path]:
+        if source in self.given:
+            return [self.given[source]]
+        found = sorted(self.repo.glob(source))
+        if not found:
+            raise ImageError(f"{where}: COPY {source}: nothing in the build context matches")
+        return found
+
+
+def _requirements_file(root: Path) -> Path:
+    """The pinned runtime dependencies (:func:`node_image.node_requirements`) as
+    ``dist/requirements.txt`` of the build context."""
+    text = "\n".join(node_image.node_requirements()) + "\n"
+    path = root / "context" / "requirements.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256(path.read_bytes())
+    digest.update(b"x" if os.access(path, os.X_OK) else b"-")
+    return digest.hexdigest()
+
+
+def _copy_into(tree: Path, sources: list[Path], dest: str) -> None:
+    """COPY ``sources`` to ``dest`` in ``tree``: into it when it ends in ``/`` or there are
+    several, else as that name; new directories root-owned 0755, files keep mode and time."""
+    into_dir = dest.endswith("/") or len(sources) > 1
+    target = tree / dest.strip("/")
+    parent = target if into_dir else target.parent
+    parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    for src in sources:
+        out = target / src.name if into_dir else target
+        if src.is_dir():
+            shutil.copytree(src, out, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, out)
+    for path in [tree, *tree.rglob("*")]:
+        os.lchown(path, 0, 0)
+
+
+def _make_copy(staging: Path, files: list[Path], dest: str) -> Path:
+    tree = staging / "upper"
+    tree.mkdir()
+    _copy_into(tree, files, dest)
+    return tree
+
+
+def _make_run(
+    staging: Path, step: containerfile.RunStep, lower: list[Layer], where: str, progress: Progress
+) -> Path:
+    wheels = _wheels(progress)
+    upper = staging / "upper"
+    env = [f"{k}={v}" for k, v in (("HOME", "/root"), *step.env)]
+    env += ["PIP_NO_INDEX=1", "PIP_FIND_LINKS=/mnt/wheels"]
+    progress(f"RUN {' '.join(step.command.split())[:90]}...")
+    _overlay_run(
+        [la.tree for la in lower], upper, staging / "work",
+        ["/usr/bin/env", "-C", step.working_dir, *env, "/bin/sh", "-c", step.command],
+        binds={wheels: "/mnt/wheels"}, net=True, what=f"RUN of {where}", progress=progress,
+    )  # fmt: skip
+    shutil.rmtree(staging / "work", ignore_errors=True)
+    return upper
+
+
+def _step_layers(
+    plan: containerfile.Plan, below: list[Layer], context: _Context, progress: Progress
+) -> tuple[list[Layer], list[str]]:
+    """One cached layer per COPY and RUN of ``plan`` on ``below``; (layers, keys built).
+
+    A RUN runs as ``overlay-run.sh`` runs it (chrooted in an overlay of the layers
+    below, the network for apt); pip is pointed at wheels downloaded on the host
+    (``PIP_NO_INDEX``, ``PIP_FIND_LINKS``): the venv gets what the tests ran, the
+    chroot needs no index.
+    """
+    layers: list[Layer] = []
+    built: list[str] = []
+    runner = node_image.tree_digests(scripts_dir())["overlay-run.sh"]
+    for n, step in enumerate(plan.steps, 1):
+        lower = [*below, *layers]
+        where = f"images/gpufleet/Containerfile:{step.line}"
+        make: Callable[[Path], Path]
+        if isinstance(step, containerfile.CopyStep):
+            files = [f for s in step.sources for f in context.files(s, where)]
+            inputs: dict[str, Any] = {
+                "below": lower[-1].key,
+                "copy": [[f.name, _file_digest(f)] for f in files],
+                "dest": step.dest,
+            }
+            make = functools.partial(_make_copy, files=files, dest=step.dest)
+        else:
+            if step.user not in ("", "0", "root"):
+                raise ImageError(f"{where}: the local build runs RUN steps as root only")
+            inputs = {
+                "below": lower[-1].key, "run": step.command, "env": dict(step.env),
+                "dir": step.working_dir, "runner": runner,
+            }  # fmt: skip
+            make = functools.partial(
+                _make_run, step=step, lower=lower, where=where, progress=progress
+            )
+        layer, new = _layer(_key(f"gpufleet{n}", inputs), progress, make, overlay_upper=True)
+        layers.append(layer)
+        if new:
+            built.append(layer.key)
+    return layers, built
+
+
+def _wheels(progress: Progress) -> Path:
+    """Wheels of the pinned runtime dependencies, downloaded once per set."""
+    requirements = node_image.node_requirements()
+    key = _key("wheels", {"requirements": requirements})
+    out = cache_root() / "wheels" / key
+    if not (out / "wheels" / ".complete").is_file():
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        progress(f"wheels of {len(requirements)} dependencies")
+        node_image.download_wheels(requirements, out)
+        (out / "wheels" / ".complete").touch()
+        node_image.prune(out.parent, 2, key)
+    return out / "wheels"
 
 
 COREDNS_VERSION = "1.14.2"
@@ -455,26 +583,6 @@ def _prune_layers(layers: Path, *, keep: int, current: str) -> None:
     )
     for old in others[keep - 1 :]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-SLURM_CONFIG: dict[str, Any] = {
-    "Env": [f"PATH={slurm_root.ROOT_PATH}"],
-    "Cmd": ["/bin/sh"],
-    "WorkingDir": "/",
-    "Labels": {"org.opencontainers.image.title": "Slurm 24.11 (Debian 13) for gpufleet"},
-}
-
-
-def gpufleet_config(version: str) -> dict[str, Any]:
-    return {
-        "Env": [f"PATH={ROOT_PATH}", "PYTHONUNBUFFERED=1", "PYTHONDONTWRITEBYTECODE=1"],
-        "Entrypoint": ["/opt/gpufleet/bin/gpufleet"],
-        "WorkingDir": "/",
-        "Labels": {
-            "org.opencontainers.image.title": "gpufleet",
-            "org.opencontainers.image.version": version,
-        },
-    }
 
 
 def link_or_copy(src: Path, dst: Path) -> None:

@@ -2,12 +2,16 @@
 
 The host's Slurm is Debian 12's 22.05. To run the current Slurm on the same
 machine without replacing it, the local cluster chroots its Slurm daemons and
-commands into a tree debootstrapped from Debian 13 (``scripts/slurm-root/``):
+commands into a tree debootstrapped from Debian 13:
 
     ~/.cache/gpufleet/slurm-root/<key>/{root/,packages.tsv,manifest.json}
 
-The key hashes the suite and every file under ``scripts/slurm-root/`` (build
-script and package list). The cache entry is built in a staging directory
+The tree is the Slurm image of ``images/slurm/Containerfile``, built locally: its
+``FROM docker.io/library/debian:<suite>-slim`` is a ``debootstrap --variant=minbase``
+of that suite (``scripts/slurm-root/build.sh``), and its RUN steps run chrooted in
+the same tree, so the image has one layer (decision 0181). The key hashes the
+suite, the RUN steps with their environment and every file under
+``scripts/slurm-root/``. The cache entry is built in a staging directory
 and renamed into place once ``manifest.json`` is written, with the node
 image's lock, stale-build clean-up and pruning
 (:mod:`gpufleet.local.node_image`).
@@ -36,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.local import binaries, node_image
+from gpufleet.local import binaries, containerfile, node_image, release
 
 SUITE = "trixie"
 SLURM_VERSION = "24.11"
@@ -92,21 +96,51 @@ def _repo() -> Path:
     return root
 
 
+RunSteps = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+"""(command, environment) of each RUN of the Slurm image's Containerfile."""
+
+
+def containerfile_steps(repo: Path | None = None) -> RunSteps:
+    """The RUN steps of ``images/slurm/Containerfile``, checked to be what this builder
+    can run in the debootstrapped tree: a Debian ``FROM`` of :data:`SUITE`, RUNs only."""
+    try:
+        plan = release.plan("slurm", repo=repo)
+    except (containerfile.ContainerfileError, release.ReleaseError) as exc:
+        raise SlurmRootError(str(exc)) from exc
+    tag = plan.base.rsplit(":", 1)[-1]
+    if not plan.base.startswith(release.DEBIAN_IMAGES) or tag.removesuffix("-slim") != SUITE:
+        raise SlurmRootError(
+            f"images/slurm/Containerfile: FROM {plan.base}: the local build debootstraps "
+            f"Debian {SUITE} (docker.io/library/debian:{SUITE}-slim)"
+        )
+    steps = []
+    for step in plan.steps:
+        if not isinstance(step, containerfile.RunStep) or step.user not in ("", "0", "root"):
+            raise SlurmRootError(
+                f"images/slurm/Containerfile:{step.line}: the local build runs RUN steps as "
+                "root only in the Slurm root (no COPY, no USER before a RUN)"
+            )
+        steps.append((step.command, step.env))
+    return tuple(steps)
+
+
 @dataclass(frozen=True)
 class Inputs:
     suite: str
     build_files: dict[str, str]
+    steps: RunSteps = ()
 
     @classmethod
     def of_checkout(cls, repo: Path | None = None) -> Inputs:
         repo = repo or _repo()
-        return cls(SUITE, node_image.tree_digests(scripts_dir(repo)))
+        return cls(SUITE, node_image.tree_digests(scripts_dir(repo)), containerfile_steps(repo))
 
     def as_json(self) -> dict[str, object]:
         return {
             "schema": KEY_SCHEMA,
             "suite": self.suite,
             "build_files": dict(sorted(self.build_files.items())),
+            "steps": [{"run": command, "env": dict(env)} for command, env in self.steps],
         }
 
     def key(self) -> str:
@@ -215,9 +249,16 @@ def _run_build_script(staging: Path, inputs: Inputs, progress: Progress) -> dict
         )
     except node_image.NodeImageError as exc:
         raise SlurmRootError(str(exc)) from exc
+    steps = staging / ".steps"
+    steps.mkdir()
+    for n, (command, env) in enumerate(inputs.steps, 1):
+        env_vars = {"HOME": "/root", **dict(env)}
+        (steps / f"{n:02d}.env").write_text("".join(f"{k}={v}\0" for k, v in env_vars.items()))
+        (steps / f"{n:02d}.sh").write_text(command)
     cmd = [
         str(scripts_dir(_repo()) / "build.sh"),
         "--out", str(staging), "--mirror", mirror, "--suite", inputs.suite,
+        "--steps", str(steps),
     ]  # fmt: skip
     with subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
@@ -226,6 +267,7 @@ def _run_build_script(staging: Path, inputs: Inputs, progress: Progress) -> dict
         for line in proc.stdout:
             progress(line.rstrip("\n"))
         code = proc.wait()
+    shutil.rmtree(steps, ignore_errors=True)
     if code != 0:
         raise SlurmRootError(f"scripts/slurm-root/build.sh failed (exit {code})")
     return dict(

@@ -15,9 +15,14 @@ def test_the_key_follows_the_build_files() -> None:
     assert a.key() != b.key() and a.key().startswith("trixie-slurm-")
 
 
-def test_the_checkout_key_covers_the_package_list() -> None:
+def test_the_checkout_key_covers_the_build_script_and_the_containerfiles_run_steps() -> None:
     inputs = slurm_root.Inputs.of_checkout()
-    assert {"build.sh", "packages.txt"} <= set(inputs.build_files)
+    assert "build.sh" in inputs.build_files
+    ((command, env),) = inputs.steps
+    assert "slurmctld" in command and "slurm-wlm-jwt-plugin" in command
+    assert dict(env)["SLURM_VERSION"] == "24.11.5"
+    changed = slurm_root.Inputs(inputs.suite, inputs.build_files, ((command + " sackd", env),))
+    assert changed.key() != inputs.key()
 
 
 def test_a_missing_root_is_not_found(tmp_path: Path) -> None:
