@@ -7,3 +7,6 @@ is the ``gpufleet`` command.
 """
 
 __version__ = "0.1.0"
+"""The one source of gpufleet's version: the package's (pyproject.toml reads it), the Helm
+chart's ``appVersion`` and the release images' tags (tests/unit/test_version.py checks
+they agree; decision 0183)."""

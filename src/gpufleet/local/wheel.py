@@ -18,7 +18,7 @@ class WheelError(RuntimeError):
 def build_wheel(out: Path) -> Path:
     """Build ``gpufleet-<version>-py3-none-any.whl`` of this checkout into ``out``.
 
-    Built from a copy of ``src/``, ``pyproject.toml`` and ``README.md`` (building in
+    Built from a copy of ``src/``, ``pyproject.toml``, ``README.md`` and ``LICENSE`` (building in
     the checkout would leave build/ behind and race other builds), with no index and
     no build isolation: the checkout's venv has the build backend.
     """
@@ -33,7 +33,7 @@ def build_wheel(out: Path) -> Path:
         shutil.copytree(
             root / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
         )
-        for name in ("pyproject.toml", "README.md"):
+        for name in ("pyproject.toml", "README.md", "LICENSE"):
             shutil.copy2(root / name, src / name)
         pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
         done = subprocess.run(
