@@ -10,7 +10,13 @@ from typing import Annotated
 import typer
 
 from gpufleet.cli import logs
-from gpufleet.cli.options import EVENT_NAMESPACE, KubeconfigOpt, VerboseOpt, kubeconfig_arg
+from gpufleet.cli.options import (
+    EVENT_NAMESPACE,
+    BmcCaBundleOpt,
+    KubeconfigOpt,
+    VerboseOpt,
+    kubeconfig_arg,
+)
 
 
 def controller(
@@ -136,6 +142,7 @@ def controller(
             "addresses than the provisioning network does (a NAT)."
         ),
     ] = "",
+    bmc_ca_bundle: BmcCaBundleOpt = None,
     verbose: VerboseOpt = False,
     log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
@@ -159,6 +166,8 @@ def controller(
         gpufleet controller --lease gpufleet-controller --lease-namespace gpufleet-system
 
         gpufleet controller --bmc-address-map 10.0.0.5=192.168.100.5
+
+        gpufleet controller --bmc-ca-bundle /etc/gpufleet/bmc-ca/ca.crt
 
         gpufleet controller --ticket-webhook https://tickets.example.com/gpufleet \\
             --ticket-auth-file /etc/gpufleet/ticket/authorization
@@ -210,6 +219,7 @@ def controller(
         generated_secrets=generated,
         lease_namespace=lease_namespace,
         graceful_settle_s=graceful_settle,
+        bmc_ca_file=str(bmc_ca_bundle) if bmc_ca_bundle else None,
     )
     options = RunOptions(
         kubeconfig=kubeconfig_arg(kubeconfig),
