@@ -26,9 +26,11 @@ def build(
 ) -> None:
     """Build the Slurm 24.11 root into the cache, unless it is there already.
 
-    Needs root (debootstrap, chroot) and the Debian mirror this host's apt uses
-    (GPUFLEET_DEBIAN_MIRROR overrides it). About a minute, then cached under
-    ~/.cache/gpufleet/slurm-root/KEY, where KEY changes with scripts/slurm-root/.
+    The root is the Slurm image of images/slurm/Containerfile: its Debian base
+    debootstrapped, its RUN steps chrooted in the same tree. Needs root (debootstrap,
+    chroot) and the Debian mirror this host's apt uses (GPUFLEET_DEBIAN_MIRROR overrides
+    it). About 100 s, then cached under ~/.cache/gpufleet/slurm-root/KEY, where KEY changes
+    with the Containerfile's RUN steps and scripts/slurm-root/.
 
     Example:
 
