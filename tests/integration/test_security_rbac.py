@@ -262,6 +262,10 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("slurm-syncer", "watch", "pods", "", "", True),
     ("slurm-syncer", "create", "pods/binding", "default", "", True),
     ("slurm-syncer", "delete", "pods", "default", "", False),
+    ("slurm-syncer", "delete", "pods", NS, "", True),  # the slurmd roll
+    ("slurm-syncer", "get", "daemonsets.apps", NS, f"{FULL}-slurmd", True),
+    ("slurm-syncer", "get", "daemonsets.apps", NS, f"{FULL}-agent", False),
+    ("slurm-syncer", "patch", "daemonsets.apps", NS, f"{FULL}-slurmd", False),
     ("slurm-syncer", "list", "slurmclusters.gpufleet.io", "", "", True),
     ("slurm-syncer", "patch", "slurmclusters.gpufleet.io/status", "", "", True),
     ("slurm-syncer", "patch", "slurmclusters.gpufleet.io", "", "", False),

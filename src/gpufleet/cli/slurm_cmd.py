@@ -162,6 +162,16 @@ def run_operator(
         "reloads by itself once the new files reach it (the chart's reconfigure container).",
     ),
     interval: float = typer.Option(5.0, help="Seconds between reconcile passes."),
+    slurmd_daemonset: str | None = typer.Option(
+        None,
+        help="NAMESPACE/NAME of the slurmd DaemonSet (updateStrategy OnDelete) whose outdated "
+        "pods the operator replaces: drain, wait for the node's jobs, delete, resume "
+        "(needs --slurmrestd-url; unset: no roll).",
+    ),
+    slurmd_max_unavailable: int = typer.Option(
+        1, min=1, help="Nodes out of service for the slurmd roll at once."
+    ),
+    dry_run: bool = typer.Option(False, help="Log the slurmd roll's steps; do none of them."),
     verbose: VerboseOpt = False,
     log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
@@ -170,19 +180,33 @@ def run_operator(
     Example:
 
         gpufleet slurm operator --slurmrestd-url http://slurm-rest:6820 \\
-            --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --no-reconfigure
+            --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --no-reconfigure \\
+            --slurmd-daemonset slurm/gpufleet-slurmd --slurmd-max-unavailable 2
     """
     from gpufleet.kubeapi import KubeApi
     from gpufleet.slurm.operator import ClusterOperator, OperatorSettings
+    from gpufleet.slurm.slurmd_roll import RollSettings, SlurmdRoll
 
     _logging(verbose, log_format)
+    roll_settings = None
+    if slurmd_daemonset:
+        namespace, sep, name = slurmd_daemonset.partition("/")
+        if not sep or not namespace or not name or not slurmrestd_url:
+            raise typer.BadParameter(
+                "--slurmd-daemonset NAMESPACE/NAME, with --slurmrestd-url (the roll reads Slurm)"
+            )
+        roll_settings = RollSettings(
+            namespace, name, max_unavailable=slurmd_max_unavailable, dry_run=dry_run
+        )
 
     async def main() -> None:
         kube = await KubeApi.connect(kubeconfig_arg(kubeconfig))
-        rest = writes = None
+        rest = writes = roll = None
         if slurmrestd_url:
             token = token_from(None, jwt_key_file, "root")
             rest, _, writes = _clients(slurmrestd_url, "root", token, slurm_conf)
+            if roll_settings is not None:
+                roll = SlurmdRoll(kube=kube, rest=rest, writes=writes, settings=roll_settings)
         op = ClusterOperator(
             kube=kube,
             scontrol=writes,
@@ -190,6 +214,7 @@ def run_operator(
             settings=OperatorSettings(
                 interval_s=interval, conf_dir=conf_dir, reconfigure=reconfigure
             ),
+            roll=roll,
         )
         await op.run()
 

@@ -44,6 +44,12 @@ prefix but are not the syncer's drains: the syncer treats them like a foreign
 hardware drain (a fault report), never resumes them by itself, and takes them
 over only when the lifecycle controller has taken the node out."""
 
+ROLL_REASON = "gpufleet: slurmd upgrade"
+"""The drain reason of a node whose slurmd pod the SlurmCluster operator replaces
+(:mod:`gpufleet.domain.slurmd_roll`). Not the syncer's either: the syncer never
+resumes it and never judges it a fault; when Kubernetes wants the node out, the
+syncer takes it over (its own reason), and the roll then never resumes the node."""
+
 
 class Verdict(StrEnum):
     """What a foreign drain reason means for the node."""
@@ -169,6 +175,11 @@ def classify(
         if text and p.matches(text):
             return Classification(text, p.verdict, p, i)
     return Classification(text, unmatched, None)
+
+
+def is_roll_reason(reason: str | None) -> bool:
+    """Whether a drain reason is the slurmd roll's own (the operator's to resume)."""
+    return (reason or "").strip() == ROLL_REASON
 
 
 def is_health_check_reason(reason: str | None) -> bool:

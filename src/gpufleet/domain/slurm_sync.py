@@ -21,7 +21,10 @@ state, flags, drain reason). :func:`sync_node` turns the pair into one
    follows the controller's decision, so the safety rails hold in Slurm too.
    If someone resumes a node early, the next pass drains it again. A foreign
    drain already holds the node out, so it is kept as it is (its owner's
-   reason stays visible).
+   reason stays visible). The slurmd roll's drain (``gpufleet: slurmd upgrade``,
+   :mod:`slurmd_roll`) is the exception: the operator resumes it once the node's new
+   slurmd registered, so the syncer takes it over (its own reason) and the node stays
+   out until Kubernetes lets it back; in service, the syncer leaves it alone.
 4. **Foreign hardware drains join the repair loop.** The policy's
    ``slurm.reasons`` judge a foreign drain's reason (:mod:`slurm_reasons`):
    a hardware verdict is reported as fault ``slurm-drain`` (condition
@@ -42,12 +45,17 @@ cluster.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpufleet.domain import well_known
 from gpufleet.domain.policy import RequeueMode
-from gpufleet.domain.slurm_reasons import SlurmReasons, Verdict, is_health_check_reason
+from gpufleet.domain.slurm_reasons import (
+    SlurmReasons,
+    Verdict,
+    is_health_check_reason,
+    is_roll_reason,
+)
 from gpufleet.domain.states import NodeState
 
 LENT_REASON = "lent to kubernetes"
@@ -114,6 +122,10 @@ class SlurmView:
     addresses: frozenset[str] = frozenset()
     """The node's ``NodeAddr`` and ``NodeHostname`` (to find a Slurm node whose name is
     not its Kubernetes Node's; empty when not read)."""
+    slurmd_started: float | None = field(default=None, compare=False)
+    """When its slurmd started, as slurmctld last heard (epoch seconds; None: not read).
+    The slurmd roll waits for a new one; not compared, so a restart alone is no change
+    for the syncer."""
 
     @property
     def known(self) -> bool:
@@ -130,11 +142,13 @@ class SlurmView:
 
     @property
     def ours(self) -> bool:
-        """Drained by the syncer (a ``gpufleet: health ...`` drain set on the node is not)."""
+        """Drained by the syncer (a ``gpufleet: health ...`` drain set on the node is not,
+        nor the slurmd roll's ``gpufleet: slurmd upgrade``)."""
         return (
             self.drained
             and well_known.is_owned_slurm_reason(self.reason)
             and not is_health_check_reason(self.reason)
+            and not is_roll_reason(self.reason)
         )
 
     @property
@@ -219,7 +233,7 @@ def hardware_reason(slurm: SlurmView, reasons: SlurmReasons = DEFAULT_REASONS) -
     responding`` (SlurmdTimeout passed) is judged like any reason.
     """
     held = (slurm.drained and not slurm.ours) or (slurm.down and not slurm.drained)
-    if not held or not slurm.reason:
+    if not held or not slurm.reason or is_roll_reason(slurm.reason):
         return None
     if reasons.classify(slurm.reason).verdict is not Verdict.HARDWARE:
         return None
@@ -259,6 +273,11 @@ def sync_node(
     want = out_reason(kube)
     if want is not None:
         reason = owned_reason(want)
+        if slurm.drained and is_roll_reason(slurm.reason):
+            # The slurmd roll's drain would be resumed by the operator once the new
+            # slurmd registered: ours instead keeps the node out (no resume in between).
+            why = f"take over the slurmd upgrade drain: {want}"
+            return SyncDecision(Verb.DRAIN, why, drain_reason=reason, foreign=foreign)
         if slurm.drained and not slurm.ours:
             if kube.managed and hardware_reason(slurm, reasons) is not None:
                 why = f"take over the hardware drain {slurm.reason!r} until verified"

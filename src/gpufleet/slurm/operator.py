@@ -21,6 +21,9 @@ One reconcile of one SlurmCluster, as ordered steps:
 5. status: nodes by Slurm state (from slurmrestd), hash, ``Ready`` condition
    (``False, reason=NodesNotInSlurm`` while slurmctld does not know a member Node: its
    config not loaded yet); written only when it changed.
+
+After each pass over the SlurmClusters, the slurmd roll (when given one,
+:mod:`gpufleet.slurm.slurmd_roll`) replaces outdated slurmd pods the Slurm way.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from gpufleet.kubeapi import NODES, ApiError, KubePort, Patch, Resource, custom,
 from gpufleet.slurm import render
 from gpufleet.slurm.errors import SlurmError
 from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
+from gpufleet.slurm.slurmd_roll import SlurmdRoll
 
 log = logging.getLogger("gpufleet.slurm.operator")
 SLURM_CLUSTERS = custom(crd.PLURAL)
@@ -108,10 +112,13 @@ class ClusterOperator:
         rest: SlurmRestPort | None,
         settings: OperatorSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        roll: SlurmdRoll | None = None,
     ) -> None:
         self.kube, self.scontrol, self.rest = kube, scontrol, rest
         self.settings = settings or OperatorSettings()
         self.clock = clock
+        self.roll = roll
+        """Replaces the chart's outdated slurmd pods (None: no DaemonSet to roll)."""
         self._retry_at: dict[tuple[str, str], float] = {}
         """Per SlurmCluster, when a failed reconfigure may be tried again."""
 
@@ -294,6 +301,11 @@ class ClusterOperator:
                     await self.reconcile(meta["namespace"], meta["name"])
             except (ApiError, SlurmError) as e:
                 log.warning("reconcile pass failed: %s", e)
+            if self.roll is not None:
+                try:
+                    await self.roll.run_pass()
+                except (ApiError, SlurmError) as e:
+                    log.warning("slurmd roll pass failed: %s", e)
             await asyncio.sleep(self.settings.interval_s)
 
 

@@ -149,7 +149,14 @@ def node_view(raw: Mapping[str, Any]) -> slurm_sync.SlurmView:
     addresses = frozenset(
         str(raw[k]).strip() for k in ("address", "hostname") if str(raw.get(k) or "").strip()
     )
-    return slurm_sync.SlurmView(state=base.lower(), flags=flags, reason=reason, addresses=addresses)
+    started = number(raw.get("slurmd_start_time"))
+    return slurm_sync.SlurmView(
+        state=base.lower(),
+        flags=flags,
+        reason=reason,
+        addresses=addresses,
+        slurmd_started=float(started) if started else None,
+    )
 
 
 def job_nodes(raw: Mapping[str, Any]) -> frozenset[str]:
