@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,13 +101,10 @@ def test_the_chart_refuses_two_bundles_and_a_pin_that_is_not_hex() -> None:
 @pytest.fixture(scope="module")
 def https_bmc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str, pki.BmcPki]]:
     files = pki.create_bmc(tmp_path_factory.mktemp("bmc-pki"), ips=["127.0.0.1"])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    entry = {"node": "m-tls", "port": port, "tls": files.emulator_tls()}
+    entry = {"node": "m-tls", "port": 0, "tls": files.emulator_tls()}
     (server,) = emulator.serve({"user": "admin", "password": "pw", "bmcs": [entry]})
     try:
-        yield server.bmc, f"https://127.0.0.1:{port}", files  # type: ignore[attr-defined]
+        yield server.bmc, f"https://127.0.0.1:{server.server_address[1]}", files  # type: ignore[attr-defined]
     finally:
         server.shutdown()
         server.server_close()

@@ -18,7 +18,17 @@ from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import Policy, SlurmSilence, SlurmWait, default_policy
 from gpufleet.domain.records import Incident, NodeRecord, StepAttempt
 from gpufleet.domain.states import NodeState
-from gpufleet.gate import Done, Failed, Gate, GateSettings, Held, Refused, Stale, StaticFence
+from gpufleet.gate import (
+    BmcFactory,
+    Done,
+    Failed,
+    Gate,
+    GateSettings,
+    Held,
+    Refused,
+    Stale,
+    StaticFence,
+)
 from gpufleet.gate.attempts import network_boot_may_be_starting
 from gpufleet.kubeapi import NODES, SECRETS, Json, Patch, Resource
 from gpufleet.kubeapi.machines import MachineStore
@@ -138,9 +148,14 @@ def gate(world: World, bmc: FakeBmc, *, holding: bool = True) -> Gate:
     async def open_bmc(creds: redfish.BmcCredentials, name: str) -> AsyncIterator[FakeBmc]:
         yield bmc
 
+    return gate_with(world, open_bmc, holding=holding)
+
+
+def gate_with(world: World, bmcs: BmcFactory, *, holding: bool = True) -> Gate:
+    """The gate over ``world`` with the BMC drivers ``bmcs`` opens."""
     return Gate(
         world,
-        open_bmc,
+        bmcs,
         fence=StaticFence("replica-a", holding=holding),
         keys=lambda: [KEY],
         clock=ManualClock(2_000.0),

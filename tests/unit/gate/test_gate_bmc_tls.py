@@ -5,33 +5,27 @@ no request at all (no identity read, no mark, no reset)."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpufleet.clock import ManualClock
 from gpufleet.domain import well_known
-from gpufleet.gate import Done, Failed, Gate, StaticFence, redfish_bmcs
+from gpufleet.gate import Done, Failed, Gate, redfish_bmcs
 from gpufleet.kubeapi.secrets import encode_data
 from gpufleet.local import pki
 from gpufleet.local import redfish as emulator
 
-from ..lifecycle.fakes import KEY
-from .test_gate import ATTEMPT, NODE, SETTINGS, World, policy, run
+from .test_gate import ATTEMPT, NODE, World, gate_with, policy, run
 
 
 @pytest.fixture
 def https_bmc(tmp_path: Path) -> Iterator[tuple[emulator.BmcState, str, pki.BmcPki]]:
     files = pki.create_bmc(tmp_path / "pki", ips=["127.0.0.1"])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    entry = {"node": NODE, "port": port, "os_shutdown_seconds": 0.05, "tls": files.emulator_tls()}
+    entry = {"node": NODE, "port": 0, "os_shutdown_seconds": 0.05, "tls": files.emulator_tls()}
     (server,) = emulator.serve({"user": "u", "password": "p", "bmcs": [entry]})
     try:
-        yield server.bmc, f"https://127.0.0.1:{port}", files  # type: ignore[attr-defined]
+        yield server.bmc, f"https://127.0.0.1:{server.server_address[1]}", files  # type: ignore[attr-defined]
     finally:
         server.shutdown()
         server.server_close()
@@ -45,17 +39,8 @@ def world_with_secret(endpoint: str, **tls: str) -> World:
 
 
 def real_gate(world: World, ca_file: Path | None = None) -> Gate:
-    bmcs = redfish_bmcs(
-        timeout_s=5.0, retry_delays=(0.05,), ca_file=str(ca_file) if ca_file else None
-    )
-    return Gate(
-        world,
-        bmcs,
-        fence=StaticFence("replica-a", holding=True),
-        keys=lambda: [KEY],
-        clock=ManualClock(2_000.0),
-        settings=SETTINGS,
-    )
+    ca = str(ca_file) if ca_file else None
+    return gate_with(world, redfish_bmcs(timeout_s=5.0, retry_delays=(0.05,), ca_file=ca))
 
 
 def test_the_secrets_ca_lets_the_reboot_through(https_bmc) -> None:  # type: ignore[no-untyped-def]

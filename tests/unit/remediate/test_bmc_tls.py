@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -22,12 +22,6 @@ from gpufleet.remediate import bmc_tls, power, redfish
 from gpufleet.remediate.bmc_tls import BmcTls
 
 SECRET = "gpufleet-bmc/bmc-n1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pin(cert: Path) -> str:
@@ -73,16 +67,16 @@ def bmcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bmcs]:
     }
     entries = []
     for name, files in made.items():
-        entry = {"node": "n1", "port": _free_port(), "os_shutdown_seconds": 0.05}
+        entry: dict[str, Any] = {"node": "n1", "port": 0, "os_shutdown_seconds": 0.05}
         if name != "plain":
             entry["tls"] = files.emulator_tls()
         entries.append(entry)
     servers = emulator.serve({"user": "admin", "password": "pw", "bmcs": entries})
     try:
         found = {}
-        for (name, files), entry, server in zip(made.items(), entries, servers, strict=True):
+        for (name, files), server in zip(made.items(), servers, strict=True):
             scheme = "http" if name == "plain" else "https"
-            url = f"{scheme}://127.0.0.1:{entry['port']}"
+            url = f"{scheme}://127.0.0.1:{server.server_address[1]}"
             found[name] = Bmc(server.bmc, url, files)  # type: ignore[attr-defined]
         yield Bmcs(**found)
     finally:
