@@ -14,7 +14,8 @@ afterwards. Every action is recorded in the EventLog and counted under
 
 Run: ``python -m gpufleet.local.redfish CONFIG.json`` where the config is
 ``{"user": ..., "password": ..., "bmcs": [{"node": "gpu-node-0000", "port": 18000}]}``.
-Each BMC listens on 127.0.0.1 at its own port and shares nothing with the others.
+Each BMC listens on 127.0.0.1 at its own port (0: a free one, read from the server's
+``server_address``) and shares nothing with the others.
 With ``"tls": {"cert": PEM_FILE, "key": PEM_FILE}`` (at the top, for every BMC, or
 in a BMC's entry) it speaks HTTPS with that certificate, as a real BMC does
 (:func:`gpufleet.local.pki.create_bmc` makes one, signed by a CA of its own or
