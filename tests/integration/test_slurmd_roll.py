@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 from slurm_support import Kube
+from test_slurm_24_11 import node_state, run
 from test_slurm_chart import CHART, helm_binary
 from waiting import wait_for
 
@@ -54,20 +55,6 @@ def cluster() -> Iterator[ClusterInfo]:
     with processes.terminate_on_signals(), LocalCluster(spec) as info:
         yield info
     assert not processes.processes_using(info.run_dir)
-
-
-def slurm(info: ClusterInfo, *args: str) -> str:
-    r = subprocess.run(args, env=info.slurm_env(), capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, f"{' '.join(args)}: {r.stderr}"
-    return r.stdout.strip()
-
-
-def node_state(info: ClusterInfo, node: str) -> tuple[str, str]:
-    """sinfo's state and reason of one node (``idle``, ``drng``, ``drain``...)."""
-    out = slurm(info, "sinfo", "-h", "-N", "-n", node, "-o", "%t|%E")
-    state, _, reason = out.splitlines()[0].partition("|")
-    reason = reason.strip()
-    return state.strip(), "" if reason == "none" else reason
 
 
 def daemonset(tag: str) -> str:
@@ -144,7 +131,7 @@ class SlurmdPods:
             self.pods = now
 
     def _pod_gone(self, node: str) -> None:
-        running = slurm(self.info, "squeue", "-h", "-w", node, "-t", "R", "-o", "%i")
+        running = run(self.info, "squeue", "-h", "-w", node, "-t", "R", "-o", "%i")
         if running:
             self.killed_under_a_job.append(f"{node}: jobs {running.split()}")
         stop_records([self.records[node]], grace=2)
@@ -194,8 +181,8 @@ def test_a_job_runs_through_a_slurmd_upgrade(cluster: ClusterInfo) -> None:
     apply(info, first)
     wait_for("a slurmd pod Running on each node", lambda: running_pods(kube) == 3, 60)
 
-    slurm(info, "scontrol", "update", f"nodename={admin}", "state=drain", f"reason={ADMIN}")
-    job = slurm(info, "sbatch", "--parsable", "-w", busy, "--wrap", f"sleep {JOB_S}")
+    run(info, "scontrol", "update", f"nodename={admin}", "state=drain", f"reason={ADMIN}")
+    job = run(info, "sbatch", "--parsable", "-w", busy, "--wrap", f"sleep {JOB_S}")
     wait_for(f"job {job} running", lambda: job_state(info, job) == "RUNNING", 30)
 
     pods = SlurmdPods(info, kube).start()
@@ -204,30 +191,30 @@ def test_a_job_runs_through_a_slurmd_upgrade(cluster: ClusterInfo) -> None:
         apply(info, daemonset("24.11.6"))  # what `helm upgrade --set slurmImage.tag=...` sends
 
         def busy_draining() -> bool:
-            return node_state(info, busy) == ("drng", ROLL_REASON)
+            return node_state(info, busy) == ("draining", ROLL_REASON)
 
         wait_for(f"{busy} drained by the roll while job {job} runs", busy_draining, 60)
         assert job_state(info, job) == "RUNNING"
         assert busy not in pods.replaced, "its pod went while its job ran"
         assert idle in pods.replaced and node_state(info, idle)[0] == "idle"
-        assert node_state(info, admin) == ("drain", ADMIN)
+        assert node_state(info, admin) == ("drained", ADMIN)
 
         def rolled() -> bool:
-            return current_pods(kube) == 3 and node_state(info, busy) == ("idle", "")
+            return current_pods(kube) == 3 and node_state(info, busy) == ("idle", "none")
 
         wait_for("every slurmd pod replaced and the busy node resumed", rolled, JOB_S + 60)
         assert job_state(info, job) == "COMPLETED"
-        assert slurm(info, "scontrol", "show", "job", job).count("ExitCode=0:0") == 1
+        assert run(info, "scontrol", "show", "job", job).count("ExitCode=0:0") == 1
         assert pods.killed_under_a_job == []
         assert sorted(pods.replaced) == sorted(info.node_names)
-        wait_for("the admin's drain kept", lambda: node_state(info, admin) == ("drain", ADMIN))
-        wait_for(f"{idle} back in service", lambda: node_state(info, idle) == ("idle", ""))
+        wait_for("the admin's drain kept", lambda: node_state(info, admin) == ("drained", ADMIN))
+        wait_for(f"{idle} back in service", lambda: node_state(info, idle) == ("idle", "none"))
         assert pods.most_out == 1
     finally:
         op.terminate()
         op.wait(10)
         pods.stop()
-        slurm(info, "scontrol", "update", f"nodename={admin}", "state=resume")
+        run(info, "scontrol", "update", f"nodename={admin}", "state=resume")
 
 
 def running_pods(kube: Kube) -> int:
@@ -250,6 +237,6 @@ def current_pods(kube: Kube) -> int:
 
 
 def job_state(info: ClusterInfo, job: str) -> str:
-    out = slurm(info, "scontrol", "show", "job", job)
+    out = run(info, "scontrol", "show", "job", job)
     field: Any = next(f for f in out.split() if f.startswith("JobState="))
     return str(field.removeprefix("JobState="))
