@@ -110,3 +110,13 @@ def test_kubectl_finds_and_runs_the_plugin(kubeconfig: Path, local_cluster: Any)
     )
     assert nodes.returncode == 0, nodes.stderr
     assert set(local_cluster.node_names) <= {n["name"] for n in json.loads(nodes.stdout)["nodes"]}
+
+
+def test_kubectl_completes_the_plugins_commands(local_cluster: Any) -> None:
+    """kubectl (1.26+) asks kubectl_complete-gpufleet for ``kubectl gpufleet <TAB>``."""
+    r = run(local_cluster.kubectl, "__complete", "gpufleet", "po")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].split("\t")[0] == "policy"
+    assert r.stdout.splitlines()[-1] == ":4"  # no file names
+    r = run(local_cluster.kubectl, "__complete", "gpufleet", "nodes", "--con")
+    assert "--context" in r.stdout

@@ -23,7 +23,7 @@ from typer._click.formatting import HelpFormatter
 from typer._click.shell_completion import CompletionItem
 from typer.core import TyperCommand
 
-from gpufleet.cli import options, version_cmd
+from gpufleet.cli import options
 from gpufleet.cli.errors import Group
 
 
@@ -199,13 +199,20 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:  # the module (and Rich) only when asked: every command passes through here
+        from gpufleet.cli import version_cmd
+
+        version_cmd.print_version(value)
+
+
 @app.callback()
 def root(
     version: bool = typer.Option(
         False,
         "--version",
         is_eager=True,
-        callback=version_cmd.print_version,
+        callback=_print_version,
         help="Print the version and exit.",
     ),
     debug: bool = typer.Option(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -23,11 +23,12 @@ from gpufleet.cli.output import (
     structured,
     table,
 )
-from gpufleet.domain import xids, yamldoc
-from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
-from gpufleet.domain.explain import Explanation, explain, explain_slurm_reason
+from gpufleet.domain import xids
 from gpufleet.domain.faults import FaultKind
-from gpufleet.domain.policy import Policy, PolicyError, default_policy, load_policy
+
+if TYPE_CHECKING:  # the policy models: built when a command reads a policy, not for --help
+    from gpufleet.domain.explain import Explanation
+    from gpufleet.domain.policy import Policy
 
 app = typer.Typer(
     help="Explain, validate and show remediation policies.",
@@ -46,6 +47,9 @@ def read_policy(path: Path) -> Policy:
     refused at once; bytes that are not UTF-8 are a :class:`PolicyError` like
     any other problem. Raises OSError if the file cannot be read.
     """
+    from gpufleet.domain import yamldoc
+    from gpufleet.domain.policy import PolicyError, load_policy
+
     with path.open("rb") as f:
         data = f.read(yamldoc.LIMITS.max_bytes + 1)
     try:
@@ -58,6 +62,8 @@ def read_policy(path: Path) -> Policy:
 def load_or_exit(path: Path | None) -> Policy:
     """The policy file (or the default), or a one-line error and exit 2: for every command
     that takes ``--policy``."""
+    from gpufleet.domain.policy import PolicyError, default_policy
+
     if path is None:
         return default_policy()
     try:
@@ -108,6 +114,8 @@ def explain_cmd(
 
         gpufleet policy explain --slurm-reason "NHC: check_hw_ib: mlx5_0 port 1 down"
     """
+    from gpufleet.domain.explain import explain
+
     fmt = chosen(output, as_json)
     if sum(x is not None for x in (xid, fault, slurm_reason)) != 1:
         err.print("[red]give exactly one of --xid N, --fault NAME or --slurm-reason TEXT[/red]")
@@ -140,6 +148,8 @@ def explain_cmd(
 
 
 def _explain_slurm_reason(policy: Policy, reason: str, fmt: Format) -> None:
+    from gpufleet.domain.explain import explain_slurm_reason
+
     found = explain_slurm_reason(policy, reason)
     if structured(fmt):
         print_data(fmt, dataclasses.asdict(found))
@@ -221,6 +231,8 @@ def validate_cmd(
 def _check(path: Path) -> tuple[dict[str, Any], bool]:
     """One file's verdict (valid, problems, warnings), and whether it is one line (the
     file could not be read, or is not a YAML mapping at all)."""
+    from gpufleet.domain.policy import PolicyError
+
     result: dict[str, Any] = {"file": str(path), "valid": False, "problems": [], "warnings": []}
     try:
         loaded = read_policy(path)
@@ -242,6 +254,8 @@ def show_cmd() -> None:
 
         gpufleet policy show > my-policy.yaml
     """
+    from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
+
     typer.echo(DEFAULT_POLICY_YAML, nl=False)
 
 
@@ -267,6 +281,8 @@ def table_cmd(
 
         gpufleet policy table --policy my-policy.yaml -o wide
     """
+    from gpufleet.domain.explain import explain
+
     p = load_or_exit(policy)
     rows = [explain(p, xid=x) for x in sorted(xids.XIDS)]
     rows += [explain(p, fault=k) for k in FaultKind if k is not FaultKind.XID]

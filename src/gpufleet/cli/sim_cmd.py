@@ -3,30 +3,34 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console, RenderableType
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from gpufleet.cli.errors import fail
 from gpufleet.cli.options import PolicyFileOpt
 from gpufleet.cli.output import Format, JsonOpt, OutputOpt, chosen, emit
-from gpufleet.cli.policy_cmd import read_policy
-from gpufleet.domain.policy import Policy, PolicyError, default_policy
-from gpufleet.sim import RunResult, simulate, summarize
-from gpufleet.sim.model import Model, ModelError, default_model, load_model
-from gpufleet.sim.result import BUCKETS, Estimate
+
+if TYPE_CHECKING:  # the simulator, numpy and the models: imported when a simulation runs
+    from rich.console import RenderableType
+
+    from gpufleet.domain.policy import Policy
+    from gpufleet.sim import RunResult
+    from gpufleet.sim.model import Model
 
 
 def _read_policy(path: Path | None) -> Policy:
+    from gpufleet.cli.policy_cmd import read_policy
+    from gpufleet.domain.policy import default_policy
+
     if path is None:
         return default_policy()
     return read_policy(path)  # bounded: size, depth, UTF-8 (docs/decisions/0071)
 
 
 def _read_model(path: Path | None) -> Model:
+    from gpufleet.sim.model import default_model, load_model
+
     if path is None:
         return default_model()
     return load_model(path.read_text(encoding="utf-8"), str(path))
@@ -64,6 +68,13 @@ def sim(
 
         gpufleet sim --gpus 16384 --days 54 --runs 10 --policy my-policy.yaml --plot out.png
     """
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from gpufleet.domain.policy import PolicyError
+    from gpufleet.sim import simulate, summarize
+    from gpufleet.sim.model import ModelError
+
     fmt = chosen(output, as_json)
     try:
         pol = _read_policy(policy)
@@ -114,6 +125,10 @@ def sim(
 
 
 def _draw(results: list[RunResult], wide: bool) -> list[RenderableType]:
+    from rich.table import Table
+
+    from gpufleet.sim.result import BUCKETS, Estimate
+
     first = results[0]
     ettr = Estimate.of([r.ettr for r in results])
     ci = f" (95% CI {ettr.low * 100:.2f}-{ettr.high * 100:.2f}%)" if len(results) > 1 else ""

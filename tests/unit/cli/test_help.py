@@ -110,13 +110,20 @@ def test_listing_and_version_import_no_command_and_no_client(argv: tuple[str, ..
 
 @pytest.mark.parametrize(
     "argv",
-    [("policy", "--help"), ("policy", "show"), ("sim", "--help"), ("slurm", "render", "--help")],
+    [("policy", "--help"), ("policy", "show"), ("sim", "--help"), ("policy", "validate", "--help")],
     ids=" ".join,
 )
-def test_offline_commands_import_no_kubernetes_client(argv: tuple[str, ...]) -> None:
+def test_help_of_offline_commands_builds_no_model(argv: tuple[str, ...]) -> None:
+    """The policy models take a third of a second to build; the simulator pulls numpy."""
     loaded = _loaded_after(*argv)
-    for heavy in ("kr8s", "kopf", "gpufleet.kubeapi.client"):
+    for heavy in (*ADAPTERS, "gpufleet.domain.policy", "gpufleet.sim"):
         assert heavy not in loaded, f"gpufleet {' '.join(argv)} imports {heavy}"
+
+
+def test_slurm_render_help_imports_no_kubernetes_client() -> None:
+    loaded = _loaded_after("slurm", "render", "--help")
+    for heavy in ("kr8s", "kopf", "gpufleet.kubeapi.client"):
+        assert heavy not in loaded, f"gpufleet slurm render --help imports {heavy}"
 
 
 def test_completion_is_offered_at_the_top_and_completes_in_bash(tmp_path: Path) -> None:
@@ -194,3 +201,25 @@ def test_the_slurm_render_example_renders(tmp_path: Path) -> None:
     )
     assert r.exit_code == 0, r.output
     assert "NodeName=gpu-0" in r.stdout and "PartitionName=batch" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("words", "first", "directive"),
+    [
+        (["po"], "policy", ":4"),
+        (["policy", "va"], "validate", ":4"),
+        (["status", "--con"], "--context", ":4"),
+        (["policy", "validate", ""], None, ":0"),  # a file argument: the shell's file names
+    ],
+)
+def test_kubectl_plugin_completion_answers_in_cobras_form(
+    words: list[str], first: str | None, directive: str
+) -> None:
+    """What kubectl reads from kubectl_complete-gpufleet (the real kubectl runs it in
+    tests/integration/test_cli_context.py)."""
+    from gpufleet.cli.kubectl_complete import CobraComplete
+
+    lines = CobraComplete(command_tree(), words).complete().splitlines()
+    assert lines[-1] == directive
+    if first is not None:
+        assert lines[0].split("\t")[0] == first
