@@ -384,7 +384,9 @@ def test_an_admins_resume_and_a_slurm_job_after_the_drain_stop_the_next_rung(
         # The admin, right after a poll of the syncer (which drains the node again at its
         # next one): a job waiting for this node, then `scontrol update state=resume`.
         start = polls(sync)
-        wait_for("a poll", lambda: polls(sync) > start, timeout=10, step=0.02)
+        # A poll every 3 s; a loaded machine (the full suite on two cores) has stretched
+        # one past 10 s.
+        wait_for("a poll", lambda: polls(sync) > start, timeout=30, step=0.02)
         job = submit(slurm, node, 10, "--no-requeue")
         slurm.resume(node)
         wait_for("the job running", lambda: job_state(slurm, job) == "RUNNING", timeout=20)
@@ -591,7 +593,9 @@ def test_a_job_allocated_between_the_syncers_read_and_its_drain_is_seen(
         # Right after a poll (its job list then lacks the job until the next one, and the
         # poll's pass waits for this node's drain), a job is allocated on the idle node.
         start = polls(sync)
-        wait_for("a poll", lambda: polls(sync) > start, timeout=10, step=0.02)
+        # A poll every 3 s; a loaded machine (the full suite on two cores) has stretched
+        # one past 10 s.
+        wait_for("a poll", lambda: polls(sync) > start, timeout=30, step=0.02)
         job = submit(slurm, node, 6, "--no-requeue")
         wait_for("the job running", lambda: job_state(slurm, job) == "RUNNING", timeout=10)
         held.release.set()

@@ -544,7 +544,10 @@ def test_controller_reads_bmc_secrets_but_never_the_slurm_keys(
     controller = Client(local_cluster, user=SA["controller"])
     assert controller.request("GET", f"/api/v1/namespaces/{BMC_NS}/secrets/node-0-bmc").is_success
     for name in (JWT, MUNGE):
-        assert admin.request("GET", f"/api/v1/namespaces/{NS}/secrets/{name}").is_success
+        # The chart renders no Slurm key: the controller makes them once (create-only,
+        # decision 0188); here they exist, as after its first start or an operator's own.
+        r = admin.request("POST", f"/api/v1/namespaces/{NS}/secrets", _secret(name, NS))
+        assert r.status_code in (201, 409), r.text
         r = controller.request("GET", f"/api/v1/namespaces/{NS}/secrets/{name}")
         assert r.status_code == 403, f"controller read {name}: {r.status_code}"
     # A bmc-secret annotation pointing elsewhere cannot reach another namespace's Secrets.
