@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from gpufleet.domain import events as ev
 from gpufleet.domain import xids
+from gpufleet.domain.actions import ActionKind
 from gpufleet.domain.decide import decide
 from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
@@ -118,7 +119,9 @@ def test_no_illegal_transition_and_budget_never_exceeded(
         else:
             assert d.record.state is before.state
         if d.hold is not None:
-            assert not d.actions
+            # Held: nothing acts on the node; a Notice may name a held fault another
+            # held fault now stands for (a held fault is never dropped silently).
+            assert all(a.kind is ActionKind.NOTIFY for a in d.actions), d.actions
         for pool in pools:
             members = [r for r in fleet.records.values() if r.pool == pool]
             out = sum(1 for r in members if r.state in OUT_OF_SERVICE)
