@@ -182,7 +182,9 @@ def test_a_job_runs_through_a_slurmd_upgrade(cluster: ClusterInfo) -> None:
     wait_for("a slurmd pod Running on each node", lambda: running_pods(kube) == 3, 60)
 
     run(info, "scontrol", "update", f"nodename={admin}", "state=drain", f"reason={ADMIN}")
-    job = run(info, "sbatch", "--parsable", "-w", busy, "--wrap", f"sleep {JOB_S}")
+    job = run(
+        info, "sbatch", "--parsable", "-o", "/dev/null", "-w", busy, "--wrap", f"sleep {JOB_S}"
+    )
     wait_for(f"job {job} running", lambda: job_state(info, job) == "RUNNING", 30)
 
     pods = SlurmdPods(info, kube).start()
