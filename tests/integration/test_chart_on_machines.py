@@ -642,6 +642,17 @@ def test_a_users_jobs_run_through_slurm_in_pods(chart: Any) -> None:
     job = out.split("submitted ", 1)[1].split()[0]
     assert job.isdigit(), out
     assert f"alice|COMPLETED|{GPU}" in out.split("accounted:", 1)[1].splitlines(), out
+    # The XID 79 test needs it running when the fault comes (it checks the requeue): once it
+    # stayed pending for minutes and ran only after the reimage. Wait, and say why if not.
+    shown = slurm_client(
+        info,
+        api,
+        "slurm-client-running",
+        f"for i in $(seq 150); do scontrol show job {job} | grep -q JobState=RUNNING && break;"
+        f" sleep 2; done; scontrol show job {job}; scontrol show node {GPU}",
+        node=SYSTEM,
+    )
+    assert "JobState=RUNNING" in shown, shown
     LONG_JOB["id"] = job
 
 

@@ -140,7 +140,11 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     (work / "registry.yml").write_text(yaml.safe_dump(config))
     log = (work / "registry.log").open("w")
     registry = subprocess.Popen(
-        [str(registry_binary()), "serve", str(work / "registry.yml")], stdout=log, stderr=log
+        [str(registry_binary()), "serve", str(work / "registry.yml")],
+        stdout=log,
+        stderr=log,
+        # No trace export: it would post to localhost:4318 every few seconds, to nothing.
+        env={**os.environ, "OTEL_TRACES_EXPORTER": "none"},
     )
     try:
         wait_for(
