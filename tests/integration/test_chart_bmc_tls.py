@@ -102,12 +102,8 @@ def test_the_chart_refuses_two_bundles_and_a_pin_that_is_not_hex() -> None:
 def https_bmc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str, pki.BmcPki]]:
     files = pki.create_bmc(tmp_path_factory.mktemp("bmc-pki"), ips=["127.0.0.1"])
     entry = {"node": "m-tls", "port": 0, "tls": files.emulator_tls()}
-    (server,) = emulator.serve({"user": "admin", "password": "pw", "bmcs": [entry]})
-    try:
+    with emulator.serving({"user": "admin", "password": "pw", "bmcs": [entry]}) as (server,):
         yield server.bmc, f"https://127.0.0.1:{server.server_address[1]}", files  # type: ignore[attr-defined]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _fingerprint(cert: Path) -> str:

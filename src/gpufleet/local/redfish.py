@@ -103,6 +103,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -1028,6 +1030,19 @@ def serve(config: Json) -> list[ThreadingHTTPServer]:
         ).start()
         servers.append(server)
     return servers
+
+
+@contextmanager
+def serving(config: Json) -> Iterator[list[ThreadingHTTPServer]]:
+    """:func:`serve` for a ``with`` block: each server stopped and its socket closed after
+    (tests' BMCs; the machines of ``vm`` entries are not powered off)."""
+    servers = serve(config)
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
 
 
 def main(argv: list[str] | None = None) -> None:

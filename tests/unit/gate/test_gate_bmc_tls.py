@@ -23,12 +23,8 @@ from .test_gate import ATTEMPT, NODE, World, gate_with, policy, run
 def https_bmc(tmp_path: Path) -> Iterator[tuple[emulator.BmcState, str, pki.BmcPki]]:
     files = pki.create_bmc(tmp_path / "pki", ips=["127.0.0.1"])
     entry = {"node": NODE, "port": 0, "os_shutdown_seconds": 0.05, "tls": files.emulator_tls()}
-    (server,) = emulator.serve({"user": "u", "password": "p", "bmcs": [entry]})
-    try:
+    with emulator.serving({"user": "u", "password": "p", "bmcs": [entry]}) as (server,):
         yield server.bmc, f"https://127.0.0.1:{server.server_address[1]}", files  # type: ignore[attr-defined]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def world_with_secret(endpoint: str, **tls: str) -> World:

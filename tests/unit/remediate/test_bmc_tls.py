@@ -71,18 +71,13 @@ def bmcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bmcs]:
         if name != "plain":
             entry["tls"] = files.emulator_tls()
         entries.append(entry)
-    servers = emulator.serve({"user": "admin", "password": "pw", "bmcs": entries})
-    try:
+    with emulator.serving({"user": "admin", "password": "pw", "bmcs": entries}) as servers:
         found = {}
         for (name, files), server in zip(made.items(), servers, strict=True):
             scheme = "http" if name == "plain" else "https"
             url = f"{scheme}://127.0.0.1:{server.server_address[1]}"
             found[name] = Bmc(server.bmc, url, files)  # type: ignore[attr-defined]
         yield Bmcs(**found)
-    finally:
-        for server in servers:
-            server.shutdown()
-            server.server_close()
 
 
 def creds(bmc: Bmc, **tls: str) -> redfish.BmcCredentials:

@@ -29,12 +29,8 @@ def bmc() -> Iterator[tuple[emulator.BmcState, redfish.BmcCredentials]]:
     # The OS takes 0.5 s to shut down after a graceful request: a real wait, well inside
     # the steps' 3 s graceful settle even on a loaded machine (the default 3 s raced it).
     bmcs = [{"node": "n1", "port": port, "os_shutdown_seconds": 0.5}]
-    (server,) = emulator.serve({"user": "admin", "password": "pw", "bmcs": bmcs})
-    try:
+    with emulator.serving({"user": "admin", "password": "pw", "bmcs": bmcs}) as (server,):
         yield server.bmc, redfish.BmcCredentials(f"http://127.0.0.1:{port}", "admin", "pw")  # type: ignore[attr-defined]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 class Journal:
