@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -91,6 +92,38 @@ class Api:
 
     def state(self, name: str) -> str | None:
         return (self.node(name)["metadata"].get("labels") or {}).get(well_known.LABEL_STATE)
+
+    def resource_version(self, name: str) -> str:
+        """The Node's resourceVersion now: where :meth:`records_since` starts reading."""
+        return str(self.node(name)["metadata"]["resourceVersion"])
+
+    def records_since(self, name: str, resource_version: str) -> list[NodeRecord]:
+        """Every record the Node carried since ``resource_version``, oldest first, read
+        from a watch (the apiserver replays each change): a state that lasted less than
+        one poll, such as a verification the simulated agent passes at once, is seen."""
+        records: list[NodeRecord] = []
+        last = None
+        with self.http.stream(
+            "GET",
+            "/api/v1/nodes",
+            params={
+                "watch": "1",
+                "fieldSelector": f"metadata.name={name}",
+                "resourceVersion": resource_version,
+                "timeoutSeconds": "1",
+            },
+        ) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                event = json.loads(line)
+                assert event["type"] != "ERROR", event  # history compacted: read sooner
+                text = (event["object"]["metadata"].get("annotations") or {}).get(
+                    well_known.ANNOTATION_RECORD
+                )
+                if text and text != last:
+                    records.append(record_from_json(text))
+                    last = text
+        return records
 
     def set_condition(self, name: str, cond: conditions.ConditionReport) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

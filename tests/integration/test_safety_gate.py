@@ -660,9 +660,14 @@ def test_held_faults_are_folded_into_a_later_incident_or_let_go_with_a_notice(en
             "held fault xid-79 (step reboot) is handled by this incident (xid-119)" in m
             for m in notices
         ), notices
-        rec = api.record(b)
-        assert rec is not None and rec.pending is None and rec.incident is not None
-        assert rec.incident.key == "xid-119"
+        # The Notice is posted before the write that drops the held fault (killed between
+        # the two, nothing would be said): the record follows it.
+        rec = wait_for(
+            "b's record with the new incident",
+            lambda: (r := api.record(b)) is not None and r.incident is not None and r,
+            timeout=15,
+        )
+        assert rec.pending is None and rec.incident.key == "xid-119"
         verify(api, b)
         wait_for("b back", lambda: api.state(b) == "production")
         # c goes to triage with its fault still held, and comes back: let go, said so.
