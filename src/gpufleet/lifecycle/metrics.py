@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2, 5, 10, 30)
@@ -123,6 +124,11 @@ class Metrics:
         """Export the API client's request counts (read when scraped, not kept twice)."""
         self.registry.register(_ApiRequests(sent))
 
+    def count_stays(self, records: Mapping[str, NodeRecord]) -> None:
+        """Export since when each node under repair has been in its state (read when
+        scraped, from the controller's own records)."""
+        self.registry.register(_RepairStays(records))
+
     def set_states(self, counts: Mapping[NodeState, int]) -> None:
         for state in NodeState:
             self.nodes.labels(state=state.value).set(counts.get(state, 0))
@@ -145,4 +151,34 @@ class _ApiRequests(Collector):
         )
         for (verb, resource), count in sorted(self.sent.items()):
             family.add_metric([verb, resource], count)
+        yield family
+
+
+REPAIR_STATES = (NodeState.DRAINING, NodeState.REMEDIATING, NodeState.VERIFYING)
+"""The states automation must bring a node out of by itself: a node that stays in one is
+stalled (the GpufleetRemediationStalled alert)."""
+
+
+class _RepairStays(Collector):
+    """``gpufleet_node_state_since_timestamp_seconds{node,state}``: when each node in a
+    repair state entered it, so an alert names the node that is stuck and for how long.
+
+    Only nodes under repair are exported: their number is bounded by the disruption
+    budget, so the series stay few on a fleet of any size. The records are copied in one
+    step (the scrape runs in the metrics server's thread while the loop changes them).
+    """
+
+    def __init__(self, records: Mapping[str, NodeRecord]) -> None:
+        self.records = records
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "gpufleet_node_state_since_timestamp_seconds",
+            "When a node under repair (draining, remediating, verifying) entered that state"
+            " (Unix time); nodes in other states are not exported.",
+            labels=["node", "state"],
+        )
+        for record in tuple(self.records.values()):
+            if record.state in REPAIR_STATES:
+                family.add_metric([record.name, record.state.value], record.since)
         yield family

@@ -284,6 +284,7 @@ async def run(
             lease_margin_s=margin, graceful_settle_s=settings.graceful_settle_s
         ),
     )
+    metrics.count_stays(ctl.fleet.records)
     registry = build_registry(ctl, leadership, options, primed=serve_metrics)
     await kopf.operator(
         registry=registry,
