@@ -1,8 +1,11 @@
 """Plot fault -> cordon latency against fleet size from docs/data/reaction.json.
 
 The JSON holds what bench/reaction.py printed (one entry per run, with how the faults
-came) and NVSentinel's published figures; this draws p50 and p99 per kind of run on
-log axes and writes docs/img/reaction-latency.png. Run:
+came; with ``--repeat``, the medians, their spread and the floor measured beside them)
+and NVSentinel's published figures; this draws p50 and p99 per kind of run on log axes,
+against fleet size and against burst size (one line per fleet size, the floor dotted,
+the spread of repeated runs as error bars), and writes docs/img/reaction-latency.png.
+Run:
 
     .venv/bin/python bench/plot_reaction.py [--data docs/data/reaction.json] [--out FILE]
 """
@@ -25,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def plot(data: dict[str, Any], out: Path) -> None:
     """Two panels: latency against fleet size (one line per way the faults came), and
-    against the size of a burst at the largest fleet measured."""
+    against the size of a burst (one line per fleet size with bursts of two sizes or
+    more, the floor beside it)."""
     fig, (by_fleet, by_burst) = plt.subplots(1, 2, figsize=(13, 6.8))
     by_how: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run in data["runs"]:
@@ -47,26 +51,39 @@ def plot(data: dict[str, Any], out: Path) -> None:
     by_fleet.set_title("against fleet size")
     by_fleet.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
 
-    largest = max(r["nodes"] for r in data["runs"])
-    at_largest = [r for r in data["runs"] if r["nodes"] == largest]
-    bursts = sorted(
-        (r for r in at_largest if r["how"] == f"burst of {r['faults']}"), key=lambda r: r["faults"]
-    )
-    if bursts:
+    bursts_by_fleet: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in data["runs"]:
+        if r["how"] == f"burst of {r['faults']}":
+            bursts_by_fleet[r["nodes"]].append(r)
+    for nodes, bursts in sorted(bursts_by_fleet.items()):
+        if len(bursts) < 2:
+            continue
+        bursts.sort(key=lambda r: r["faults"])
         sizes = [r["faults"] for r in bursts]
-        by_burst.plot(sizes, [r["p99_ms"] for r in bursts], "o-", label="p99")
-        by_burst.plot(sizes, [r["p50_ms"] for r in bursts], "s--", label="p50")
-        if all("max_ms" in r for r in bursts):
-            by_burst.plot(sizes, [r["max_ms"] for r in bursts], "x:", label="max")
-    for r in at_largest:
-        if " over " in r["how"]:
+        line = by_burst.errorbar(
+            sizes, [r["p99_ms"] for r in bursts], yerr=spread(bursts, "p99_ms"), fmt="o-",
+            capsize=3, label=f"p99, {nodes:,} nodes",
+        )  # fmt: skip
+        color = line[0].get_color()
+        by_burst.errorbar(
+            sizes, [r["p50_ms"] for r in bursts], yerr=spread(bursts, "p50_ms"), fmt="s--",
+            capsize=3, color=color, label=f"p50, {nodes:,} nodes",
+        )  # fmt: skip
+        if all("floor_p99_ms" in r for r in bursts):
+            by_burst.plot(sizes, [r["floor_p99_ms"] for r in bursts], "^:", color=color,
+                          alpha=0.6, label=f"floor p99, {nodes:,} nodes")  # fmt: skip
+            by_burst.plot(sizes, [r["floor_p50_ms"] for r in bursts], "v:", color=color,
+                          alpha=0.6, label=f"floor p50, {nodes:,} nodes")  # fmt: skip
+    largest = max(r["nodes"] for r in data["runs"])
+    for r in data["runs"]:
+        if r["nodes"] == largest and " over " in r["how"]:
             for q, marker in (("p99_ms", "^"), ("p50_ms", "v")):
-                by_burst.plot([r["faults"]], [r[q]], marker, color="grey",
-                              label=f"{q[:3]}, {r['how']} (not one burst)")  # fmt: skip
+                label = f"{q[:3]}, {r['how']}, {largest:,} nodes (not one burst)"
+                by_burst.plot([r["faults"]], [r[q]], marker, color="grey", label=label)
     by_burst.set_xscale("log")
-    by_burst.set_xlabel(f"faults in one burst (all written within a second), {largest:,} nodes")
+    by_burst.set_xlabel("faults in one burst (all written within a second)")
     by_burst.set_title("against burst size")
-    by_burst.legend(fontsize=7, loc="upper left")
+    by_burst.legend(fontsize=6, loc="upper left")
     for ax in (by_fleet, by_burst):
         ax.axhline(1000, color="grey", linewidth=0.8, linestyle=":")
         ax.set_yscale("log")
@@ -78,6 +95,16 @@ def plot(data: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
+
+
+def spread(runs: list[dict[str, Any]], key: str) -> list[list[float]] | None:
+    """Error bars from repeated runs' min-max (``spread``), none where a run has none."""
+    if not all(key in r.get("spread", {}) for r in runs):
+        return None
+    return [
+        [r[key] - r["spread"][key][0] for r in runs],
+        [r["spread"][key][1] - r[key] for r in runs],
+    ]
 
 
 def main() -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -64,3 +66,93 @@ def profile(
         for frame, n in sorted(table.items(), key=lambda kv: -kv[1])[:25]:
             print(f"    {100 * n / max(total, 1):5.1f}%  {frame}")
     print(f"  stacks: {out}")
+
+
+def snapshot() -> dict[int, tuple[int, str, float]]:
+    """Every process's parent, name and CPU seconds so far (from ``/proc/<pid>/stat``):
+    two snapshots tell what ran on the machine between them."""
+    out: dict[int, tuple[int, str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        comm = text.split("(", 1)[1].rsplit(")", 1)[0]
+        fields = text.rsplit(")", 1)[1].split()
+        out[int(entry.name)] = (int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / TICKS)
+    return out
+
+
+def descendants(root: int, snap: dict[int, tuple[int, str, float]]) -> set[int]:
+    """``root`` and every process below it in ``snap``."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in snap.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+class Machine:
+    """What else ran on the machine over a stretch of a benchmark: the load average at
+    its start and end, and the CPU of every process that is not ``root`` or below it
+    (the benchmark, its cluster and the component measured), top names first."""
+
+    def __init__(self, root: int | None = None) -> None:
+        self.root = root if root is not None else os.getpid()
+        self.load0 = os.getloadavg()[0]
+        self.before = snapshot()
+        self.t0 = time.monotonic()
+
+    def done(self) -> dict[str, Any]:
+        """The figures since construction: ``load`` (1-minute load average, start and
+        end), ``others_pct`` (the other processes, per cent of one core) and ``top``
+        (the three heaviest others by name)."""
+        after = snapshot()
+        took = max(time.monotonic() - self.t0, 1e-9)
+        ours = descendants(self.root, after) | descendants(self.root, self.before)
+        by_name: dict[str, float] = {}
+        for pid, (_, comm, cpu) in after.items():
+            if pid in ours:
+                continue
+            was = self.before.get(pid)
+            used = cpu - (was[2] if was is not None and was[1] == comm else 0.0)
+            if used > 0:
+                name = label(pid, comm)
+                by_name[name] = by_name.get(name, 0.0) + used
+        top = sorted(by_name.items(), key=lambda kv: -kv[1])[:3]
+        return {
+            "load": (self.load0, os.getloadavg()[0]),
+            "others_pct": sum(by_name.values()) / took * 100,
+            "top": [(name, used / took * 100) for name, used in top],
+        }
+
+
+def label(pid: int, comm: str) -> str:
+    """A process's name, with what an interpreter runs (``python: pytest``, ``python:
+    -m gpufleet.cli.main``): many of a machine's busy processes are all ``python``."""
+    if not comm.startswith("python"):
+        return comm
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return comm
+    args = [a for a in args[1:] if a]
+    if args[:1] == ["-m"] and len(args) > 1:
+        return f"{comm}: -m {args[1]}"
+    script = next((a for a in args if not a.startswith("-")), "")
+    return f"{comm}: {Path(script).name}" if script else comm
+
+
+def describe(m: dict[str, Any]) -> str:
+    """One line for :meth:`Machine.done`'s figures."""
+    top = ", ".join(f"{name} {pct:.0f}%" for name, pct in m["top"])
+    return (
+        f"load {m['load'][0]:.1f} -> {m['load'][1]:.1f}; other processes"
+        f" {m['others_pct']:.0f}% of a core" + (f" ({top})" if top else "")
+    )

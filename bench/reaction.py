@@ -11,20 +11,31 @@ With ``--burst`` the faults are written all at once instead (``--writers``
 threads in parallel: a leaf switch or a rack PDU takes out 16-32 nodes in the
 same second), and the time the burst took to write is printed with it.
 
-Prints p50/p99/max latency, the controller's CPU (per cent of one core while
-faults arrive, and at rest) and its RSS, the upper bounds of the p50/p99
-buckets of the controller's own ``gpufleet_time_to_cordon_seconds`` (fault
-time to cordon written, as the controller sees it), how long after its start
-the controller acts on every node (a fault written on the last node, once it
-holds every record, and its cordon) and when every node carries its state
-label (adoption writes are paced: decision 0124), and the controller's API
-writes per fault (from its
-``gpufleet_controller_api_requests_total``): until every faulted node is
-cordoned, and until each has walked its ladder to a resting state. Run:
+The floor: before each round, the same number of nodes that the controller does not
+manage (``nvidia.com/gpu.present=false``; it runs with ``--node-selector
+nvidia.com/gpu.present=true``, as the chart does) get, written the same way, the
+same fault report followed at once by a cordon from the bench itself, timed from
+the report to the watch seeing the cordon: two writes and a watch delivery on the
+same cluster under the same load, what any isolation needing a report and a cordon
+takes at least. gpufleet's latency is also given as a ratio to it.
+
+Per round: p50/p99/max latency, the floor's, the ratios; the controller's CPU (per
+cent of one core while faults arrive, CPU-milliseconds per fault until cordoned and
+until every faulted node rests) and its API requests and writes per fault (from its
+``gpufleet_controller_api_requests_total``), the upper bounds of the p50/p99 buckets of
+its own ``gpufleet_time_to_cordon_seconds`` (fault time to cordon written, as the
+controller sees it), and what else ran on the machine meanwhile (load average, the
+CPU of every process that is not the bench, its cluster or the controller). With
+``--repeat N`` (default 3) every round runs N times on one cluster, each time on nodes
+not faulted before, and every figure is the median of the N with its spread
+(min-max). Once per fleet: the controller's CPU at rest and RSS, how long after its
+start it acts on every node (a fault written on the last node, once it holds every
+record, and its cordon), when every node carries its state label (adoption writes are
+paced: decision 0124), and a restart. Run:
 
     .venv/bin/python bench/reaction.py --nodes 500
     .venv/bin/python bench/reaction.py --nodes 500 2000 5000 --samples 200
-    .venv/bin/python bench/reaction.py --nodes 12500 --samples 32 --burst
+    .venv/bin/python bench/reaction.py --nodes 2000 --rounds 32 100 --repeat 3
     .venv/bin/python bench/reaction.py --nodes 12500 --rounds 32 100 1000/60
     .venv/bin/python bench/reaction.py --nodes 12500 --rounds 32 100 1000/60 --slurm-bursts 32 100
 
@@ -42,6 +53,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -68,9 +80,12 @@ from integration.controller_harness import (  # noqa: E402
     put_policy,
     wait_for,
 )
-from procstat import process_cpu_seconds, profile  # noqa: E402 (bench/, the script's directory)
+from procstat import Machine, describe, process_cpu_seconds, profile  # noqa: E402 (bench/)
 
 WRITES = ("POST", "PATCH", "PUT", "DELETE")
+MANAGED = ("nvidia.com/gpu.present", "true")
+"""The label the controller is told to manage (the chart's default selector); the floor's
+nodes carry it ``false``, so the controller never sees them."""
 RESTING = ("triage", "rma", "production", "maintenance")
 """States a faulted node rests in once its ladder is walked (no BMC in the bench: every BMC
 step fails and the node ends in triage)."""
@@ -171,12 +186,17 @@ def permissive_policy() -> dict[str, Any]:
 
 
 class CordonWatch(threading.Thread):
-    """Timestamps the first time each Node is seen unschedulable."""
+    """Timestamps the first time each Node is seen unschedulable; for the floor's nodes
+    (``floor_names``), the first time in the current floor round (``floor_seen``)."""
 
     def __init__(self, info: Any) -> None:
         super().__init__(daemon=True)
         self.info = info
         self.seen: dict[str, float] = {}
+        self.unschedulable: dict[str, bool] = {}
+        """Each Node's ``spec.unschedulable`` as last seen."""
+        self.floor_names: set[str] = set()
+        self.floor_seen: dict[str, float] = {}
         self.events = 0
         """Node watch events received (what any Node watcher, the controller too, receives)."""
         self.stop = False
@@ -210,10 +230,18 @@ class CordonWatch(threading.Thread):
                             self.events += 1
                         rv = obj["metadata"].get("resourceVersion", rv)
                         name = obj["metadata"].get("name")
-                        if obj.get("spec", {}).get("unschedulable") and name not in self.seen:
-                            self.seen[name] = now
+                        if name and ev["type"] != "BOOKMARK":
+                            self.note(name, bool(obj.get("spec", {}).get("unschedulable")), now)
                         if self.stop:
                             return
+
+    def note(self, name: str, unschedulable: bool, now: float) -> None:
+        self.unschedulable[name] = unschedulable
+        if not unschedulable:
+            return
+        self.seen.setdefault(name, now)
+        if name in self.floor_names:
+            self.floor_seen.setdefault(name, now)
 
 
 def settle(watch: CordonWatch, n: int, timeout: float = 1800.0) -> None:
@@ -284,9 +312,16 @@ class Round:
         return f"{self.count} over {self.seconds:g} s"
 
 
-def write_faults(api: Api, names: list[str], round_: Round, writers: int) -> dict[str, float]:
+def write_faults(
+    api: Api,
+    names: list[str],
+    round_: Round,
+    writers: int,
+    then: Callable[[str], None] | None = None,
+) -> dict[str, float]:
     """Write one XID 79 condition per node as ``round_`` says (a burst: ``writers`` in
-    parallel); returns when each was written (wall clock)."""
+    parallel), each followed at once by ``then(node)`` when given; returns when each
+    condition was written (wall clock)."""
     written: dict[str, float] = {}
 
     def one(i: int, name: str) -> None:
@@ -294,6 +329,8 @@ def write_faults(api: Api, names: list[str], round_: Round, writers: int) -> dic
         fault = FaultEvent(FaultKind.XID, name, at=at, xid=79, evidence=Evidence(gpu_index=i % 8))
         written[name] = time.time()
         api.set_condition(name, conditions.problem(Subsystem.PCIE, [fault]))
+        if then is not None:
+            then(name)
 
     if round_.seconds is None:
         chunks = [list(enumerate(names))[k::writers] for k in range(writers)]
@@ -318,14 +355,61 @@ def write_faults(api: Api, names: list[str], round_: Round, writers: int) -> dic
     return written
 
 
+def quantiles(
+    seen: dict[str, float], written: dict[str, float], names: list[str]
+) -> dict[str, float]:
+    """p50, p99 and max of written -> seen over ``names``, in milliseconds."""
+    lat = sorted((seen[x] - written[x]) * 1000 for x in names)
+    return {
+        "p50_ms": statistics.median(lat),
+        "p99_ms": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))],
+        "max_ms": lat[-1],
+    }
+
+
+def set_unschedulable(api: Api, name: str, value: bool) -> None:
+    """A plain cordon (or uncordon), as ``kubectl cordon`` writes it."""
+    api.patch(f"/api/v1/nodes/{name}", {"spec": {"unschedulable": value}})
+
+
+def measure_floor(
+    api: Api, watch: CordonWatch, names: list[str], round_: Round, writers: int, n: int
+) -> dict[str, float]:
+    """The floor of ``round_`` on ``names`` (nodes the controller does not manage): each
+    gets the fault report and, at once from the same writer, a cordon; timed from the
+    report to the watch seeing the cordon. The nodes are uncordoned afterwards, outside
+    the measurement, for the next round."""
+    watch.floor_seen.clear()
+    watch.floor_names = set(names)
+    written = write_faults(api, names, round_, writers, lambda x: set_unschedulable(api, x, True))
+    wait_for("every floor cordon seen", lambda: all(x in watch.floor_seen for x in names), 900)
+    floor = {f"floor_{k}": v for k, v in quantiles(watch.floor_seen, written, names).items()}
+    watch.floor_names = set()
+    for x in names:
+        set_unschedulable(api, x, False)
+    wait_for(
+        "the floor's nodes schedulable again",
+        lambda: not any(watch.unschedulable.get(x) for x in names),
+        timeout=300,
+    )
+    print(
+        f"[{n} nodes, {round_.how}] floor (report + cordon + watch) p50"
+        f" {floor['floor_p50_ms']:.0f} ms, p99 {floor['floor_p99_ms']:.0f} ms,"
+        f" max {floor['floor_max_ms']:.0f} ms",
+        flush=True,
+    )
+    return floor
+
+
 def measure_round(
     api: Api, ctl: ControllerProcess, watch: CordonWatch, names: list[str], round_: Round,
-    writers: int, n: int, profile_s: float = 0.0,
+    writers: int, n: int, managed: int, profile_s: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """One round on ``names`` (not faulted before): latency to cordon, the controller's CPU
-    meanwhile, its own histogram's buckets, and its API writes per fault until cordoned and
-    until every faulted node rests. With ``profile_s``, py-spy samples the controller for
-    that long from just before the first fault is written."""
+    meanwhile and per fault, its own histogram's buckets, its API requests and writes per
+    fault until cordoned and until every one of the ``managed`` nodes rests, and what else
+    ran on the machine. With ``profile_s``, py-spy samples the controller for that long
+    from just before the first fault is written."""
     assert ctl.proc is not None
     pid = ctl.proc.pid
     sampler = None
@@ -338,54 +422,76 @@ def measure_round(
         )
         sampler.start()
         time.sleep(1.0)  # py-spy attached
-    own0 = histogram_counts(ctl.metrics(), "gpufleet_time_to_cordon_seconds")
-    writes0 = api_writes(ctl.metrics())
+    metrics = ctl.metrics()
+    own0 = histogram_counts(metrics, "gpufleet_time_to_cordon_seconds")
+    requests0 = api_requests(metrics)
+    machine = Machine()
     c0, w0 = process_cpu_seconds(pid), time.monotonic()
     written = write_faults(api, names, round_, writers)
     spread = max(written.values()) - min(written.values())
     wait_for("every cordon", lambda: all(x in watch.seen for x in names), timeout=900)
-    busy_cpu = (process_cpu_seconds(pid) - c0) / (time.monotonic() - w0) * 100
+    cpu_cordon = process_cpu_seconds(pid) - c0
+    busy_cpu = cpu_cordon / (time.monotonic() - w0) * 100
     if sampler is not None:
         sampler.join()
     metrics = ctl.metrics()
     own = histogram_quantiles(metrics, "gpufleet_time_to_cordon_seconds", since=own0)
-    to_cordon = per_fault(writes0, api_writes(metrics), len(names))
+    to_cordon = per_fault(requests0, api_requests(metrics), len(names))
 
     def resting() -> bool:
-        return labelled(api, f"{well_known.LABEL_STATE} in ({','.join(RESTING)})") >= n
+        return labelled(api, f"{well_known.LABEL_STATE} in ({','.join(RESTING)})") >= managed
 
     wait_for("every faulted node at rest", resting, timeout=900, step=1.0)
     time.sleep(5)  # the last status and Event writes of the last decisions
-    to_rest = per_fault(writes0, api_writes(ctl.metrics()), len(names))
+    cpu_rest = process_cpu_seconds(pid) - c0
+    to_rest = per_fault(requests0, api_requests(ctl.metrics()), len(names))
+    ran = machine.done()
     for title, table in (("until cordoned", to_cordon), ("until at rest", to_rest)):
         print(
-            f"[{n} nodes, {round_.how}] API writes per fault {title}:"
-            f" {sum(table.values()):.1f} ("
+            f"[{n} nodes, {round_.how}] API requests per fault {title}:"
+            f" {sum(table.values()):.1f}, writes {writes(table):.1f} ("
             + ", ".join(f"{k} {v:.2f}" for k, v in table.items())
             + ")",
             flush=True,
         )
-    lat = sorted((watch.seen[x] - written[x]) * 1000 for x in names)
     row = {
         "how": round_.how,
-        "samples": len(lat),
-        "p50_ms": statistics.median(lat),
-        "p99_ms": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))],
-        "max_ms": lat[-1],
+        "faults": len(names),
+        **quantiles(watch.seen, written, names),
         "cpu_busy_pct": busy_cpu,
+        "cpu_ms_cordon": cpu_cordon * 1000 / len(names),
+        "cpu_ms_rest": cpu_rest * 1000 / len(names),
         "own_p50_ms": own[0] * 1000,
         "own_p99_ms": own[1] * 1000,
         "spread_ms": spread * 1000,
-        "writes_cordon": sum(to_cordon.values()),
-        "writes_rest": sum(to_rest.values()),
+        "requests_cordon": sum(to_cordon.values()),
+        "requests_rest": sum(to_rest.values()),
+        "writes_cordon": writes(to_cordon),
+        "writes_rest": writes(to_rest),
+        "load": ran["load"][1],
+        "others_pct": ran["others_pct"],
     }
     print(
         f"[{n} nodes, {round_.how}] cordoned p50 {row['p50_ms']:.0f} ms, p99"
         f" {row['p99_ms']:.0f} ms, max {row['max_ms']:.0f} ms; controller"
-        f" {busy_cpu:.0f}% of a core meanwhile",
+        f" {busy_cpu:.0f}% of a core meanwhile, {row['cpu_ms_cordon']:.1f} CPU-ms per fault"
+        f" until cordoned, {row['cpu_ms_rest']:.1f} until at rest; machine: {describe(ran)}",
         flush=True,
     )
     return row
+
+
+def writes(table: dict[str, float]) -> float:
+    """The writes among requests by ``VERB resource``."""
+    return sum(v for k, v in table.items() if k.split(" ", 1)[0] in WRITES)
+
+
+def controller(info: Any, logs: Path) -> ControllerProcess:
+    """The controller the bench measures, managing only the nodes labelled
+    :data:`MANAGED` (not the floor's)."""
+    return ControllerProcess(
+        info, logs, policy="bench", extra_args=("--node-selector", "=".join(MANAGED))
+    )
 
 
 def run_one(
@@ -396,6 +502,7 @@ def run_one(
     idle_s: float = 20.0,
     writers: int = 16,
     profile_rounds: float = 0.0,
+    repeat: int = 1,
 ) -> list[dict[str, Any]]:
     spec = ClusterSpec(nodes=n, slurm=False, redfish=False, ready_timeout_s=1200)
     print(f"[{n} nodes] starting the local cluster ...", flush=True)
@@ -405,13 +512,17 @@ def run_one(
         api = Api(info)
         install(api)
         put_policy(api, "bench", permissive_policy())
+        floor_nodes = info.node_names[-max(r.count for r in rounds) :]
+        managed = info.node_names[: -len(floor_nodes)]
+        for x in floor_nodes:
+            api.patch(f"/api/v1/nodes/{x}", {"metadata": {"labels": {MANAGED[0]: "false"}}})
         logs = info.run_dir / "logs"
         started = time.monotonic()
-        ctl = ControllerProcess(info, logs, policy="bench").start()
+        ctl = controller(info, logs).start()
         try:
             assert ctl.proc is not None
             pid = ctl.proc.pid
-            acting_s, probe_ms, adopted_s = adopt(ctl, api, info.node_names, started)
+            acting_s, probe_ms, adopted_s = adopt(ctl, api, managed, started)
             print(
                 f"[{n} nodes] every record held and acted on {acting_s:.1f} s after start"
                 f" (a fault on the last node cordoned {probe_ms:.0f} ms after it was written);"
@@ -430,17 +541,25 @@ def run_one(
             if profile_s:
                 out = Path(tempfile.gettempdir()) / f"reaction-idle-{n}.txt"
                 profile(pid, profile_s, out, what="controller at rest")
-            # The adoption's probe (the last node) is faulted already: not a sample.
+            # The adoption's probe (the last managed node) is faulted already: not a sample.
             rows, used = [], 0
-            for round_ in rounds:
-                names = info.node_names[used : used + round_.count]
-                used += round_.count
-                rows.append(
-                    measure_round(api, ctl, watch, names, round_, writers, n, profile_rounds)
-                )
+            for run in range(repeat):
+                for round_ in rounds:
+                    print(f"[{n} nodes] run {run + 1} of {repeat}: {round_.how}", flush=True)
+                    names = managed[used : used + round_.count]
+                    used += round_.count
+                    floor = measure_floor(
+                        api, watch, floor_nodes[: round_.count], round_, writers, n
+                    )
+                    row = measure_round(
+                        api, ctl, watch, names, round_, writers, n, len(managed), profile_rounds
+                    )
+                    row["ratio_p50"] = row["p50_ms"] / floor["floor_p50_ms"]
+                    row["ratio_p99"] = row["p99_ms"] / floor["floor_p99_ms"]
+                    rows.append({**row, **floor})
             watch.stop = True
             rss, rss_peak = rss_mib(pid), rss_mib(pid, "VmHWM")
-            restart_s, reads = restart(ctl, info, logs, n)
+            restart_s, reads = restart(ctl, info, logs, len(managed))
             print(
                 f"[{n} nodes] a restarted controller held every record {restart_s:.1f} s after"
                 f" start; requests it sent meanwhile: "
@@ -517,7 +636,7 @@ def restart(
     meanwhile by ``VERB resource`` (a thundering herd shows here)."""
     ctl.stop()
     started = time.monotonic()
-    fresh = ControllerProcess(info, logs, policy="bench").start()
+    fresh = controller(info, logs).start()
     try:
         wait_for(
             "every record held again",
@@ -529,6 +648,72 @@ def restart(
         return took, api_requests(fresh.metrics())
     finally:
         fresh.stop()
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of each (fleet, round) as one entry: every figure the median of the runs,
+    with its spread (min, max) under ``spread``."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["nodes"], r["how"]), []).append(r)
+    out = []
+    for runs in groups.values():
+        entry: dict[str, Any] = {"repeat": len(runs), "spread": {}}
+        for key, value in runs[0].items():
+            if isinstance(value, (int, float)) and key not in ("nodes", "gpus", "faults"):
+                values = [r[key] for r in runs]
+                entry[key] = statistics.median(values)
+                entry["spread"][key] = [min(values), max(values)]
+            else:
+                entry[key] = value
+        out.append(entry)
+    return out
+
+
+def cell(entry: dict[str, Any], key: str, digits: int = 0) -> str:
+    """``median (min-max)``, or the median alone for one run."""
+    lo, hi = entry["spread"][key]
+    text = f"{entry[key]:.{digits}f}"
+    return text if entry["repeat"] == 1 else f"{text} ({lo:.{digits}f}-{hi:.{digits}f})"
+
+
+def table(
+    title: str, entries: list[dict[str, Any]], columns: list[tuple[str, str, int]], how: bool = True
+) -> None:
+    """One table of ``columns`` (heading, key, decimals) after each entry's fleet (and
+    round, with ``how``)."""
+    cells = [[cell(e, key, digits) for _, key, digits in columns] for e in entries]
+    widths = [
+        max(len(head), *(len(row[i]) for row in cells)) for i, (head, _, _) in enumerate(columns)
+    ]
+    print(f"\n{title}")
+    print(
+        f"{'nodes':>6} " + (f"{'how':>16} " if how else "")
+        + " ".join(f"{head:>{w}}" for (head, _, _), w in zip(columns, widths, strict=True))
+    )  # fmt: skip
+    for e, row in zip(entries, cells, strict=True):
+        print(
+            f"{e['nodes']:>6} " + (f"{e['how']:>16} " if how else "")
+            + " ".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))
+        )  # fmt: skip
+
+
+LATENCY = [
+    ("p50 ms", "p50_ms", 0), ("p99 ms", "p99_ms", 0), ("max ms", "max_ms", 0),
+    ("floor p50", "floor_p50_ms", 0), ("floor p99", "floor_p99_ms", 0),
+    ("x p50", "ratio_p50", 1), ("x p99", "ratio_p99", 1),
+    ("own p50<=", "own_p50_ms", 0), ("own p99<=", "own_p99_ms", 0), ("write ms", "spread_ms", 0),
+]  # fmt: skip
+COST = [
+    ("CPU busy %", "cpu_busy_pct", 0), ("CPU ms/f cordon", "cpu_ms_cordon", 1),
+    ("CPU ms/f rest", "cpu_ms_rest", 1), ("req/f cordon", "requests_cordon", 1),
+    ("w/f cordon", "writes_cordon", 1), ("req/f rest", "requests_rest", 1),
+    ("w/f rest", "writes_rest", 1), ("load", "load", 1), ("others %", "others_pct", 0),
+]  # fmt: skip
+FLEET = [
+    ("CPU idle %", "cpu_idle_pct", 1), ("RSS MiB", "rss_mib", 0), ("peak MiB", "rss_peak_mib", 0),
+    ("acting s", "acting_s", 1), ("adopt s", "adopted_s", 1), ("restart s", "restart_s", 1),
+]  # fmt: skip
 
 
 def main() -> None:
@@ -551,6 +736,13 @@ def main() -> None:
         help="rounds of faults one after another on one cluster, each on nodes not faulted"
         " before: N is a burst of N, N/SECONDS N faults spread over SECONDS"
         " (replaces --samples, --rate and --burst)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="run every round this many times on the cluster (each time on nodes not faulted"
+        " before, its floor measured just before it); figures are the median with min-max",
     )
     parser.add_argument("--writers", type=int, default=16, help="parallel writers of a burst")
     parser.add_argument("--keep-logs", action="store_true")
@@ -591,6 +783,8 @@ def main() -> None:
         help="with --slurm-bursts: nodes with a slurmd (the rest are in slurm.conf only)",
     )
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat needs at least one run")
     if args.slurm_bursts and max(args.slurm_bursts) > args.slurmd_nodes:
         parser.error("a Slurm burst needs as many nodes with a slurmd (--slurmd-nodes)")
     rows = []
@@ -598,41 +792,33 @@ def main() -> None:
         if args.rounds:
             rounds = args.rounds
         elif args.burst:
-            rounds = [Round(min(args.samples, n - 1))]
+            rounds = [Round(args.samples)]
         else:
-            count = min(args.samples, n - 1)
-            rounds = [Round(count, count / args.rate)]
-        if sum(r.count for r in rounds) > n - 1:
-            parser.error(f"the rounds need more than the {n - 1} nodes a {n}-node fleet offers")
+            rounds = [Round(args.samples, args.samples / args.rate)]
+        # Faulted nodes are never reused; the floor's nodes are, round after round; the
+        # adoption's probe takes one more.
+        needed = sum(r.count for r in rounds) * args.repeat + max(r.count for r in rounds) + 1
+        if needed > n:
+            parser.error(f"the rounds and their floor need {needed} nodes, more than {n}")
         rows += run_one(n, rounds, args.keep_logs, args.profile_idle, args.idle_seconds,
-                        args.writers, args.profile_rounds)  # fmt: skip
-    print()
+                        args.writers, args.profile_rounds, args.repeat)  # fmt: skip
+    entries = summarise(rows)
+    table("fault -> cordon (ms; x: gpufleet / floor)", entries, LATENCY)
+    table("cost per fault (controller) and what else ran", entries, COST)
+    fleets = {e["nodes"]: {**e, "repeat": 1} for e in entries}  # measured once per fleet
+    table("per fleet (measured once)", list(fleets.values()), FLEET, how=False)
     print(
-        f"{'nodes':>6} {'GPUs':>6} {'how':>16} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}"
-        f" {'CPU busy':>9} {'CPU idle':>9} {'RSS MiB':>8} {'peak MiB':>9}"
-        f" {'own p50<=':>9} {'own p99<=':>9} {'acting s':>8} {'adopt s':>7} {'write ms':>8}"
-        f" {'w/cordon':>8} {'w/fault':>7} {'restart s':>9}"
+        f"\nmedian (min-max) of {args.repeat} run(s); bursts: {args.writers} writers; floor:"
+        " the same faults on nodes the controller does not manage, each cordoned by the bench"
+        " at once, report -> cordon seen; CPU in % of one core; CPU ms/f: the controller's"
+        " CPU-milliseconds per fault until cordoned, until at rest; req/f, w/f: its API"
+        " requests and writes per fault; write ms: first to last fault written; load: the"
+        " 1-minute load average at the round's end; others %: every process outside the"
+        " bench, its cluster and the controller; acting s: start -> a fault on the last node"
+        f" cordoned; adopt s: -> every node labelled; machine: {os.cpu_count()} cores;"
+        f" commit {commit()}"
     )
-    for r in rows:
-        print(
-            f"{r['nodes']:>6} {r['gpus']:>6} {r['how']:>16}"
-            f" {r['p50_ms']:>7.0f} {r['p99_ms']:>7.0f}"
-            f" {r['max_ms']:>7.0f} {r['cpu_busy_pct']:>8.0f}% {r['cpu_idle_pct']:>8.1f}%"
-            f" {r['rss_mib']:>8.0f} {r['rss_peak_mib']:>9.0f}"
-            f" {r['own_p50_ms']:>9.0f} {r['own_p99_ms']:>9.0f} {r['acting_s']:>8.1f}"
-            f" {r['adopted_s']:>7.1f}"
-            f" {r['spread_ms']:>8.0f} {r['writes_cordon']:>8.1f} {r['writes_rest']:>7.1f}"
-            f" {r['restart_s']:>9.1f}"
-        )
-    print(
-        f"\nbursts: {args.writers} writers; CPU in % of one core; write ms: first to last"
-        " fault written; w/cordon, w/fault: controller API writes per fault until cordoned,"
-        " until at rest; acting s: start -> a fault on the last node cordoned; adopt s: ->"
-        f" every node labelled; machine: {os.cpu_count()} cores"
-    )
-    print("json: " + json.dumps([
-        {k: r[k] for k in ("nodes", "samples", "how", "p50_ms", "p99_ms")} for r in rows
-    ]))  # fmt: skip
+    print("json: " + json.dumps([as_json(e) for e in entries]))
     if args.slurm_bursts:
         import slurm_sync  # bench/, the script's directory
 
@@ -642,6 +828,44 @@ def main() -> None:
              "--faults", "20", "--settle", "60", "--idle-seconds", "120",
              "--burst", *(str(b) for b in args.slurm_bursts)]
         )  # fmt: skip
+
+
+JSON_KEYS = (
+    "p50_ms", "p99_ms", "max_ms", "floor_p50_ms", "floor_p99_ms", "ratio_p50", "ratio_p99",
+    "cpu_ms_cordon", "cpu_ms_rest", "requests_cordon", "requests_rest", "writes_cordon",
+    "writes_rest",
+)  # fmt: skip
+"""The figures of a round that docs/data/reaction.json keeps (bench/plot_reaction.py)."""
+
+
+def as_json(e: dict[str, Any]) -> dict[str, Any]:
+    """A summarised round as docs/data/reaction.json holds it: medians, and their spread
+    when repeated, rounded to what the measurement can tell."""
+
+    def r(v: float) -> float:
+        return round(v, 2) if abs(v) < 10 else round(v, 1) if abs(v) < 100 else round(v)
+
+    out: dict[str, Any] = {k: e[k] for k in ("nodes", "faults", "how", "repeat")}
+    out.update({k: r(e[k]) for k in JSON_KEYS})
+    if e["repeat"] > 1:
+        out["spread"] = {k: [r(v) for v in e["spread"][k]] for k in JSON_KEYS}
+    return out
+
+
+def commit() -> str:
+    """The commit measured (``+`` when the tree had changes)."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
 
 
 if __name__ == "__main__":
