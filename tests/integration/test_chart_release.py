@@ -18,7 +18,9 @@ The steps, each on the state the one before left (decision 0184, docs/upgrade.md
    schema, no conversion, storage moved): every object is readable at both;
 6. the storage migration of docs/upgrade.md: each object rewritten in v1beta1, then
    v1alpha1 dropped from the CRD's ``storedVersions``;
-7. uninstalling the CRD chart keeps the CRDs and the objects.
+7. uninstalling the CRD chart keeps the CRDs and the objects;
+8. on a cluster with no gpufleet CRDs, docs/install.md's order: the CRD chart, then the main
+   chart, both from the registry; the CRD chart owns the CRDs and upgrades them.
 """
 
 from __future__ import annotations
@@ -362,3 +364,44 @@ def test_uninstalling_the_crd_chart_keeps_the_crds_and_the_objects(release: Rele
         assert release.get("crd", f"{plural}.{GROUP}")["metadata"]["name"]
     for plural in OBJECTS:
         assert release.get(f"{plural}.{NEXT}.{GROUP}", "release-check")["spec"]
+
+
+def test_a_fresh_install_in_the_documented_order(release: Release) -> None:
+    """docs/install.md's order on a cluster with no gpufleet CRDs: the CRD chart first, then
+    the main chart, both from the registry. The main chart's ``crds/`` find the CRDs there and
+    leave them to the CRD chart, which owns them and upgrades them later."""
+    # No hooks: the uninstall Job's pod would never run on this cluster's KWOK node.
+    release.run(release.helm, "uninstall", "gpufleet", "-n", NS, "--wait", "--no-hooks")
+    names = [f"{plural}.{GROUP}" for plural in PLURALS]
+    release.kubectl("delete", "crd", *names, "--wait=true", "--timeout=120s")
+    for name in names:
+        assert "NotFound" in _refused(release, "get", "crd", name)
+    fresh = NS  # the namespace kept what the chart keeps (its generated Secrets)
+    for chart in ("gpufleet-crds", "gpufleet"):
+        release.run(
+            release.helm, "install", chart, f"{release.registry}/{chart}",
+            "--version", VERSION, "--plain-http", "-n", fresh,
+        )  # fmt: skip
+        listed = json.loads(release.run(release.helm, "list", "-n", fresh, "-o", "json"))
+        assert {r["name"]: r["status"] for r in listed}[chart] == "deployed"
+    for plural in PLURALS:
+        meta = release.get("crd", f"{plural}.{GROUP}")["metadata"]
+        assert meta["annotations"]["meta.helm.sh/release-name"] == "gpufleet-crds"
+        assert meta["annotations"]["meta.helm.sh/release-namespace"] == fresh
+    assert release.get(f"slurmclusters.{OLD}.{GROUP}", "", "-n", fresh)["items"]
+    # The CRD chart upgrades what it installed (helm never upgrades a chart's crds/).
+    release.run(
+        release.helm, "upgrade", "gpufleet-crds", str(next_crd_chart(release.work / "again")),
+        "-n", fresh,
+    )  # fmt: skip
+    crd = release.get("crd", f"fleetpolicies.{GROUP}")
+    assert [v["name"] for v in crd["spec"]["versions"]] == [OLD, NEXT]
+
+
+def _refused(release: Release, *args: str) -> str:
+    r = subprocess.run(
+        [str(release.info.kubectl), *args], capture_output=True, text=True, env=release.env,
+        timeout=60,
+    )  # fmt: skip
+    assert r.returncode != 0, r.stdout
+    return r.stderr
