@@ -364,13 +364,33 @@ def budget_room(
     return max(0, budget.allowed(pool_size) - out_of_service - in_maintenance)
 
 
+def fleet_budget_room(
+    budget: Budget, fleet_size: int, out_of_service: int, in_maintenance: int = 0
+) -> int | None:
+    """How many more nodes of the whole fleet may go out (None: the policy sets no
+    fleet-wide limit): the fleet's allowance (decision 0174) less every pool's nodes out
+    of service and in maintenance."""
+    allowed = budget.fleet_allowed(fleet_size)
+    if allowed is None:
+        return None
+    return max(0, allowed - out_of_service - in_maintenance)
+
+
 def next_batch(
-    rollout: Rollout, candidates: Sequence[Candidate], room: Mapping[str, int], *, now: float
+    rollout: Rollout,
+    candidates: Sequence[Candidate],
+    room: Mapping[str, int],
+    *,
+    now: float,
+    fleet_room: int | None = None,
 ) -> Batch:
     """The nodes to start at ``now`` (none while a batch is in progress, none before the
     plan's start time).
 
     ``room`` is each pool's :func:`budget_room`; a pool it does not name has none.
+    ``fleet_room`` is :func:`fleet_budget_room` (None: no fleet-wide limit): a batch
+    never takes more than both allow, so a plan never starts a node the fleet budget
+    would then hold back from the repair ladder.
     Nodes are taken by name; a node not in production waits (automation or a person
     has it) and is taken once it is back.
     """
@@ -397,8 +417,11 @@ def next_batch(
     left = dict(room)
     per_domain: Counter[str] = Counter()
     chosen: list[str] = []
+    limit = (
+        rollout.max_unavailable if fleet_room is None else min(rollout.max_unavailable, fleet_room)
+    )
     for c in ready:
-        if len(chosen) >= rollout.max_unavailable:
+        if len(chosen) >= limit:
             break
         if left.get(c.pool, 0) <= 0 or per_domain[c.domain] >= rollout.max_per_domain:
             continue
@@ -406,6 +429,8 @@ def next_batch(
         left[c.pool] = left.get(c.pool, 0) - 1
         per_domain[c.domain] += 1
     if not chosen:
+        if fleet_room is not None and fleet_room <= 0:
+            return Batch((), "waiting: no budget room in the fleet")
         return Batch((), "waiting: no budget room in the nodes' pools")
     return Batch(tuple(chosen), f"starting {len(chosen)} node(s)")
 

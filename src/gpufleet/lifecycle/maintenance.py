@@ -251,7 +251,9 @@ class MaintenancePlans:
             candidates.append(
                 mt.Candidate(node, record.pool, e["domain"], record.state, P(e["phase"]))
             )
-        batch = mt.next_batch(rollout, candidates, self._budget_room(), now=now)
+        batch = mt.next_batch(
+            rollout, candidates, self._budget_room(), now=now, fleet_room=self._fleet_room()
+        )
         if not batch.start:
             return batch.why
         for node in batch.start:
@@ -275,6 +277,13 @@ class MaintenancePlans:
             pool: mt.budget_room(budget, view.size, view.out_of_service, held[pool])
             for pool, view in self.fleet.view().pools.items()
         }
+
+    def _fleet_room(self) -> int | None:
+        budget = self.policies.effective().safety.budget
+        held = sum(1 for r in self.fleet.records.values() if r.state is NodeState.MAINTENANCE)
+        view = self.fleet.view()
+        out = sum(p.out_of_service for p in view.pools.values())
+        return mt.fleet_budget_room(budget, view.size, out, held)
 
     async def _save_plan_status(self, name: str, body: Json, status: Json) -> None:
         """One merge patch of the status, only when it differs from what is stored."""

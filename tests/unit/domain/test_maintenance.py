@@ -40,6 +40,26 @@ def test_a_batch_takes_one_node_per_domain_within_max_unavailable_and_the_budget
     assert mt.next_batch(mt.Rollout(), nodes, {}, now=0.0).start == ()
 
 
+def test_a_batch_never_takes_more_than_the_fleet_budget_leaves() -> None:
+    """Decision 0174: a node is held to its pool's budget and the fleet's. Two pools with
+    room each, a fleet allowed 3 out with 1 out and 1 in maintenance: one node starts."""
+    budget = default_policy().safety.budget.model_copy(update={"fleet_max_nodes": 3})
+    room = mt.fleet_budget_room(budget, fleet_size=40, out_of_service=1, in_maintenance=1)
+    assert room == 1
+    nodes = [
+        mt.Candidate(name=n, pool=pool, domain=n, state=S.PRODUCTION, phase=P.PENDING)
+        for n, pool in (("a1", "a"), ("b1", "b"), ("b2", "b"))
+    ]
+    pools = {"a": 5, "b": 5}
+    rollout = mt.Rollout(max_unavailable=5)
+    assert mt.next_batch(rollout, nodes, pools, now=0.0, fleet_room=room).start == ("a1",)
+    full = mt.next_batch(rollout, nodes, pools, now=0.0, fleet_room=0)
+    assert full.start == () and full.why == "waiting: no budget room in the fleet"
+    # No fleet-wide limit in the policy: the pools' room alone.
+    assert mt.fleet_budget_room(default_policy().safety.budget, 40, 39) is None
+    assert len(mt.next_batch(rollout, nodes, pools, now=0.0, fleet_room=None).start) == 3
+
+
 def test_nothing_starts_while_a_node_of_the_batch_is_not_verified() -> None:
     nodes = [cand("a", "r1", P.VERIFYING), cand("b", "r2")]
     batch = mt.next_batch(mt.Rollout(max_unavailable=4), nodes, {"default": 4}, now=0.0)
