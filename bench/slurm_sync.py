@@ -10,7 +10,9 @@ Prints, never asserts:
 * the syncer at rest: its thread's CPU (and slurmrestd's and slurmctld's) over
   ``--idle-seconds`` with every node in production, and how many nodes its polls
   reconciled (a poll at rest reconciles only what changed: docs/slurm.md);
-* a burst: ``--burst`` nodes (default 10%) faulted at once -> all drained.
+* a burst: ``--burst`` nodes (default 10%) faulted at once -> all drained;
+* the syncer's CPU-milliseconds per fault (its thread's CPU from the first fault
+  written to the last DRAIN, its polls meanwhile included, over the faults).
 
 With ``--slurmd-nodes K`` only the first K nodes get a slurmd; the others are in
 slurm.conf only (not responding, then down): a 12,500-node Slurm fleet on one machine.
@@ -132,11 +134,15 @@ def wait_verb(s: Syncer, node: str, verb: str, before: int, timeout: float = 10)
     raise AssertionError(f"no {verb} of {node} within {timeout} s")
 
 
-def burst_drain(s: Syncer, kube: SyncKube, info: ClusterInfo, burst: list[str]) -> None:
+def burst_drain(
+    s: Syncer, kube: SyncKube, info: ClusterInfo, burst: list[str], syncer_stat: str
+) -> None:
     """Fault every node of ``burst`` at once (one writer, as fast as the apiserver takes
-    the patches), print when all were drained and each node's fault -> DRAIN, then heal
-    them and wait until Slurm resumed them all."""
+    the patches), print when all were drained, each node's fault -> DRAIN and the
+    syncer's CPU per fault (``syncer_stat``: its thread's stat file), then heal them and
+    wait until Slurm resumed them all."""
     first = len(s.stats.timings)
+    cpu0 = cpu_seconds(syncer_stat)
     start = time.monotonic()
     patched_at: dict[str, float] = {}
     for n in burst:
@@ -150,11 +156,13 @@ def burst_drain(s: Syncer, kube: SyncKube, info: ClusterInfo, burst: list[str]) 
         step=0.05,
     )
     took = time.monotonic() - start
+    cpu_ms = (cpu_seconds(syncer_stat) - cpu0) * 1000 / len(burst)
     confirmed = sinfo_nodes(info)
     ok = sum(1 for n in burst if "DRAIN" in (confirmed[n].get("state_flags") or []))
     print(
         f"burst: {len(burst)} nodes faulted (patches took {patched:.2f} s) -> all drained "
-        f"{took:.2f} s after the first patch; sinfo confirms {ok}/{len(burst)}"
+        f"{took:.2f} s after the first patch; sinfo confirms {ok}/{len(burst)};"
+        f" syncer {cpu_ms:.1f} CPU-ms per fault"
     )
     per_node = [
         (t.acted - patched_at[t.node]) * 1000
@@ -296,6 +304,8 @@ def main(argv: list[str] | None = None) -> None:
         # Only nodes with a slurmd can be drained and resumed (the others are unknown to
         # Slurm's scheduler: the syncer leaves them alone, failing closed).
         names = info.node_names[: a.slurmd_nodes or len(info.node_names)]
+        syncer_stat = f"/proc/self/task/{rs._thread.native_id}/stat"
+        cpu0 = cpu_seconds(syncer_stat)
         for i in range(a.faults):
             node = names[i % len(names)]
             before = len(s.stats.timings)
@@ -307,14 +317,16 @@ def main(argv: list[str] | None = None) -> None:
             set_condition(kube, node, "False", "Healthy")
             wait_verb(s, node, "resume", before)
         ms = [x * 1000 for x in lat]
+        cpu_ms = (cpu_seconds(syncer_stat) - cpu0) * 1000 / max(a.faults, 1)
         print(
             f"fault -> DRAIN over {len(ms)} faults: p50 {pct(ms, 50):.0f} ms, "
-            f"p99 {pct(ms, 99):.0f} ms, max {max(ms):.0f} ms"
+            f"p99 {pct(ms, 99):.0f} ms, max {max(ms):.0f} ms; syncer {cpu_ms:.1f} CPU-ms"
+            " per fault (its DRAIN and the RESUME after it, polls meanwhile included)"
         )
 
         # 3. bursts, one after another (each resumed before the next)
         for size in a.burst:
-            burst_drain(s, kube, info, names[: size or max(1, len(names) // 10)])
+            burst_drain(s, kube, info, names[: size or max(1, len(names) // 10)], syncer_stat)
         print(
             f"syncer stats: drains {s.stats.drains}, resumes {s.stats.resumes}, "
             f"slurm errors {s.stats.slurm_errors}"
