@@ -34,7 +34,7 @@ record, and its cordon), when every node carries its state label (adoption write
 paced: decision 0124), and a restart. Run:
 
     .venv/bin/python bench/reaction.py --nodes 500
-    .venv/bin/python bench/reaction.py --nodes 500 2000 5000 --samples 200
+    .venv/bin/python bench/reaction.py --nodes 500 2000 5000 --samples 100 --repeat 1
     .venv/bin/python bench/reaction.py --nodes 2000 --rounds 32 100 --repeat 3
     .venv/bin/python bench/reaction.py --nodes 12500 --rounds 32 100 1000/60
     .venv/bin/python bench/reaction.py --nodes 12500 --rounds 32 100 1000/60 --slurm-bursts 32 100
@@ -721,8 +721,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--nodes", type=int, nargs="+", default=[500])
-    parser.add_argument("--samples", type=int, default=200, help="faults written (distinct nodes)")
-    parser.add_argument("--rate", type=float, default=10.0, help="faults written per second")
+    parser.add_argument("--samples", type=int, default=100, help="faults written (distinct nodes)")
+    parser.add_argument("--rate", type=float, default=2.0, help="faults written per second")
     parser.add_argument(
         "--burst",
         action="store_true",
