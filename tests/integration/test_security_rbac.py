@@ -277,6 +277,7 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("slurm-syncer", "get", "secrets", NS, JWT, False),
     ("slurm-syncer", "get", "secrets", NS, MUNGE, False),
     ("slurm-syncer", "patch", "fleetpolicies.gpufleet.io", "", "", False),
+    ("slurm-syncer", "create", "events", "default", "", True),  # topology contradictions
 ]
 
 

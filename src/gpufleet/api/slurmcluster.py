@@ -44,6 +44,11 @@ a partition names is defined (a CEL rule whose cost grows with these lists' boun
 Word = Annotated[str, Field(pattern=WORD, max_length=63)]
 PoolName = Annotated[str, Field(pattern=POOL, max_length=40)]
 LabelKey = Annotated[str, Field(pattern=LABEL_KEY, max_length=316)]
+OptionalLabelKey = Annotated[
+    str,
+    Field(pattern=r"^(|([A-Za-z0-9][A-Za-z0-9.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*)$", max_length=316),
+]
+"""A label key, or '' for none."""
 
 
 class _Model(BaseModel):
@@ -144,11 +149,51 @@ class Accounting(_Model):
     port: int = Field(default=6819, description="slurmdbd's port.")
 
 
-class Topology(_Model):
-    """Slurm's network topology (topology.conf, topology/tree) from Node labels, so jobs get
-    nodes under as few switches as possible."""
+class SchedulerLabels(_Model):
+    """Node labels for Kubernetes topology-aware schedulers (Kueue TAS, KAI): one key per
+    level, written by the operator from the same topology as Slurm's (docs/slurm.md)."""
 
-    enabled: bool = Field(default=True, description="Write topology.conf from the labels.")
+    enabled: bool = Field(
+        default=False,
+        description="Write the per-level topology labels on the cluster's Nodes.",
+    )
+    spine: OptionalLabelKey = Field(
+        default="gpufleet.io/topology-spine", description="Key for the spine ('' : not written)."
+    )
+    leaf: OptionalLabelKey = Field(
+        default="gpufleet.io/topology-leaf",
+        description="Key for the leaf switch ('' : not written).",
+    )
+    block: OptionalLabelKey = Field(
+        default="gpufleet.io/topology-block", description="Key for the block ('' : not written)."
+    )
+    nvlink_domain: OptionalLabelKey = Field(
+        default="gpufleet.io/topology-nvlink-domain",
+        description="Key for the NVLink domain ('' : not written).",
+    )
+
+
+class Topology(_Model):
+    """Slurm's network topology from Node labels (tree: spine over leaf switches; block:
+    NVLink domains or labelled blocks), so jobs get nodes under as few switches as
+    possible, and the same topology as Node labels for Kubernetes schedulers."""
+
+    enabled: bool = Field(default=True, description="Write the topology from the labels.")
+    plugin: Literal["tree", "block"] = Field(
+        default="tree",
+        description="topology/tree (switches) or topology/block (blocks: Slurm 23.11+).",
+    )
+    file: Literal["topology.conf", "topology.yaml"] = Field(
+        default="topology.conf",
+        description="topology.conf (TopologyPlugin in slurm.conf; every Slurm) or "
+        "topology.yaml (read by Slurm 25.05 and later only; 24.11 ignores it).",
+    )
+    block_sizes: list[Annotated[int, Field(ge=1, le=100000)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Slurm's BlockSizes (node counts a job's allocation is planned in); "
+        "empty: Slurm's default (the smallest block).",
+    )
     leaf_label: LabelKey = Field(
         default="network.topology.kubernetes.io/block",
         description="The Node label whose value names the node's leaf switch.",
@@ -157,6 +202,17 @@ class Topology(_Model):
         default="network.topology.kubernetes.io/spine",
         description="The Node label whose value names the spine above that leaf.",
     )
+    block_label: OptionalLabelKey = Field(
+        default="",
+        description="The Node label whose value names the node's Slurm block; '': the "
+        "node's NVLink domain is its block.",
+    )
+    nvlink_domain_label: OptionalLabelKey = Field(
+        default="network.topology.nvidia.com/accelerator",
+        description="The Node label an operator or Topograph sets to the NVLink domain; "
+        "checked against what the node's agent reports (gpufleet.io/nvlink-clique).",
+    )
+    scheduler_labels: SchedulerLabels = Field(default_factory=SchedulerLabels)
 
 
 class HealthChecks(_Model):

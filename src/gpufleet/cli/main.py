@@ -111,6 +111,11 @@ COMMANDS: dict[str, Entry] = {
         "One node: show it (gpufleet node NAME), or ask the lifecycle controller to return, "
         "triage, rma, maintain it or dismiss its held fault.",
     ),
+    "topology": Entry(
+        "topology_cmd",
+        "topology",
+        "Show the fabric topology: spine, leaf switch, block and NVLink domain per node.",
+    ),
     "breaker": Entry(
         "breaker_cmd",
         "app",

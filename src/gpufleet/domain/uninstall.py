@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.domain import topology
 from gpufleet.domain import well_known as wk
 from gpufleet.domain.states import NodeState
 
@@ -48,6 +49,7 @@ ANNOTATIONS = (
     wk.ANNOTATION_HARDWARE,
     wk.ANNOTATION_OPERATOR_REQUEST,
     wk.ANNOTATION_IMAGE_VERSION,
+    wk.ANNOTATION_TOPOLOGY_LABELS,
 )
 """Annotations gpufleet's controller, agent, syncer and CLI write on Nodes."""
 
@@ -152,7 +154,8 @@ def cleanup(node: dict[str, Any], recorded: Recorded) -> Cleanup:
     spec = node.get("spec") or {}
     removed: list[str] = []
     patch_meta: dict[str, Any] = {}
-    gone_labels = {k: None for k in LABELS if k in labels}
+    written = (*LABELS, *topology.owned_keys(annotations))  # the Slurm operator's, by name
+    gone_labels = {k: None for k in written if k in labels}
     if gone_labels:
         patch_meta["labels"] = gone_labels
         removed += [f"label {k}" for k in gone_labels]

@@ -34,6 +34,11 @@ LABEL_NVLINK_CLIQUE = "gpufleet.io/nvlink-clique"
 ``<cluster UUID>.<clique id>``, the NVLink partition the node's GPUs share; nodes
 with the same value reach each other over NVLink (topology-aware placement)."""
 
+ANNOTATION_TOPOLOGY_LABELS = "gpufleet.io/topology-labels"
+"""Node annotation, set by the Slurm operator: the topology label keys it wrote for
+Kubernetes schedulers (comma-separated), so that it changes or removes only those
+(domain.topology, decision 0229)."""
+
 ANNOTATION_RECORD = "gpufleet.io/record"
 """Node annotation, set by the lifecycle controller: the NodeRecord as JSON."""
 ANNOTATION_REASON = "gpufleet.io/reason"

@@ -12,7 +12,10 @@ One reconcile of one SlurmCluster, as ordered steps:
    partition empty (``Nodes=""``), still ``Ready=False``, so that slurmctld can start);
 2. select the Nodes of each pool, label them ``gpufleet.io/slurm-cluster``
    (the slurmd DaemonSet's node selector) and unlabel Nodes that left;
-3. render slurm.conf, gres.conf and topology.conf; server-side apply the
+3. read the fabric topology of the members from their labels (:mod:`gpufleet.domain.topology`):
+   write the per-level labels Kubernetes schedulers read (when asked), post an Event on
+   each Node whose labels contradict each other, set ``TopologyConsistent``;
+   render slurm.conf, gres.conf and topology.conf (or .yaml); server-side apply the
    ConfigMap ``<name>-slurm-config`` (owned by the SlurmCluster);
 4. if the rendered hash differs from ``status.configHash``: write the files
    (when ``conf_dir`` is set: the controller pod mounts the shared config
@@ -42,10 +45,11 @@ from pydantic import ValidationError
 from gpufleet.api import conditions
 from gpufleet.api import slurmcluster as crd
 from gpufleet.clock import SYSTEM_CLOCK, Clock
-from gpufleet.domain import slurm_sync, well_known
+from gpufleet.domain import slurm_sync, topology, well_known
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.kubeapi import NODES, ApiError, KubePort, Patch, Resource, custom, get_or_none
-from gpufleet.slurm import render
+from gpufleet.kubeapi.events import EventRecorder
+from gpufleet.slurm import render, topology_labels
 from gpufleet.slurm.errors import SlurmError
 from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
 from gpufleet.slurm.slurmd_roll import SlurmdRoll
@@ -121,6 +125,8 @@ class ClusterOperator:
         """Replaces the chart's outdated slurmd pods (None: no DaemonSet to roll)."""
         self._retry_at: dict[tuple[str, str], float] = {}
         """Per SlurmCluster, when a failed reconfigure may be tried again."""
+        self.topology = topology_labels.TopologyReporter(kube, EventRecorder(kube, clock=clock))
+        """Scheduler labels and contradiction Events from each cluster's topology."""
 
     async def reconcile(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Reconcile one SlurmCluster; returns the status written (None if it is gone)."""
@@ -142,12 +148,22 @@ class ClusterOperator:
         infos = [node_info(n) for n in items]
         pools = render.assign(spec, infos)
         members = sorted(n.name for m in pools.values() for n in m)
+        was_member = _members_of(items, f"{namespace}.{name}")
         await self._label_members(namespace, name, items, set(members))
         selected = [n for m in pools.values() for n in m]
+        fabric = render.fabric_of(spec, selected) if spec.topology.enabled else None
+        await self.topology.apply(
+            items,
+            set(members),
+            was_member,
+            fabric or topology.FabricTopology(()),
+            render.scheduler_keys(spec) if fabric is not None else None,
+            self.clock.now(),
+        )
         kept = old_status.get("configHash")
         empty: render.EmptyPartition | None = None
         try:
-            data = render.render_all(spec, selected)
+            data = render.render_all(spec, selected, fabric=fabric)
         except render.EmptyPartition as e:
             if kept:  # a good config exists: slurmctld keeps it, its nodes stay in Slurm
                 return await self._not_rendered(namespace, name, old_status, status, e, kept)
@@ -155,7 +171,7 @@ class ClusterOperator:
             # empty; Ready stays False and says which partition waits for nodes.
             empty = e
             try:
-                data = render.render_all(spec, selected, empty_partitions=True)
+                data = render.render_all(spec, selected, empty_partitions=True, fabric=fabric)
             except render.NotRendered as other:
                 return await self._not_rendered(namespace, name, old_status, status, other, kept)
         except render.NotRendered as e:
@@ -206,6 +222,17 @@ class ClusterOperator:
         status["conditions"] = _ready(
             old_status, ready, reason, message, self.clock.now(), generation
         )
+        if fabric is not None:
+            consistent, said = topology_labels.summary(fabric)
+            status["conditions"] = conditions.set_condition(
+                status["conditions"],
+                "TopologyConsistent",
+                "True" if consistent else "False",
+                "Consistent" if consistent else topology.REASON,
+                said,
+                now=self.clock.now(),
+                observed_generation=generation,
+            )
         return await self._write_status(namespace, name, old_status, status)
 
     async def _not_rendered(
@@ -307,6 +334,15 @@ class ClusterOperator:
                 except (ApiError, SlurmError) as e:
                     log.warning("slurmd roll pass failed: %s", e)
             await asyncio.sleep(self.settings.interval_s)
+
+
+def _members_of(items: list[dict[str, Any]], value: str) -> set[str]:
+    """The Nodes labelled as this SlurmCluster's before this pass."""
+    return {
+        n["metadata"]["name"]
+        for n in items
+        if (n["metadata"].get("labels") or {}).get(well_known.LABEL_SLURM_CLUSTER) == value
+    }
 
 
 def _ready(

@@ -3,8 +3,10 @@
 Node names are the Kubernetes Node names (one slurmd pod per Node, pinned
 to it). Features come from the pool's static list plus the values of the
 Node labels it names (``nvidia.com/gpu.product`` -> ``NVIDIA-H100-80GB-HBM3``).
-topology.conf is a two-level tree (spine switches over leaf switches) from the
-InfiniBand topology labels; nodes without the labels are left out of it.
+topology.conf is a two-level tree (spine switches over leaf switches) or Slurm's
+blocks (NVLink domains), from the topology :mod:`gpufleet.domain.topology` reads
+out of the Node labels; nodes without a place are left out of it, and so is what
+the labels contradict (reported by the operator, never rendered).
 
 The output is stable (sorted, no timestamps), so its hash says whether
 ``scontrol reconfigure`` is needed.
@@ -29,6 +31,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import yaml
+
 from gpufleet.api.slurmcluster import (
     HOST,
     LINE,
@@ -38,7 +42,7 @@ from gpufleet.api.slurmcluster import (
     Partition,
     SlurmClusterSpec,
 )
-from gpufleet.domain import hostlist, slurm_accounting, slurm_hooks
+from gpufleet.domain import hostlist, slurm_accounting, slurm_hooks, topology
 
 HOOK_DIR = "/etc/slurm"
 """Where slurmd sees the ConfigMap (the chart mounts it executable, for the hooks)."""
@@ -229,8 +233,8 @@ def render_slurm_conf(
         else None
     )
     lines += slurm_accounting.slurm_conf_lines(accounting_host, spec.accounting.port)
-    if spec.topology.enabled:
-        lines.append("TopologyPlugin=topology/tree")
+    if spec.topology.enabled and spec.topology.file == "topology.conf":
+        lines.append(f"TopologyPlugin=topology/{spec.topology.plugin}")
     hooks = hook_config(spec)
     if hooks is not None:
         lines.append(f"SchedulerParameters={','.join(slurm_hooks.scheduler_parameters([]))}")
@@ -321,32 +325,97 @@ a job opens only the ``/dev/nvidia*`` of the GPUs it was given, whatever
 ``CUDA_VISIBLE_DEVICES`` says)."""
 
 
-def render_topology_conf(spec: SlurmClusterSpec, nodes: Sequence[NodeInfo]) -> str:
-    """Two-level tree: ``SwitchName=<leaf> Nodes=...`` and ``SwitchName=<spine> Switches=...``."""
-    leaves: dict[str, list[str]] = {}
-    spines: dict[str, set[str]] = {}
-    for node in nodes:
-        leaf = node.labels.get(spec.topology.leaf_label)
-        if not leaf:
-            continue
-        _safe(f"Node {node.name!r} label {spec.topology.leaf_label}", leaf)
-        leaves.setdefault(leaf, []).append(_node_name(node))
-        spine = node.labels.get(spec.topology.spine_label)
-        if spine:
-            _safe(f"Node {node.name!r} label {spec.topology.spine_label}", spine)
-            spines.setdefault(spine, set()).add(leaf)
+def source_keys(spec: SlurmClusterSpec) -> topology.SourceKeys:
+    """The label keys the spec reads the topology from."""
+    t = spec.topology
+    return topology.SourceKeys(
+        leaf=t.leaf_label,
+        spine=t.spine_label,
+        block=t.block_label,
+        nvlink_domain=t.nvlink_domain_label,
+    )
+
+
+def scheduler_keys(spec: SlurmClusterSpec) -> topology.SchedulerKeys | None:
+    """The scheduler label keys the spec writes (None: none are written)."""
+    s = spec.topology.scheduler_labels
+    if not s.enabled:
+        return None
+    return topology.SchedulerKeys(
+        spine=s.spine, leaf=s.leaf, block=s.block, nvlink_domain=s.nvlink_domain
+    )
+
+
+def fabric_of(spec: SlurmClusterSpec, nodes: Sequence[NodeInfo]) -> topology.FabricTopology:
+    """The topology of ``nodes`` as the spec's labels describe it."""
+    return topology.build(((n.name, n.labels) for n in nodes), source_keys(spec))
+
+
+def _switch(field: str, value: str) -> str:
+    return _safe(field, value)
+
+
+def render_topology_conf(spec: SlurmClusterSpec, fabric: topology.FabricTopology) -> str:
+    """topology.conf: the tree (``SwitchName=<leaf> Nodes=...``, ``SwitchName=<spine>
+    Switches=...``) or the blocks (``BlockName=<block> Nodes=...``, ``BlockSizes=``).
+    Nodes without a place (no labels, or a contradiction) are left out."""
+    if spec.topology.plugin == "block":
+        lines = ["# Rendered from the NVLink domain / block labels of the Nodes."]
+        for block, names in fabric.blocks().items():
+            lines.append(f"BlockName={_switch('block', block)} Nodes={_hostlist(names)}")
+        if spec.topology.block_sizes:
+            lines.append(f"BlockSizes={','.join(str(n) for n in spec.topology.block_sizes)}")
+        return "\n".join(lines) + "\n"
     lines = ["# Rendered from the InfiniBand topology labels of the Nodes."]
-    for leaf in sorted(leaves):
-        lines.append(f"SwitchName={leaf} Nodes={hostlist.compress(sorted(leaves[leaf]))}")
-    for spine in sorted(spines):
-        lines.append(f"SwitchName={spine} Switches={','.join(sorted(spines[spine]))}")
+    for leaf, names in fabric.leaves().items():
+        lines.append(f"SwitchName={_switch('leaf switch', leaf)} Nodes={_hostlist(names)}")
+    for spine, leaves in fabric.spines().items():
+        lines.append(f"SwitchName={_switch('spine', spine)} Switches={','.join(leaves)}")
     return "\n".join(lines) + "\n"
 
 
+def render_topology_yaml(spec: SlurmClusterSpec, fabric: topology.FabricTopology) -> str:
+    """topology.yaml (Slurm 25.05+; it takes precedence over topology.conf there): one
+    topology, ``default``, the cluster's default, of the spec's plugin."""
+    body: dict[str, object]
+    if spec.topology.plugin == "block":
+        block: dict[str, object] = {
+            "blocks": [
+                {"block": _switch("block", b), "nodes": _hostlist(ns)}
+                for b, ns in fabric.blocks().items()
+            ]
+        }
+        if spec.topology.block_sizes:
+            block["block_sizes"] = list(spec.topology.block_sizes)
+        body = {"block": block}
+    else:
+        switches: list[dict[str, str]] = [
+            {"switch": _switch("leaf switch", leaf), "nodes": _hostlist(ns)}
+            for leaf, ns in fabric.leaves().items()
+        ]
+        switches += [
+            {"switch": _switch("spine", spine), "children": ",".join(leaves)}
+            for spine, leaves in fabric.spines().items()
+        ]
+        body = {"tree": {"switches": switches}}
+    doc = [{"topology": "default", "cluster_default": True, **body}]
+    header = "# Rendered by the gpufleet SlurmCluster operator (Slurm 25.05+ reads this file).\n"
+    return header + yaml.safe_dump(doc, sort_keys=False)
+
+
+def _hostlist(names: Sequence[str]) -> str:
+    return hostlist.compress([_safe(f"Node {n!r} name", n, HOST) for n in names])
+
+
 def render_all(
-    spec: SlurmClusterSpec, nodes: Sequence[NodeInfo], *, empty_partitions: bool = False
+    spec: SlurmClusterSpec,
+    nodes: Sequence[NodeInfo],
+    *,
+    empty_partitions: bool = False,
+    fabric: topology.FabricTopology | None = None,
 ) -> dict[str, str]:
-    """The ConfigMap data: slurm.conf, gres.conf and (when enabled) topology.conf."""
+    """The ConfigMap data: slurm.conf, gres.conf and (when enabled) topology.conf or
+    topology.yaml; ``fabric``: the topology of the selected nodes when the caller has it."""
     pools = assign(spec, nodes)
     selected = [n for members in pools.values() for n in members]
     data = {
@@ -355,7 +424,11 @@ def render_all(
         "cgroup.conf": CGROUP_CONF,
     }
     if spec.topology.enabled:
-        data["topology.conf"] = render_topology_conf(spec, selected)
+        fabric = fabric if fabric is not None else fabric_of(spec, selected)
+        if spec.topology.file == "topology.yaml":
+            data["topology.yaml"] = render_topology_yaml(spec, fabric)
+        else:
+            data["topology.conf"] = render_topology_conf(spec, fabric)
     hooks = hook_config(spec)
     if hooks is not None:
         for mode in slurm_hooks.MODES:

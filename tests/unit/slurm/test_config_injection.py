@@ -150,12 +150,6 @@ def test_renderer_says_what_the_character_would_do() -> None:
             "Node 'n0' status.addresses InternalIP",
         ),
         (render.NodeInfo("n0 Weight=1", {"gpu": "true"}), "Node 'n0 Weight=1' name"),
-        (
-            render.NodeInfo(
-                "n0", {"gpu": "true", "network.topology.kubernetes.io/block": "l0\nSwitchName=x"}
-            ),
-            "Node 'n0' label network.topology.kubernetes.io/block",
-        ),
     ],
 )
 def test_renderer_refuses_unsafe_node_values(node: render.NodeInfo, field: str) -> None:
@@ -163,6 +157,19 @@ def test_renderer_refuses_unsafe_node_values(node: render.NodeInfo, field: str) 
     with pytest.raises(render.UnsafeValue) as caught:
         render.render_all(spec, [node])
     assert caught.value.field == field
+
+
+def test_an_unsafe_topology_label_is_left_out_and_reported_not_rendered() -> None:
+    """A topology label is read by the one codec (domain.topology): a value that is no
+    switch name never reaches topology.conf, the rest of the config is rendered, and the
+    node's problem says which label was refused."""
+    spec = crd.SlurmClusterSpec.model_validate(BASE)
+    key = "network.topology.kubernetes.io/block"
+    node = render.NodeInfo("n0", {"gpu": "true", key: "l0\nSwitchName=x"})
+    data = render.render_all(spec, [node])
+    assert "SwitchName" not in data["topology.conf"]
+    (problem,) = render.fabric_of(spec, [node]).problems
+    assert problem.node == "n0" and key in problem.message
 
 
 def test_feature_label_values_are_made_safe_not_refused() -> None:

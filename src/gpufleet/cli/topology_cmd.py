@@ -1,0 +1,189 @@
+"""``gpufleet topology``: where each node sits in the fabric (spine, leaf switch, block,
+NVLink domain) and which labels contradict each other, read the way the SlurmCluster
+operator reads them (:mod:`gpufleet.domain.topology`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
+from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from gpufleet.domain.topology import FabricTopology
+
+_DEFAULTS = {
+    "leaf": "network.topology.kubernetes.io/block",
+    "spine": "network.topology.kubernetes.io/spine",
+    "nvlink": "network.topology.nvidia.com/accelerator",
+}
+"""The SlurmCluster's defaults (spec.topology; a unit test keeps them equal)."""
+
+COLUMNS = [
+    Column("NODE"),
+    Column("SPINE"),
+    Column("LEAF"),
+    Column("BLOCK", cut=24),
+    Column("NVLINK DOMAIN", cut=24),
+    Column("PROBLEM", cut=60),
+]
+
+
+def topology(
+    kubeconfig: KubeconfigOpt = None,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            "-f",
+            help="Read the Nodes from this file (JSON or YAML: kubectl get nodes -o json, a "
+            "List, or a list of Node objects) instead of the cluster.",
+        ),
+    ] = None,
+    tree: Annotated[
+        bool, typer.Option("--tree", help="Draw spine > leaf > nodes instead of a table.")
+    ] = False,
+    leaf_label: Annotated[
+        str, typer.Option(help="The Node label naming the leaf switch.")
+    ] = _DEFAULTS["leaf"],
+    spine_label: Annotated[str, typer.Option(help="The Node label naming the spine.")] = _DEFAULTS[
+        "spine"
+    ],
+    block_label: Annotated[
+        str, typer.Option(help="The Node label naming the Slurm block ('': the NVLink domain).")
+    ] = "",
+    nvlink_label: Annotated[
+        str,
+        typer.Option(help="The Node label an operator or Topograph sets to the NVLink domain."),
+    ] = _DEFAULTS["nvlink"],
+    output: OutputOpt = Format.TABLE,
+) -> None:
+    """Show the fabric topology: spine, leaf switch, block and NVLink domain per node.
+
+    Read from the Nodes' labels (an operator's or Topograph's, and the NVLink clique the
+    node's own agent reports) the way the SlurmCluster operator reads them; a node whose
+    labels contradict each other shows the problem, and the contradicted part is empty
+    (it is left out of Slurm's topology and of the scheduler labels too). The label
+    options are the SlurmCluster's spec.topology fields (docs/slurm.md, "Topology").
+
+    Example:
+
+        gpufleet topology --context prod-east --tree
+        kubectl get nodes -o json > nodes.json; gpufleet topology -f nodes.json -o json
+    """
+    from gpufleet.domain import topology as topo
+
+    nodes = _from_file(file) if file is not None else _from_cluster(kubeconfig)
+    keys = topo.SourceKeys(
+        leaf=leaf_label, spine=spine_label, block=block_label, nvlink_domain=nvlink_label
+    )
+    fabric = topo.build(
+        (
+            (
+                str((n.get("metadata") or {}).get("name", "")),
+                (n.get("metadata") or {}).get("labels") or {},
+            )
+            for n in nodes
+        ),
+        keys,
+    )
+    emit(output, as_data(fabric), lambda wide: _tree(fabric) if tree else _table(fabric, wide))
+
+
+def as_data(fabric: FabricTopology) -> dict[str, Any]:
+    """What ``-o json|yaml`` prints."""
+    return {
+        "nodes": [
+            {
+                "name": p.node,
+                "spine": p.spine,
+                "leaf": p.leaf,
+                "block": p.block,
+                "nvlinkDomain": p.nvlink_domain,
+            }
+            for p in fabric.placements
+        ],
+        "spines": fabric.spines(),
+        "leaves": fabric.leaves(),
+        "blocks": fabric.blocks(),
+        "problems": [
+            {"node": p.node, "kind": str(p.kind), "message": p.message} for p in fabric.problems
+        ],
+    }
+
+
+def _table(fabric: FabricTopology, wide: bool) -> RenderableType:
+    rows = [
+        [
+            p.node,
+            p.spine or "-",
+            p.leaf or "-",
+            p.block or "-",
+            p.nvlink_domain or "-",
+            "; ".join(x.message for x in fabric.problems_of(p.node)) or "-",
+        ]
+        for p in fabric.placements
+    ]
+    return table(COLUMNS, rows, wide=wide)
+
+
+def _tree(fabric: FabricTopology) -> RenderableType:
+    from rich.tree import Tree
+
+    from gpufleet.domain import hostlist
+
+    root = Tree("fabric")
+    leaves = fabric.leaves()
+    under: set[str] = set()
+    for spine, names in fabric.spines().items():
+        branch = root.add(f"spine {spine}")
+        for leaf in names:
+            branch.add(f"leaf {leaf}: {hostlist.compress(leaves[leaf])}")
+            under.add(leaf)
+    for leaf in sorted(set(leaves) - under):
+        root.add(f"leaf {leaf} (no spine): {hostlist.compress(leaves[leaf])}")
+    blocks = root.add("blocks")
+    for block, names in fabric.blocks().items():
+        blocks.add(f"{block}: {hostlist.compress(names)}")
+    if fabric.problems:
+        problems = root.add("problems")
+        for p in fabric.problems:
+            problems.add(f"{p.node}: {p.message}")
+    return root
+
+
+def _from_file(path: Path) -> list[dict[str, Any]]:
+    import yaml
+
+    from gpufleet.cli.errors import fail
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        fail(f"cannot read Nodes from {path}: {e}")
+    items = doc.get("items") if isinstance(doc, dict) else doc
+    if isinstance(doc, dict) and doc.get("kind") == "Node":
+        items = [doc]
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        fail(
+            f"{path} holds no Node objects",
+            hint="give kubectl get nodes -o json output, a List, or a list of Nodes",
+        )
+    return items
+
+
+def _from_cluster(kubeconfig: Path | None) -> list[dict[str, Any]]:
+    import asyncio
+
+    from gpufleet.kubeapi import NODES, KubeApi
+
+    async def read() -> list[dict[str, Any]]:
+        client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
+        return (await client.list(NODES)).items
+
+    return asyncio.run(read())
