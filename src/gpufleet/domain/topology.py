@@ -86,9 +86,6 @@ class SchedulerKeys:
     block: str = "gpufleet.io/topology-block"
     nvlink_domain: str = "gpufleet.io/topology-nvlink-domain"
 
-    def keys(self) -> tuple[str, ...]:
-        return tuple(k for k in (self.spine, self.leaf, self.block, self.nvlink_domain) if k)
-
 
 @dataclass(frozen=True, slots=True)
 class NodeLabels:

@@ -160,3 +160,19 @@ def test_a_replaced_node_gets_its_labels_and_the_old_keys_of_a_disabled_level_go
         "labels": {"a/old": None},
         "annotations": {topology.OWNED_ANNOTATION: "a/leaf"},
     }
+
+
+def test_cleanup_takes_off_the_scheduler_labels_gpufleet_wrote_and_no_other() -> None:
+    from gpufleet.domain import uninstall
+
+    node = {
+        "metadata": {
+            "name": "n0",
+            "labels": {"a/leaf": "leaf0", "a/block": "theirs", LEAF: "leaf0"},
+            "annotations": {topology.OWNED_ANNOTATION: "a/leaf"},
+        }
+    }
+    plan = uninstall.cleanup(node, uninstall.Recorded())
+    assert plan.patch is not None
+    assert plan.patch["metadata"]["labels"] == {"a/leaf": None}
+    assert plan.patch["metadata"]["annotations"] == {topology.OWNED_ANNOTATION: None}
