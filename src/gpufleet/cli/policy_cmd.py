@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpufleet.cli.errors import EXIT_NO, warn
-from gpufleet.cli.options import PolicyFileOpt
+from gpufleet.cli.options import KubeconfigOpt, PolicyFileOpt
 from gpufleet.cli.output import (
     Column,
     Format,
@@ -94,6 +94,24 @@ def explain_cmd(
         help="A Slurm drain reason set by someone else, e.g. 'NHC: check_hw_ib failed'.",
         metavar="TEXT",
     ),
+    node: str | None = typer.Option(
+        None,
+        "--node",
+        help="A Node of the cluster: which FleetPolicy override applies to it and why "
+        "(its labels are read with --kubeconfig/--context; the policy is --policy, else the "
+        "cluster's FleetPolicy).",
+        metavar="NAME",
+    ),
+    labels: str | None = typer.Option(
+        None,
+        "--labels",
+        help="A node's labels, offline: k=v,k=v (instead of --node).",
+        metavar="K=V,...",
+    ),
+    fleet_policy: str = typer.Option(
+        "default", "--fleet-policy", help="The FleetPolicy --node reads when --policy is not given."
+    ),
+    kubeconfig: KubeconfigOpt = None,
     policy: PolicyFileOpt = None,
     as_json: JsonOpt = False,
     output: OutputOpt = Format.TABLE,
@@ -102,7 +120,9 @@ def explain_cmd(
 
     An XID that is not in gpufleet's catalogue is explained too (the policy's rule for
     unknown XIDs), with a warning on stderr and exit code 1. -o json and -o yaml print
-    the explanation as data (--json is -o json).
+    the explanation as data (--json is -o json). With --node (or --labels), say which
+    override of the policy applies to that node and why, its ladder and budgets, and what
+    the fault does there.
 
     Examples:
 
@@ -113,26 +133,24 @@ def explain_cmd(
         gpufleet policy explain --fault ib-link-flap -o json
 
         gpufleet policy explain --slurm-reason "NHC: check_hw_ib: mlx5_0 port 1 down"
+
+        gpufleet policy explain --node gpu-0042 --xid 79
+
+        gpufleet policy explain --labels gpufleet.io/pool=gb200 --policy my-policy.yaml
     """
     from gpufleet.domain.explain import explain
 
     fmt = chosen(output, as_json)
+    if node is not None or labels is not None:
+        _explain_node(node, labels, xid, fault, fleet_policy, kubeconfig, policy, fmt)
+        return
     if sum(x is not None for x in (xid, fault, slurm_reason)) != 1:
         err.print("[red]give exactly one of --xid N, --fault NAME or --slurm-reason TEXT[/red]")
         raise typer.Exit(2)
     if slurm_reason is not None:
         _explain_slurm_reason(load_or_exit(policy), slurm_reason, fmt)
         return
-    kind: FaultKind | None = None
-    if fault is not None:
-        try:
-            kind = FaultKind(fault)
-        except ValueError:
-            err.print(f"[red]unknown fault {fault!r}; known faults: {_FAULT_NAMES}[/red]")
-            raise typer.Exit(2) from None
-        if kind is FaultKind.XID:
-            err.print("[red]use --xid N for XIDs[/red]")
-            raise typer.Exit(2)
+    kind = _fault_kind(fault) if fault is not None else None
     result = explain(load_or_exit(policy), xid=xid, fault=kind)
     if structured(fmt):
         print_data(fmt, dataclasses.asdict(result))
@@ -145,6 +163,123 @@ def explain_cmd(
             hint="NVIDIA's list of XIDs: https://docs.nvidia.com/deploy/xid-errors/",
         )
         raise typer.Exit(EXIT_NO)
+
+
+def _fault_kind(fault: str) -> FaultKind:
+    try:
+        kind = FaultKind(fault)
+    except ValueError:
+        err.print(f"[red]unknown fault {fault!r}; known faults: {_FAULT_NAMES}[/red]")
+        raise typer.Exit(2) from None
+    if kind is FaultKind.XID:
+        err.print("[red]use --xid N for XIDs[/red]")
+        raise typer.Exit(2)
+    return kind
+
+
+def _parse_labels(text: str) -> dict[str, str]:
+    """``k=v,k=v`` -> labels; a malformed pair is a one-line error and exit 2."""
+    from gpufleet.domain.selectors import key_problem, value_problem
+
+    found: dict[str, str] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = pair.partition("=")
+        problem = "not k=v" if not eq else key_problem(key) or value_problem(value)
+        if problem:
+            err.print(f"[red]--labels: {escape(pair)}: {escape(problem)}[/red]")
+            raise typer.Exit(2)
+        found[key] = value
+    return found
+
+
+def _cluster_node(
+    name: str, fleet_policy: str, kubeconfig: Path | None, read_policy: bool
+) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """The Node's labels and (when ``read_policy``) the FleetPolicy's spec, None if absent."""
+    import asyncio
+
+    from gpufleet.cli.options import kubeconfig_arg
+    from gpufleet.kubeapi import NODES, ApiError, KubeApi, NotFound, custom
+
+    async def read() -> tuple[dict[str, str], dict[str, Any] | None]:
+        client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
+        body = await client.get(NODES, name)
+        spec = None
+        if read_policy:
+            try:
+                spec = (await client.get(custom("fleetpolicies"), fleet_policy)).get("spec")
+            except NotFound:
+                spec = None
+        return dict((body.get("metadata") or {}).get("labels") or {}), spec
+
+    try:
+        return asyncio.run(read())
+    except NotFound:
+        err.print(f"[red]no Node {escape(name)} in the cluster[/red]")
+        raise typer.Exit(2) from None
+    except ApiError as exc:
+        err.print(f"[red]cannot read Node {escape(name)}: {escape(str(exc))}[/red]")
+        raise typer.Exit(2) from None
+
+
+def _explain_node(
+    node: str | None,
+    labels: str | None,
+    xid: int | None,
+    fault: str | None,
+    fleet_policy: str,
+    kubeconfig: Path | None,
+    policy_file: Path | None,
+    fmt: Format,
+) -> None:
+    import yaml
+
+    from gpufleet.domain.explain import explain_node
+    from gpufleet.domain.policy import PolicyError, load_policy
+
+    if (node is None) == (labels is None) or (xid is not None and fault is not None):
+        err.print(
+            "[red]give one of --node NAME or --labels K=V,..., and at most one of --xid "
+            "or --fault[/red]"
+        )
+        raise typer.Exit(2)
+    kind = _fault_kind(fault) if fault is not None else None
+    source = "--policy" if policy_file is not None else "the built-in default policy"
+    if node is not None:
+        node_labels, spec = _cluster_node(node, fleet_policy, kubeconfig, policy_file is None)
+    else:
+        node_labels, spec = _parse_labels(labels or ""), None
+    if spec is not None:
+        source = f"FleetPolicy {fleet_policy}"
+        try:
+            chosen_policy = load_policy(yaml.safe_dump(dict(spec)), source)
+        except PolicyError as exc:
+            err.print(f"[red]{escape(str(exc))}[/red]")
+            raise typer.Exit(2) from None
+    else:
+        chosen_policy = load_or_exit(policy_file)
+    found = explain_node(chosen_policy, node_labels, xid=xid, fault=kind)
+    data = {"node": node, "labels": node_labels, "policy": source, **dataclasses.asdict(found)}
+    if structured(fmt):
+        print_data(fmt, data)
+        return
+    who = f"Node {node}" if node is not None else "a node with these labels"
+    group = f"override {found.override}" if found.override else "the fleet-wide policy"
+    out.print(f"[bold]{escape(who)}: {escape(group)} ({escape(source)})[/bold]")
+    for line in found.why:
+        out.print(f"  {escape(line)}")
+    if found.rules:
+        out.print("[bold]Rules of the override[/bold]")
+        for line in found.rules:
+            out.print(f"  - {escape(line)}")
+    out.print("[bold]Ladder[/bold]")
+    for i, line in enumerate(found.ladder, 1):
+        out.print(f"  {i}. {escape(line)}")
+    out.print("[bold]Budgets (each must allow a node out)[/bold]")
+    for line in found.budgets:
+        out.print(f"  - {escape(line)}")
+    if found.fault is not None:
+        _render(found.fault)
 
 
 def _explain_slurm_reason(policy: Policy, reason: str, fmt: Format) -> None:

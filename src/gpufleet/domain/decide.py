@@ -175,10 +175,19 @@ def _enters_service_hold(plan: _Plan) -> bool:
 
 
 def _budget_ok(ctx: _Ctx) -> bool:
-    """The pool's budget and, when the policy sets one, the fleet's (every pool together)."""
+    """The pool's budget, the fleet's when the policy sets one (every pool together) and
+    the node group's when its override sets one (the group's nodes): every budget that
+    covers the node must allow it (docs/decisions/0225)."""
     pool = ctx.fleet.pool(ctx.record.pool)
     me = 1 if ctx.record.state in OUT_OF_SERVICE else 0
     budget = ctx.policy.safety.budget
+    group_budget = ctx.policy.group_budget
+    if group_budget is not None:
+        group = ctx.fleet.group(ctx.policy.group)
+        if not budget_allows(
+            out_of_service=group.out_of_service - me, pool_size=group.size, config=group_budget
+        ):
+            return False
     fleet_out = fleet_size = 0
     if budget.fleet_limited:
         pools = ctx.fleet.pools.values()

@@ -6,9 +6,10 @@ what :func:`gpufleet.domain.decide` will do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
-from gpufleet.domain import lemon, well_known, xids
+from gpufleet.domain import lemon, policy_groups, well_known, xids
 from gpufleet.domain.faults import FAULTS, Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import Budget, LadderStep, Policy, Response, Rule, Scope
@@ -93,6 +94,72 @@ def explain(
     )
 
 
+def _budgets(policy: Policy) -> list[str]:
+    """Every budget that covers a node under ``policy`` (each must allow it)."""
+    b = policy.safety.budget
+    lines = [
+        f"budget: at most {b.max_nodes} nodes and {b.max_percent:g}% of a pool "
+        f"out at once (at least {b.min_nodes}){_fleet_budget(b)}"
+    ]
+    g = policy.group_budget
+    if g is not None:
+        lines.append(
+            f"group {policy.group} budget: at most {g.max_nodes} nodes and {g.max_percent:g}% "
+            f"of the group's nodes out at once (at least {g.min_nodes}), on top of the above"
+        )
+    return lines
+
+
+@dataclass(frozen=True, slots=True)
+class NodeExplanation:
+    """Which policy a node follows (``gpufleet policy explain --node``) and, for a fault,
+    what it does there."""
+
+    override: str | None
+    """The override that applies (None: the fleet-wide policy)."""
+    why: list[str]
+    """Each override looked at, in order, and each requirement of its nodeSelector."""
+    ladder: list[str]
+    """The node's remediation ladder, rung by rung."""
+    budgets: list[str]
+    """Every disruption budget that covers the node."""
+    rules: list[str]
+    """The faults whose rule the override replaces or adds, with their actions."""
+    fault: Explanation | None = None
+
+
+def explain_node(
+    policy: Policy,
+    labels: Mapping[str, str],
+    *,
+    xid: int | None = None,
+    fault: FaultKind | None = None,
+) -> NodeExplanation:
+    """Explain which override applies to a node with ``labels`` and why, its ladder and
+    budgets, and (given ``xid`` or ``fault``) what that fault does on it."""
+    found = policy_groups.policy_for(policy, labels)
+    resolved = found.policy
+    own: list[str] = []
+    if found.index is not None:
+        own = [
+            f"{r.match.key}: {r.action}" + (f", repeats -> {r.repeat.then}" if r.repeat else "")
+            for r in policy.overrides[found.index].rules
+        ]
+    ladder = [
+        f"{e.step} (timeout {e.timeout_seconds:g}s, attempts {e.attempts})"
+        + (f", on failure {e.on_failure}" if e.on_failure else "")
+        for e in resolved.ladder
+    ]
+    one = None
+    if xid is not None or fault is not None:
+        one = explain(resolved, xid=xid, fault=fault)
+        if found.override is not None and one.key in {
+            r.match.key for r in policy.overrides[found.index or 0].rules
+        }:
+            one = replace(one, source=f"override {found.override}")
+    return NodeExplanation(found.override, found.why, ladder, _budgets(resolved), own, one)
+
+
 def _first_text(action: Response) -> str:
     if action in _FIRST_TEXT:
         return _FIRST_TEXT[action]
@@ -160,8 +227,7 @@ def _ladder(policy: Policy, rule: Rule) -> list[str]:
 def _safety(policy: Policy) -> list[str]:
     s = policy.safety
     return [
-        f"budget: at most {s.budget.max_nodes} nodes and {s.budget.max_percent:g}% of a pool "
-        f"out at once (at least {s.budget.min_nodes}){_fleet_budget(s.budget)}",
+        *_budgets(policy),
         f"circuit breaker: more than {s.breaker.max_nodes} nodes or {s.breaker.max_percent:g}% "
         f"faulting within {s.breaker.window_seconds:g}s stops automatic disruption "
         f"for {s.breaker.cooldown_seconds:g}s after the last",

@@ -46,6 +46,7 @@ from gpufleet.domain.bounds import (
 from gpufleet.domain.faults import FaultEvent, FaultKind, fault_key
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step
 from gpufleet.domain.lemon import LemonWeights
+from gpufleet.domain.selectors import LabelSelector
 from gpufleet.domain.slurm_reasons import SlurmReasons
 from gpufleet.domain.stragglers import StragglerRule
 
@@ -463,6 +464,87 @@ class Detection(_Model):
     """When job telemetry names a node a straggler (docs/agent.md)."""
 
 
+class GroupBudget(_Model):
+    """A node group's own disruption budget, counted on the group's nodes (every pool).
+
+    A field left out is the fleet's (``safety.budget``). It is a limit added to the
+    pool's and the fleet's, never one in their place: a node is held to every budget
+    that covers it (docs/decisions/0225).
+    """
+
+    max_nodes: int | None = Field(default=None, ge=0, le=MAX_NODES)
+    """At most this many nodes of the group out of service at once; 0 stops automatic
+    disruption in the group. Absent: safety.budget.maxNodes."""
+    max_percent: float | None = Field(default=None, ge=0, le=100)
+    """At most this percentage of the group's nodes out at once (rounded down, raised to
+    minNodes). Absent: safety.budget.maxPercent."""
+    min_nodes: int | None = Field(default=None, ge=0, le=MAX_NODES)
+    """A small group may still have this many nodes out, unless maxNodes is lower. Absent:
+    safety.budget.minNodes."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_fleet_wide(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in ("fleetMaxNodes", "fleetMaxPercent", "fleet_max_nodes", "fleet_max_percent"):
+                if key in data:
+                    raise ValueError(
+                        f"{to_camel(key)} is fleet-wide: set it in safety.budget, not per group"
+                    )
+        return data
+
+    def over(self, fleet: Budget) -> Budget:
+        """The group's limits: these fields, the fleet's where one is left out, and no
+        fleet-wide part (the fleet's own limit is checked on its own)."""
+        return Budget.model_construct(
+            max_nodes=fleet.max_nodes if self.max_nodes is None else self.max_nodes,
+            max_percent=fleet.max_percent if self.max_percent is None else self.max_percent,
+            min_nodes=fleet.min_nodes if self.min_nodes is None else self.min_nodes,
+            fleet_max_nodes=None,
+            fleet_max_percent=None,
+        )
+
+
+OVERRIDABLE = ("budget", "ladder", "rules", "unknownXid")
+"""The fields an override may set for its node group (docs/policy.md, "Node groups")."""
+
+
+class Override(_Model):
+    """Policy for a group of nodes chosen by their labels (a pool, a SKU, a rack, a
+    tenant's nodes). The first override whose nodeSelector matches a Node applies to it;
+    a Node no override matches follows the fleet-wide fields."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """The group's name (lower-case letters, digits and '-'): in Events, metrics and gpufleet
+    policy explain."""
+    node_selector: LabelSelector
+    """Which Nodes belong to the group: matchLabels and matchExpressions, as in Kubernetes."""
+    budget: GroupBudget | None = None
+    """The group's own disruption budget, counted on its nodes, on top of the pool's and the
+    fleet's. Absent: the group has no budget of its own."""
+    ladder: tuple[LadderStep, ...] | None = None
+    """The group's remediation ladder, in place of the fleet's. Absent: the fleet's ladder."""
+    rules: tuple[Rule, ...] = ()
+    """Rules that replace the fleet's rule for the same fault (or add one for an XID); every
+    other fault keeps the fleet's rule."""
+    unknown_xid: Response | None = None
+    """What an XID that neither a rule nor the catalogue knows does in this group. Absent: the
+    fleet's unknownXid."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _overridable(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            own = {"name", "nodeSelector", *OVERRIDABLE}
+            other = sorted(k for k in data if k not in own and to_camel(k) not in own)
+            if other:
+                raise ValueError(
+                    f"{', '.join(map(str, other))} may not be set per node group (fleet-wide "
+                    f"only); an override may set {', '.join(OVERRIDABLE)}"
+                )
+        return data
+
+
 class Policy(_Model):
     """A whole policy. See docs/policy.md for every field."""
 
@@ -502,10 +584,16 @@ class Policy(_Model):
     slurm: SlurmReasons = SlurmReasons()
     """How drain reasons that others set in Slurm are judged: patterns and their verdicts
     (docs/slurm.md, drains set by others)."""
+    overrides: tuple[Override, ...] = ()
+    """Policy per node group: the first override whose nodeSelector matches a Node sets that
+    Node's budget (on top of the fleet's), ladder, rules and unknownXid; a Node none matches
+    follows the fields above (docs/policy.md, "Node groups")."""
 
     _rules: dict[str, Rule] = PrivateAttr(default_factory=dict)
     _ladder: dict[Step, int] = PrivateAttr(default_factory=dict)
     _deprecations: tuple[policy_compat.Deprecation, ...] = PrivateAttr(default=())
+    _group: str = PrivateAttr(default="")
+    _group_budget: Budget | None = PrivateAttr(default=None)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -542,19 +630,83 @@ class Policy(_Model):
                 "rules: no rule for " + ", ".join(missing) + " (add one; 'action: ignore' is fine)"
             )
         problems.extend(_ladder_problems(self.ladder))
-        on_ladder = {entry.step for entry in self.ladder}
-        for i, rule in enumerate(self.rules):
-            for where, response in (("action", rule.action), ("repeat.then", _then(rule))):
-                step = response.step if response is not None else None
-                if step in NODE_ACTIONS and step not in on_ladder:
-                    problems.append(f"rules[{i}].{where}: {step} is not a step of the ladder")
+        problems.extend(_off_ladder(self.rules, self.ladder, "rules", ""))
+        problems.extend(self._override_problems())
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
+    def _override_problems(self) -> list[str]:
+        """What makes an override wrong: a name taken twice, an override an earlier one
+        hides entirely (first match wins), its own rules twice for one fault, its ladder,
+        and a rule (its own or the fleet's) whose step its ladder lacks."""
+        problems: list[str] = []
+        names: dict[str, int] = {}
+        for i, o in enumerate(self.overrides):
+            where = f"overrides[{i}] ({o.name})"
+            if o.name in names:
+                problems.append(f"{where}: the name is taken by overrides[{names[o.name]}]")
+            names.setdefault(o.name, i)
+            for j, earlier in enumerate(self.overrides[:i]):
+                if earlier.node_selector.implied_by(o.node_selector):
+                    problems.append(
+                        f"{where}: never applies: overrides[{j}] ({earlier.name}) matches every "
+                        "node its nodeSelector matches, and the first match wins (put it first, "
+                        "or narrow the other)"
+                    )
+                    break
+            seen: dict[str, int] = {}
+            for k, rule in enumerate(o.rules):
+                if rule.match.key in seen:
+                    problems.append(
+                        f"{where}.rules[{k}]: a second rule for {rule.match.key} "
+                        f"(first at rules[{seen[rule.match.key]}])"
+                    )
+                seen.setdefault(rule.match.key, k)
+            if o.ladder is not None:
+                problems.extend(f"{where}.{p}" for p in _ladder_problems(o.ladder))
+            ladder = self.ladder if o.ladder is None else o.ladder
+            own = f" (the ladder of {where})" if o.ladder is not None else ""
+            problems.extend(_off_ladder(o.rules, ladder, f"{where}.rules", own))
+            if o.ladder is not None:
+                kept = tuple(r for r in self.rules if r.match.key not in seen)
+                problems.extend(_kept_off_ladder(kept, o.ladder, where))
+        return problems
+
     def model_post_init(self, context: Any, /) -> None:
         self._rules = {rule.match.key: rule for rule in self.rules}
         self._ladder = {entry.step: i for i, entry in enumerate(self.ladder)}
+
+    @property
+    def group(self) -> str:
+        """The node group this policy was resolved for ("" for the fleet-wide policy)."""
+        return self._group
+
+    @property
+    def group_budget(self) -> Budget | None:
+        """The group's own budget, counted on the group's nodes (None: it has none)."""
+        return self._group_budget
+
+    def for_override(self, index: int) -> Policy:
+        """This policy as it applies to the nodes of ``overrides[index]``: its rules in
+        place of the fleet's for the same fault, its ladder and unknownXid where set, its
+        budget as :attr:`group_budget`; every other field (dryRun and paused included) the
+        fleet's. Validated as a whole when the policy was loaded."""
+        o = self.overrides[index]
+        replaced = {r.match.key: r for r in o.rules}
+        rules = tuple(replaced.pop(r.match.key, r) for r in self.rules) + tuple(replaced.values())
+        resolved = self.model_copy(
+            update={
+                "rules": rules,
+                "ladder": self.ladder if o.ladder is None else o.ladder,
+                "unknown_xid": self.unknown_xid if o.unknown_xid is None else o.unknown_xid,
+                "overrides": (),
+            }
+        )
+        resolved.model_post_init(None)
+        resolved._group = o.name
+        resolved._group_budget = None if o.budget is None else o.budget.over(self.safety.budget)
+        return resolved
 
     def rule_for(self, fault: FaultEvent) -> Rule:
         """The rule that applies to a fault (catalogue defaults for other XIDs;
@@ -573,12 +725,21 @@ class Policy(_Model):
         """What is valid but worth a second look: fields an earlier version had (each
         with its replacement), rules for XIDs that gpufleet's catalogue does not know
         (typos, or XIDs newer than this release)."""
-        return [d.message() for d in self._deprecations] + [
-            f"rules[{i}]: XID {rule.match.xid} is not in gpufleet's catalogue; "
-            "the rule applies as written"
-            for i, rule in enumerate(self.rules)
-            if rule.match.xid is not None and rule.match.xid not in xids.XIDS
-        ]
+        return (
+            [d.message() for d in self._deprecations]
+            + [
+                f"rules[{i}]: XID {rule.match.xid} is not in gpufleet's catalogue; "
+                "the rule applies as written"
+                for i, rule in enumerate(self.rules)
+                if rule.match.xid is not None and rule.match.xid not in xids.XIDS
+            ]
+            + [
+                f"overrides[{i}] ({o.name}).budget: no tighter than safety.budget in any "
+                "field; a node is held to both, so it changes nothing"
+                for i, o in enumerate(self.overrides)
+                if o.budget is not None and _no_tighter(o.budget, self.safety.budget)
+            ]
+        )
 
     def ladder_entry(self, step: Step) -> LadderStep | None:
         """The ladder rung for a step, if the ladder has one."""
@@ -613,8 +774,64 @@ class Policy(_Model):
         return path
 
 
+def _no_tighter(group: GroupBudget, fleet: Budget) -> bool:
+    """Whether a group's budget allows at least what the pool's does in every field."""
+    mine = group.over(fleet)
+    return (
+        mine.max_nodes >= fleet.max_nodes
+        and mine.max_percent >= fleet.max_percent
+        and mine.min_nodes >= fleet.min_nodes
+    )
+
+
 def _then(rule: Rule) -> Response | None:
     return rule.repeat.then if rule.repeat is not None else None
+
+
+def _steps(rule: Rule) -> list[tuple[str, Step]]:
+    """The node steps a rule can start: (where, step) for its action and its repeat."""
+    found: list[tuple[str, Step]] = []
+    for field, response in (("action", rule.action), ("repeat.then", _then(rule))):
+        step = response.step if response is not None else None
+        if step is not None and step in NODE_ACTIONS:
+            found.append((field, step))
+    return found
+
+
+def _kept_off_ladder(
+    rules: tuple[Rule, ...], ladder: tuple[LadderStep, ...], where: str
+) -> list[str]:
+    """The fleet's rules an override keeps that start a step its own ladder lacks: one
+    problem per override, naming the steps and the faults."""
+    on_ladder = {entry.step for entry in ladder}
+    missing: dict[Step, list[str]] = {}
+    for rule in rules:
+        for _field, step in _steps(rule):
+            if step not in on_ladder and rule.match.key not in missing.setdefault(step, []):
+                missing[step].append(rule.match.key)
+    missing = {step: keys for step, keys in missing.items() if keys}
+    if not missing:
+        return []
+    faults = sorted({key for keys in missing.values() for key in keys})
+    shown = ", ".join(faults[:6]) + (f" and {len(faults) - 6} more" if len(faults) > 6 else "")
+    steps = ", ".join(sorted(missing))
+    return [
+        f"{where}.ladder: lacks {steps}, which the fleet's rules for {shown} start: add the "
+        "steps to this ladder, or give the override its own rules for those faults"
+    ]
+
+
+def _off_ladder(
+    rules: tuple[Rule, ...], ladder: tuple[LadderStep, ...], where: str, which: str
+) -> list[str]:
+    """Rules whose action or repeat names a node step ``ladder`` lacks."""
+    on_ladder = {entry.step for entry in ladder}
+    problems: list[str] = []
+    for i, rule in enumerate(rules):
+        for field, step in _steps(rule):
+            if step not in on_ladder:
+                problems.append(f"{where}[{i}].{field}: {step} is not a step of the ladder{which}")
+    return problems
 
 
 def _ladder_problems(ladder: tuple[LadderStep, ...]) -> list[str]:

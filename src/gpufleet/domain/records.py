@@ -14,6 +14,7 @@ actions.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -107,6 +108,9 @@ class NodeRecord:
     since: float
     reason: str
     pool: str = "default"
+    group: str = ""
+    """The node group (the FleetPolicy override its labels match, domain.policy_groups);
+    "" for none. Like ``pool``, read again from the labels and the policy on every pass."""
     incident: Incident | None = None
     occurrences: tuple[Occurrence, ...] = ()
     lemon: LemonScore | None = None
@@ -186,6 +190,8 @@ class FleetView:
 
     pools: Mapping[str, PoolView] = field(default_factory=lambda: _NO_POOLS)
     breaker: BreakerState = field(default_factory=BreakerState)
+    groups: Mapping[str, PoolView] = field(default_factory=lambda: _NO_POOLS)
+    """Node groups (FleetPolicy overrides) counted like pools, across pools."""
     recent_actions: tuple[float, ...] = ()
     """Times of recent disruptive actions (rate limit)."""
 
@@ -198,6 +204,10 @@ class FleetView:
         """A pool's view; an unknown pool has size 0, so nothing may be taken out of it."""
         return self.pools.get(name, PoolView(size=0))
 
+    def group(self, name: str) -> PoolView:
+        """A node group's view; an unknown group has size 0, so nothing may be taken out."""
+        return self.groups.get(name, PoolView(size=0))
+
     @classmethod
     def of(
         cls,
@@ -206,11 +216,12 @@ class FleetView:
         breaker: BreakerState | None = None,
         recent_actions: tuple[float, ...] = (),
     ) -> FleetView:
-        """Count pools and out-of-service nodes from node records."""
+        """Count pools, node groups and out-of-service nodes from node records."""
         sizes: dict[str, int] = {}
         out: dict[str, int] = {}
         spares: dict[str, int] = {}
-        for r in records:
+        records_list = list(records)
+        for r in records_list:
             sizes[r.pool] = sizes.get(r.pool, 0) + 1
             if r.state in OUT_OF_SERVICE:
                 out[r.pool] = out.get(r.pool, 0) + 1
@@ -224,6 +235,7 @@ class FleetView:
             pools=MappingProxyType(pools),
             breaker=breaker or BreakerState(),
             recent_actions=recent_actions,
+            groups=_count_groups(records_list),
         )
 
     def with_change(self, before: NodeRecord | None, after: NodeRecord) -> FleetView:
@@ -232,6 +244,7 @@ class FleetView:
         ``before`` is None for a node the view has not counted yet: its pool
         grows by one, as if the view were rebuilt with :meth:`of`.
         """
+        groups = _group_change(self.groups, before, after)
         if before is None:
             pools = dict(self.pools)
             p = pools.get(after.pool, PoolView(size=0))
@@ -239,11 +252,11 @@ class FleetView:
             pools[after.pool] = PoolView(
                 size=p.size + 1, out_of_service=out, spares=p.spares + int(after.is_spare)
             )
-            return replace(self, pools=MappingProxyType(pools))
+            return replace(self, pools=MappingProxyType(pools), groups=groups)
         was = before.state in OUT_OF_SERVICE
         now = after.state in OUT_OF_SERVICE
         if was == now and before.is_spare == after.is_spare and before.pool == after.pool:
-            return self
+            return self if groups is self.groups else replace(self, groups=groups)
         pools = dict(self.pools)
         for name, delta, spare in (
             (before.pool, -int(was), -int(before.is_spare)),
@@ -253,7 +266,40 @@ class FleetView:
             pools[name] = PoolView(
                 size=p.size, out_of_service=p.out_of_service + delta, spares=p.spares + spare
             )
-        return replace(self, pools=MappingProxyType(pools))
+        return replace(self, pools=MappingProxyType(pools), groups=groups)
+
+
+def _count_groups(records: Iterable[NodeRecord]) -> Mapping[str, PoolView]:
+    """Each node group's size and out-of-service nodes (nodes of no group are not counted)."""
+    sizes: Counter[str] = Counter()
+    out: Counter[str] = Counter()
+    for r in records:
+        if r.group:
+            sizes[r.group] += 1
+            out[r.group] += int(r.state in OUT_OF_SERVICE)
+    if not sizes:
+        return _NO_POOLS
+    return MappingProxyType({g: PoolView(size=n, out_of_service=out[g]) for g, n in sizes.items()})
+
+
+def _group_change(
+    groups: Mapping[str, PoolView], before: NodeRecord | None, after: NodeRecord
+) -> Mapping[str, PoolView]:
+    """``groups`` after one record changed from ``before`` to ``after`` (the same object
+    when nothing a group counts changed)."""
+    was = (before.group, before.state in OUT_OF_SERVICE) if before is not None else None
+    now = (after.group, after.state in OUT_OF_SERVICE)
+    if was == now or (not after.group and (before is None or not before.group)):
+        return groups
+    changed = dict(groups)
+    for key, sign in ((was, -1), (now, 1)):
+        if key is None or not key[0]:
+            continue
+        p = changed.get(key[0], PoolView(size=0))
+        changed[key[0]] = PoolView(
+            size=p.size + sign, out_of_service=p.out_of_service + sign * int(key[1])
+        )
+    return MappingProxyType(changed)
 
 
 def as_plain(record: NodeRecord) -> dict[str, Any]:

@@ -19,6 +19,9 @@ LABEL_STATE = "gpufleet.io/state"
 """Node label, set by the lifecycle controller: the NodeState value."""
 LABEL_POOL = "gpufleet.io/pool"
 """Node label, set by provisioning or an admin: the node pool (budget scope)."""
+LABEL_HOSTNAME = "kubernetes.io/hostname"
+"""Node label, set by the kubelet: the node's hostname (a simulated node carries it, with
+its pool, for FleetPolicy overrides to select on)."""
 LABEL_SPARE = "gpufleet.io/spare"
 """Node label, set by the lifecycle controller: ``"true"`` on a hot spare (a verified
 node in production kept out of training work until it is promoted; domain.spares)."""

@@ -58,6 +58,7 @@ from gpufleet.domain import (
     debounce,
     inventory,
     node_reports,
+    policy_groups,
     well_known,
 )
 from gpufleet.domain.decide import policy_window, respond
@@ -170,6 +171,10 @@ class Agent:
         self.hw = hw
         self.profile = profile
         self.policy = policy
+        self._followed = policy
+        """The fleet's policy as given or followed; :attr:`policy` is its resolution for
+        this Node's labels (the override its labels match, domain.policy_groups)."""
+        self._node_labels: dict[str, str] | None = None
         self.policy_source = policy_source
         self.policy_read = policy_source is None
         """Whether the policy is known: given (a file, tests) or a FleetPolicy was read.
@@ -220,7 +225,8 @@ class Agent:
     def use_policy(self, policy: Policy) -> None:
         """Judge with ``policy`` from now on (the FleetPolicy follower calls this)."""
         first = not self.policy_read
-        self.policy = policy
+        self._followed = policy
+        self.policy = self._resolved()
         self.policy_read = True
         if self.telemetry is not None:
             self.telemetry.config = policy.detection.stragglers
@@ -228,6 +234,13 @@ class Agent:
             self.metrics.policy_read.labels(self.node).set(1)
         if first:
             log.info("node=%s FleetPolicy read: judging with it from now on", self.node)
+
+    def _resolved(self) -> Policy:
+        """The followed policy as it applies to this Node (its labels not read yet: the
+        fleet's, the controller's judgement on the condition decides)."""
+        if self._node_labels is None or not self._followed.overrides:
+            return self._followed
+        return policy_groups.policy_for(self._followed, self._node_labels).policy
 
     def detection(self) -> Detection:
         """The debounce in force: the policy's, or the fail-closed one before it is known."""
@@ -416,6 +429,11 @@ class Agent:
         recorded = conditions.faults_recorded(annotations.get(well_known.ANNOTATION_FAULTS_SEEN))
         if self._recorded is not None:
             self._recorded = recorded
+        labels = dict((body.get("metadata") or {}).get("labels") or {})
+        if labels != self._node_labels:
+            self._node_labels = labels
+            if self._followed.overrides:
+                self.policy = self._resolved()
         if not self._node_seen:
             self._node_seen = True
             self._take_over(body, recorded)

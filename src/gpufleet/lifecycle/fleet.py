@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 
 from gpufleet.domain.apply import apply_decision
 from gpufleet.domain.decide import Decision
-from gpufleet.domain.policy import Policy
+from gpufleet.domain.policy import Override, Policy
 from gpufleet.domain.records import FleetView, NodeRecord
 from gpufleet.domain.safety import BreakerState
 from gpufleet.domain.states import NodeState
@@ -66,6 +67,8 @@ class Fleet:
         self._counts: Counter[NodeState] = Counter()
         self._ticked: dict[str, None] = {}
         """Names the tick looks at (a dict: an ordered set)."""
+        self._overrides: tuple[Override, ...] | None = None
+        """The FleetPolicy overrides the records' groups were last computed with."""
         self.generation = 0
         """Incremented whenever a record is added, changed or removed."""
 
@@ -106,6 +109,18 @@ class Fleet:
                 self._view = None  # a new node changes a pool's size
             else:
                 self._view = self._view.with_change(before, record)
+
+    def regroup(self, policy: Policy, group_of: Callable[[str, Policy], str | None]) -> None:
+        """Every record's node group under ``policy``'s overrides, when they changed
+        since the last call (a group budget counts every node of its group, not only
+        those that had an event since the policy changed)."""
+        if self._overrides == policy.overrides:
+            return
+        self._overrides = policy.overrides
+        for name, record in list(self.records.items()):
+            group = group_of(name, policy)
+            if group is not None and group != record.group:
+                self.put(replace(record, group=group))
 
     def forget(self, name: str) -> None:
         before = self.records.pop(name, None)

@@ -51,6 +51,11 @@ def _meta(body: Mapping[str, Any], key: str) -> Mapping[str, str]:
     return body.get("metadata", {}).get(key) or {}
 
 
+def labels_of(body: Mapping[str, Any]) -> Mapping[str, str]:
+    """The Node's labels (what a FleetPolicy override's nodeSelector reads)."""
+    return _meta(body, "labels")
+
+
 def pool_of(body: Mapping[str, Any]) -> str:
     return _meta(body, "labels").get(well_known.LABEL_POOL, "default")
 

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from gpufleet.api import nodedata
 from gpufleet.clock import Clock
 from gpufleet.domain import events as ev
-from gpufleet.domain import well_known
+from gpufleet.domain import policy_groups, well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.decide import Decision, decide
 from gpufleet.domain.operator import Received, answer
+from gpufleet.domain.policy import Policy
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import OUT_OF_SERVICE
 from gpufleet.kubeapi import NODES, ApiError, Conflict, KubePort, NotFound
@@ -227,10 +229,15 @@ class NodePass:
                 events.append(joined.event)
         elif machines.machine_of(body) is not None:
             await self._revoke_after_rejoin(name, body)
+        fleet_policy = self.policies.effective()
+        resolved = policy_groups.policy_for(fleet_policy, nodes.labels_of(body))
+        if record.group != resolved.group:
+            record = replace(record, group=resolved.group)
         before = record
         decisions: list[Decision] = []
-        policy = self.policies.effective()
+        policy = resolved.policy
         async with self.fleet.lock:
+            self.fleet.regroup(fleet_policy, self._group_of)
             previous = self.fleet.records.get(name)
             for event in events:
                 d = decide(record, self.fleet.view(), event, policy, now)
@@ -302,6 +309,11 @@ class NodePass:
         if obs.request is not None:
             self._answer_operator(written, obs.request, before, events, decisions)
         self._after(body, written, before, record, decisions, now)
+
+    def _group_of(self, name: str, policy: Policy) -> str | None:
+        """A node's group under ``policy``, from its Node as last seen (None: not seen)."""
+        body = self.book.get(name)
+        return None if body is None else policy_groups.group_of(policy, nodes.labels_of(body))
 
     async def _notices_first(self, body: Json, actions: Sequence[Action]) -> None:
         """Post the decision's Notices before the write that drops what they tell of:

@@ -27,6 +27,7 @@ from enum import IntEnum
 import numpy as np
 
 from gpufleet.domain import events as ev
+from gpufleet.domain import policy_groups, well_known
 from gpufleet.domain import spares as spare_pool
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.apply import apply_decision
@@ -165,6 +166,8 @@ class Simulator:
             )
             for i in range(self.n)
         ]
+        self.node_policy = self._node_policies()
+        """Per node, the policy it follows (domain.policy_groups: its override or the fleet's)."""
         self.promotions = 0
         self.spare_set = {i for i, r in enumerate(self.records) if r.is_spare}
         self.fleet = FleetView.of(self.records)
@@ -288,9 +291,25 @@ class Simulator:
 
     # -------------------------------------------------------------- decisions
 
+    def _node_policies(self) -> list[Policy]:
+        """Each node's policy, resolved from the labels a simulated node carries (its pool
+        and its hostname), the controller's way; each record gets its node group."""
+        if not self.policy.overrides:
+            return [self.policy] * self.n
+        by_group: dict[str, Policy] = {}
+        chosen: list[Policy] = []
+        for i, record in enumerate(self.records):
+            labels = {well_known.LABEL_POOL: record.pool, well_known.LABEL_HOSTNAME: record.name}
+            group = policy_groups.group_of(self.policy, labels)
+            if group not in by_group:
+                by_group[group] = policy_groups.policy_for(self.policy, labels).policy
+            chosen.append(by_group[group])
+            self.records[i] = replace(record, group=group)
+        return chosen
+
     def _decide(self, i: int, event: ev.Event) -> None:
         before = self.records[i]
-        d = decide(before, self.fleet, event, self.policy, self.now)
+        d = decide(before, self.fleet, event, self.node_policy[i], self.now)
         self.decisions += 1
         after = d.record
         if len(after.history) > 1:  # reports keep counts, not per-node logs: flat memory

@@ -246,3 +246,32 @@ def test_a_read_policy_ends_fail_closed_and_an_invalid_one_keeps_the_last_valid(
 def test_the_spec_is_validated_as_the_controller_validates_it() -> None:
     spec = default_policy().model_dump(by_alias=True, mode="json")
     assert policy_of({"spec": spec}, "default") == default_policy()
+
+
+def test_the_agent_judges_with_the_override_its_nodes_labels_match() -> None:
+    """XID 13 restarts the job fleet-wide; an override for rack a reboots. The agent on a
+    node of rack a raises the condition (the controller must hear of it); on rack b not."""
+    spec = default_policy().model_dump(by_alias=True, mode="json")
+    spec["overrides"] = [
+        {
+            "name": "rack-a",
+            "nodeSelector": {"matchLabels": {"example.com/rack": "a"}},
+            "rules": [{"match": {"xid": 13}, "action": "reboot"}],
+        }
+    ]
+    follower = FleetPolicyFollower(_no_api, "default")
+    fleet = follower.apply({"spec": spec})
+    assert fleet is not None
+    for rack, raised in (("a", True), ("b", False)):
+        rep = ListReporter()
+        agent, hw = agent_for(rep, follow=True)
+        try:
+            agent.use_policy(fleet.model_copy(update={"detection": QUICK}))
+            agent.offer_node({"metadata": {"name": "n1", "labels": {"example.com/rack": rack}}})
+            assert agent.policy.group == ("rack-a" if raised else "")
+            poll(agent, 100.0, read=False)
+            hw.inject("xid=13,gpu=0")
+            poll(agent, 101.0, read=False)
+            assert (rep.conditions[GPU].status == "True") is raised, rack
+        finally:
+            hw.close()

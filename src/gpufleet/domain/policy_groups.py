@@ -1,0 +1,62 @@
+"""Which policy a node follows: the fleet's, or the first override its labels match.
+
+One function, :func:`policy_for`, answers it for the lifecycle controller, the
+simulator, the deterministic simulation and ``gpufleet policy explain --node``, so
+they cannot disagree about a node's ladder, rules or group budget
+(docs/decisions/0224). First match wins: overrides are read in order and the first
+whose nodeSelector matches the node's labels applies, alone (no layering of two
+overrides: what a node follows is always one override plus the fleet's fields).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpufleet.domain.policy import Policy
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """The policy a node follows, which override gave it, and why."""
+
+    policy: Policy
+    """The resolved policy (:meth:`Policy.for_override`, or the fleet's policy itself)."""
+    override: str | None = None
+    """The override's name; None: no override matched, the fleet-wide fields apply."""
+    index: int | None = None
+    """The override's place in ``spec.overrides``."""
+    why: list[str] = field(default_factory=list)
+    """One line per override looked at (in order) and per requirement checked."""
+
+    @property
+    def group(self) -> str:
+        """The node group ("" for none): the key the group's budget is counted under."""
+        return self.override or ""
+
+
+def policy_for(policy: Policy, labels: Mapping[str, str]) -> Resolution:
+    """The policy a node with ``labels`` follows under ``policy`` (pure)."""
+    why: list[str] = []
+    for i, override in enumerate(policy.overrides):
+        matched, lines = override.node_selector.check(labels)
+        verdict = "matches" if matched else "does not match"
+        why.append(f"overrides[{i}] ({override.name}) {verdict}")
+        why.extend(f"  {line}" for line in lines)
+        if matched:
+            why.append(f"overrides[{i}] ({override.name}) applies: the first override that matches")
+            return Resolution(policy.for_override(i), override.name, i, why)
+    why.append(
+        "no override matches: the fleet-wide policy applies"
+        if policy.overrides
+        else "the policy has no overrides: the fleet-wide policy applies"
+    )
+    return Resolution(policy, None, None, why)
+
+
+def group_of(policy: Policy, labels: Mapping[str, str]) -> str:
+    """The node group of a node with ``labels`` ("" for none), without resolving its policy."""
+    for override in policy.overrides:
+        if override.node_selector.matches(labels):
+            return override.name
+    return ""
