@@ -13,7 +13,7 @@ from gpufleet.domain.states import NodeState
 from gpufleet.dst.bmc import BmcModel
 from gpufleet.dst.invariants import Invariants
 from gpufleet.dst.kube import node_body
-from gpufleet.dst.scenario import dst_policy
+from gpufleet.dst.scenario import RACK, dst_policy, rack_of
 from gpufleet.dst.world import Proc, World
 from gpufleet.kubeapi import EVENTS, NODES, PODS, Patch
 
@@ -142,6 +142,25 @@ def test_the_budget_counts_gpufleet_state_labels() -> None:
     assert w.violations == []
     _write(w, CTL, "n4", _remediating("n4", 1.0))
     assert [v.invariant for v in w.violations] == ["4"]
+
+
+def test_a_group_budget_counts_the_groups_nodes() -> None:
+    """With the override of rack a (its own budget: 1), a second node of rack a out breaks
+    invariant 4 though the pool's budget (2 of 4) has room; a node of rack b does not."""
+    w = World(1, ["n1", "n2", "n3", "n4"], replay=[], shuffle=False)
+    w.stop_on_violation = False
+    for i, n in enumerate(w.node_names):
+        body = node_body(n)
+        body["metadata"]["labels"][RACK] = rack_of(i, 4)
+        w.api.create("kubelet", NODES, body, None)
+    Invariants(w, dst_policy(groups=True)).attach()
+    _write(w, CTL, "n1", _remediating("n1", 1.0))
+    _write(w, CTL, "n3", _remediating("n3", 1.0))
+    assert w.violations == []
+    _write(w, CTL, "n3", replace(_remediating("n3", 1.0), state=NodeState.PRODUCTION))
+    _write(w, CTL, "n2", _remediating("n2", 1.0))
+    assert [v.invariant for v in w.violations] == ["4"]
+    assert "2 nodes of group rack-a out of service" in w.violations[0].text
 
 
 def test_gpufleet_may_not_clear_an_admins_taint_or_cordon() -> None:

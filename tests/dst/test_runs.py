@@ -29,6 +29,8 @@ BOUNDED = 40
 """Seeds of whole runs (900 virtual seconds of events, 200 of calm) in the test command;
 ``bench/dst_soak.py`` runs thousands."""
 FAILURES = pathlib.Path("/tmp/gpufleet-dst-failures")
+GROUP_SEEDS = 6
+"""Short runs with node groups (Config.groups)."""
 
 
 def test_the_same_seed_is_the_same_run() -> None:
@@ -87,6 +89,15 @@ def test_a_bounded_run_holds_every_invariant(seed: int) -> None:
         f"{r.violation.line()}\nreplay: PYTHONHASHSEED={hashing} "
         f"python bench/dst_soak.py --replay {saved}"
     )
+
+
+@pytest.mark.parametrize("seed", range(GROUP_SEEDS))
+def test_a_run_with_node_groups_holds_every_invariant(seed: int) -> None:
+    """Nodes in two racks, rack a under a FleetPolicy override (its own budget of one node,
+    its own XID 79 rule): the controller and the agents resolve each node's policy, and
+    invariant 4 holds per pool and per group."""
+    r = run(Spec(seed, replace(SHORT, groups=True)), keep_trace=False)
+    assert r.violation is None, r.violation.line()
 
 
 @pytest.mark.parametrize("path", SEEDS, ids=[p.stem for p in SEEDS])

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpufleet.domain import conditions, well_known
+from gpufleet.domain import conditions, policy_groups, well_known
 from gpufleet.domain.emptiness import SlurmWork
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import Policy
@@ -527,20 +527,30 @@ class Invariants:
         )
 
     def _budget(self, node: str) -> None:
+        """Invariant 4: per pool, and per node group of the policy's overrides (its own
+        budget, counted on the nodes its selector matches now: domain.policy_groups)."""
         out: dict[str, int] = {}
         size: dict[str, int] = {}
+        limits: dict[str, int] = {}
+        budgets = {o.name: o.budget for o in self.policy.overrides if o.budget is not None}
         for name in self.world.node_names:
             obj = self.world.api.find(NODES, name)
-            pool = (
-                ((obj or {}).get("metadata") or {})
-                .get("labels", {})
-                .get(well_known.LABEL_POOL, "default")
-            )
-            size[pool] = size.get(pool, 0) + 1
-            if self.state_labels.get(name) in {s.value for s in OUT_OF_SERVICE}:
-                out[pool] = out.get(pool, 0) + 1
+            labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+            scopes = [f"pool {labels.get(well_known.LABEL_POOL, 'default')}"]
+            group = policy_groups.group_of(self.policy, labels)
+            if group in budgets:
+                scopes.append(f"group {group}")
+            for scope in scopes:
+                size[scope] = size.get(scope, 0) + 1
+                if self.state_labels.get(name) in {s.value for s in OUT_OF_SERVICE}:
+                    out[scope] = out.get(scope, 0) + 1
+        fleet_budget = self.policy.safety.budget
+        for scope in size:
+            kind, _, group = scope.partition(" ")
+            chosen = budgets[group].over(fleet_budget) if kind == "group" else fleet_budget
+            limits[scope] = chosen.allowed(size[scope])
         for pool, n in out.items():
-            allowed = self.policy.safety.budget.allowed(size[pool])
+            allowed = limits[pool]
             if n > allowed:
                 names = sorted(
                     k
@@ -555,7 +565,7 @@ class Invariants:
                 self._fail(
                     "4",
                     node,
-                    f"{n} nodes of pool {pool} out of service ({', '.join(names)}); the budget "
+                    f"{n} nodes of {pool} out of service ({', '.join(names)}); the budget "
                     f"allows {allowed} (controllers running: {', '.join(ctls)})",
                     category="4/" + ("two-replicas" if len(ctls) > 1 else "one-replica"),
                 )
