@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from pathlib import Path
 
@@ -19,12 +18,12 @@ from gpufleet.cli.options import (
     node_name,
 )
 from gpufleet.cli.policy_cmd import load_or_exit
-from gpufleet.health import agent as agent_mod
-from gpufleet.health import backends, skus
-from gpufleet.health.hardware import NoGpuFound
-from gpufleet.health.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
-from gpufleet.health.metrics import AgentMetrics
-from gpufleet.health.telemetry import JobTelemetry
+
+# The agent (numpy, prometheus_client, the policy models, the Kubernetes client) is
+# imported when it runs; its --help needs only these two defaults, which a unit test
+# keeps equal to health.metrics.DEFAULT_PORT and health.maintenance_commands.DEFAULT_DIR.
+DEFAULT_METRICS_PORT = 29440
+DEFAULT_MAINTENANCE_COMMANDS = Path("/etc/gpufleet/maintenance.d")
 
 # No help= here: the callback's docstring (with its example) is the command's help.
 app = typer.Typer(invoke_without_command=True)
@@ -78,7 +77,7 @@ def run(
         "(GPUFLEET_SIM_GPUS of examples/slurm-ddp).",
     ),
     maintenance_commands: Path = typer.Option(
-        agent_mod.AgentSettings.maintenance_commands,
+        DEFAULT_MAINTENANCE_COMMANDS,
         help="Directory of the maintenance commands a MaintenancePlan (action command) may "
         "name: executables, not writable by group or others; a name not found here fails.",
     ),
@@ -107,6 +106,14 @@ def run(
 
         gpufleet agent --policy-name default
     """
+    import asyncio
+
+    from gpufleet.health import agent as agent_mod
+    from gpufleet.health import backends, skus
+    from gpufleet.health.hardware import NoGpuFound
+    from gpufleet.health.metrics import AgentMetrics
+    from gpufleet.health.telemetry import JobTelemetry
+
     logs.configure(log_format=log_format)
     node = node_name(node)
     if policy_file is not None and policy_name is not None:

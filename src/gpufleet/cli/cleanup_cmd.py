@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,11 +12,13 @@ from gpufleet.cli import slurm_cmd
 from gpufleet.cli.errors import EXIT_NO, fail
 from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
 from gpufleet.cli.output import Format, OutputOpt, print_data, structured
-from gpufleet.kubeapi import KubeApi
-from gpufleet.lifecycle import uninstall
-from gpufleet.slurm import uninstall as slurm_uninstall
 from gpufleet.slurm.errors import SlurmError
-from gpufleet.slurm.restapi import RestConfig, SlurmRest
+
+# The client (kr8s), the node data model and the Slurm REST client (httpx) are imported
+# when the command runs: its --help needs none of them (docs/cli.md, start-up).
+if TYPE_CHECKING:
+    from gpufleet.lifecycle import uninstall
+    from gpufleet.slurm.restapi import SlurmRest
 
 
 def cleanup(
@@ -77,6 +78,10 @@ def cleanup(
 
         gpufleet cleanup -n gpufleet --dry-run --stop deployment/gpufleet-controller
     """
+    import asyncio
+
+    from gpufleet.slurm.restapi import RestConfig, SlurmRest
+
     progress: uninstall.Progress = (lambda line: None) if structured(output) else print
     rest = None
     if slurmrestd_url:
@@ -123,6 +128,10 @@ async def _run(
     progress: uninstall.Progress,
     rest: SlurmRest | None,
 ) -> uninstall.Report:
+    from gpufleet.kubeapi import KubeApi
+    from gpufleet.lifecycle import uninstall
+    from gpufleet.slurm import uninstall as slurm_uninstall
+
     client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
     report = uninstall.Report(dry_run=dry_run)
     if stop and not dry_run:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 from typing import Annotated
@@ -172,6 +171,8 @@ def controller(
         gpufleet controller --ticket-webhook https://tickets.example.com/gpufleet \\
             --ticket-auth-file /etc/gpufleet/ticket/authorization
     """
+    import asyncio
+
     if ticket_webhook is not None and not ticket_webhook.startswith(("http://", "https://")):
         raise typer.BadParameter(
             f"must be an http(s) URL, got {ticket_webhook!r}", param_hint="--ticket-webhook"

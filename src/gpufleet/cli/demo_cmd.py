@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from gpufleet.demo.policy import DEMO_TIMES
-from gpufleet.demo.runner import SCENARIOS, Demo
-from gpufleet.demo.timeline import StepMissed
-from gpufleet.local.binaries import MissingBinaryError
-from gpufleet.local.cluster import default_run_dir
-from gpufleet.local.processes import ComponentError, terminate_on_signals
+from gpufleet.demo.scenario_names import NAMES
+
+# The demo, its scenarios and the local cluster are imported when it runs: its --help
+# needs only the names and the times (docs/cli.md, start-up).
+if TYPE_CHECKING:
+    from gpufleet.demo.runner import Demo
 
 DEMO_NAME = "demo"
 
 
 def _scenario_help() -> str:
-    return "; ".join(SCENARIOS)
+    return "; ".join(NAMES)
 
 
 def demo(
@@ -50,6 +51,12 @@ def demo(
 
         gpufleet demo --scenario controller-crash-mid-remediation --keep
     """
+    from gpufleet.demo.runner import SCENARIOS, Demo
+    from gpufleet.demo.timeline import StepMissed
+    from gpufleet.local.binaries import MissingBinaryError
+    from gpufleet.local.cluster import default_run_dir
+    from gpufleet.local.processes import ComponentError, terminate_on_signals
+
     if scenario not in SCENARIOS:
         raise typer.BadParameter(f"unknown scenario {scenario!r}; known: {_scenario_help()}")
     out = Console(highlight=False)
@@ -92,6 +99,8 @@ def demo(
 
 
 def _print_keep(out: Console, path: Path) -> None:
+    from gpufleet.local.cluster import default_run_dir
+
     args = "--name demo" if path == default_run_dir(DEMO_NAME) else f"--run-dir {path}"
     out.print("\nThe cluster is still running. Explore it:")
     out.print(f'  eval "$(gpufleet local env {args})"')

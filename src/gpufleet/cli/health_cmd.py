@@ -6,9 +6,8 @@ import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import typer
 from rich.text import Text
 
@@ -25,12 +24,16 @@ from gpufleet.cli.output import (
     structured,
     table,
 )
-from gpufleet.health import backends, checks, preflight, results, skus, slurm_hook
-from gpufleet.health.hardware import Hardware, NoGpuFound
+from gpufleet.health import check_names, results, slurm_hook
+
+# The checks themselves (numpy), the backends and httpx are imported by the commands
+# that run them: each command's --help needs only the names (docs/cli.md, start-up).
+if TYPE_CHECKING:
+    from gpufleet.health.hardware import Hardware
 
 app = typer.Typer(help="Run node health checks and inject simulated faults.", no_args_is_help=True)
 
-DEFAULT_CHECKS = ",".join(checks.ALL)
+DEFAULT_CHECKS = ",".join(check_names.ALL)
 
 
 @app.command("check")
@@ -106,6 +109,9 @@ def check(
 
         gpufleet health check --slurm prolog --timeout 20 --checks gpu-count,gpu-xid
     """
+    from gpufleet.health import backends, checks, skus
+    from gpufleet.health.hardware import NoGpuFound
+
     fmt = chosen(output, as_json)
     node = os.environ.get("SLURMD_NODENAME") or node_name(node) if slurm else node_name(node)
     names = [n.strip() for n in checks_.split(",") if n.strip()]
@@ -191,6 +197,8 @@ def _checks_once(args: list[str]) -> Callable[[], object]:
 
 def _preflight(timeout: float, base_port: int, absent: bool) -> str:
     """The gang preflight of a multi-node job (never fails the prolog); one log line."""
+    from gpufleet.health import preflight
+
     try:
         gang = preflight.gang_from_env(os.environ, base_port=base_port)
     except (KeyError, ValueError, RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
@@ -362,6 +370,8 @@ def inject_cmd(
         gpufleet health inject --url http://127.0.0.1:9401 xid=79,gpu=3
         gpufleet health inject --url http://127.0.0.1:9401 recover
     """
+    import httpx
+
     path = "/recover" if fault == "recover" else "/inject"
     try:
         resp = httpx.post(url.rstrip("/") + path, json={"fault": fault}, timeout=5.0)

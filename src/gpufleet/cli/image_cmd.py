@@ -10,7 +10,6 @@ from rich.text import Text
 
 from gpufleet.cli.errors import EXIT_NO, fail
 from gpufleet.cli.output import Column, Format, JsonOpt, OutputOpt, chosen, emit, table
-from gpufleet.local import node_image
 
 app = typer.Typer(
     help="The stateless node image (Debian 13, kubelet, containerd, cloud-init) that the "
@@ -41,6 +40,8 @@ def build(
 
         sudo .venv/bin/gpufleet local image build
     """
+    from gpufleet.local import node_image
+
     start = time.perf_counter()
     try:
         inputs = node_image.Inputs.of_checkout()
@@ -81,6 +82,8 @@ def show(output: OutputOpt = Format.TABLE, as_json: JsonOpt = False) -> None:
         gpufleet local image show
         gpufleet local image show -o json | jq .files
     """
+    from gpufleet.local import node_image
+
     fmt = chosen(output, as_json)
     start = time.perf_counter()
     try:

@@ -8,7 +8,6 @@ import typer
 from rich.console import Console
 
 from gpufleet.cli.errors import EXIT_NO, fail
-from gpufleet.local import images
 
 app = typer.Typer(
     help="The gpufleet and Slurm 24.11 container images, built from this checkout and "
@@ -36,6 +35,8 @@ def build() -> None:
 
         sudo .venv/bin/gpufleet local images build
     """
+    from gpufleet.local import images
+
     start = time.perf_counter()
     try:
         built = images.build(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console, RenderableType
@@ -13,9 +14,11 @@ from rich.text import Text
 from gpufleet.cli.options import LOCAL_NAME, LocalNameOpt, RunDirOpt, local_run_dir
 from gpufleet.cli.options import local_cluster as local_cluster_info
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
-from gpufleet.local import cluster as local_cluster
-from gpufleet.local.binaries import MissingBinaryError, go_bin_dir
-from gpufleet.local.processes import ComponentError, terminate_on_signals
+
+# The cluster (httpx, the Slurm and BMC helpers) is imported by the commands that start,
+# read or stop one: `gpufleet local --help` needs only the names (docs/cli.md, start-up).
+if TYPE_CHECKING:
+    from gpufleet.local.cluster import ClusterInfo
 
 app = typer.Typer(
     help="Run a whole GPU cluster on this machine: Kubernetes + KWOK GPU nodes, Slurm, BMCs.",
@@ -30,8 +33,10 @@ def _name_args(name: str, run_dir: Path | None) -> str:
     return "" if name == LOCAL_NAME else f" --name {shlex.quote(name)}"
 
 
-def _exports(info: local_cluster.ClusterInfo) -> list[str]:
+def _exports(info: ClusterInfo) -> list[str]:
     """Shell lines that point kubectl and the Slurm commands at the cluster."""
+    from gpufleet.local.binaries import go_bin_dir
+
     lines = [
         f"export PATH={shlex.quote(str(go_bin_dir()))}:$PATH",
         f"export KUBECONFIG={shlex.quote(str(info.kubeconfig))}",
@@ -43,7 +48,7 @@ def _exports(info: local_cluster.ClusterInfo) -> list[str]:
     return lines
 
 
-def _print_usage(info: local_cluster.ClusterInfo, name_args: str) -> None:
+def _print_usage(info: ClusterInfo, name_args: str) -> None:
     out = Console(soft_wrap=True)
     out.print(f"\n[bold]Local cluster ready[/bold] in {info.run_dir}", highlight=False)
     out.print(f"  kubeconfig:  {info.kubeconfig}", highlight=False)
@@ -212,6 +217,10 @@ def up(
         gpufleet local up --nodes 1 --no-slurm --machines 1 --host-node \\
             --machine-memory 3072 --images --no-machine-agent
     """
+    from gpufleet.local import cluster as local_cluster
+    from gpufleet.local.binaries import MissingBinaryError
+    from gpufleet.local.processes import ComponentError, terminate_on_signals
+
     spec = local_cluster.ClusterSpec(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
@@ -267,6 +276,8 @@ def status(
 
     Example: gpufleet local status --name default -o wide
     """
+    from gpufleet.local import cluster as local_cluster
+
     info = local_cluster_info(name, run_dir)
     rows = local_cluster.component_status(info)
     data = {
@@ -320,6 +331,8 @@ def down(
 
     Example: gpufleet local down --name default
     """
+    from gpufleet.local import cluster as local_cluster
+
     path = local_cluster_info(name, run_dir).run_dir
     started = time.monotonic()
     stragglers = local_cluster.stop_run_dir(path)

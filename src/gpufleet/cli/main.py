@@ -23,8 +23,10 @@ from typer._click.formatting import HelpFormatter
 from typer._click.shell_completion import CompletionItem
 from typer.core import TyperCommand
 
-from gpufleet.cli import options
+from gpufleet.cli import coercion, options
 from gpufleet.cli.errors import Group
+
+coercion.defer()  # no pydantic for options not given (start-up, decision 0215)
 
 
 @dataclass(frozen=True)

@@ -7,27 +7,31 @@ nodes out through its ordinary decisions and writes the plan's status, which
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Group
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from gpufleet.api import maintenanceplan as mplan
+from gpufleet.api.names import MAINTENANCE_PLAN
 from gpufleet.cli.errors import EXIT_NO_ANSWER, fail
 from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, show, structured, table
-from gpufleet.domain import maintenance
+from gpufleet.domain import well_known
+from gpufleet.domain.modes import DEFAULT_COMMAND_TIMEOUT_S, Action
 from gpufleet.domain.policy import DrainMode, RequeueMode
-from gpufleet.kubeapi import Conflict, KubeApi, NotFound, custom
+from gpufleet.kubeapi import Conflict, NotFound, custom
 
-PLANS = custom(mplan.PLURAL)
+# The client (kr8s) and the plan's model are imported by the commands that send or read
+# a plan: the commands' --help needs only the choices (docs/cli.md, start-up).
+
+PLANS = custom(MAINTENANCE_PLAN.plural)
+DEFAULT_DOMAIN_LABEL = well_known.LABEL_IB_LEAF
+"""The plan's default failure domain (the model's, api.maintenanceplan; a test checks)."""
 FINAL = frozenset({"Completed", "Stopped", "Aborted"})
 
 app = typer.Typer(
@@ -104,11 +108,15 @@ def _row(s: dict[str, Any]) -> list[str]:
 
 
 async def _list(kubeconfig: Path | None) -> list[dict[str, Any]]:
+    from gpufleet.kubeapi import KubeApi
+
     client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
     return list((await client.list(PLANS)).items)
 
 
 async def _get(kubeconfig: Path | None, name: str) -> dict[str, Any]:
+    from gpufleet.kubeapi import KubeApi
+
     client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
     try:
         return await client.get(PLANS, name)
@@ -124,6 +132,8 @@ def list_plans(kubeconfig: KubeconfigOpt = None, output: OutputOpt = Format.TABL
 
         gpufleet maintenance list -o wide
     """
+    import asyncio
+
     plans = sorted((_summary(b) for b in asyncio.run(_list(kubeconfig))), key=lambda s: s["name"])
     for s in plans:
         s.pop("nodes")
@@ -198,6 +208,8 @@ def show_plan(
 
         gpufleet maintenance show driver-550 --watch
     """
+    import asyncio
+
     s = _summary(asyncio.run(_get(kubeconfig, name)))
     if not watch or structured(output):
         emit(output, s, lambda wide: _draw_plan(s, wide))
@@ -231,7 +243,7 @@ def _labels(pairs: list[str]) -> dict[str, str]:
 def create(
     name: Annotated[str, typer.Argument(help="Name of the new MaintenancePlan.")],
     action: Annotated[
-        maintenance.Action,
+        Action,
         typer.Option("--action", case_sensitive=False, help="reimage, reboot, command or noop."),
     ],
     image: Annotated[
@@ -248,7 +260,7 @@ def create(
     command_timeout: Annotated[
         int,
         typer.Option("--command-timeout", help="Seconds the command may run on a node."),
-    ] = int(maintenance.DEFAULT_COMMAND_TIMEOUT_S),
+    ] = int(DEFAULT_COMMAND_TIMEOUT_S),
     selector: Annotated[
         list[str] | None,
         typer.Option(
@@ -261,7 +273,7 @@ def create(
     failure_domain_label: Annotated[
         str,
         typer.Option("--failure-domain-label", help="Label naming the rack or leaf."),
-    ] = mplan.DEFAULT_DOMAIN_LABEL,
+    ] = DEFAULT_DOMAIN_LABEL,
     max_per_domain: Annotated[
         int, typer.Option("--max-per-domain", help="Nodes of one failure domain per batch.")
     ] = 1,
@@ -311,6 +323,13 @@ def create(
         gpufleet maintenance create hca-fw-28.39 --action command --command flash-hca-fw \\
             --command-timeout 1800 --max-unavailable 4
     """
+    import asyncio
+
+    from pydantic import ValidationError
+
+    from gpufleet.api import maintenanceplan as mplan
+    from gpufleet.kubeapi import KubeApi
+
     try:
         spec = mplan.MaintenancePlanSpec(
             node_selector=_labels(selector or []),
@@ -354,7 +373,11 @@ def create(
 
 
 def _set(name: str, kubeconfig: Path | None, spec: dict[str, Any], said: str) -> None:
+    import asyncio
+
     async def send() -> None:
+        from gpufleet.kubeapi import KubeApi
+
         client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
         try:
             await client.patch(PLANS, name, {"spec": spec})

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import RenderableType
@@ -17,11 +16,15 @@ from gpufleet.cli import operator_cmd
 from gpufleet.cli.errors import fail
 from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
-from gpufleet.domain import conditions, lemon, rma, well_known
+from gpufleet.domain import conditions, well_known
 from gpufleet.domain.enrollment import rfc3339
-from gpufleet.domain.records import Incident
-from gpufleet.kubeapi import NODES, KubeApi, NotFound, custom
-from gpufleet.lifecycle import crds, nodes
+from gpufleet.kubeapi import NODES, NotFound, custom
+
+# The client (kr8s), the node records (the policy models) and the CRDs are imported by
+# the functions that read nodes: the commands' --help needs none of them (docs/cli.md).
+if TYPE_CHECKING:
+    from gpufleet.domain import lemon
+    from gpufleet.domain.records import Incident
 
 
 def _ago(t: float, now: float) -> str:
@@ -40,6 +43,8 @@ def _when(t: float | None) -> str | None:
 
 
 async def _list(kubeconfig: Path | None) -> list[dict[str, Any]]:
+    from gpufleet.kubeapi import KubeApi
+
     client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
     return (await client.list(NODES)).items
 
@@ -96,6 +101,8 @@ def _lemon_cell(summary: dict[str, Any] | None) -> str:
 
 def node_summary(body: dict[str, Any], now: float) -> dict[str, Any]:
     """One row of ``gpufleet nodes`` as data (what -o json and -o yaml print)."""
+    from gpufleet.lifecycle import nodes
+
     record, new = nodes.record_of(body, now)
     inc = record.incident
     step = None
@@ -161,6 +168,10 @@ def nodes_table(
 
         gpufleet nodes --kubeconfig ~/.kube/config --out -o wide
     """
+    import asyncio
+
+    from gpufleet.lifecycle import nodes
+
     now = time.time()
     rows: list[tuple[dict[str, Any], float]] = []
     for body in sorted(asyncio.run(_list(kubeconfig)), key=nodes.name_of):
@@ -176,6 +187,9 @@ def nodes_table(
 
 
 async def _detail(kubeconfig: Path | None, name: str) -> tuple[dict[str, Any], list[Any]]:
+    from gpufleet.kubeapi import KubeApi
+    from gpufleet.lifecycle import crds
+
     client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
     try:
         body = await client.get(NODES, name)
@@ -189,6 +203,8 @@ async def _detail(kubeconfig: Path | None, name: str) -> tuple[dict[str, Any], l
 
 def node_detail_data(body: dict[str, Any], rems: list[Any], now: float) -> dict[str, Any]:
     """``gpufleet node NAME`` as data (what -o json and -o yaml print)."""
+    from gpufleet.lifecycle import nodes
+
     record, new = nodes.record_of(body, now)
     evidence = []
     for cond in nodes.node_conditions(body):
@@ -242,6 +258,8 @@ def node_detail_data(body: dict[str, Any], rems: list[Any], now: float) -> dict[
 
 def _ticket(body: dict[str, Any]) -> dict[str, Any] | None:
     """The node's RMA ticket as the controller records it (docs/operations.md, RMA tickets)."""
+    from gpufleet.domain import rma
+
     ann = (body.get("metadata") or {}).get("annotations") or {}
     t = rma.decode_ticket(ann.get(well_known.ANNOTATION_RMA_TICKET))
     if t is None:
@@ -352,6 +370,8 @@ def node_detail(
 
         gpufleet node gpu-node-0003 -o yaml
     """
+    import asyncio
+
     body, rems = asyncio.run(_detail(kubeconfig, name))
     data = node_detail_data(body, rems, time.time())
     emit(output, data, lambda wide: _draw_detail(data, wide))

@@ -10,7 +10,6 @@ request and posts an Event that says whether it was carried out and why
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import json
 import os
@@ -21,20 +20,17 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.markup import escape
 
 from gpufleet.cli import output
 from gpufleet.cli.options import EventNamespaceOpt
 from gpufleet.domain import well_known
-from gpufleet.domain.operator import MAX_REASON, OperatorRequest
 from gpufleet.kubeapi import (
     EVENTS,
     NODES,
     ApiError,
     Conflict,
-    KubeApi,
     KubeconfigError,
     KubePort,
     NotFound,
@@ -43,7 +39,9 @@ from gpufleet.kubeapi import (
     contexts,
     custom,
 )
-from gpufleet.lifecycle import crds
+
+# The client (kr8s), the CRD models and yaml are imported where a request is sent: the
+# verbs' --help needs none of them (docs/cli.md, start-up).
 
 ReasonOpt = Annotated[
     str,
@@ -93,6 +91,8 @@ async def whoami(client: KubePort, kubeconfig: Path | None) -> str:
 def kubeconfig_user(kubeconfig: Path | None) -> str | None:
     """The user name of the kubeconfig's context in use (``--context``, else the current
     one), if it can be read."""
+    import yaml
+
     paths = [kubeconfig] if kubeconfig else []
     if not paths:
         env = os.environ.get("KUBECONFIG")
@@ -111,6 +111,8 @@ def kubeconfig_user(kubeconfig: Path | None) -> str | None:
 
 
 def _reason(reason: str) -> str:
+    from gpufleet.domain.operator import MAX_REASON
+
     text = reason.strip()
     if not text:
         raise typer.BadParameter("say why: --reason must not be empty", param_hint="--reason")
@@ -122,6 +124,8 @@ def _reason(reason: str) -> str:
 
 
 async def _poll(check: Callable[[], Awaitable[Any]], timeout: float) -> Any:
+    import asyncio
+
     deadline = time.monotonic() + timeout
     while True:
         value = await check()
@@ -172,6 +176,9 @@ async def _send_node_request(
     event_namespace: str,
     console: Console,
 ) -> dict[str, Any] | None:
+    from gpufleet.domain.operator import OperatorRequest
+    from gpufleet.kubeapi import KubeApi
+
     client = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
     body = await client.get(NODES, node)
     meta = body.get("metadata") or {}
@@ -262,6 +269,8 @@ def _carry_out(
 ) -> None:
     """Run one operator request and print its answer. Exit codes: 1 refused (by
     ``_finish``), 2 the object is missing or the apiserver refused, 3 no answer in time."""
+    import asyncio
+
     try:
         event = asyncio.run(send)
     except NotFound:
@@ -292,6 +301,9 @@ async def _send_breaker_reset(
     event_namespace: str,
     console: Console,
 ) -> dict[str, Any] | None:
+    from gpufleet.kubeapi import KubeApi
+    from gpufleet.lifecycle import crds
+
     client = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
     obj = await client.get(custom(crds.FLEET_POLICY_PLURAL), policy)
     breaker = (obj.get("status") or {}).get("breaker") or {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,19 +12,11 @@ from gpufleet.cli import logs
 from gpufleet.cli.errors import fail
 from gpufleet.cli.options import BmcCaBundleOpt, KubeconfigOpt
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
-from gpufleet.clock import SYSTEM_CLOCK
-from gpufleet.gate import Gate
-from gpufleet.kubeapi import ApiError, Conflict, KubeApi, NotFound
-from gpufleet.kubeapi.machines import MachineStore
-from gpufleet.provision import inventory, machines, render
-from gpufleet.provision.issuer import (
-    MACHINES,
-    ServiceSettings,
-    machine_by_mac,
-    rearm,
-    token_state,
-)
-from gpufleet.remediate import machine_power, redfish
+from gpufleet.kubeapi import ApiError, Conflict, NotFound
+
+# The client (kr8s), the issuer (prometheus_client, the Machine model), the gate and the
+# BMC clients are imported by the commands that use them: each --help needs none of them
+# (docs/cli.md, start-up).
 
 app = typer.Typer(help="Day 0: network boot, cloud-init and join tokens for known machines.")
 machines_app = typer.Typer(
@@ -118,7 +109,10 @@ def serve_cmd(
 
         gpufleet provision serve --bmc-ca-bundle /etc/gpufleet/bmc-ca/ca.crt
     """
+    import asyncio
+
     logs.configure(log_format=log_format)
+    from gpufleet.provision.issuer import ServiceSettings
     from gpufleet.provision.render import parse_registry_mirror
     from gpufleet.provision.server import ServeOptions, serve  # fastapi: slow to import
 
@@ -166,6 +160,12 @@ def render_cmd(
 
         gpufleet provision render --mac aa:bb:cc:00:01:00 --kubeconfig ~/.kube/config
     """
+    import asyncio
+
+    from gpufleet.kubeapi import KubeApi
+    from gpufleet.provision import machines, render
+    from gpufleet.provision.issuer import machine_by_mac, token_state
+
     try:
         from gpufleet.provision.server import ServeOptions, boot_config
 
@@ -208,6 +208,10 @@ def machines_table(
     """
     if ctx.invoked_subcommand is not None:
         return
+    import asyncio
+
+    from gpufleet.kubeapi import KubeApi
+    from gpufleet.provision.issuer import MACHINES
 
     async def fetch() -> list[dict[str, Any]]:
         api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
@@ -229,6 +233,8 @@ def machines_table(
 
 def machine_summary(body: dict[str, Any]) -> dict[str, Any]:
     """One row of ``gpufleet machines`` as data (what -o json and -o yaml print)."""
+    from gpufleet.provision.issuer import token_state
+
     spec = body.get("spec") or {}
     hw = spec.get("hardware") or {}
     status = body.get("status") or {}
@@ -302,6 +308,12 @@ def import_cmd(
 
         gpufleet machines import racks/r12.csv --kubeconfig ~/.kube/config
     """
+    import asyncio
+
+    from gpufleet.kubeapi import KubeApi
+    from gpufleet.provision import inventory, machines
+    from gpufleet.provision.issuer import MACHINES
+
     try:
         entries = inventory.load(file)
     except inventory.InventoryError as exc:
@@ -353,6 +365,13 @@ def power_on_cmd(
 
         gpufleet machines power-on gpu-node-0100 gpu-node-0101
     """
+    import asyncio
+
+    from gpufleet.clock import SYSTEM_CLOCK
+    from gpufleet.gate import Gate
+    from gpufleet.kubeapi import KubeApi
+    from gpufleet.kubeapi.machines import MachineStore
+    from gpufleet.remediate import machine_power, redfish
 
     async def go() -> list[str]:
         api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
@@ -402,10 +421,13 @@ def rearm_cmd(
 
         gpufleet machines rearm gpu-node-0100 --reason "chassis replaced under RMA 4711"
     """
+    import asyncio
 
     async def go() -> tuple[str, str] | None:
         from gpufleet.cli.operator_cmd import whoami
+        from gpufleet.kubeapi import KubeApi
         from gpufleet.kubeapi.tickets import request_close
+        from gpufleet.provision.issuer import MACHINES, rearm
 
         api = await KubeApi.connect(str(kubeconfig) if kubeconfig else None)
         await rearm(api, name, by="admin", reason=reason, now=time.time())

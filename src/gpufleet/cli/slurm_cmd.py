@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-import yaml
 
-from gpufleet.api import crds, slurmcluster
 from gpufleet.cli import logs
 from gpufleet.cli.errors import fail
 from gpufleet.cli.options import KubeconfigOpt, VerboseOpt, kubeconfig_arg
 from gpufleet.cli.output import Format, OutputOpt
-from gpufleet.domain import slurm_jwt
-from gpufleet.slurm import render
-from gpufleet.slurm.restapi import RestConfig, SlurmRest
-from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
-from gpufleet.slurm.writes import SlurmWrites
+
+# The models, the Slurm clients (httpx) and yaml are imported by the commands that use
+# them: `gpufleet slurm --help` and each command's help need only the names (docs/cli.md).
+if TYPE_CHECKING:
+    from gpufleet.slurm.restapi import SlurmRest
+    from gpufleet.slurm.scontrol import Scontrol
+    from gpufleet.slurm.writes import SlurmWrites
 
 app = typer.Typer(
     help="Slurm on Kubernetes: render configs, print the CRD, run the operator.",
@@ -42,6 +42,8 @@ def token_from(token_file: Path | None, jwt_key_file: Path | None, user: str) ->
     if token_file is not None:
         return token_file.read_text().strip().removeprefix("SLURM_JWT=")
     if jwt_key_file is not None:
+        from gpufleet.domain import slurm_jwt
+
         key = jwt_key_file.read_bytes()
         return slurm_jwt.mint(key, issued_at=time.time(), user=user, lifespan_s=30 * 24 * 3600)
     env = os.environ.get("SLURM_JWT")
@@ -55,6 +57,10 @@ def _clients(
 ) -> tuple[SlurmRest, Scontrol, SlurmWrites]:
     """The REST client, scontrol (requeues, reservations) and the writes (by REST from
     v0.0.40, else scontrol)."""
+    from gpufleet.slurm.restapi import RestConfig, SlurmRest
+    from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
+    from gpufleet.slurm.writes import SlurmWrites
+
     env = {"SLURM_JWT": token}
     if slurm_conf is not None:
         env["SLURM_CONF"] = str(slurm_conf)
@@ -106,6 +112,8 @@ def run_syncer(
             --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --slurm-conf /etc/slurm/slurm.conf \\
             --preempt-priority 1000000 --metrics-port 29442
     """
+    import asyncio
+
     from gpufleet.cli.policy_cmd import load_or_exit
     from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
     from gpufleet.slurm.metrics import SyncerMetrics
@@ -183,6 +191,8 @@ def run_operator(
             --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --no-reconfigure \\
             --slurmd-daemonset slurm/gpufleet-slurmd --slurmd-max-unavailable 2
     """
+    import asyncio
+
     from gpufleet.kubeapi import KubeApi
     from gpufleet.slurm.operator import ClusterOperator, OperatorSettings
     from gpufleet.slurm.slurmd_roll import RollSettings, SlurmdRoll
@@ -236,6 +246,10 @@ def render_cmd(
         kubectl get nodes -o json > nodes.json
         gpufleet slurm render examples/slurmcluster.yaml --nodes nodes.json --out /tmp/conf
     """
+    import yaml
+
+    from gpufleet.api import slurmcluster
+    from gpufleet.slurm import render
     from gpufleet.slurm.operator import node_info
 
     doc = yaml.safe_load(cluster.read_text())
@@ -268,6 +282,8 @@ def crd_cmd(
 
     Every CRD, this one included, is written to deploy/ by python -m gpufleet.api.crds.
     """
+    from gpufleet.api import crds, slurmcluster
+
     manifest = slurmcluster.crd_manifest()
     if output is Format.JSON:
         typer.echo(json.dumps(manifest, indent=2))
@@ -291,5 +307,7 @@ def token_cmd(
 
         export SLURM_JWT=$(gpufleet slurm token --jwt-key-file /etc/slurm/jwt/jwt_hs256.key)
     """
+    from gpufleet.domain import slurm_jwt
+
     key = jwt_key_file.read_bytes()
     typer.echo(slurm_jwt.mint(key, issued_at=time.time(), user=user, lifespan_s=lifespan))

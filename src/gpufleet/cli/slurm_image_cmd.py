@@ -8,7 +8,6 @@ import typer
 from rich.console import Console
 
 from gpufleet.cli.errors import EXIT_NO, fail
-from gpufleet.local import slurm_root
 
 app = typer.Typer(
     help="The Slurm 24.11 root filesystem (Debian 13 packages) that `gpufleet local up "
@@ -36,6 +35,8 @@ def build(
 
         sudo .venv/bin/gpufleet local slurm-image build
     """
+    from gpufleet.local import slurm_root
+
     start = time.perf_counter()
     try:
         console.print(f"Slurm root {slurm_root.Inputs.of_checkout().key()}")

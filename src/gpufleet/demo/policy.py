@@ -10,10 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-from gpufleet.domain.policy import default_policy
-
 POLICY_NAME = "demo"
 
 DEMO_TIMES = {
@@ -33,6 +29,9 @@ def demo_policy_spec(**rule_actions: str) -> dict[str, Any]:
 
     ``rule_actions`` changes the action of XID rules, e.g. ``xid79="power-cycle"``.
     """
+    # Here: `gpufleet demo --help` reads DEMO_TIMES and builds no policy model.
+    from gpufleet.domain.policy import default_policy
+
     spec: dict[str, Any] = default_policy().model_dump(by_alias=True, mode="json")
     for entry in spec["ladder"]:
         entry["timeoutSeconds"] = DEMO_TIMES["ladder.*.timeoutSeconds"]
@@ -52,6 +51,8 @@ def demo_policy_spec(**rule_actions: str) -> dict[str, Any]:
 
 def policy_yaml(spec: dict[str, Any]) -> str:
     """The spec as a policy file (``gpufleet policy validate``, ``gpufleet agent --policy``)."""
+    import yaml
+
     return yaml.safe_dump(spec, sort_keys=False)
 
 

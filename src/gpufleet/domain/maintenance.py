@@ -31,6 +31,8 @@ from enum import StrEnum
 from gpufleet.domain import events as ev
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.ladder import Step
+from gpufleet.domain.modes import DEFAULT_COMMAND_TIMEOUT_S as DEFAULT_COMMAND_TIMEOUT_S
+from gpufleet.domain.modes import Action as Action
 from gpufleet.domain.policy import Budget, DrainMode, RequeueMode
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState, Trigger
@@ -47,21 +49,6 @@ START_SLACK_S = 1.0
 recorded for it (the decision's clock reads after the plan's)."""
 
 
-class Action(StrEnum):
-    """What a plan does to each node once it is drained."""
-
-    REIMAGE = "reimage"
-    """One-time network boot through the BMC to the plan's image version."""
-    REBOOT = "reboot"
-    """Restart through the BMC (a stateless node boots its image again)."""
-    NOOP = "noop"
-    """Drain, hold in ``maintenance``, verify, return: for work done by hand or by
-    tools outside gpufleet while the node is out."""
-    COMMAND = "command"
-    """Drain, then the node's agent runs one of the maintenance commands installed on
-    the node (by name: a firmware flash, a driver update), then verify and return."""
-
-
 STEP_OF: Mapping[Action, Step | None] = {
     Action.REIMAGE: Step.REIMAGE,
     Action.REBOOT: Step.REBOOT,
@@ -74,8 +61,6 @@ COMMAND_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 a path (no ``/``, no leading dot)."""
 RUN_PREFIX = "run "
 """A command plan's request reason ends ``: run <command>``."""
-DEFAULT_COMMAND_TIMEOUT_S = 3600.0
-"""How long a plan's command may run on a node unless the plan says otherwise."""
 COMMAND_ANSWER_GRACE_S = 120.0
 """How long past the command's own timeout the controller waits for the agent's answer
 before it counts the command as failed (the agent may be restarting)."""

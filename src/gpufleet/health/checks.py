@@ -17,66 +17,14 @@ from dataclasses import replace
 import numpy as np
 
 from gpufleet.domain import profiles as prof
-from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
+from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
 from gpufleet.health import compute, tool_output
+from gpufleet.health.check_names import ACTIVE as ACTIVE
+from gpufleet.health.check_names import ALL as ALL
+from gpufleet.health.check_names import PASSIVE as PASSIVE
 from gpufleet.health.hardware import Hardware, HardwareError
 from gpufleet.health.monitors import PassiveMonitors, Snapshot
 from gpufleet.health.results import CheckResult, CheckStatus, from_faults
-
-PASSIVE: dict[str, tuple[frozenset[FaultKind], Subsystem | None, str]] = {
-    "gpu-xid": (frozenset({FaultKind.XID}), Subsystem.KERNEL, "no XID in the kernel log"),
-    "gpu-memory": (
-        frozenset(
-            {
-                FaultKind.ECC_UNCORRECTABLE,
-                FaultKind.ROW_REMAP_PENDING,
-                FaultKind.ROW_REMAP_FAILED,
-                FaultKind.RETIRED_PAGES_LIMIT,
-            }
-        ),
-        Subsystem.GPU,
-        "no uncorrectable ECC, remap pending or failure",
-    ),
-    "gpu-count": (frozenset({FaultKind.GPU_MISSING}), Subsystem.GPU, "all GPUs visible"),
-    "nvlink": (frozenset({FaultKind.NVLINK_DOWN}), Subsystem.NVLINK, "all NVLink links active"),
-    "thermal": (
-        frozenset({FaultKind.THERMAL_THROTTLE, FaultKind.POWER_THROTTLE}),
-        Subsystem.THERMAL,
-        "no thermal or power slowdown",
-    ),
-    "pcie": (frozenset({FaultKind.PCIE_DEGRADED}), Subsystem.PCIE, "PCIe links at full width"),
-    "infiniband": (
-        frozenset(
-            {
-                FaultKind.IB_PORT_DOWN,
-                FaultKind.IB_LINK_FLAP,
-                FaultKind.IB_RATE_DEGRADED,
-                FaultKind.IB_SYMBOL_ERRORS,
-            }
-        ),
-        Subsystem.INFINIBAND,
-        "all HCA ports active at the expected rate",
-    ),
-    "kernel": (
-        frozenset({FaultKind.KERNEL_SOFT_LOCKUP, FaultKind.KERNEL_HUNG_TASK}),
-        Subsystem.KERNEL,
-        "no soft lockup or hung task",
-    ),
-    "nvswitch": (
-        frozenset({FaultKind.NVSWITCH_FATAL, FaultKind.NVSWITCH_NONFATAL}),
-        Subsystem.KERNEL,
-        "no NVSwitch SXid in the kernel log",
-    ),
-    "fabric": (
-        frozenset(
-            {FaultKind.FABRIC_NOT_READY, FaultKind.FABRIC_DEGRADED, FaultKind.IMEX_NOT_READY}
-        ),
-        Subsystem.FABRIC,
-        "NVLink fabric registered and healthy; IMEX READY where the host runs it",
-    ),
-}
-ACTIVE = ("gemm", "sdc", "hbm", "allreduce", "dcgm")
-ALL = (*PASSIVE, *ACTIVE)
 
 
 def judge_passive(name: str, snaps: Sequence[Snapshot]) -> CheckResult:

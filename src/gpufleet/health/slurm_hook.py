@@ -47,7 +47,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpufleet.domain.slurm_reasons import HEALTH_CHECK_PREFIX
 from gpufleet.health.results import CheckStatus
 
 SCONTROL_TIMEOUT_S = 5.0
@@ -209,6 +208,10 @@ def parse_verdict(stdout: str, stderr: str, seconds: float) -> Outcome:
 
 def drain_reason(summary: str) -> str:
     """``gpufleet: health <check>: <why>``, one line, cut to :data:`MAX_REASON_LEN`."""
+    # Here, not at the top: the module's Mode names an option of `gpufleet health check`,
+    # whose --help should not build the policy's pydantic models (docs/cli.md, start-up).
+    from gpufleet.domain.slurm_reasons import HEALTH_CHECK_PREFIX
+
     text = " ".join(summary.split())
     return f"{HEALTH_CHECK_PREFIX} {text}"[:MAX_REASON_LEN]
 

@@ -2,9 +2,15 @@
 
 Every product reaches the apiserver through :class:`KubePort` (``KubeApi`` in
 production, a typed fake in unit tests); only this package imports kr8s.
+
+``KubeApi`` and ``SERVICE_IN_FLIGHT`` are imported from :mod:`~gpufleet.kubeapi.client`
+on first use: the errors, resources and port are plain classes that a command's module
+may name at the top, and its ``--help`` then imports neither kr8s nor httpx (docs/cli.md,
+start-up).
 """
 
-from gpufleet.kubeapi.client import SERVICE_IN_FLIGHT, KubeApi
+from typing import TYPE_CHECKING
+
 from gpufleet.kubeapi.errors import (
     ApiError,
     Conflict,
@@ -29,6 +35,18 @@ from gpufleet.kubeapi.resources import (
     Resource,
     custom,
 )
+
+if TYPE_CHECKING:
+    from gpufleet.kubeapi.client import SERVICE_IN_FLIGHT, KubeApi
+
+
+def __getattr__(name: str) -> object:
+    if name in ("KubeApi", "SERVICE_IN_FLIGHT"):
+        from gpufleet.kubeapi import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "EVENTS",

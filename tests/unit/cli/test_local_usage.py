@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import local_cmd
+from gpufleet.local import cluster as local_cluster
 from gpufleet.local.accounting import DatabaseEndpoint
 from gpufleet.local.cluster import ClusterInfo
 
@@ -78,12 +79,12 @@ def test_local_up_hands_its_machine_options_to_the_cluster(
 
     seen = []
 
-    class Stop(local_cmd.local_cluster.LocalCluster):
+    class Stop(local_cluster.LocalCluster):
         def start(self) -> ClusterInfo:
             seen.append(self.spec)
             raise ComponentError("host-node", None, "stopped by the test")
 
-    monkeypatch.setattr(local_cmd.local_cluster, "LocalCluster", Stop)
+    monkeypatch.setattr(local_cluster, "LocalCluster", Stop)
     result = CliRunner().invoke(
         app,
         ["local", "up", "--run-dir", str(tmp_path), "--no-slurm", "--machines", "2",

@@ -27,6 +27,7 @@ from gpufleet.domain.records import (
     record_to_json,
 )
 from gpufleet.domain.states import NodeState, Transition, Trigger
+from gpufleet.lifecycle import nodes
 from gpufleet.local.cluster import STATE_FILE, ClusterInfo
 from gpufleet.local.processes import ProcessRecord, start_time_of
 
@@ -283,7 +284,7 @@ def test_gpufleet_nodes_shows_the_lemon_score_decayed_to_now() -> None:
     from gpufleet.domain import lemon
 
     body = _node_body()
-    record = nodes_cmd.nodes.record_of(body, T0)[0]
+    record = nodes.record_of(body, T0)[0]
     score = lemon.add(None, weight=2.0, scope="gpu3", now=T0, half_life_seconds=86400.0)
     body["metadata"]["annotations"][well_known.ANNOTATION_RECORD] = record_to_json(
         replace(record, lemon=score)
@@ -296,7 +297,7 @@ def test_gpufleet_nodes_shows_the_lemon_score_decayed_to_now() -> None:
 
 def test_gpufleet_nodes_marks_a_hot_spare() -> None:
     body = _node_body()
-    record = nodes_cmd.nodes.record_of(body, T0)[0]
+    record = nodes.record_of(body, T0)[0]
     spare = replace(record, state=NodeState.PRODUCTION, incident=None, spare=True)
     body["metadata"]["annotations"][well_known.ANNOTATION_RECORD] = record_to_json(spare)
     row = nodes_cmd.node_summary(body, T0)
