@@ -100,6 +100,12 @@ STATUS_SCHEMA: Json = {
             "description": "Per pool: size, out of service, allowed.",
             "x-kubernetes-preserve-unknown-fields": True,
         },
+        "groupBudget": {
+            "type": "object",
+            "description": "Per node group with a budget of its own (spec.overrides[].budget, "
+            "counted on the group's nodes in every pool): size, out of service, allowed, waiting.",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
         "fleetBudget": {
             "type": "object",
             "description": "The whole fleet (every pool): size, out of service, allowed "

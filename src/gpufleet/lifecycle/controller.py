@@ -290,6 +290,7 @@ class Controller:
     async def on_policy(self, body: Mapping[str, Any]) -> None:
         """The FleetPolicy changed (watch event)."""
         await self.policies.on_policy(body)
+        await self.nodes.regroup()
 
     def on_policy_deleted(self) -> None:
         """The FleetPolicy is gone: pause (fail closed)."""

@@ -98,6 +98,8 @@ class PolicyKeeper:
         self.policy_seen = False
         self._policy_generation: tuple[Any, Any] = (None, None)
         self._saved_budget: dict[str, Any] | None = None
+        self._saved_groups: dict[str, Any] | None = None
+        """The groups' part of the last status saved (``groupBudget``)."""
         """The budget part of the last FleetPolicy status saved (saved again when it changes)."""
         self._policy_conditions: list[dict[str, Any]] | None = None
         """The FleetPolicy's status conditions as last written (None: not read yet)."""
@@ -319,6 +321,7 @@ class PolicyKeeper:
         b = fleet.breaker
         waiting, why = self._waiting()
         budget = self._budget_use(waiting)
+        groups = self._group_use()
         self._set_policy_condition(
             "BreakerOpen",
             "True" if b.is_open else "False",
@@ -338,6 +341,10 @@ class PolicyKeeper:
             # A merge patch keeps keys it does not name: a pool that is gone is removed.
             "budget": {**{p: None for p in self._saved_budget or {} if p not in budget}, **budget},
             "fleetBudget": self._fleet_use(budget),
+            "groupBudget": {
+                **{g: None for g in self._saved_groups or {} if g not in groups},
+                **groups,
+            },
             # Every condition at once (a merge patch replaces the list whole).
             "conditions": self._set_policy_condition(
                 "FaultsWaiting",
@@ -355,6 +362,7 @@ class PolicyKeeper:
         else:
             self._saved_budget = budget
             self._saved_fleet = status["fleetBudget"]
+            self._saved_groups = groups
 
     def update_gauges(self) -> None:
         """Metrics from the fleet view; and a status save when the budget use changed.
@@ -372,9 +380,10 @@ class PolicyKeeper:
             m.budget_out.labels(pool=pool).set(use["outOfService"])
             m.budget_allowed.labels(pool=pool).set(use["allowed"])
             m.faults_waiting.labels(pool=pool).set(use["waiting"])
-        if self.policy_seen and (budget, self._fleet_use(budget)) != (
+        if self.policy_seen and (budget, self._fleet_use(budget), self._group_use()) != (
             self._saved_budget,
             self._saved_fleet,
+            self._saved_groups,
         ):
             self.fleet.dirty_breaker = True  # "dirty status": saved by the coalescing saver
             try:
@@ -407,6 +416,27 @@ class PolicyKeeper:
             "outOfService": sum(use["outOfService"] for use in budget.values()),
             "allowed": self.policy.safety.budget.fleet_allowed(size),
             "waiting": sum(use["waiting"] for use in budget.values()),
+        }
+
+    def _group_use(self) -> dict[str, dict[str, int]]:
+        """Per node group with a budget of its own: its size, nodes out, how many its
+        budget allows and nodes waiting with a withheld fault: the status's
+        ``groupBudget`` (docs/decisions/0225)."""
+        view = self.fleet.view()
+        waiting: Counter[str] = Counter(
+            record.group for _name, record in self.fleet.ticking() if record.pending is not None
+        )
+        return {
+            o.name: {
+                "size": view.group(o.name).size,
+                "outOfService": view.group(o.name).out_of_service,
+                "allowed": o.budget.over(self.policy.safety.budget).allowed(
+                    view.group(o.name).size
+                ),
+                "waiting": waiting.get(o.name, 0),
+            }
+            for o in self.policy.overrides
+            if o.budget is not None
         }
 
     def _waiting(self) -> tuple[Counter[str], Counter[str]]:

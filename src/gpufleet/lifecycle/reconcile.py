@@ -310,6 +310,14 @@ class NodePass:
             self._answer_operator(written, obs.request, before, events, decisions)
         self._after(body, written, before, record, decisions, now)
 
+    async def regroup(self) -> None:
+        """Every record's node group under the policy in use (after a FleetPolicy change):
+        the group budgets and ``status.groupBudget`` count every node at once, not each
+        node only when it is next read."""
+        async with self.fleet.lock:
+            self.fleet.regroup(self.policies.effective(), self._group_of)
+        self.policies.update_gauges()
+
     def _group_of(self, name: str, policy: Policy) -> str | None:
         """A node's group under ``policy``, from its Node as last seen (None: not seen)."""
         body = self.book.get(name)

@@ -67,3 +67,36 @@ def test_without_a_fleet_limit_the_status_says_none() -> None:
 
     # A merge patch's null removes the key: no ``allowed`` means no fleet-wide limit.
     assert asyncio.run(go()) == {"size": 1, "outOfService": 0, "waiting": 0}
+
+
+def test_a_group_budget_in_the_status_counts_the_groups_nodes_once_the_policy_names_it() -> None:
+    """Nodes already held when a FleetPolicy with an override arrives are grouped at once
+    (by their labels), and ``status.groupBudget`` counts them across pools."""
+    kube = FakeKube()
+    body = kube.custom[(fp.PLURAL, "default")]
+    body["metadata"].update(generation=1, uid="u")
+    body["spec"] = _spec(maxNodes=10, maxPercent=100)
+    body["spec"]["overrides"] = [
+        {
+            "name": "rack-a",
+            "nodeSelector": {"matchLabels": {"example.com/rack": "a"}},
+            "budget": {"maxNodes": 1},
+        }
+    ]
+    ctl = controller(kube, ControllerSettings(status_save_delay_s=0.0), clock=ManualClock(1e9))
+    racks = {"n1": "a", "n2": "a", "n3": "a", "n4": "b"}
+    for name, rack in racks.items():
+        node = {"metadata": {"name": name, "labels": {"example.com/rack": rack}}}
+        ctl.nodes.book.put(name, node)
+        state = NodeState.DRAINING if name == "n1" else NodeState.PRODUCTION
+        ctl.fleet.put(NodeRecord.new(name, at=0, state=state, pool=f"p{name[-1]}"))
+
+    async def go() -> dict[str, Any]:
+        await ctl.on_policy(body)
+        await ctl.save_fleet_status()
+        return dict(kube.custom[(fp.PLURAL, "default")]["status"]["groupBudget"])
+
+    assert asyncio.run(go()) == {
+        "rack-a": {"size": 3, "outOfService": 1, "allowed": 1, "waiting": 0}
+    }
+    assert ctl.fleet.records["n2"].group == "rack-a" and ctl.fleet.records["n4"].group == ""
