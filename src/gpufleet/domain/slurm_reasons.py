@@ -177,9 +177,25 @@ def classify(
     return Classification(text, unmatched, None)
 
 
+NOT_RESPONDING_SUFFIX = " : Not responding"
+"""What Slurm 23.02 and later append to a node's reason when slurmctld marks it down for
+not answering past ``SlurmdTimeout`` (``set_node_reason``; 22.05 kept the reason as it
+was). A drained node keeps both when its slurmd registers again (``ReturnToService=2``
+lifts the DOWN, not the DRAIN)."""
+
+
 def is_roll_reason(reason: str | None) -> bool:
-    """Whether a drain reason is the slurmd roll's own (the operator's to resume)."""
-    return (reason or "").strip() == ROLL_REASON
+    """Whether a drain reason is the slurmd roll's own (the operator's to resume).
+
+    The roll's reason with Slurm's :data:`NOT_RESPONDING_SUFFIX` is the roll's too: the
+    roll deleted the node's slurmd pod, and a new slurmd that took longer than
+    ``SlurmdTimeout`` to register leaves Slurm 24.11 showing ``gpufleet: slurmd upgrade
+    : Not responding``; read as someone else's, the node stayed drained for good
+    (decision 0218). No other suffix counts: one Slurm adds for a failed epilog or a
+    kill that failed is a hold of Slurm's own.
+    """
+    text = (reason or "").strip()
+    return text in (ROLL_REASON, ROLL_REASON + NOT_RESPONDING_SUFFIX)
 
 
 def is_health_check_reason(reason: str | None) -> bool:

@@ -140,11 +140,14 @@ class SlurmdRoll:
         ]
 
     async def _fresh(self, step: RollStep, ds: Mapping[str, Any], generation: str) -> RollNode:
-        """The step's node read again right before its write: Slurm's node and jobs, and
-        its pod."""
+        """The step's node read again right before its write: its pod, then Slurm's node
+        and the running jobs, the one the write depends on most read last (the jobs before
+        a pod's delete, the node's drain and reason before a drain or a resume): nothing in
+        Slurm can make the write conditional, so what changes between that read and the
+        write is the only window left (a drain set by the syncer's take-over just after
+        the node was read was resumed when the node was read before the jobs and the pod;
+        found by the simulation, decision 0217)."""
         s = self.settings
-        view = await self.rest.node(step.node)
-        jobs = await self.rest.running_jobs()
         match = ((ds.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
         pods = await self.kube.list(
             PODS,
@@ -153,6 +156,12 @@ class SlurmdRoll:
             field_selector=f"spec.nodeName={step.node}",
         )
         pod = pod_view(pods.items[0], generation) if pods.items else None
+        if step.act is Act.REPLACE:
+            view = await self.rest.node(step.node)
+            jobs = await self.rest.running_jobs()
+        else:
+            jobs = await self.rest.running_jobs()
+            view = await self.rest.node(step.node)
         busy = sum(1 for j in jobs if step.node in j.nodes)
         return RollNode(name=step.node, pod=pod, slurm=view, jobs=busy)
 

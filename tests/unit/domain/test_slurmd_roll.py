@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpufleet.domain import slurm_sync
-from gpufleet.domain.slurm_reasons import ROLL_REASON
+from gpufleet.domain.slurm_reasons import NOT_RESPONDING_SUFFIX, ROLL_REASON, is_roll_reason
 from gpufleet.domain.slurm_sync import SlurmView
 from gpufleet.domain.slurmd_roll import Act, RollNode, SlurmdPod, plan
 
@@ -80,6 +80,23 @@ def test_paused_starts_nothing_but_gives_registered_nodes_back() -> None:
         RollNode("c", pod(True), view(reason=ROLL_REASON, started=T + 1)),
     )
     assert acts(*nodes, paused=True) == {"a": Act.WAIT, "b": Act.WAIT, "c": Act.RESUME}
+
+
+def test_slurms_not_responding_suffix_keeps_the_drain_the_rolls() -> None:
+    """Slurm 24.11 appends `` : Not responding`` to a drained node's reason when its slurmd
+    is away past SlurmdTimeout, and keeps it once the new slurmd registered (decision
+    0218): still the roll's drain, resumed by it, counted against maxUnavailable."""
+    suffixed = ROLL_REASON + NOT_RESPONDING_SUFFIX
+    assert is_roll_reason(suffixed) and is_roll_reason(ROLL_REASON)
+    assert acts(RollNode("a", pod(True), view(reason=suffixed, started=T + 2))) == {"a": Act.RESUME}
+    waiting = RollNode("a", pod(True), view(reason=suffixed))
+    assert acts(waiting, RollNode("b", pod(), view())) == {"a": Act.WAIT, "b": Act.WAIT}
+    # Any other suffix is Slurm's own hold, and someone else's words stay someone else's.
+    for other in (ROLL_REASON + " : Kill task failed", ADMIN + NOT_RESPONDING_SUFFIX):
+        assert not is_roll_reason(other)
+        node = RollNode("a", pod(True), view(reason=other, started=T + 2))
+        assert acts(node) == {"a": Act.DONE}
+    assert not view(reason=suffixed).ours  # nor the syncer's
 
 
 def test_a_node_slurm_does_not_know_gets_nothing() -> None:
