@@ -145,6 +145,8 @@ def label(pid: int, comm: str) -> str:
     args = [a for a in args[1:] if a]
     if args[:1] == ["-m"] and len(args) > 1:
         return f"{comm}: -m {args[1]}"
+    if args[:1] == ["-c"]:  # execnet starts pytest-xdist's workers so
+        return f"{comm}: pytest-xdist worker" if "sys.stdin" in " ".join(args) else f"{comm}: -c"
     script = next((a for a in args if not a.startswith("-")), "")
     return f"{comm}: {Path(script).name}" if script else comm
 
