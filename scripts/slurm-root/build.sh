@@ -6,7 +6,9 @@
 #
 # The Containerfile's FROM (Debian's slim image of SUITE) is a debootstrap of SUITE;
 # its RUN steps come in STEPS (NN.sh: the command; NN.env: its environment,
-# NUL-separated NAME=value) and run chrooted in the tree, in order.
+# NUL-separated NAME=value) and run chrooted in the tree, in order. With no steps, OUT/root
+# is the base alone: what `scripts/release/build-images --base-from-local` imports into
+# buildah or podman as the Containerfile's FROM image (gpufleet.local.engine).
 #
 # Called by `gpufleet local slurm-image build`, which reads the Containerfile,
 # computes the cache key and moves OUT into ~/.cache/gpufleet/slurm-root/<key> only
@@ -52,7 +54,9 @@ debootstrap --variant=minbase "$suite" "$root" "$mirror" > "$out/debootstrap.log
   fail "debootstrap $suite from $mirror failed (is the mirror reachable? log above)"
 }
 
-step 2 "the Containerfile's RUN steps ($(ls "$steps"/*.sh | wc -l))"
+shopt -s nullglob
+runs=("$steps"/*.sh)
+step 2 "the Containerfile's RUN steps (${#runs[@]})"
 # The packages' services must not start in the chroot (Debian's images ship this too).
 printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"
 chmod 755 "$root/usr/sbin/policy-rc.d"
@@ -61,7 +65,7 @@ for fs in proc dev; do
   mount --bind "/$fs" "$root/$fs"
   mounted+=("$root/$fs")
 done
-for run in "$steps"/*.sh; do
+for run in "${runs[@]}"; do
   mapfile -d '' env < "${run%.sh}.env"
   echo "   RUN $(head -c 100 "$run" | tr -s ' \n' ' ')..."
   chroot "$root" /usr/bin/env -i "${env[@]}" /bin/sh -c "$(cat "$run")" < /dev/null \

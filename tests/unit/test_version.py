@@ -63,8 +63,8 @@ def test_the_containerfiles_default_bases_are_this_releases_images() -> None:
 
 
 def test_the_release_build_tags_each_image_with_the_charts_names() -> None:
-    commands = release.buildx_commands(
-        release.IMAGES, platforms="linux/amd64,linux/arm64", output="--push"
+    commands = release.build_commands(
+        release.IMAGES, platforms="linux/amd64,linux/arm64", push=True
     )
     tags = [cmd[cmd.index("-t") + 1] for cmd in commands]
     assert tags == [release.release_reference(name) for name in release.IMAGES]

@@ -492,7 +492,7 @@ def _make_copy(staging: Path, files: list[Path], dest: str) -> Path:
 def _make_run(
     staging: Path, step: containerfile.RunStep, lower: list[Layer], where: str, progress: Progress
 ) -> Path:
-    wheels = _wheels(progress)
+    wheels = download_wheels(progress)
     upper = staging / "upper"
     env = [f"{k}={v}" for k, v in (("HOME", "/root"), *step.env)]
     env += ["PIP_NO_INDEX=1", "PIP_FIND_LINKS=/mnt/wheels"]
@@ -548,11 +548,18 @@ def _step_layers(
     return layers, built
 
 
-def _wheels(progress: Progress) -> Path:
-    """Wheels of the pinned runtime dependencies, downloaded once per set."""
+def wheels_dir() -> Path:
+    """Where :func:`download_wheels` puts the wheels of the pinned runtime dependencies."""
+    key = _key("wheels", {"requirements": node_image.node_requirements()})
+    return cache_root() / "wheels" / key / "wheels"
+
+
+def download_wheels(progress: Progress) -> Path:
+    """Wheels of the pinned runtime dependencies, downloaded once per set (also the pip
+    index of ``scripts/release/build-images --base-from-local``)."""
     requirements = node_image.node_requirements()
-    key = _key("wheels", {"requirements": requirements})
-    out = cache_root() / "wheels" / key
+    out = wheels_dir().parent
+    key = out.name
     if not (out / "wheels" / ".complete").is_file():
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)

@@ -1,7 +1,8 @@
 """The images' Containerfiles, the build args they get and the names a release gives them.
 
 One description per image (``images/<name>/Containerfile``): a release builds it with
-``docker buildx`` (:func:`buildx_commands`, run by ``scripts/release/build-images``) and
+``docker buildx``, buildah or podman (:func:`build_commands`, run by
+``scripts/release/build-images``; the engines: :mod:`gpufleet.local.engine`) and
 ``gpufleet local images build`` runs the same file (:mod:`gpufleet.local.images`). A
 release names the images as the Helm chart's defaults do, ``ghcr.io/gpufleet/<name>``:
 
@@ -21,13 +22,14 @@ from __future__ import annotations
 import argparse
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import gpufleet
-from gpufleet.local import containerfile
+from gpufleet.local import containerfile, engine
 from gpufleet.local.binaries import repo_root
 
 REGISTRY = "ghcr.io/gpufleet"
@@ -129,7 +131,7 @@ def plan(
     return containerfile.plan(load(name, repo), args, lambda base: config_of(base, repo))
 
 
-# ------------------------------------------------------------------ docker buildx
+# ------------------------------------------------------------------ building
 
 
 def write_context(repo: Path | None = None) -> tuple[Path, Path]:
@@ -149,68 +151,149 @@ def write_context(repo: Path | None = None) -> tuple[Path, Path]:
     return wheel, requirements
 
 
-def buildx_commands(
+PIP_LOCAL_ARGS = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": engine.WHEELS_AT}
+"""Build args pointing pip at the mounted wheels (``--base-from-local``), given to an image
+whose Containerfile declares them."""
+
+
+def declared_args(name: str, repo: Path | None = None) -> set[str]:
+    return {i.name for i in load(name, repo).instructions if isinstance(i, containerfile.Arg)}
+
+
+def build_commands(
     names: Sequence[str],
     *,
+    builder: engine.Engine | None = None,
     registry: str = REGISTRY,
     platforms: str,
-    output: str,
+    push: bool = False,
+    wheels: Path | None = None,
     repo: Path | None = None,
 ) -> list[list[str]]:
-    """One ``docker buildx build`` per image, in :data:`IMAGES` order; ``output`` is
-    ``--push`` or ``--load``."""
+    """One build command per image, in :data:`IMAGES` order, for ``builder`` (docker
+    buildx by default). ``wheels``: the ``--base-from-local`` build (no registry: the base
+    already in the storage, pip pointed at these wheels where the file declares its args)."""
     root = _repo(repo)
+    builder = builder or engine.Engine()
     out = []
     for name in IMAGES:
         if name not in names:
             continue
-        cmd = ["docker", "buildx", "build", "--platform", platforms]
-        cmd += ["-f", str(containerfile_path(name, root).relative_to(root))]
         args = build_args(name, registry=registry, repo=root)
-        for key in ("VERSION", *([BASE_ARG[name]] if name in BASE_ARG else [])):
-            cmd += ["--build-arg", f"{key}={args[key]}"]
-        cmd += ["-t", release_reference(name, registry=registry, repo=root), output, "."]
-        out.append(cmd)
+        given = {k: args[k] for k in ("VERSION", *([BASE_ARG[name]] if name in BASE_ARG else []))}
+        pip_local = wheels is not None and set(PIP_LOCAL_ARGS) <= declared_args(name, root)
+        if pip_local:
+            given.update(PIP_LOCAL_ARGS)
+        out.append(
+            builder.build_argv(
+                str(containerfile_path(name, root).relative_to(root)),
+                given,
+                release_reference(name, registry=registry, repo=root),
+                platforms=platforms,
+                push=push,
+                base_from_local=wheels is not None,
+                wheels=wheels if pip_local else None,
+            )
+        )
     return out
 
 
+def _builder(ns: argparse.Namespace) -> engine.Engine:
+    """The engine of ``--engine``, in ``--storage`` (or, with ``--base-from-local``, the
+    cache's storage for this engine and version)."""
+    storage = Path(ns.storage).resolve() if ns.storage else None
+    if ns.base_from_local and ns.engine not in engine.LOCAL_ENGINES:
+        raise engine.EngineError(
+            "--base-from-local imports the Debian base into buildah's or podman's storage: "
+            "give --engine buildah (or podman)"
+        )
+    builder = engine.Engine(ns.engine, storage)
+    if ns.base_from_local and storage is None:
+        version = builder.require() if not ns.dry_run or shutil.which(ns.engine) else "VERSION"
+        builder = engine.Engine(ns.engine, engine.cache_storage(ns.engine, version))
+    elif not ns.dry_run:
+        builder.require()
+    return builder
+
+
 def _build_images(ns: argparse.Namespace) -> int:
+    from gpufleet.local import images
+
     root = _repo(None)
     names = ns.only or list(IMAGES)
     unknown = sorted(set(names) - set(IMAGES))
     if unknown:
         raise ReleaseError(f"no such image: {', '.join(unknown)} (images: {', '.join(IMAGES)})")
-    output = "--push" if ns.push else "--load"
-    platforms = ns.platform or ("linux/amd64,linux/arm64" if ns.push else f"linux/{target_arch()}")
-    commands = buildx_commands(
-        names, registry=ns.registry, platforms=platforms, output=output, repo=root
-    )
+    builder = _builder(ns)
+    here = f"linux/{target_arch()}"
+    platforms = ns.platform or ("linux/amd64,linux/arm64" if ns.push else here)
+    if ns.base_from_local and platforms != here:
+        raise ReleaseError(
+            f"--base-from-local builds {here} only: its Debian base is a debootstrap of "
+            f"this machine (asked for {platforms})"
+        )
+    wheels = None
+    if ns.base_from_local:
+        wheels = images.download_wheels(print) if not ns.dry_run else images.wheels_dir()
+    commands = build_commands(
+        names, builder=builder, registry=ns.registry, platforms=platforms, push=ns.push,
+        wheels=wheels, repo=root,
+    )  # fmt: skip
     if not ns.dry_run:
         wheel, requirements = write_context(root)
         print(f"build context: {wheel.relative_to(root)}, {requirements.relative_to(root)}")
+    if ns.base_from_local:
+        base = plan("slurm", repo=root).base
+        if not base.startswith(DEBIAN_IMAGES):
+            raise ReleaseError(f"images/slurm/Containerfile: FROM {base}: not a Debian image")
+        print(f"+ import {base} from the local build's debootstrap", flush=True)
+        if not ns.dry_run:
+            engine.import_debian_base(builder, base, root)
     for cmd in commands:
         print("+ " + shlex.join(cmd), flush=True)
         if not ns.dry_run:
             subprocess.run(cmd, cwd=root, check=True)
+    if builder.storage is not None:
+        print(f"images in {builder.storage}: {shlex.join(builder.command('images'))}")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="scripts/release/build-images",
-        description="Build the release images from images/*/Containerfile with docker buildx, "
-        "named as the Helm chart's defaults (REGISTRY/gpufleet:VERSION, REGISTRY/slurm:SLURM, "
-        "REGISTRY/gpufleet-gpu:VERSION). Writes dist/ (the wheel, the pinned requirements) "
-        "first.",
+        description="Build the release images from images/*/Containerfile with docker buildx "
+        "(or buildah, podman), named as the Helm chart's defaults (REGISTRY/gpufleet:VERSION, "
+        "REGISTRY/slurm:SLURM, REGISTRY/gpufleet-gpu:VERSION). Writes dist/ (the wheel, the "
+        "pinned requirements) first.",
         epilog="Examples: scripts/release/build-images --push   (multi-arch, to ghcr.io/gpufleet); "
         "scripts/release/build-images --only slurm --only gpufleet --load; "
-        "scripts/release/build-images --dry-run; scripts/release/build-images --print-tags",
+        "scripts/release/build-images --engine buildah --base-from-local --only slurm "
+        "--only gpufleet   (no registry: this machine's Debian mirror and the wheels it "
+        "downloaded); scripts/release/build-images --dry-run; "
+        "scripts/release/build-images --print-tags",
     )
     parser.add_argument("--registry", default=REGISTRY, help=f"repository prefix ({REGISTRY})")
     parser.add_argument("--only", action="append", choices=IMAGES, help="build only this image")
     parser.add_argument(
         "--platform",
         help="platforms (default: linux/amd64,linux/arm64 with --push, this machine's with --load)",
+    )
+    parser.add_argument(
+        "--engine", choices=engine.ENGINES, default="docker",
+        help="docker (buildx; the default), buildah or podman (build --layers)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--storage",
+        help="buildah's or podman's storage directory (--root; default: the engine's own, "
+        f"or with --base-from-local {engine.cache_root()}/ENGINE-VERSION)",
+    )
+    parser.add_argument(
+        "--base-from-local",
+        action="store_true",
+        help="build with no registry (buildah or podman): the Debian base is the local "
+        "build's debootstrap of the suite the Slurm image names, imported into the storage "
+        "under that name (--pull=never); pip installs from the wheels the local build "
+        "downloaded; RUN steps use the host's network (apt reaches its Debian mirror)",
     )
     parser.add_argument("--push", action="store_true", help="push (default: --load into docker)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -224,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(release_reference(name, registry=ns.registry))
             return 0
         return _build_images(ns)
-    except (ReleaseError, containerfile.ContainerfileError) as exc:
+    except (ReleaseError, engine.EngineError, containerfile.ContainerfileError) as exc:
         print(f"build-images: {exc}", file=sys.stderr)
         return 1
     except subprocess.CalledProcessError as exc:
