@@ -22,8 +22,7 @@ from gpufleet.cli.errors import EXIT_NO_ANSWER, fail
 from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, show, structured, table
 from gpufleet.domain import well_known
-from gpufleet.domain.modes import DEFAULT_COMMAND_TIMEOUT_S, Action
-from gpufleet.domain.policy import DrainMode, RequeueMode
+from gpufleet.domain.modes import DEFAULT_COMMAND_TIMEOUT_S, Action, DrainMode, RequeueMode
 from gpufleet.kubeapi import Conflict, NotFound, custom
 
 # The client (kr8s) and the plan's model are imported by the commands that send or read

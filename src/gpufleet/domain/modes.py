@@ -1,14 +1,35 @@
 """Choices a person names on the command line and in specs, apart from the models.
 
-A MaintenancePlan's action and its command's default timeout live here, so that a
-command's help that offers them (``gpufleet maintenance create --help``) does not build
-the policy's and the plans' pydantic models (docs/cli.md, start-up). The modules that
-use them re-export them: :mod:`gpufleet.domain.maintenance` names them as before.
+How a node is emptied (the policy's drain and requeue modes) and what a MaintenancePlan
+does to it live here, so that a command's help that offers them (``gpufleet maintenance
+create --help``) does not build the policy's and the plans' pydantic models (docs/cli.md,
+start-up). The modules that use them re-export them: :mod:`gpufleet.domain.policy` and
+:mod:`gpufleet.domain.maintenance` name them as before.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+
+class DrainMode(StrEnum):
+    """How workloads leave a node that is taken out."""
+
+    WAIT = "wait"
+    """Wait for workloads to finish; only interruptible pods are evicted."""
+    EVICT = "evict"
+    """Evict now through the Eviction API (PodDisruptionBudgets respected)."""
+    DELETE_AFTER_TIMEOUT = "delete-after-timeout"
+    """Evict now; delete what is still there after the drain timeout."""
+
+
+class RequeueMode(StrEnum):
+    """What happens to Slurm jobs on a node drained for a fault."""
+
+    NOW = "now"
+    """Requeue at once; they resume from their last checkpoint elsewhere."""
+    LET_FINISH = "let-finish"
+    """Drain in Slurm but let running jobs finish."""
 
 
 class Action(StrEnum):

@@ -46,6 +46,8 @@ from gpufleet.domain.bounds import (
 from gpufleet.domain.faults import FaultEvent, FaultKind, fault_key
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step
 from gpufleet.domain.lemon import LemonWeights
+from gpufleet.domain.modes import DrainMode as DrainMode
+from gpufleet.domain.modes import RequeueMode as RequeueMode
 from gpufleet.domain.selectors import LabelSelector
 from gpufleet.domain.slurm_reasons import SlurmReasons
 from gpufleet.domain.stragglers import StragglerRule
@@ -91,26 +93,6 @@ class TaintEffect(StrEnum):
 
     NO_SCHEDULE = "NoSchedule"
     NO_EXECUTE = "NoExecute"
-
-
-class DrainMode(StrEnum):
-    """How workloads leave a node that is taken out."""
-
-    WAIT = "wait"
-    """Wait for workloads to finish; only interruptible pods are evicted."""
-    EVICT = "evict"
-    """Evict now through the Eviction API (PodDisruptionBudgets respected)."""
-    DELETE_AFTER_TIMEOUT = "delete-after-timeout"
-    """Evict now; delete what is still there after the drain timeout."""
-
-
-class RequeueMode(StrEnum):
-    """What happens to Slurm jobs on a node drained for a fault."""
-
-    NOW = "now"
-    """Requeue at once; they resume from their last checkpoint elsewhere."""
-    LET_FINISH = "let-finish"
-    """Drain in Slurm but let running jobs finish."""
 
 
 class SlurmWait(StrEnum):
