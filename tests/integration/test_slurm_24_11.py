@@ -5,7 +5,8 @@ A cluster of its own (2 KWOK nodes, Slurm 24.11 from the Debian 13 root that
 the syncer negotiates v0.0.42, drains through ``POST /slurm/v0.0.42/node/{name}``
 on our cordon and on a fault (requeueing the running job with the 24.11 scontrol),
 and resumes through the API. Slurm's side is read with ``sinfo`` / ``squeue`` text
-output, not through the decoder under test.
+output, not through the decoder under test. The SlurmCluster operator's block topology,
+rendered from the Nodes' labels, is read by this slurmctld (``scontrol show topology``).
 """
 
 from __future__ import annotations
@@ -312,3 +313,137 @@ def test_the_charts_slurmctld_reloads_when_its_files_change(
             ),
             60,
         )
+
+
+UUID_A = "5d2c8a41-7b3e-4f19-a6d0-2e8b9c1f4a70"
+UUID_B = "c81e0f3a-92d4-4b6c-8e15-7a3f0d2b6c94"
+LEAF_KEY = "network.topology.kubernetes.io/block"
+
+
+def test_block_topology_from_node_labels_is_read_by_slurmctld(
+    cluster: ClusterInfo, tmp_path: Path
+) -> None:
+    """Fabric topology as data (gpufleet.domain.topology) through the SlurmCluster operator
+    to 24.11's topology/block and to the scheduler labels: each KWOK Node carries the
+    NVLink clique its agent reports, the operator renders ``BlockName=`` lines from the
+    Nodes the apiserver returns, slurmctld restarts with ``TopologyPlugin=topology/block``
+    and ``scontrol show topology`` shows one block per NVLink domain. Then a Topograph
+    label that names another domain than the node's GPUs see: a Warning Event on that
+    Node, ``TopologyConsistent=False``, and the node is left out of the blocks and of the
+    NVLink domain label (nothing else on the Node changes). A node that moves to another
+    leaf switch is labelled there on the next pass."""
+    import asyncio
+
+    from test_slurm_operator import research_cluster
+
+    from gpufleet.kubeapi import KubeApi
+    from gpufleet.slurm.operator import ClusterOperator, OperatorSettings
+
+    assert cluster.slurm_conf is not None
+    kube = Kube(cluster)
+    ns = "topology-test"
+    n0, n1 = cluster.node_names[:2]
+    agent = {  # what each node's agent publishes (NVML's fabric info, decision 0093)
+        node: {well_known.LABEL_NVLINK_CLUSTER: uuid, well_known.LABEL_NVLINK_CLIQUE: f"{uuid}.1"}
+        for node, uuid in ((n0, UUID_A), (n1, UUID_B))
+    }
+    lie = "network.topology.nvidia.com/accelerator"
+    sched_keys = [f"gpufleet.io/topology-{k}" for k in ("spine", "leaf", "block", "nvlink-domain")]
+    conf = cluster.slurm_conf
+    original = conf.read_text()
+    topology_conf = conf.parent / "topology.conf"
+    leaf0 = kube.node(n0)["metadata"]["labels"][LEAF_KEY]
+    base = research_cluster(cluster, kube, ns)
+
+    async def reconcile() -> dict:
+        api = await KubeApi.connect(str(cluster.kubeconfig))
+        settings = OperatorSettings(conf_dir=tmp_path, reconfigure=False)
+        operator = ClusterOperator(kube=api, scontrol=None, rest=None, settings=settings)
+        return await operator.reconcile(ns, "research") or {}
+
+    def condition(status: dict, ctype: str) -> dict:
+        return next(c for c in status["conditions"] if c["type"] == ctype)
+
+    try:
+        for node, labels in agent.items():
+            kube.patch_node(node, {"metadata": {"labels": labels}})
+        kube.patch(
+            f"{base}/research",
+            {"spec": {"topology": {"plugin": "block", "schedulerLabels": {"enabled": True}}}},
+            kind="merge-patch",
+        )
+        status = asyncio.run(reconcile())
+        assert condition(status, "TopologyConsistent")["status"] == "True", status
+        rendered = (tmp_path / "topology.conf").read_text()
+        assert f"BlockName={UUID_A}.1 Nodes={n0}" in rendered, rendered
+        assert "TopologyPlugin=topology/block" in (tmp_path / "slurm.conf").read_text()
+        labels = kube.node(n0)["metadata"]["labels"]
+        assert labels["gpufleet.io/topology-nvlink-domain"] == f"{UUID_A}.1"
+        assert labels["gpufleet.io/topology-leaf"].startswith("ib-leaf-")
+
+        # slurmctld reads the rendered blocks (the local cluster's own slurm.conf, plus the
+        # plugin line the operator renders).
+        topology_conf.write_text(rendered)
+        conf.write_text(original + "TopologyPlugin=topology/block\n")
+        run(cluster, "scontrol", "reconfigure")
+
+        def blocks() -> str:
+            r = subprocess.run(
+                ["scontrol", "show", "topology"], env=cluster.slurm_env(),
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            return r.stdout if r.returncode == 0 else ""
+
+        wait_for("slurmctld shows the blocks", lambda: "BlockName=" in blocks(), 60)
+        shown = {line.split()[0]: line for line in blocks().splitlines() if line.strip()}
+        assert f"Nodes={n0}" in shown[f"BlockName={UUID_A}.1"], shown
+        assert f"Nodes={n1}" in shown[f"BlockName={UUID_B}.1"], shown
+
+        # A label that lies about what n1's GPUs see: reported, left out, never acted on.
+        before = kube.node(n1)["spec"]
+        kube.patch_node(n1, {"metadata": {"labels": {lie: UUID_A}}})
+        status = asyncio.run(reconcile())
+        consistent = condition(status, "TopologyConsistent")
+        assert consistent["status"] == "False" and n1 in consistent["message"], consistent
+        cm = kube.get(f"/api/v1/namespaces/{ns}/configmaps/research-slurm-config")
+        assert n1 not in cm["data"]["topology.conf"], cm["data"]["topology.conf"]
+        node = kube.node(n1)
+        assert "gpufleet.io/topology-nvlink-domain" not in node["metadata"]["labels"]
+        assert node["metadata"]["labels"]["gpufleet.io/topology-leaf"].startswith("ib-leaf-")
+        assert node["spec"] == before  # no cordon, no taint
+        events = kube.get(
+            "/api/v1/namespaces/default/events?fieldSelector="
+            f"involvedObject.name={n1},reason=TopologyContradiction"
+        )["items"]
+        assert [e["type"] for e in events] == ["Warning"], events
+        assert UUID_A in events[0]["message"] and f"{UUID_B}.1" in events[0]["message"]
+
+        # n0 moves to another leaf switch: the next pass labels it there.
+        kube.patch_node(n0, {"metadata": {"labels": {LEAF_KEY: "ib-leaf-moved"}}})
+        asyncio.run(reconcile())
+        assert kube.node(n0)["metadata"]["labels"]["gpufleet.io/topology-leaf"] == "ib-leaf-moved"
+    finally:
+        conf.write_text(original)
+        topology_conf.unlink(missing_ok=True)
+        run(cluster, "scontrol", "reconfigure")
+        wait_for(
+            "slurmctld back without the blocks",
+            lambda: subprocess.run(
+                ["scontrol", "ping"], env=cluster.slurm_env(), capture_output=True, timeout=30
+            ).returncode == 0,
+            60,
+        )  # fmt: skip
+        kube.http.delete(f"/api/v1/namespaces/{ns}")
+        kube.patch_node(n0, {"metadata": {"labels": {LEAF_KEY: leaf0}}})
+        gone = {**agent[n0], lie: None, well_known.LABEL_SLURM_CLUSTER: None}
+        gone.update(dict.fromkeys(sched_keys))
+        for node in (n0, n1):
+            kube.patch_node(
+                node,
+                {
+                    "metadata": {
+                        "labels": {k: None for k in gone},
+                        "annotations": {well_known.ANNOTATION_TOPOLOGY_LABELS: None},
+                    }
+                },
+            )
