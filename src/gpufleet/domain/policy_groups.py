@@ -45,13 +45,35 @@ def policy_for(policy: Policy, labels: Mapping[str, str]) -> Resolution:
         why.extend(f"  {line}" for line in lines)
         if matched:
             why.append(f"overrides[{i}] ({override.name}) applies: the first override that matches")
-            return Resolution(policy.for_override(i), override.name, i, why)
+            return Resolution(resolved(policy, i), override.name, i, why)
     why.append(
         "no override matches: the fleet-wide policy applies"
         if policy.overrides
         else "the policy has no overrides: the fleet-wide policy applies"
     )
     return Resolution(policy, None, None, why)
+
+
+_RESOLVED: dict[int, tuple[Policy, dict[int, Policy]]] = {}
+"""id(policy) -> (that very policy, its resolved overrides). The entry holds the policy, so
+its id is not reused while the entry lives; a copy (the controller's forced dry-run) is
+another object with entries of its own."""
+_KEEP = 8
+
+
+def resolved(policy: Policy, index: int) -> Policy:
+    """``policy.for_override(index)``, built once per policy object and override: a node
+    pass resolves a Node on every event, and a policy is frozen, so a result never goes
+    stale. Pure as far as callers can tell (the cache only saves work)."""
+    entry = _RESOLVED.get(id(policy))
+    if entry is None or entry[0] is not policy:
+        while len(_RESOLVED) >= _KEEP:
+            del _RESOLVED[next(iter(_RESOLVED))]
+        entry = _RESOLVED[id(policy)] = (policy, {})
+    found = entry[1].get(index)
+    if found is None:
+        found = entry[1][index] = policy.for_override(index)
+    return found
 
 
 def group_of(policy: Policy, labels: Mapping[str, str]) -> str:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Self
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -96,6 +96,16 @@ class Requirement(_Model):
                 raise ValueError(problem)
         return self
 
+    def holds(self, labels: Mapping[str, str]) -> bool:
+        """Whether ``labels`` meet this requirement."""
+        have = labels.get(self.key)
+        if self.operator is Operator.EXISTS:
+            return have is not None
+        if self.operator is Operator.DOES_NOT_EXIST:
+            return have is None
+        inside = have is not None and have in self.values
+        return inside if self.operator is Operator.IN else not inside
+
     def check(self, labels: Mapping[str, str]) -> tuple[bool, str]:
         """Whether ``labels`` meet this requirement, and a sentence saying why."""
         have = labels.get(self.key)
@@ -135,13 +145,19 @@ class LabelSelector(_Model):
             raise ValueError("; ".join(problems))
         return self
 
-    def requirements(self) -> tuple[Requirement, ...]:
-        """matchLabels as ``In`` requirements, then matchExpressions (Kubernetes' order)."""
+    _requirements: tuple[Requirement, ...] = PrivateAttr(default=())
+
+    def model_post_init(self, context: Any, /) -> None:
         pairs = tuple(
-            Requirement(key=k, operator=Operator.IN, values=(v,))
+            Requirement.model_construct(key=k, operator=Operator.IN, values=(v,))
             for k, v in sorted(self.match_labels.items())
         )
-        return (*pairs, *self.match_expressions)
+        self._requirements = (*pairs, *self.match_expressions)
+
+    def requirements(self) -> tuple[Requirement, ...]:
+        """matchLabels as ``In`` requirements, then matchExpressions (Kubernetes' order);
+        built once (a node pass matches every Node against them)."""
+        return self._requirements
 
     def check(self, labels: Mapping[str, str]) -> tuple[bool, list[str]]:
         """Whether ``labels`` match, and one line per requirement (held or failed)."""
@@ -155,7 +171,7 @@ class LabelSelector(_Model):
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether a Node with ``labels`` is selected."""
-        return all(r.check(labels)[0] for r in self.requirements())
+        return all(r.holds(labels) for r in self._requirements)
 
     def contradiction(self) -> str | None:
         """Why no set of labels can match (None: some can), for one key at a time."""

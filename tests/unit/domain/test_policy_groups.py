@@ -90,8 +90,14 @@ def test_an_override_replaces_only_what_it_sets() -> None:
 
 
 def test_dry_run_and_pause_stay_the_fleets() -> None:
-    policy = _load(GB200).model_copy(update={"dry_run": True})
-    assert policy_for(policy, {POOL: "gb200"}).policy.dry_run
+    """Also when the policy was resolved before it was copied into dry-run (the controller's
+    forced dry-run copies the policy in use): a resolution is never served to a copy."""
+    policy = _load(GB200)
+    first = policy_for(policy, {POOL: "gb200"}).policy
+    assert not first.dry_run and policy_for(policy, {POOL: "gb200"}).policy is first
+    dry = policy.model_copy(update={"dry_run": True})
+    assert policy_for(dry, {POOL: "gb200"}).policy.dry_run
+    assert policy_for(dry.model_copy(update={"paused": True}), {POOL: "gb200"}).policy.paused
 
 
 def test_an_override_with_its_own_ladder() -> None:
