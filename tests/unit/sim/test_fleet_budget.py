@@ -4,8 +4,10 @@ keeps its fleet view with the same ``apply_decision``, so no more nodes are out 
 
 from __future__ import annotations
 
+import json
+
 from gpufleet.domain import events as ev
-from gpufleet.domain.policy import Policy, default_policy
+from gpufleet.domain.policy import Policy, default_policy, load_policy
 from gpufleet.domain.states import OUT_OF_SERVICE
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.model import default_model
@@ -35,3 +37,22 @@ def test_no_more_nodes_out_than_the_fleet_budget_and_the_rest_are_held() -> None
     assert free.peak > 1  # without it, the pool budget (50 of 2,000 nodes) lets more out
     assert capped.peak == 1
     assert result.held > free.held
+
+
+def test_a_node_groups_budget_holds_in_the_simulator_too() -> None:
+    """An override whose selector matches the simulated nodes (their pool label), with a
+    budget of one node: the simulator resolves each node's policy the controller's way and
+    never has more than one out."""
+    spec = default_policy().model_dump(by_alias=True, mode="json")
+    spec["overrides"] = [
+        {
+            "name": "everyone",
+            "nodeSelector": {"matchLabels": {"gpufleet.io/pool": "default"}},
+            "budget": {"maxNodes": 1},
+        }
+    ]
+    grouped = load_policy(json.dumps(spec))
+    sim = PeakWatch(default_model(), grouped, gpus=16000, days=60, seed=7)
+    result = sim.run()
+    assert {r.group for r in sim.records} == {"everyone"}
+    assert sim.peak == 1 and result.held > 0
