@@ -271,6 +271,28 @@ class SlurmClusterSpec(_Model):
         "name does not resolve by itself: a StatefulSet pod resolves as <pod>.<service> "
         "(cluster DNS), not as <pod>. Empty: the host name.",
     )
+    backup_controller_host: str = Field(
+        default="",
+        pattern=r"^([A-Za-z0-9_.:-]+)?$",
+        max_length=253,
+        description="A backup slurmctld's host name (the StatefulSet's second pod), a second "
+        "SlurmctldHost that takes over when the first stops answering for "
+        "slurmctldTimeout; both need the one StateSaveLocation (docs/slurm.md, Controller "
+        "failover). Empty: no backup.",
+    )
+    backup_controller_address: str = Field(
+        default="",
+        pattern=r"^([A-Za-z0-9_.:-]+)?$",
+        max_length=253,
+        description="As controllerAddress, for the backup. Empty: its host name.",
+    )
+    slurmctld_timeout: int = Field(
+        default=120,
+        ge=5,
+        le=65533,
+        description="SlurmctldTimeout, with a backup: seconds the backup waits for an "
+        "unanswered primary before it takes over (Slurm's default 120).",
+    )
     controller_port: int = Field(default=6817, description="slurmctld's port (SlurmctldPort).")
     slurmd_port: int = Field(default=6818, description="slurmd's port (SlurmdPort).")
     node_pools: list[NodePool] = Field(

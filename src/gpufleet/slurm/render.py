@@ -174,13 +174,25 @@ def _gres(pool: NodePool) -> str:
     return f"{kind}:{pool.gpus}"
 
 
-def _controller(spec: SlurmClusterSpec) -> str:
+def _host(field: str, host: str, address: str) -> str:
     """``host`` or ``host(address)``: slurmctld checks its own host name against the first,
     everyone else dials the second."""
-    host = _safe("spec.controllerHost", spec.controller_host, HOST)
-    if not spec.controller_address:
-        return host
-    return f"{host}({_safe('spec.controllerAddress', spec.controller_address, HOST)})"
+    name = _safe(f"spec.{field}Host", host, HOST)
+    if not address:
+        return name
+    return f"{name}({_safe(f'spec.{field}Address', address, HOST)})"
+
+
+def _controllers(spec: SlurmClusterSpec) -> list[str]:
+    """The SlurmctldHost lines: the primary, then the backup when there is one (it takes
+    over after SlurmctldTimeout; every daemon and command tries them in this order)."""
+    lines = [f"SlurmctldHost={_host('controller', spec.controller_host, spec.controller_address)}"]
+    if spec.backup_controller_host:
+        backup = _host(
+            "backupController", spec.backup_controller_host, spec.backup_controller_address
+        )
+        lines += [f"SlurmctldHost={backup}", f"SlurmctldTimeout={spec.slurmctld_timeout}"]
+    return lines
 
 
 def _node_name(node: NodeInfo) -> str:
@@ -200,7 +212,7 @@ def render_slurm_conf(
     lines = [
         "# Rendered by the gpufleet SlurmCluster operator; edit the SlurmCluster, not this.",
         f"ClusterName={_safe('spec.clusterName', spec.cluster_name)}",
-        f"SlurmctldHost={_controller(spec)}",
+        *_controllers(spec),
         f"SlurmctldPort={spec.controller_port}",
         f"SlurmdPort={spec.slurmd_port}",
         "SlurmUser=slurm",

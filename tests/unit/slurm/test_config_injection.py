@@ -119,6 +119,10 @@ def _bypassed(field: str, value: Any, *, pool: bool = True) -> crd.SlurmClusterS
         (_bypassed("features", ["ib\nPrologSlurmctld=/x"]), "spec.nodePools['gpu'].features"),
         (_bypassed("gpu_files", "/dev/nvidia0 Flags=x"), "spec.nodePools['gpu'].gpuFiles"),
         (_bypassed("controller_host", "c0\nSlurmctldHost=evil", pool=False), "spec.controllerHost"),
+        (
+            _bypassed("backup_controller_host", "c1\nSlurmctldHost=evil", pool=False),
+            "spec.backupControllerHost",
+        ),
         (_bypassed("extra_config", ["A=1\nPrologSlurmctld=/x"], pool=False), "spec.extraConfig[0]"),
     ],
 )
