@@ -122,10 +122,12 @@ class NodePass:
         selector = ",".join(f"{k}={v}" for k, v in sorted(self.settings.node_selector.items()))
         listing = await self.client.list(NODES, label_selector=selector)
         now = self.clock.now()
+        policy = self.policies.effective()
         for body in listing.items:
             found = nodes.reading(body, now, self.keys)
             name = nodes.name_of(body)
-            self.fleet.put(found.record)
+            group = policy_groups.group_of(policy, nodes.labels_of(body))
+            self.fleet.put(replace(found.record, group=group))
             if not found.untrusted:
                 self._vouched.add(name)
             self.book.put(name, body)
