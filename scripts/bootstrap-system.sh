@@ -48,11 +48,13 @@ wait_for_venv() {
 # mariadb-server is the database of Slurm accounting (--slurm-accounting): each
 # cluster runs its own instance; the packaged service is never started.
 # buildah builds the release images from their Containerfiles with no daemon and no
-# registry (tests/integration/test_release_images.py: build-images --engine buildah).
+# registry (tests/integration/test_release_images.py: build-images --engine buildah);
+# netavark, only a Recommends of it, is its network backend, which buildah 1.28 needs to
+# make any container, even one on the host's network.
 packages=(munge slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin
           time openssl procps ca-certificates qemu-system-x86 ipxe-qemu socat
           debootstrap squashfs-tools e2fsprogs vde2 mariadb-server
-          runc iptables conntrack buildah)
+          runc iptables conntrack buildah netavark)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
