@@ -6,7 +6,8 @@ first seed of every category is shrunk and its replayable spec written to ``--ou
 (one JSON file per category), with the shrunk run's story.
 
     .venv/bin/python bench/dst_soak.py --seeds 200 [--start 0] [--duration 900]
-        [--weights forge=0,replica=4] [--breaker-min-nodes 4] [--shrink --out /tmp/dst]
+        [--weights forge=0,replica=4] [--breaker-min-nodes 4] [--slurmd-roll]
+        [--shrink --out /tmp/dst]
 
 Replay one: ``.venv/bin/python bench/dst_soak.py --replay /tmp/dst/1_after-step-timeout.json``.
 ``--keep-going`` runs every seed to its end (the verdict is then its first violation).
@@ -23,11 +24,13 @@ import time
 from dataclasses import replace
 
 from gpufleet.dst.runner import Result, Spec, describe, ensure_hash_seed, run, shrink
-from gpufleet.dst.scenario import Config
+from gpufleet.dst.scenario import Config, with_roll
 
 
 def _config(args: argparse.Namespace) -> Config:
     base = Config(duration=args.duration, breaker_min_nodes=args.breaker_min_nodes)
+    if args.slurmd_roll:
+        base = with_roll(base)
     weights = dict(base.weights)
     for item in filter(None, args.weights.split(",")):
         kind, _, value = item.partition("=")
@@ -60,6 +63,12 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=900.0)
     ap.add_argument("--weights", default="", help="event kind=weight overrides, comma separated")
     ap.add_argument("--breaker-min-nodes", type=int, default=2)
+    ap.add_argument(
+        "--slurmd-roll",
+        action="store_true",
+        help="the slurmd DaemonSet and the Slurm operator's roll, with its events (upgrade, "
+        "roll-pause, roll-dry-run, roll-kill; --weights changes them)",
+    )
     ap.add_argument("--shrink", action="store_true")
     ap.add_argument("--shrink-runs", type=int, default=150)
     ap.add_argument("--only", default="", help="shrink only these categories (comma separated)")
@@ -116,7 +125,12 @@ def main() -> int:
                 "virtual_s_per_s": round(virtual / run_wall) if run_wall else None,
                 "seeds_per_min": round(60 * args.seeds / run_wall, 1) if run_wall else None,
                 "wall_s": round(wall, 1),
-                "config": {"duration": cfg.duration, "nodes": cfg.nodes, "weights": args.weights},
+                "config": {
+                    "duration": cfg.duration,
+                    "nodes": cfg.nodes,
+                    "weights": args.weights,
+                    "slurmd_roll": cfg.slurmd_roll,
+                },
             },
             indent=1,
         )

@@ -20,8 +20,9 @@ itself, deciding here (decision 0204). The rules, for each node the DaemonSet ru
    Such nodes do not wait for a turn: their capacity is out already, so a
    MaintenancePlan window that empties a node is when its slurmd is replaced.
 5. **Bounded.** At most ``max_unavailable`` nodes are out because of the roll at
-   once (drained by it, or in service with a slurmd pod being deleted or not
-   ready); idle nodes are taken first, then by name.
+   once (drained by it, or not drained by anyone else with a slurmd pod being
+   deleted, not ready, or gone while Slurm shows the node down); idle nodes are
+   taken first, then by name.
 6. **Pause.** A paused roll drains nothing new and deletes no pod; a node whose
    new slurmd registered is still resumed (that only gives capacity back).
 
@@ -156,11 +157,19 @@ def decide(node: RollNode, *, paused: bool) -> RollStep | None:
 
 
 def counts_out(node: RollNode) -> bool:
-    """Whether the node is out of service because of the roll (rule 5)."""
+    """Whether the node is out of service because of the roll (rule 5): drained by it, or
+    not drained by anyone else while its slurmd pod is going, not Ready, or gone with its
+    slurmd (Slurm shows it down). Down alone does not excuse a node: deleting its pod is
+    what made it down, and an admin's resume in the meantime (the simulation found it,
+    decision 0217) had it counted as someone else's hold while the next node was drained."""
     if node.ours:
         return True
-    pod = node.pod
-    return not node.held and pod is not None and (pod.deleting or not pod.ready)
+    s, pod = node.slurm, node.pod
+    if s is not None and s.drained:
+        return False  # someone else's drain holds it (rule 4)
+    if pod is None:
+        return s is not None and s.down
+    return pod.deleting or not pod.ready
 
 
 def plan(nodes: Iterable[RollNode], *, max_unavailable: int, paused: bool) -> RollPlan:

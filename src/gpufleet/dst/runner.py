@@ -27,7 +27,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gpufleet.dst.invariants import Invariants
+from gpufleet.dst.roll_checks import RollChecks
 from gpufleet.dst.scenario import Config, Env, apply, build, generate
+from gpufleet.dst.slurmd import MAX_UNAVAILABLE
 from gpufleet.dst.trace import Line, render
 from gpufleet.dst.world import Violation, World
 
@@ -156,12 +158,18 @@ def run(
             policy = build(world, cfg, spec.seed)
             inv = Invariants(world, policy)
             inv.attach()
+            roll = None
+            if world.slurmd is not None:
+                roll = RollChecks(world, world.slurmd, MAX_UNAVAILABLE)
+                roll.attach()
             for ev in events:
                 loop.call_at(ev.at, apply, world, ev)
 
             def every_second() -> None:
                 inv.check_armed()
                 inv.check_breaker()
+                if roll is not None:
+                    roll.check_liveness()
                 loop.call_later(1.0, every_second)
 
             loop.call_later(1.0, every_second)

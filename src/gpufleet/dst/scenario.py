@@ -38,6 +38,7 @@ from gpufleet.dst.procs import (
     controller_spec,
     syncer_spec,
 )
+from gpufleet.dst.slurmd import OPERATOR, SlurmdFleet
 from gpufleet.dst.world import GPU_ANNOTATION, World
 from gpufleet.kubeapi import LEASES, NODES, PODS, SECRETS, Forbidden, NotFound
 from gpufleet.kubeapi.secrets import encode_data
@@ -126,6 +127,10 @@ class Config:
     """Nodes in two racks and a FleetPolicy override for rack a (:data:`RACK_A_OVERRIDE`):
     invariant 4 holds per node group too; off by default, so a recorded seed replays the
     same story."""
+    slurmd_roll: bool = False
+    """The chart's slurmd DaemonSet on every node and the Slurm operator rolling it
+    (:mod:`gpufleet.dst.slurmd`, invariant 7); off by default, so a recorded seed, drawn
+    without it, replays the same story."""
     weights: dict[str, int] = field(
         default_factory=lambda: {
             "fault": 14,
@@ -144,8 +149,25 @@ class Config:
             "operator": 3,
             "pdb": 1,
             "lease": 1,
+            # The slurmd roll's (drawn only with weights given, see ROLL_WEIGHTS): a
+            # zero weight at the end changes no other draw.
+            "upgrade": 0,
+            "roll-pause": 0,
+            "roll-dry-run": 0,
+            "roll-kill": 0,
         }
     )
+
+
+ROLL_WEIGHTS = {"upgrade": 4, "roll-pause": 2, "roll-dry-run": 1, "roll-kill": 2}
+"""The roll's events in a run with ``slurmd_roll`` (:func:`with_roll`): a ``helm upgrade``
+of the slurmd pods, the roll paused, the operator in dry-run, the operator killed."""
+
+
+def with_roll(cfg: Config | None = None, **weights: int) -> Config:
+    """``cfg`` with the slurmd roll and its events (``weights`` override them)."""
+    base = cfg or Config()
+    return replace(base, slurmd_roll=True, weights={**base.weights, **ROLL_WEIGHTS, **weights})
 
 
 @dataclass(frozen=True)
@@ -226,6 +248,12 @@ def generate(seed: int, cfg: Config) -> list[Env]:
             ev = Env(t, kind, ())
         elif kind == "admin-taint":
             ev = Env(t, kind, (node, rng.choice(["taint", "cordon"])))
+        elif kind in ("roll-pause", "roll-dry-run"):
+            ev = Env(t, kind, (round(rng.uniform(10, 200)),))
+        elif kind == "roll-kill":
+            ev = Env(t, kind, (round(rng.choice([2, 10, 40, 90])),))
+        elif kind == "upgrade":
+            ev = Env(t, kind, ())
         else:
             ev = Env(t, kind, (node,))
         out.append(replace(ev, at=round(ev.at, 3)))
@@ -292,6 +320,8 @@ def build(world: World, cfg: Config, seed: int) -> Policy:
         world.start(f"agent-{name}")
     world.start("syncer")
     world.start("ctl-1")
+    if cfg.slurmd_roll:
+        SlurmdFleet(world).install()
     return policy
 
 
@@ -371,7 +401,7 @@ def _admin_drain(world: World, node: str, seconds: float) -> str:
     world.slurm.admin_drain(node, "admin: bios update")
 
     def undo() -> None:
-        if world.slurm.nodes[node].reason == "admin: bios update":
+        if (world.slurm.nodes[node].reason or "").startswith("admin: bios update"):
             world.slurm.admin_resume(node)
 
     world.loop.call_later(seconds, undo)
@@ -553,6 +583,19 @@ def _pdb(world: World, seconds: float) -> str:
     return f"PodDisruptionBudgets refuse evictions for {seconds:g}s"
 
 
+def _roll(world: World, *args: float, what: str) -> str:
+    fleet = world.slurmd
+    if fleet is None:
+        return "no slurmd DaemonSet in this run"
+    if what == "upgrade":
+        return fleet.upgrade()
+    if what == "roll-pause":
+        return fleet.pause(args[0])
+    if what == "roll-dry-run":
+        return fleet.dry_run_for(args[0])
+    return _kill(world, OPERATOR, args[0])
+
+
 _HANDLERS: dict[str, Any] = {
     "fault": _fault,
     "pod": _pod,
@@ -570,6 +613,17 @@ _HANDLERS: dict[str, Any] = {
     "operator": _operator,
     "pdb": _pdb,
     "lease": _lease,
+    **{k: functools.partial(_roll, what=k) for k in ROLL_WEIGHTS},
 }
 
-__all__ = ["Config", "Env", "NotFound", "apply", "build", "dst_policy", "generate"]
+__all__ = [
+    "ROLL_WEIGHTS",
+    "Config",
+    "Env",
+    "NotFound",
+    "apply",
+    "build",
+    "dst_policy",
+    "generate",
+    "with_roll",
+]

@@ -5,7 +5,9 @@ and a drain reason; running jobs allocated onto idle, undrained nodes at times t
 scenario picks (so a job can land between the syncer's read and its DRAIN);
 requeue; an administrator's drain and ``scontrol update state=resume`` (which
 clears any drain, gpufleet's included); a node that reboots (down, its jobs lost,
-then idle again with its drain kept); slurmctld or slurmrestd down.
+then idle again with its drain kept); slurmctld or slurmrestd down; each node's
+slurmd, which stops with its pod (its jobs lost, the node not responding) and
+registers again with a new start time (:mod:`gpufleet.dst.slurmd`).
 
 :class:`SlurmRest` and :class:`Scontrol` are the syncer's clients for one process,
 every call a scheduling point of the run (:meth:`World.port_call`).
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpufleet.domain import slurm_sync
+from gpufleet.domain.slurm_reasons import NOT_RESPONDING_SUFFIX
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
 from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
 
@@ -33,6 +36,10 @@ class SNode:
     flags: set[str] = field(default_factory=set)
     reason: str | None = None
     booting: bool = False
+    slurmd: bool = True
+    """A slurmd runs on the node (False between its pod's deletion and the new one's)."""
+    slurmd_started: float | None = None
+    """Wall time the running slurmd registered (``slurmd_start_time``)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,15 @@ class SlurmModel:
         """Node -> when its DRAIN flag was last set (wall time)."""
         self.resumed_at: dict[str, float] = {}
         """Node -> when an administrator last resumed it (wall time)."""
+        self.on_write: list[Callable[[str, str, str | None], None]] = []
+        """Called before a port's drain or undrain changes a node: (verb, node, reason)."""
+        self.reason_at: dict[str, float] = {}
+        """Node -> when its drain reason was last set (wall time)."""
+        self.release: str = "22.05"
+        """The slurmctld whose ways are modelled. ``24.11`` (the chart's, with the slurmd
+        roll): a resume keeps the node's reason (no accounting storage, Slurm issue
+        50933), and a drained node whose slurmd is away past ``SlurmdTimeout`` goes down
+        with ``: Not responding`` appended to its reason, which stays once it registers."""
 
     # -------------------------------------------------------------- helpers
 
@@ -81,14 +97,16 @@ class SlurmModel:
 
     def _settle(self, name: str) -> None:
         n = self.nodes[name]
-        if n.booting:
+        if n.booting or (n.state == "down" and not n.slurmd):
             return
         busy = any(j.node == name for j in self.jobs.values())
         n.state = "allocated" if busy else "idle"
 
     def view(self, name: str) -> slurm_sync.SlurmView:
         n = self.nodes[name]
-        return slurm_sync.SlurmView(n.state, frozenset(n.flags), n.reason)
+        return slurm_sync.SlurmView(
+            n.state, frozenset(n.flags), n.reason, slurmd_started=n.slurmd_started
+        )
 
     def jobs_on(self, name: str) -> list[Job]:
         return [j for j in self.jobs.values() if j.node == name]
@@ -98,7 +116,7 @@ class SlurmModel:
         return [
             name
             for name, n in self.nodes.items()
-            if n.state == "idle" and "DRAIN" not in n.flags and not n.booting
+            if n.state == "idle" and not n.flags & {"DRAIN", "NOT_RESPONDING"} and not n.booting
         ]
 
     # ------------------------------------------------------- the scheduler
@@ -134,9 +152,54 @@ class SlurmModel:
         return lost
 
     def booted(self, name: str) -> None:
+        """The machine is up again: its slurmd (if its pod has one) registers anew."""
         n = self.nodes[name]
         n.booting = False
-        n.flags.discard("NOT_RESPONDING")
+        if n.slurmd:
+            n.flags.discard("NOT_RESPONDING")
+            n.slurmd_started = self._now()
+        self._settle(name)
+        self._touch_nodes()
+
+    def slurmd_stopped(self, name: str) -> list[Job]:
+        """The node's slurmd pod is being deleted: slurmd and its job steps (in the pod's
+        cgroup) end; slurmctld stops hearing from the node."""
+        lost = self.jobs_on(name)
+        for j in lost:
+            del self.jobs[j.id]
+        n = self.nodes[name]
+        n.slurmd = False
+        n.flags.add("NOT_RESPONDING")
+        self._settle(name)
+        self._touch_nodes()
+        self._touch_jobs()
+        return lost
+
+    def not_responding(self, name: str) -> None:
+        """``SlurmdTimeout`` passed with no slurmd: slurmctld marks the node down
+        (``set_node_down_ptr``); 24.11 appends to a reason it has."""
+        n = self.nodes[name]
+        if n.slurmd or n.booting:
+            return
+        n.state = "down"
+        if n.reason and self.release == "24.11":
+            if NOT_RESPONDING_SUFFIX not in n.reason:
+                n.reason += NOT_RESPONDING_SUFFIX
+        elif not n.reason:
+            n.reason = "Not responding"
+        self._touch_nodes()
+
+    def slurmd_registered(self, name: str) -> None:
+        """A new slurmd registered with slurmctld (its pod started)."""
+        n = self.nodes[name]
+        n.slurmd = True
+        n.slurmd_started = self._now()
+        if not n.booting:
+            n.flags.discard("NOT_RESPONDING")
+            if n.state == "down":  # ReturnToService=2: the DOWN goes, a DRAIN and its reason stay
+                n.state = "idle"
+                if n.reason == "Not responding":
+                    n.reason = None
         self._settle(name)
         self._touch_nodes()
 
@@ -148,13 +211,17 @@ class SlurmModel:
             self.drained_at[name] = self._now()
         n.flags.add("DRAIN")
         n.reason = reason
+        self.reason_at[name] = self._now()
         self._touch_nodes()
+
+    def _resume(self, n: SNode) -> None:
+        n.flags.discard("DRAIN")
+        if self.release != "24.11":
+            n.reason = None
 
     def admin_resume(self, name: str) -> None:
         """``scontrol update nodename=X state=resume``: clears any drain."""
-        n = self.nodes[name]
-        n.flags.discard("DRAIN")
-        n.reason = None
+        self._resume(self.nodes[name])
         self.resumed_at[name] = self._now()
         self._touch_nodes()
 
@@ -166,14 +233,16 @@ class SlurmModel:
         if unknown:
             raise SlurmCommandFailed(["scontrol", "update"], 1, "Invalid node name specified")
         for name in names:
+            for hook in self.on_write:
+                hook("drain", name, reason)
             self.admin_drain(name, reason)
 
     def undrain(self, names: Sequence[str]) -> None:
         self._ctld("scontrol undrain")
         for name in names:
-            n = self.nodes[name]
-            n.flags.discard("DRAIN")
-            n.reason = None
+            for hook in self.on_write:
+                hook("undrain", name, None)
+            self._resume(self.nodes[name])
         self._touch_nodes()
 
     def requeue(self, job_ids: Sequence[int]) -> None:
@@ -220,9 +289,20 @@ class SlurmRest(SlurmRestPort):
         self._version = "v0.0.40"
         return self._version
 
-    async def nodes(self) -> dict[str, slurm_sync.SlurmView]:
+    def _looked(self, names: Sequence[str]) -> None:
+        """The moment slurmctld answered this process about these nodes (the checks
+        count what changed after it as in flight)."""
+        t = self.world.loop.time()
+        for n in names:
+            self.world.slurm_looks[(self.proc.label, n)] = t
+
+    def _views(self) -> dict[str, slurm_sync.SlurmView]:
         m = self.model
-        got = await self._read("GET /nodes", lambda: {n: m.view(n) for n in m.nodes})
+        self._looked(list(m.nodes))
+        return {n: m.view(n) for n in m.nodes}
+
+    async def nodes(self) -> dict[str, slurm_sync.SlurmView]:
+        got = await self._read("GET /nodes", self._views)
         assert isinstance(got, dict)
         return got
 
@@ -230,21 +310,28 @@ class SlurmRest(SlurmRestPort):
         m = self.model
         got = await self._read(
             "GET /nodes?update_time",
-            lambda: None if m.nodes_changed <= since else {n: m.view(n) for n in m.nodes},
+            lambda: None if m.nodes_changed <= since else self._views(),
         )
         assert got is None or isinstance(got, dict)
         return got
 
     async def node(self, name: str) -> slurm_sync.SlurmView | None:
         m = self.model
-        got = await self._read(
-            f"GET /node/{name}", lambda: m.view(name) if name in m.nodes else None
-        )
+
+        def one() -> slurm_sync.SlurmView | None:
+            self._looked([name])
+            return m.view(name) if name in m.nodes else None
+
+        got = await self._read(f"GET /node/{name}", one)
         assert got is None or isinstance(got, slurm_sync.SlurmView)
         return got
 
+    def _jobs(self) -> list[slurm_sync.JobView]:
+        self.world.job_looks[self.proc.label] = self.world.loop.time()
+        return self.model.job_views()
+
     async def running_jobs(self) -> list[slurm_sync.JobView]:
-        got = await self._read("GET /jobs", self.model.job_views)
+        got = await self._read("GET /jobs", self._jobs)
         assert isinstance(got, list)
         return got
 
@@ -252,7 +339,7 @@ class SlurmRest(SlurmRestPort):
         m = self.model
         got = await self._read(
             "GET /jobs?update_time",
-            lambda: None if m.jobs_changed <= since else m.job_views(),
+            lambda: None if m.jobs_changed <= since else self._jobs(),
         )
         assert got is None or isinstance(got, list)
         return got

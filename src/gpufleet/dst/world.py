@@ -25,7 +25,7 @@ import logging
 import random
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpufleet.domain.emptiness import pod_holds_node
 from gpufleet.domain.ladder import Step
@@ -39,6 +39,9 @@ from gpufleet.dst.trace import Trace
 from gpufleet.kubeapi import PODS, ApiError
 from gpufleet.remediate.redfish import BmcUnreachable, RedfishError
 from gpufleet.slurm.errors import SlurmError
+
+if TYPE_CHECKING:
+    from gpufleet.dst.slurmd import SlurmdFleet
 
 T = TypeVar("T")
 log = logging.getLogger("gpufleet.dst")
@@ -149,6 +152,12 @@ class World:
         self.pod_looks: dict[tuple[str, str], float] = {}
         """(process label, node) -> when the apiserver last listed that node's pods for
         that process: the moment of a look, not of its answer's arrival."""
+        self.slurm_looks: dict[tuple[str, str], float] = {}
+        """(process label, node) -> when slurmctld last answered that process about the node."""
+        self.job_looks: dict[str, float] = {}
+        """Process label -> when slurmctld last answered it with the running jobs."""
+        self.slurmd: SlurmdFleet | None = None
+        """The slurmd DaemonSet and its roll, in a run that has them (``Config.slurmd_roll``)."""
         self.on_disk_boot: list[Callable[[BmcModel], None]] = []
         """Called as a machine whose reset found a network boot armed boots its disk
         instead: the override was removed while its firmware was starting."""

@@ -99,6 +99,18 @@ def test_slurms_not_responding_suffix_keeps_the_drain_the_rolls() -> None:
     assert not view(reason=suffixed).ours  # nor the syncer's
 
 
+def test_a_node_resumed_by_an_admin_while_its_pod_is_replaced_still_counts_out() -> None:
+    """Resumed while its slurmd pod was being replaced, the node is in service in name only:
+    Slurm shows it down (no slurmd). It counts against maxUnavailable, so no other node is
+    drained beside it (found by the simulation, decision 0217)."""
+    down = SlurmView("idle", frozenset({"NOT_RESPONDING"}), None, slurmd_started=T - 3600)
+    for going in (pod(deleting=True), pod(True, ready=False), None):
+        assert acts(RollNode("a", going, down), RollNode("b", pod(), view()))["b"] is Act.WAIT
+    # A node someone else drained does not take a turn, down or not.
+    held = SlurmView("down", frozenset({"DRAIN"}), ADMIN, slurmd_started=T - 3600)
+    assert acts(RollNode("a", None, held), RollNode("b", pod(), view()))["b"] is Act.DRAIN
+
+
 def test_a_node_slurm_does_not_know_gets_nothing() -> None:
     assert acts(RollNode("a", pod(), None)) == {"a": Act.WAIT}
     assert acts(RollNode("a", pod(), SlurmView("unknown", frozenset({"DRAIN"}), ROLL_REASON))) == {
