@@ -50,6 +50,7 @@ EXPECTED_S: dict[str, float] = {
     "tests/integration/test_controller_lifecycle.py": 70.0,
     "tests/integration/test_reliability_drain.py": 65.0,
     "tests/dst/test_runs.py": 120.0,
+    "tests/dst/test_roll.py": 40.0,
 }
 """Measured seconds per unit of work (a group or a module path): the whole suite from a fresh
 clone, 2026-11-29, two workers on two busy cores (docs/testing.md)."""
