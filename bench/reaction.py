@@ -85,7 +85,7 @@ from procstat import Machine, describe, process_cpu_seconds, profile  # noqa: E4
 WRITES = ("POST", "PATCH", "PUT", "DELETE")
 MANAGED = ("nvidia.com/gpu.present", "true")
 """The label the controller is told to manage (the chart's default selector); the floor's
-nodes carry it ``false``, so the controller never sees them."""
+nodes carry it ``false``, so the controller decides nothing about them."""
 RESTING = ("triage", "rma", "production", "maintenance")
 """States a faulted node rests in once its ladder is walked (no BMC in the bench: every BMC
 step fails and the node ends in triage)."""
