@@ -14,8 +14,9 @@ before gpufleet's code.
 With ``--importtime`` it also prints the modules that cost most to import for one
 command (``python -X importtime``, cumulative). ``--against SRC`` compares with another
 source tree (``mkdir /tmp/before && git archive <commit> src | tar -x -C /tmp/before``,
-then ``--against /tmp/before/src``): both run as ``python -m gpufleet.cli.main``, one
-run of each in turn, so that both see the same load on a shared machine.
+then ``--against /tmp/before/src``): both run from their source (``python -c``, the
+console script's call), one run of each in turn, so that both see the same load on a
+shared machine.
 
     .venv/bin/python bench/cli_startup.py [--runs 5] [--only WORD] [--importtime "nodes --help"]
         [--against SRC] [--limit 0.3]
@@ -39,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(sys.executable).parent / "gpufleet"
 FLOOR = "import typer, typer.rich_utils"
 """What any typer command imports before its own code: typer and Rich's help formatter."""
+FROM_SOURCE = "from gpufleet.cli.main import main; main(prog_name='gpufleet')"
+"""A tree's command, as the console script runs it (its name, for completion too)."""
 
 
 def help_commands() -> list[list[str]]:
@@ -103,7 +106,7 @@ def _once(argv: list[str], src: str | None = None) -> tuple[float, float]:
     command = [str(SCRIPT)]
     if src is not None:
         env["PYTHONPATH"] = src
-        command = [sys.executable, "-m", "gpufleet.cli.main"]
+        command = [sys.executable, "-c", FROM_SOURCE]
     if argv[0] == "COMPLETE":
         words = argv[1]
         env.update(
@@ -192,7 +195,7 @@ def main() -> None:
         f"load {os.getloadavg()[0]:.2f} at the start"
     )
     print(f"{'command':<62} {'cpu':>7} {'cpu min-max':>12} {'wall':>7}")
-    trees = [None] if args.against is None else [None, args.against]
+    trees = [None] if args.against is None else [str(ROOT / "src"), args.against]
     floor: list[tuple[float, float]] = []  # one run per round: the same load as the commands
     over: list[str] = []
     for argv in commands:
@@ -204,10 +207,12 @@ def main() -> None:
                 runs[tree].append(_once(argv, tree))
         floor.append(_floor())
         for tree in trees:
-            label = _label(argv, tmp) + (" (against)" if tree is not None else "")
+            against = args.against is not None and tree == args.against
+            suffix = " (against)" if against else ""
+            label = _label(argv, tmp)[: 62 - len(suffix)] + suffix
             line, flagged = _row(label, runs[tree], args.limit)
             print(line, flush=True)
-            if flagged and tree is None:
+            if flagged and not against:
                 over.append(label)
     line, _ = _row(f"floor: python -c '{FLOOR}'", floor, args.limit)
     print(line)
