@@ -25,28 +25,9 @@ import time
 from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterSpec, running
-from gpufleet.slurm.background import SlurmEndpoints, SyncerThread
+from gpufleet.slurm.background import SyncerThread
 from gpufleet.slurm.syncer import SyncSettings
-from slurm_sync import pct, set_condition, set_state, wait_until, wait_verb  # bench/
-
-
-def fault_to_drain(rs: SyncerThread, kube: SyncKube, names: list[str], count: int) -> list[float]:
-    """``count`` faults one at a time, each healed (and resumed) before the next: the
-    milliseconds from each fault's patch to its DRAIN."""
-    s = rs.syncer
-    assert s is not None
-    lat: list[float] = []
-    for i in range(count):
-        node = names[i % len(names)]
-        before = len(s.stats.timings)
-        started = time.monotonic()
-        set_condition(kube, node, "True", "Xid79")
-        acted = wait_verb(s, node, "drain", before, timeout=60)
-        lat.append((acted - started) * 1000)
-        before = len(s.stats.timings)
-        set_condition(kube, node, "False", "Healthy")
-        wait_verb(s, node, "resume", before, timeout=60)
-    return lat
+from slurm_sync import fault_to_drain, in_production, pct, wait_until  # bench/
 
 
 def during_full_reads(
@@ -68,7 +49,7 @@ def during_full_reads(
     reading = asyncio.run_coroutine_threadsafe(read_back_to_back(), rs.loop)
     try:
         wait_until("a first full read", lambda: bool(took), 300, 0.05)
-        return fault_to_drain(rs, kube, names, count), took
+        return fault_to_drain(s, kube, names, count, timeout=60), took
     finally:
         stop.set()
         reading.result(timeout=300)
@@ -95,18 +76,13 @@ def main() -> None:
     )
     with running(spec, progress=lambda m: print(f"  [{time.monotonic() - t0:6.1f}s] {m}")) as info:
         print(f"cluster up in {time.monotonic() - t0:.1f} s ({a.nodes} nodes)", flush=True)
-        assert info.slurmrestd_url and info.slurm_jwt and info.slurm_conf
-        kube = SyncKube(info.apiserver_url, info.token, info.ca_file)
-        for n in info.node_names:
-            set_state(kube, n, "production")
-        endpoints = SlurmEndpoints(
-            info.kubeconfig, info.slurmrestd_url, info.slurm_jwt, info.slurm_conf
-        )
+        kube, endpoints = in_production(info)
         rs = SyncerThread(endpoints, SyncSettings(hold_taint=False))
         rs.start(timeout=600)
         try:
             names = info.node_names[: a.slurmd_nodes]
-            quiet = fault_to_drain(rs, kube, names, a.faults)
+            assert rs.syncer is not None
+            quiet = fault_to_drain(rs.syncer, kube, names, a.faults, timeout=60)
             busy, took = during_full_reads(rs, kube, names, a.faults)
         finally:
             rs.stop()

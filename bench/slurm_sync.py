@@ -134,6 +134,38 @@ def wait_verb(s: Syncer, node: str, verb: str, before: int, timeout: float = 10)
     raise AssertionError(f"no {verb} of {node} within {timeout} s")
 
 
+def fault_to_drain(
+    s: Syncer, kube: SyncKube, names: list[str], count: int, timeout: float = 10
+) -> list[float]:
+    """``count`` faults one at a time on ``names`` in turn, each healed (and resumed)
+    before the next: the milliseconds from each fault's patch to its DRAIN."""
+    lat: list[float] = []
+    for i in range(count):
+        node = names[i % len(names)]
+        before = len(s.stats.timings)
+        started = time.monotonic()
+        set_condition(kube, node, "True", "Xid79")
+        acted = wait_verb(s, node, "drain", before, timeout)
+        lat.append((acted - started) * 1000)
+        before = len(s.stats.timings)
+        set_condition(kube, node, "False", "Healthy")
+        wait_verb(s, node, "resume", before, timeout)
+    return lat
+
+
+def in_production(info: ClusterInfo) -> tuple[SyncKube, SlurmEndpoints]:
+    """An apiserver client with every node of the cluster in production, and the
+    cluster's Slurm endpoints (for a :class:`SyncerThread`)."""
+    assert info.slurmrestd_url and info.slurm_jwt and info.slurm_conf
+    kube = SyncKube(info.apiserver_url, info.token, info.ca_file)
+    for n in info.node_names:
+        set_state(kube, n, "production")
+    endpoints = SlurmEndpoints(
+        info.kubeconfig, info.slurmrestd_url, info.slurm_jwt, info.slurm_conf
+    )
+    return kube, endpoints
+
+
 def burst_drain(
     s: Syncer, kube: SyncKube, info: ClusterInfo, burst: list[str], syncer_stat: str
 ) -> None:
@@ -231,13 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     with running(spec, progress=lambda m: print(f"  [{time.monotonic() - t0:6.1f}s] {m}")) as info:
         print(f"cluster up in {time.monotonic() - t0:.1f} s ({a.nodes} nodes)")
-        assert info.slurmrestd_url and info.slurm_jwt and info.slurm_conf
-        kube = SyncKube(info.apiserver_url, info.token, info.ca_file)
-        for n in info.node_names:
-            set_state(kube, n, "production")
-        endpoints = SlurmEndpoints(
-            info.kubeconfig, info.slurmrestd_url, info.slurm_jwt, info.slurm_conf
-        )
+        kube, endpoints = in_production(info)
         settings = SyncSettings(
             poll_interval_s=a.poll,
             hold_taint=False,
@@ -300,23 +326,12 @@ def main(argv: list[str] | None = None) -> None:
             )
 
         # 2. fault -> DRAIN latency, one node at a time
-        lat: list[float] = []
         # Only nodes with a slurmd can be drained and resumed (the others are unknown to
         # Slurm's scheduler: the syncer leaves them alone, failing closed).
         names = info.node_names[: a.slurmd_nodes or len(info.node_names)]
         syncer_stat = f"/proc/self/task/{rs._thread.native_id}/stat"
         cpu0 = cpu_seconds(syncer_stat)
-        for i in range(a.faults):
-            node = names[i % len(names)]
-            before = len(s.stats.timings)
-            started = time.monotonic()
-            set_condition(kube, node, "True", "Xid79")
-            acted = wait_verb(s, node, "drain", before)
-            lat.append(acted - started)
-            before = len(s.stats.timings)
-            set_condition(kube, node, "False", "Healthy")
-            wait_verb(s, node, "resume", before)
-        ms = [x * 1000 for x in lat]
+        ms = fault_to_drain(s, kube, names, a.faults)
         cpu_ms = (cpu_seconds(syncer_stat) - cpu0) * 1000 / max(a.faults, 1)
         print(
             f"fault -> DRAIN over {len(ms)} faults: p50 {pct(ms, 50):.0f} ms, "
