@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.domain import slurm_sync, well_known
@@ -152,6 +152,7 @@ json_values = st.recursive(
 )
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # 2 loaded cores
 @given(
     st.dictionaries(st.text(), json_values, max_size=4),
     st.one_of(st.lists(json_values, max_size=6), json_values),
