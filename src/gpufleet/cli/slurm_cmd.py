@@ -250,13 +250,12 @@ def render_cmd(
 
     from gpufleet.api import slurmcluster
     from gpufleet.slurm import render
-    from gpufleet.slurm.operator import node_info
 
     doc = yaml.safe_load(cluster.read_text())
     spec = slurmcluster.SlurmClusterSpec.model_validate(doc.get("spec", doc))
     raw = yaml.safe_load(nodes.read_text())
     items = raw.get("items", []) if isinstance(raw, dict) else raw
-    infos = [node_info(n) for n in items]
+    infos = [render.node_info(n) for n in items]
     pools = render.assign(spec, infos)
     data = render.render_all(spec, [n for m in pools.values() for n in m])
     if out is None:

@@ -52,6 +52,7 @@ from gpufleet.kubeapi.events import EventRecorder
 from gpufleet.slurm import render, topology_labels
 from gpufleet.slurm.errors import SlurmError
 from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
+from gpufleet.slurm.render import node_info as node_info
 from gpufleet.slurm.slurmd_roll import SlurmdRoll
 
 log = logging.getLogger("gpufleet.slurm.operator")
@@ -77,16 +78,6 @@ IDLE and DRAINED columns of ``kubectl get slurmclusters`` are never blank."""
 def nodes_by_state(views: Mapping[str, slurm_sync.SlurmView], names: list[str]) -> dict[str, int]:
     counts = Counter(state_bucket(views[n]) if n in views else "missing" for n in names)
     return dict(sorted({**dict.fromkeys(COLUMN_STATES, 0), **counts}.items()))
-
-
-def node_info(node: Mapping[str, Any]) -> render.NodeInfo:
-    addresses = (node.get("status") or {}).get("addresses") or []
-    internal = [a["address"] for a in addresses if a.get("type") == "InternalIP"]
-    return render.NodeInfo(
-        name=node["metadata"]["name"],
-        labels=node["metadata"].get("labels") or {},
-        address=internal[0] if internal else None,
-    )
 
 
 @dataclass(frozen=True)

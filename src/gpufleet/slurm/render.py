@@ -30,6 +30,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
@@ -129,6 +130,17 @@ class NodeInfo:
     name: str
     labels: Mapping[str, str]
     address: str | None = None
+
+
+def node_info(node: Mapping[str, Any]) -> NodeInfo:
+    """A Kubernetes Node (its JSON) as the renderer needs it: name, labels, first InternalIP."""
+    addresses = (node.get("status") or {}).get("addresses") or []
+    internal = [a["address"] for a in addresses if a.get("type") == "InternalIP"]
+    return NodeInfo(
+        name=node["metadata"]["name"],
+        labels=node["metadata"].get("labels") or {},
+        address=internal[0] if internal else None,
+    )
 
 
 def pool_members(pool: NodePool, nodes: Sequence[NodeInfo]) -> list[NodeInfo]:
