@@ -76,6 +76,15 @@ def resolved(policy: Policy, index: int) -> Policy:
     return found
 
 
+def for_group(policy: Policy, group: str) -> Policy:
+    """The policy of the node group ``group`` (a record's ``group``); the fleet's for ""
+    or a group the policy no longer has."""
+    for i, override in enumerate(policy.overrides):
+        if override.name == group:
+            return resolved(policy, i)
+    return policy
+
+
 def group_of(policy: Policy, labels: Mapping[str, str]) -> str:
     """The node group of a node with ``labels`` ("" for none), without resolving its policy."""
     for override in policy.overrides:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from gpufleet.domain import policy_groups
 from gpufleet.domain.policy import Policy
 from gpufleet.domain.records import Incident, NodeRecord
 from gpufleet.kubeapi import ApiError, Conflict, NotFound, custom
@@ -44,7 +45,11 @@ class RemediationSync:
                 try:
                     await self.client.create(
                         _REMEDIATIONS,
-                        remediations.manifest(record.name, current, self.current_policy()),
+                        remediations.manifest(
+                            record.name,
+                            current,
+                            policy_groups.for_group(self.current_policy(), record.group),
+                        ),
                     )
                 except Conflict:
                     pass

@@ -15,7 +15,7 @@ from gpufleet.domain.explain import explain_node
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import Policy, PolicyError, Response, load_policy
-from gpufleet.domain.policy_groups import group_of, policy_for
+from gpufleet.domain.policy_groups import for_group, group_of, policy_for
 from gpufleet.domain.records import FleetView, NodeRecord
 from gpufleet.domain.safety import Hold
 from gpufleet.domain.selectors import LabelSelector
@@ -104,6 +104,8 @@ def test_an_override_with_its_own_ladder() -> None:
     ladder = [{"step": s} for s in ("gpu-reset", "reboot", "reimage")]
     policy = _load({**GB200, "ladder": ladder})
     gb = policy_for(policy, {POOL: "gb200"}).policy
+    assert for_group(policy, "gb200") is gb  # a record's group gives the same policy
+    assert for_group(policy, "") is policy and for_group(policy, "gone") is policy
     assert [e.step for e in gb.ladder] == [Step.GPU_RESET, Step.REBOOT, Step.REIMAGE]
     assert gb.next_step(Step.REBOOT) is Step.REIMAGE
     assert policy.next_step(Step.REBOOT) is Step.POWER_CYCLE

@@ -1,5 +1,6 @@
 """The controller holds a node group's budget: Nodes grouped by their labels from the first
-load (prime), a burst on the group takes out only its budget though the pool has room."""
+load (prime), a burst on the group takes out only its budget though the pool has room; a
+node's NodeRemediation shows its group's ladder."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ def _policy() -> Policy:
     spec["safety"]["budget"] = {"maxNodes": 10, "maxPercent": 100, "minNodes": 1}
     spec["safety"]["breaker"].update(minNodes=10)
     spec["overrides"] = [
-        {"name": "rack-a", "nodeSelector": {"matchLabels": {RACK: "a"}}, "budget": {"maxNodes": 1}}
+        {
+            "name": "rack-a",
+            "nodeSelector": {"matchLabels": {RACK: "a"}},
+            "budget": {"maxNodes": 1},
+            "ladder": [{"step": "gpu-reset"}, {"step": "reboot"}, {"step": "reimage"}],
+        }
     ]
     return load_policy(json.dumps(spec))
 
@@ -49,6 +55,24 @@ def test_a_burst_on_a_group_takes_out_only_its_budget() -> None:
             await ctl.on_node(kube.nodes[name])
         records = {n: ctl.fleet.records[n] for n in ("n0", "n1", "n2")}
         assert records["n1"].pending is not None and records["n1"].group == "rack-a"
+
+        # The NodeRemediation (written after the record) shows each node's own ladder:
+        # rack a's has no power-cycle.
+        def ladders() -> dict[str, list[str]]:
+            return {
+                obj["spec"]["node"]: obj["spec"]["ladder"]
+                for (plural, _), obj in kube.custom.items()
+                if plural == "noderemediations"
+            }
+
+        for _ in range(200):
+            if len(ladders()) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert ladders() == {
+            "n0": ["reboot", "reimage", "triage"],
+            "n2": ["reboot", "power-cycle", "reimage", "triage"],
+        }
         for task in list(ctl.tasks.pending):
             task.cancel()
         return {n: r.state.value for n, r in records.items()}
