@@ -162,8 +162,13 @@ _RECORD = TypeAdapter(NodeRecord)
 
 
 def record_to_json(record: NodeRecord) -> str:
-    """Serialise for storage (a Node annotation)."""
-    return json.dumps(_RECORD.dump_python(record, mode="json"), separators=(",", ":"))
+    """Serialise for storage (a Node annotation). A node of no group is written without
+    ``group``, as before groups existed: the record on every Node of a fleet without
+    overrides reads the same, so an upgrade rewrites none of them."""
+    data = _RECORD.dump_python(record, mode="json")
+    if not data.get("group"):
+        data.pop("group", None)
+    return json.dumps(data, separators=(",", ":"))
 
 
 def record_from_json(text: str) -> NodeRecord:

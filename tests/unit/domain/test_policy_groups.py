@@ -286,3 +286,16 @@ def test_a_group_budget_that_holds_nothing_more_is_a_warning() -> None:
         "held to both, so it changes nothing"
     ]
     assert _load(GB200).warnings() == []
+
+
+def test_a_record_of_no_group_is_stored_as_before_groups() -> None:
+    """An upgrade must not rewrite every Node's record: without a group, no ``group`` key."""
+    from dataclasses import replace
+
+    from gpufleet.domain.records import record_from_json, record_to_json
+
+    plain = NodeRecord.new("n1", at=0.0, pool="p")
+    assert '"group"' not in record_to_json(plain)
+    assert record_from_json(record_to_json(plain)) == plain
+    grouped = replace(plain, group="gb200")
+    assert record_from_json(record_to_json(grouped)) == grouped
