@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from gpufleet.domain.faults import Subsystem
+from gpufleet.domain.subsystems import Subsystem
 
 GROUP = "gpufleet.io"
 VERSION = "v1alpha1"
