@@ -84,7 +84,7 @@ def plot(data: dict[str, Any], out: Path) -> None:
     by_burst.set_xscale("log")
     by_burst.set_xlabel("faults in one burst (all written within a second)")
     by_burst.set_title("against burst size")
-    by_burst.legend(fontsize=6, loc="upper left")
+    by_burst.legend(fontsize=6, loc="lower right")
     for ax in (by_fleet, by_burst):
         ax.axhline(1000, color="grey", linewidth=0.8, linestyle=":")
         ax.axhline(200, color="grey", linewidth=0.8, linestyle="-.")
