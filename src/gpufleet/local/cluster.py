@@ -79,6 +79,12 @@ class ClusterSpec:
     slurm_version: str = "22.05"
     """The Slurm release: the host's ``22.05``, or ``24.11`` from the root
     :mod:`gpufleet.local.slurm_root` builds (``gpufleet local slurm-image build``)."""
+    slurm_backup: bool = False
+    """A backup slurmctld beside the primary (Slurm 24.11 only): Slurm's own
+    ``SlurmctldHost`` failover on one StateSaveLocation, each controller under its own
+    name and loopback address (:data:`gpufleet.local.slurm.CONTROLLERS`)."""
+    slurmctld_timeout_s: int = 10
+    """SlurmctldTimeout: how long a backup waits for an unanswered primary."""
     slurm_accounting: bool = False
     """Slurm accounting: a private MariaDB (:mod:`gpufleet.local.accounting`). With Slurm
     (24.11 only) also slurmdbd, slurmctld sending it every job; ``sacct`` reads them back.
@@ -294,6 +300,7 @@ class LocalCluster:
         self._images_layout = Path()
         self._seed_disk: Path | None = None
         self._host_node_ports: list[int] = []
+        self._slurm: tuple[slurm.SlurmLayout, Binaries] | None = None
 
     # -- helpers -------------------------------------------------------------
 
@@ -407,6 +414,8 @@ class LocalCluster:
             hostname=hostname,
             ctld_on_loopback=slurm.resolves_to_loopback(hostname),
             slurm_root=self._slurm_root() if spec.slurm else None,
+            backup_ctld=spec.slurm_backup,
+            ctld_timeout_s=spec.slurmctld_timeout_s,
         )
         acct = self._plan_accounting(sl)
         if acct is not None and acct.dbd is not None:
@@ -855,11 +864,24 @@ class LocalCluster:
         self._ready("munged")
         if acct is not None:
             self._accounting_lane(sl, acct)
+        self._slurm = (sl, bins)
         ctld = self._launch(slurm.slurmctld(sl, bins))
+        if sl.backup_ctld:
+            # The backup once the primary answers: a starting primary asks every backup to
+            # give up control and waits for the answer, which a backup still starting took
+            # 30 s to send; slurmds once both answer (a backup in standby refuses them).
+            ctld.wait_ready(lambda: slurm.ctld_ok(sl, bins), timeout=timeout)
+            backup = self._launch(slurm.slurmctld(sl, bins, 1))
+            names = tuple(name for name, _ in sl.controllers)
+            backup.wait_ready(
+                lambda: slurm.controllers_up(sl, bins) == names,
+                timeout=timeout,
+                what="answering as the backup",
+            )
         daemons = [self._launch(slurm.slurmd(sl, bins, n)) for n in sl.nodes]
         restd = self._launch(slurm.slurmrestd(sl, bins))
         ctld.wait_ready(lambda: slurm.ctld_ok(sl, bins), timeout=timeout)
-        self._ready("slurmctld")
+        self._ready("slurmctld (primary and backup)" if sl.backup_ctld else "slurmctld")
         slurm.wait_nodes_idle(sl, bins, daemons, timeout)
         self._ready(f"slurmd ({len(daemons)} nodes idle)")
         assert self.info is not None and self.info.slurm_jwt is not None
@@ -914,6 +936,14 @@ class LocalCluster:
         """Start one more process as part of this cluster (logged, recorded in
         ``cluster.json``, stopped with it and by ``gpufleet local down``)."""
         return self._launch(proc)
+
+    def start_slurmctld(self, index: int = 0) -> ManagedProcess:
+        """Start controller ``index`` of this cluster's Slurm again (0: the primary), e.g.
+        after a failover test killed it; it runs and stops like the others."""
+        if self._slurm is None:
+            raise ComponentError("slurmctld", None, "this cluster was started without Slurm")
+        sl, bins = self._slurm
+        return self._launch(slurm.slurmctld(sl, bins, index))
 
     def detach(self) -> None:
         """Leave the cluster running after this process exits (``gpufleet local up``)."""

@@ -37,6 +37,7 @@ import shlex
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -278,22 +279,26 @@ def _run_build_script(staging: Path, inputs: Inputs, progress: Progress) -> dict
 # ------------------------------------------------------------- running in it
 
 
-def holder_script(tree: Path, mount_point: Path, run_dir: Path, pid_file: Path) -> list[str]:
+def holder_script(
+    tree: Path, mount_point: Path, run_dir: Path, pid_file: Path, hosts: Path = Path("/etc/hosts")
+) -> list[str]:
     """argv of the holder: builds the private namespace, writes its pid, then waits.
 
     Its pid (the same process all along: ``unshare`` and ``sh`` exec) names the
     namespace the wrappers enter; ``pid_file`` appears only once every mount is
-    in place, so it doubles as the readiness signal.
+    in place, so it doubles as the readiness signal. ``hosts`` becomes the root's
+    ``/etc/hosts`` (the host's own unless a cluster names more hosts; the host's
+    file is never changed).
     """
     script = r"""
 set -e
-tree=$1 mnt=$2 run=$3 pidfile=$4
+tree=$1 mnt=$2 run=$3 pidfile=$4 hosts=$5
 mount -t tmpfs -o mode=0755,size=16m gpufleet-slurm-root "$mnt"
 for d in usr etc var opt; do mkdir "$mnt/$d"; mount --bind -o ro "$tree/$d" "$mnt/$d"; done
 for l in bin sbin lib lib64; do ln -s "usr/$l" "$mnt/$l"; done
 for d in dev proc sys; do mkdir "$mnt/$d"; mount --rbind "/$d" "$mnt/$d"; done
 for d in tmp run; do mkdir "$mnt/$d"; mount --bind "/$d" "$mnt/$d"; done
-mount --bind /etc/hosts "$mnt/etc/hosts"
+mount --bind "$hosts" "$mnt/etc/hosts"
 case "$run/" in /tmp/*) ;; *) mkdir -p "$mnt$run"; mount --bind "$run" "$mnt$run" ;; esac
 echo $$ > "$pidfile.tmp" && mv "$pidfile.tmp" "$pidfile"
 exec sleep infinity
@@ -301,7 +306,7 @@ exec sleep infinity
     return [
         "unshare", "--mount", "--propagation", "private", "--",
         "/bin/sh", "-c", script, "slurm-root",
-        str(tree), str(mount_point), str(run_dir), str(pid_file),
+        str(tree), str(mount_point), str(run_dir), str(pid_file), str(hosts),
     ]  # fmt: skip
 
 
@@ -324,6 +329,34 @@ def wrapper_script(command: str, mount_point: Path, pid_file: Path) -> str:
         f'\'PATH={ROOT_PATH}; export PATH; cd "$1" 2>/dev/null || cd /; shift; exec "$@"\' '
         f'sh "$PWD" {shlex.quote(command)} "$@"\n'
     )
+
+
+def controller_argv(
+    command: Sequence[str], mount_point: Path, pid_file: Path, hostname: str, own: Path, at: Path
+) -> list[str]:
+    """argv running ``command`` of the tree as one of several slurmctlds on this host.
+
+    Like a wrapper, in the holder's namespace; then in a hostname namespace of its
+    own named ``hostname`` (slurmctld finds whether it is the primary or a backup
+    by its hostname among the ``SlurmctldHost`` lines) and a mount namespace in
+    which ``own`` is mounted on ``at``: the directory of its pid file, which every
+    controller names alike (one slurm.conf) and which a starting slurmctld reads
+    to stop the one it finds there.
+    """
+    script = r"""
+set -e
+hostname "$1"
+mount --bind "$2" "$3"
+mnt=$4
+shift 4
+exec chroot "$mnt" /bin/sh -c 'PATH=$0; export PATH; cd /; exec "$@"' "$@"
+"""
+    return [
+        "nsenter", f"--mount=/proc/{pid_file.read_text().strip()}/ns/mnt", "--",
+        "unshare", "--uts", "--mount", "--propagation", "private", "--",
+        "/bin/sh", "-c", script, "slurmctld",
+        hostname, str(own), f"{mount_point}{at}", str(mount_point), ROOT_PATH, *command,
+    ]  # fmt: skip
 
 
 def write_wrappers(bin_dir: Path, mount_point: Path, pid_file: Path) -> dict[str, Path]:

@@ -254,3 +254,51 @@ def test_sweep_finds_job_processes_by_their_slurm_conf(tmp_path: Path) -> None:
         for p in (job, other):
             p.kill()
             p.wait()
+
+
+def test_a_backup_controller_is_a_second_slurmctld_host_on_its_own_address(
+    tmp_path: Path,
+) -> None:
+    layout = dataclasses.replace(
+        _layout(tmp_path, nodes=2), backup_ctld=True, ctld_timeout_s=5, slurm_root=tmp_path
+    )
+    conf = slurm.render_slurm_conf(layout).splitlines()
+    assert [line for line in conf if line.startswith("SlurmctldHost=")] == [
+        "SlurmctldHost=gpufleet-ctld-0(127.0.0.2)",
+        "SlurmctldHost=gpufleet-ctld-1(127.0.0.3)",
+    ]
+    # Each binds only its own address, so both listen on the one SlurmctldPort.
+    assert "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" in conf
+    assert "SlurmctldTimeout=5" in conf
+    # The pid file's directory is each controller's own (a starting slurmctld stops
+    # whatever process the file names).
+    assert f"SlurmctldPidFile={tmp_path}/slurm/ctld/slurmctld.pid" in conf
+    # Each logs to its own stderr: a backup in control reads SlurmctldLogFile again.
+    assert not [line for line in conf if line.startswith("SlurmctldLogFile=")]
+    slurm.prepare(layout)
+    hosts = layout.hosts_file.read_text()
+    assert hosts.startswith(Path("/etc/hosts").read_text())
+    assert hosts.endswith("127.0.0.2 gpufleet-ctld-0\n127.0.0.3 gpufleet-ctld-1\n")
+    assert [p.name for p in sorted((tmp_path / "slurm").glob("ctld*"))] == [
+        "ctld",
+        "ctld-0",
+        "ctld-1",
+    ]
+
+
+def test_a_backup_controller_needs_the_slurm_root(tmp_path: Path) -> None:
+    layout = dataclasses.replace(_layout(tmp_path), backup_ctld=True)
+    with pytest.raises(processes.ComponentError, match=r"needs Slurm 24\.11"):
+        slurm.prepare(layout)
+
+
+def test_ping_names_the_controllers_that_answer() -> None:
+    text = (
+        "Slurmctld(primary) at gpufleet-ctld-0 is DOWN\n"
+        "Slurmctld(backup) at gpufleet-ctld-1 is UP\n"
+        "*****************************************\n"
+        "** RESTORE SLURMCTLD DAEMON TO SERVICE **\n"
+    )
+    assert slurm.parse_ping(text) == ("gpufleet-ctld-1",)
+    assert slurm.parse_ping("Slurmctld(primary) at vm is UP\n") == ("vm",)
+    assert slurm.parse_ping("") == ()

@@ -37,3 +37,22 @@ def test_wrappers_enter_the_holder_and_use_the_roots_path(tmp_path: Path) -> Non
     # Not mounted (no holder pid file): a clear failure, not a hang.
     r = subprocess.run([paths["sinfo"]], capture_output=True, text=True, timeout=10)
     assert r.returncode == 127 and "not mounted" in r.stderr
+
+
+def test_a_controller_runs_under_its_own_hostname_with_its_own_pid_directory(
+    tmp_path: Path,
+) -> None:
+    pid = tmp_path / "pid"
+    pid.write_text("4242\n")
+    argv = slurm_root.controller_argv(
+        ["slurmctld", "-D"], tmp_path / "rootfs", pid, "ctld-1", tmp_path / "own", tmp_path / "at"
+    )
+    # In the holder's mount namespace, then hostname and mount namespaces of its own.
+    assert argv[:2] == ["nsenter", "--mount=/proc/4242/ns/mnt"]
+    assert argv[3:9] == ["unshare", "--uts", "--mount", "--propagation", "private", "--"]
+    script = argv[11]
+    assert 'hostname "$1"' in script and 'mount --bind "$2" "$3"' in script
+    assert argv[-7:] == [
+        "ctld-1", str(tmp_path / "own"), f"{tmp_path}/rootfs{tmp_path}/at",
+        str(tmp_path / "rootfs"), slurm_root.ROOT_PATH, "slurmctld", "-D",
+    ]  # fmt: skip
