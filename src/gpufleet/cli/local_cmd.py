@@ -131,6 +131,20 @@ def up(
         "24.11 also slurmdbd, and `sacct` shows each job's GPUs (gres/gpu); with --images and "
         "--no-slurm, MariaDB alone at 10.0.2.100:PORT for the chart's slurm.accounting.",
     ),
+    slurm_backup: bool = typer.Option(
+        False,
+        "--slurm-backup",
+        help="With --slurm 24.11: a backup slurmctld beside the primary (Slurm's own "
+        "SlurmctldHost failover on one state directory; docs/slurm.md, Controller failover).",
+    ),
+    slurmctld_timeout: int = typer.Option(
+        10,
+        "--slurmctld-timeout",
+        min=3,
+        max=3600,
+        help="With --slurm-backup: SlurmctldTimeout, the seconds the backup waits for an "
+        "unanswered primary before it takes over.",
+    ),
     no_bmcs: bool = typer.Option(False, "--no-bmcs", help="Do not start the Redfish BMCs."),
     machines: int = typer.Option(
         0,
@@ -205,6 +219,10 @@ def up(
 
         gpufleet local up --nodes 2 --slurm 24.11 --slurm-accounting
 
+    With a backup slurmctld (kill the primary, `scontrol ping` shows the backup take over):
+
+        gpufleet local up --nodes 2 --slurm 24.11 --slurm-backup --slurmctld-timeout 5
+
     With one real machine (a qemu VM, powered on through its BMC; it joins within
     a few minutes, its console is logs/machine-vm-node-0000.console.log):
 
@@ -228,6 +246,8 @@ def up(
         slurm=not no_slurm,
         slurm_version=slurm_version,
         slurm_accounting=slurm_accounting,
+        slurm_backup=slurm_backup,
+        slurmctld_timeout_s=slurmctld_timeout,
         redfish=not no_bmcs,
         machines=machines,
         machine_memory_mib=machine_memory,

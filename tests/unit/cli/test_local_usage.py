@@ -96,6 +96,16 @@ def test_local_up_hands_its_machine_options_to_the_cluster(
     assert spec.machines == 2 and spec.machine_pools == ("system",)
     assert spec.machine_cpus == (2,) and spec.images and spec.host_node
     assert not spec.machine_agent and not spec.image_seed and not spec.slurm
+    seen.clear()
+    result = CliRunner().invoke(
+        app,
+        ["local", "up", "--run-dir", str(tmp_path), "--slurm", "24.11", "--slurm-backup",
+         "--slurmctld-timeout", "5"],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    (spec,) = seen
+    assert spec.slurm and spec.slurm_version == "24.11"
+    assert spec.slurm_backup and spec.slurmctld_timeout_s == 5
 
 
 def test_the_host_node_and_where_its_logs_are_are_printed(
