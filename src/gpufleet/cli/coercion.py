@@ -24,14 +24,18 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import typer.core
-from typer._param_types import coerce_cli_choice
+
+try:  # typer's private parts, as of 0.29: another typer defers nothing (see _BUILD)
+    from typer._param_types import coerce_cli_choice
+except ImportError:  # pragma: no cover - depends on the installed typer
+    coerce_cli_choice = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from typer._click.core import Context
     from typer._coercion import RuntimeParam, TypeDescriptor
     from typer.core import _TyperParameter
 
-_BUILD = getattr(typer.core, "build_runtime_param", None)
+_BUILD = getattr(typer.core, "build_runtime_param", None) if coerce_cli_choice is not None else None
 """typer's own: the converter of one option (``RuntimeParam``), pydantic inside; ``None``
 in a typer that no longer has it (then nothing is deferred, and a unit test says so)."""
 
