@@ -13,7 +13,7 @@ from gpufleet.domain.states import NodeState
 from gpufleet.dst.bmc import BmcModel
 from gpufleet.dst.invariants import Invariants
 from gpufleet.dst.kube import node_body
-from gpufleet.dst.scenario import RACK, dst_policy, rack_of
+from gpufleet.dst.scenario import NVLINK_DOMAIN, RACK, dst_policy, nvlink_domain_of, rack_of
 from gpufleet.dst.world import Proc, World
 from gpufleet.kubeapi import EVENTS, NODES, PODS, Patch
 
@@ -161,6 +161,25 @@ def test_a_group_budget_counts_the_groups_nodes() -> None:
     _write(w, CTL, "n2", _remediating("n2", 1.0))
     assert [v.invariant for v in w.violations] == ["4"]
     assert "2 nodes of group rack-a out of service" in w.violations[0].text
+
+
+def test_a_domain_budget_counts_the_domains_nodes() -> None:
+    """With a per-domain budget of one node, a second node of one NVLink domain out breaks
+    invariant 4 though the pool's budget (2 of 4) has room; one of each domain does not."""
+    w = World(1, ["n1", "n2", "n3", "n4"], replay=[], shuffle=False)
+    w.stop_on_violation = False
+    for i, n in enumerate(w.node_names):
+        body = node_body(n)
+        body["metadata"]["labels"][NVLINK_DOMAIN] = nvlink_domain_of(i)
+        w.api.create("kubelet", NODES, body, None)
+    Invariants(w, dst_policy(domains=True)).attach()
+    _write(w, CTL, "n1", _remediating("n1", 1.0))  # nvl72-0
+    _write(w, CTL, "n2", _remediating("n2", 1.0))  # nvl72-1
+    assert w.violations == []
+    _write(w, CTL, "n2", replace(_remediating("n2", 1.0), state=NodeState.PRODUCTION))
+    _write(w, CTL, "n3", _remediating("n3", 1.0))  # nvl72-0 again
+    assert [v.invariant for v in w.violations] == ["4"]
+    assert "2 nodes of domain nvl72-0 out of service" in w.violations[0].text
 
 
 def test_gpufleet_may_not_clear_an_admins_taint_or_cordon() -> None:

@@ -31,6 +31,8 @@ BOUNDED = 40
 FAILURES = pathlib.Path("/tmp/gpufleet-dst-failures")
 GROUP_SEEDS = 6
 """Short runs with node groups (Config.groups)."""
+DOMAIN_SEEDS = 3
+"""Short runs with NVLink domains and a per-domain budget (Config.domains)."""
 
 
 def test_the_same_seed_is_the_same_run() -> None:
@@ -97,6 +99,14 @@ def test_a_run_with_node_groups_holds_every_invariant(seed: int) -> None:
     its own XID 79 rule): the controller and the agents resolve each node's policy, and
     invariant 4 holds per pool and per group."""
     r = run(Spec(seed, replace(SHORT, groups=True)), keep_trace=False)
+    assert r.violation is None, r.violation.line()
+
+
+@pytest.mark.parametrize("seed", range(DOMAIN_SEEDS))
+def test_a_run_with_nvlink_domains_holds_every_invariant(seed: int) -> None:
+    """Nodes in two NVLink domains, at most one node of a domain out (safety.budget.
+    perDomain), with node groups too: invariant 4 holds per pool, group and domain."""
+    r = run(Spec(seed, replace(SHORT, groups=True, domains=True)), keep_trace=False)
     assert r.violation is None, r.violation.line()
 
 

@@ -106,6 +106,12 @@ STATUS_SCHEMA: Json = {
             "counted on the group's nodes in every pool): size, out of service, allowed, waiting.",
             "x-kubernetes-preserve-unknown-fields": True,
         },
+        "domainBudget": {
+            "type": "object",
+            "description": "Per NVLink domain at its budget (safety.budget.perDomain; domains "
+            "below it are not listed): size, out of service, allowed, waiting.",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
         "fleetBudget": {
             "type": "object",
             "description": "The whole fleet (every pool): size, out of service, allowed "

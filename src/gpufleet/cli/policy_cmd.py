@@ -258,7 +258,7 @@ def _explain_node(
             raise typer.Exit(2) from None
     else:
         chosen_policy = load_or_exit(policy_file)
-    found = explain_node(chosen_policy, node_labels, xid=xid, fault=kind)
+    found = explain_node(chosen_policy, node_labels, xid=xid, fault=kind, node=node or "")
     data = {"node": node, "labels": node_labels, "policy": source, **dataclasses.asdict(found)}
     if structured(fmt):
         print_data(fmt, data)

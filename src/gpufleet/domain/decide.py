@@ -116,6 +116,7 @@ def _gate(ctx: _Ctx, plan: _Plan) -> Decision:
         a.kind not in (ActionKind.NOTIFY,) for a in plan.actions
     )
     hold: Hold | None = None
+    why = ""
     if changes:
         p = ctx.policy
         if p.paused:
@@ -124,8 +125,8 @@ def _gate(ctx: _Ctx, plan: _Plan) -> Decision:
             hold = Hold.DRY_RUN
         elif (plan.isolates or plan.acts_on_node) and breaker.is_open:
             hold = Hold.BREAKER_OPEN
-        elif _enters_service_hold(plan) and not _budget_ok(ctx):
-            hold = Hold.BUDGET_EXHAUSTED
+        elif _enters_service_hold(plan) and (short := _budget_short(ctx)) is not None:
+            hold, why = Hold.BUDGET_EXHAUSTED, short
         elif any(a.disruptive for a in plan.actions) and not rate_allows(
             ctx.fleet.recent_actions, now=ctx.now, config=p.safety.rate_limit
         ):
@@ -139,7 +140,7 @@ def _gate(ctx: _Ctx, plan: _Plan) -> Decision:
             transition=plan.transition,
             breaker=breaker_out,
         )
-    why = _HOLD_TEXT[hold]
+    why = why or _HOLD_TEXT[hold]
     return Decision(
         record=plan.held,
         actions=plan.held_actions,
@@ -174,10 +175,26 @@ def _enters_service_hold(plan: _Plan) -> bool:
     )
 
 
+def _budget_short(ctx: _Ctx) -> str | None:
+    """None when every budget that covers the node allows one more out; otherwise why not
+    (the NVLink domain's budget is named with its domain)."""
+    per_domain = ctx.policy.safety.budget.per_domain
+    name = ctx.record.nvlink_domain
+    if per_domain is not None and name:
+        me = 1 if ctx.record.state in OUT_OF_SERVICE else 0
+        out = ctx.fleet.domain(name).out_of_service - me
+        if not per_domain.allows(out):
+            return (
+                f"the disruption budget of NVLink domain {name} is used up "
+                f"({out} of at most {per_domain.max_nodes} out)"
+            )
+    return None if _budget_ok(ctx) else _HOLD_TEXT[Hold.BUDGET_EXHAUSTED]
+
+
 def _budget_ok(ctx: _Ctx) -> bool:
     """The pool's budget, the fleet's when the policy sets one (every pool together) and
     the node group's when its override sets one (the group's nodes): every budget that
-    covers the node must allow it (docs/decisions/0225)."""
+    covers the node must allow it (docs/decisions/0225; the NVLink domain's: 0232)."""
     pool = ctx.fleet.pool(ctx.record.pool)
     me = 1 if ctx.record.state in OUT_OF_SERVICE else 0
     budget = ctx.policy.safety.budget

@@ -94,8 +94,9 @@ def explain(
     )
 
 
-def _budgets(policy: Policy) -> list[str]:
-    """Every budget that covers a node under ``policy`` (each must allow it)."""
+def _budgets(policy: Policy, domain: str | None = None) -> list[str]:
+    """Every budget that covers a node under ``policy`` (each must allow it); ``domain``:
+    the node's NVLink domain ("" none; None: no node named, the rule is said)."""
     b = policy.safety.budget
     lines = [
         f"budget: at most {b.max_nodes} nodes and {b.max_percent:g}% of a pool "
@@ -107,6 +108,15 @@ def _budgets(policy: Policy) -> list[str]:
             f"group {policy.group} budget: at most {g.max_nodes} nodes and {g.max_percent:g}% "
             f"of the group's nodes out at once (at least {g.min_nodes}), on top of the above"
         )
+    d = b.per_domain
+    if d is not None:
+        k = f"at most {d.max_nodes} nodes of one NVLink domain out at once"
+        if domain is None:
+            lines.append(f"domain budget: {k} (domain from {d.label} or the node's own clique)")
+        elif domain:
+            lines.append(f"NVLink domain {domain} budget: {k}, on top of the above")
+        else:
+            lines.append(f"domain budget: {k}; this node is in no NVLink domain: not held by it")
     return lines
 
 
@@ -134,6 +144,7 @@ def explain_node(
     *,
     xid: int | None = None,
     fault: FaultKind | None = None,
+    node: str = "",
 ) -> NodeExplanation:
     """Explain which override applies to a node with ``labels`` and why, its ladder and
     budgets, and (given ``xid`` or ``fault``) what that fault does on it."""
@@ -157,7 +168,9 @@ def explain_node(
             r.match.key for r in policy.overrides[found.index or 0].rules
         }:
             one = replace(one, source=f"override {found.override}")
-    return NodeExplanation(found.override, found.why, ladder, _budgets(resolved), own, one)
+    domain = policy_groups.domain_of(policy, node, labels)
+    budgets = _budgets(resolved, domain)
+    return NodeExplanation(found.override, found.why, ladder, budgets, own, one)
 
 
 def _first_text(action: Response) -> str:

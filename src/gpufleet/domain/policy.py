@@ -290,6 +290,29 @@ class Provisioning(_Model):
     """Power-ons in all, the first included, before the Machine's boot has failed. Default 3."""
 
 
+class DomainBudget(_Model):
+    """The most nodes of one failure domain (an NVLink domain: the trays of one NVL72
+    rack) that automation may hold out at once, on top of the pool's, the fleet's and
+    the node group's budgets (docs/decisions/0232)."""
+
+    max_nodes: int = Field(default=1, ge=0, le=MAX_NODES)
+    """At most this many nodes of one NVLink domain out of service at once; 0 stops
+    automatic disruption of every node that has a domain. Default 1."""
+    label: str = Field(
+        default="network.topology.nvidia.com/accelerator",
+        min_length=1,
+        max_length=317,
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+    )
+    """The Node label an operator or Topograph names a node's NVLink domain with; the
+    clique the node's own GPUs registered with (the agent's label) wins over it, as in
+    the Slurm topology (domain.topology). Default: Topograph's key."""
+
+    def allows(self, out_of_service: int) -> bool:
+        """Whether one more node of a domain with ``out_of_service`` nodes out may go."""
+        return out_of_service + 1 <= self.max_nodes
+
+
 class Budget(_Model):
     """The most nodes of one pool that automation may hold out at once, and (optional)
     of the whole fleet, every pool together."""
@@ -309,6 +332,9 @@ class Budget(_Model):
     fleet_max_percent: float | None = Field(default=None, ge=0, le=100)
     """At most this percentage of the whole fleet out at once (raised to minNodes). Absent: no
     fleet-wide limit."""
+    per_domain: DomainBudget | None = None
+    """At most maxNodes nodes of one NVLink domain out at once (every pool, every group);
+    a node with no known domain is held by no domain budget. Absent: no domain limit."""
 
     def allowed(self, pool_size: int) -> int:
         """Nodes that may be out of service in a pool of ``pool_size``."""
@@ -468,7 +494,14 @@ class GroupBudget(_Model):
     @classmethod
     def _not_fleet_wide(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            for key in ("fleetMaxNodes", "fleetMaxPercent", "fleet_max_nodes", "fleet_max_percent"):
+            for key in (
+                "fleetMaxNodes",
+                "fleetMaxPercent",
+                "perDomain",
+                "fleet_max_nodes",
+                "fleet_max_percent",
+                "per_domain",
+            ):
                 if key in data:
                     raise ValueError(
                         f"{to_camel(key)} is fleet-wide: set it in safety.budget, not per group"
@@ -484,6 +517,7 @@ class GroupBudget(_Model):
             min_nodes=fleet.min_nodes if self.min_nodes is None else self.min_nodes,
             fleet_max_nodes=None,
             fleet_max_percent=None,
+            per_domain=None,
         )
 
 

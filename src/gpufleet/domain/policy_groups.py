@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpufleet.domain import topology
 from gpufleet.domain.policy import Policy
 
 
@@ -91,3 +92,14 @@ def group_of(policy: Policy, labels: Mapping[str, str]) -> str:
         if override.node_selector.matches(labels):
             return override.name
     return ""
+
+
+def domain_of(policy: Policy, name: str, labels: Mapping[str, str]) -> str:
+    """The NVLink domain a per-domain budget counts node ``name`` under ("" when the
+    policy sets no such budget, or the labels place the node in no domain): the one
+    reading the controller, the simulator and the deterministic simulation share
+    (domain.topology's codec, docs/decisions/0232)."""
+    per_domain = policy.safety.budget.per_domain
+    if per_domain is None:
+        return ""
+    return topology.nvlink_domain_of(name, labels, per_domain.label)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -111,6 +112,9 @@ class NodeRecord:
     group: str = ""
     """The node group (the FleetPolicy override its labels match, domain.policy_groups);
     "" for none. Like ``pool``, read again from the labels and the policy on every pass."""
+    nvlink_domain: str = ""
+    """The NVLink domain the node's labels place it in (domain.topology), counted only
+    when the policy sets a per-domain budget; "" for none. Read again on every pass."""
     incident: Incident | None = None
     occurrences: tuple[Occurrence, ...] = ()
     lemon: LemonScore | None = None
@@ -162,12 +166,14 @@ _RECORD = TypeAdapter(NodeRecord)
 
 
 def record_to_json(record: NodeRecord) -> str:
-    """Serialise for storage (a Node annotation). A node of no group is written without
-    ``group``, as before groups existed: the record on every Node of a fleet without
-    overrides reads the same, so an upgrade rewrites none of them."""
+    """Serialise for storage (a Node annotation). A node of no group (or no counted NVLink
+    domain) is written without ``group`` (``nvlink_domain``), as before they existed: the
+    record on every Node of a fleet without them reads the same, so an upgrade rewrites
+    none of them."""
     data = _RECORD.dump_python(record, mode="json")
-    if not data.get("group"):
-        data.pop("group", None)
+    for key in ("group", "nvlink_domain"):
+        if not data.get(key):
+            data.pop(key, None)
     return json.dumps(data, separators=(",", ":"))
 
 
@@ -197,6 +203,8 @@ class FleetView:
     breaker: BreakerState = field(default_factory=BreakerState)
     groups: Mapping[str, PoolView] = field(default_factory=lambda: _NO_POOLS)
     """Node groups (FleetPolicy overrides) counted like pools, across pools."""
+    domains: Mapping[str, PoolView] = field(default_factory=lambda: _NO_POOLS)
+    """NVLink domains counted like pools, across pools and groups (a per-domain budget)."""
     recent_actions: tuple[float, ...] = ()
     """Times of recent disruptive actions (rate limit)."""
 
@@ -213,6 +221,10 @@ class FleetView:
         """A node group's view; an unknown group has size 0, so nothing may be taken out."""
         return self.groups.get(name, PoolView(size=0))
 
+    def domain(self, name: str) -> PoolView:
+        """An NVLink domain's view (an unknown domain: size 0, nothing out)."""
+        return self.domains.get(name, PoolView(size=0))
+
     @classmethod
     def of(
         cls,
@@ -221,7 +233,7 @@ class FleetView:
         breaker: BreakerState | None = None,
         recent_actions: tuple[float, ...] = (),
     ) -> FleetView:
-        """Count pools, node groups and out-of-service nodes from node records."""
+        """Count pools, node groups, NVLink domains and out-of-service nodes from records."""
         sizes: dict[str, int] = {}
         out: dict[str, int] = {}
         spares: dict[str, int] = {}
@@ -240,7 +252,8 @@ class FleetView:
             pools=MappingProxyType(pools),
             breaker=breaker or BreakerState(),
             recent_actions=recent_actions,
-            groups=_count_groups(records_list),
+            groups=_count_by(records_list, _GROUP),
+            domains=_count_by(records_list, _DOMAIN),
         )
 
     def with_change(self, before: NodeRecord | None, after: NodeRecord) -> FleetView:
@@ -249,7 +262,8 @@ class FleetView:
         ``before`` is None for a node the view has not counted yet: its pool
         grows by one, as if the view were rebuilt with :meth:`of`.
         """
-        groups = _group_change(self.groups, before, after)
+        groups = _count_change(self.groups, before, after, _GROUP)
+        domains = _count_change(self.domains, before, after, _DOMAIN)
         if before is None:
             pools = dict(self.pools)
             p = pools.get(after.pool, PoolView(size=0))
@@ -257,11 +271,13 @@ class FleetView:
             pools[after.pool] = PoolView(
                 size=p.size + 1, out_of_service=out, spares=p.spares + int(after.is_spare)
             )
-            return replace(self, pools=MappingProxyType(pools), groups=groups)
+            return replace(self, pools=MappingProxyType(pools), groups=groups, domains=domains)
         was = before.state in OUT_OF_SERVICE
         now = after.state in OUT_OF_SERVICE
         if was == now and before.is_spare == after.is_spare and before.pool == after.pool:
-            return self if groups is self.groups else replace(self, groups=groups)
+            if groups is self.groups and domains is self.domains:
+                return self
+            return replace(self, groups=groups, domains=domains)
         pools = dict(self.pools)
         for name, delta, spare in (
             (before.pool, -int(was), -int(before.is_spare)),
@@ -271,38 +287,52 @@ class FleetView:
             pools[name] = PoolView(
                 size=p.size, out_of_service=p.out_of_service + delta, spares=p.spares + spare
             )
-        return replace(self, pools=MappingProxyType(pools), groups=groups)
+        return replace(self, pools=MappingProxyType(pools), groups=groups, domains=domains)
 
 
-def _count_groups(records: Iterable[NodeRecord]) -> Mapping[str, PoolView]:
-    """Each node group's size and out-of-service nodes (nodes of no group are not counted)."""
+_GROUP = attrgetter("group")
+_DOMAIN = attrgetter("nvlink_domain")
+
+
+def _count_by(
+    records: Iterable[NodeRecord], key: Callable[[NodeRecord], str]
+) -> Mapping[str, PoolView]:
+    """Each node group's (or NVLink domain's: ``key``) size and out-of-service nodes
+    (nodes of none are not counted)."""
     sizes: Counter[str] = Counter()
     out: Counter[str] = Counter()
     for r in records:
-        if r.group:
-            sizes[r.group] += 1
-            out[r.group] += int(r.state in OUT_OF_SERVICE)
+        k = key(r)
+        if k:
+            sizes[k] += 1
+            out[k] += int(r.state in OUT_OF_SERVICE)
     if not sizes:
         return _NO_POOLS
     return MappingProxyType({g: PoolView(size=n, out_of_service=out[g]) for g, n in sizes.items()})
 
 
-def _group_change(
-    groups: Mapping[str, PoolView], before: NodeRecord | None, after: NodeRecord
+def _count_change(
+    groups: Mapping[str, PoolView],
+    before: NodeRecord | None,
+    after: NodeRecord,
+    key: Callable[[NodeRecord], str],
 ) -> Mapping[str, PoolView]:
-    """``groups`` after one record changed from ``before`` to ``after`` (the same object
-    when nothing a group counts changed)."""
-    was = (before.group, before.state in OUT_OF_SERVICE) if before is not None else None
-    now = (after.group, after.state in OUT_OF_SERVICE)
-    if was == now or (not after.group and (before is None or not before.group)):
+    """``groups`` (counted by ``key``: node group or NVLink domain) after one record
+    changed from ``before`` to ``after`` (the same object when nothing counted changed)."""
+    was = (key(before), before.state in OUT_OF_SERVICE) if before is not None else None
+    now = (key(after), after.state in OUT_OF_SERVICE)
+    if was == now or (not now[0] and (was is None or not was[0])):
         return groups
     changed = dict(groups)
-    for key, sign in ((was, -1), (now, 1)):
-        if key is None or not key[0]:
+    for counted, sign in ((was, -1), (now, 1)):
+        if counted is None or not counted[0]:
             continue
-        p = changed.get(key[0], PoolView(size=0))
-        changed[key[0]] = PoolView(
-            size=p.size + sign, out_of_service=p.out_of_service + sign * int(key[1])
+        p = changed.get(counted[0], PoolView(size=0))
+        if p.size + sign == 0:
+            del changed[counted[0]]  # as a rebuild gives it: no node, no entry
+            continue
+        changed[counted[0]] = PoolView(
+            size=p.size + sign, out_of_service=p.out_of_service + sign * int(counted[1])
         )
     return MappingProxyType(changed)
 

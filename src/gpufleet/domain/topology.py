@@ -218,6 +218,16 @@ def _nvlink_domain(node: NodeLabels) -> tuple[str | None, list[Problem]]:
     ]
 
 
+def nvlink_domain_of(name: str, labels: Mapping[str, str], label_key: str) -> str:
+    """One node's NVLink domain, as :func:`build` places it ("" for none: no label, or a
+    contradiction, which is reported by the topology, never acted on): the failure
+    domain a per-domain disruption budget counts the node under (decision 0232). A
+    value that is no name is left out, as in :func:`build`."""
+    read = read_node(name, labels, SourceKeys(leaf="", spine="", nvlink_domain=label_key))
+    domain, _ = _nvlink_domain(read)
+    return domain or ""
+
+
 def build(nodes: Iterable[tuple[str, Mapping[str, str]]], keys: SourceKeys) -> FabricTopology:
     """The topology of ``nodes`` (name, labels): placements with the contradictions left
     out, and one problem per node and contradiction."""

@@ -527,8 +527,10 @@ class Invariants:
         )
 
     def _budget(self, node: str) -> None:
-        """Invariant 4: per pool, and per node group of the policy's overrides (its own
-        budget, counted on the nodes its selector matches now: domain.policy_groups)."""
+        """Invariant 4: per pool, per node group of the policy's overrides (its own
+        budget, counted on the nodes its selector matches now: domain.policy_groups) and
+        per NVLink domain when the policy sets a per-domain budget (the domain the node's
+        labels say now: domain.topology)."""
         out: dict[str, int] = {}
         size: dict[str, int] = {}
         limits: dict[str, int] = {}
@@ -540,13 +542,20 @@ class Invariants:
             group = policy_groups.group_of(self.policy, labels)
             if group in budgets:
                 scopes.append(f"group {group}")
+            domain = policy_groups.domain_of(self.policy, name, labels)
+            if domain:
+                scopes.append(f"domain {domain}")
             for scope in scopes:
                 size[scope] = size.get(scope, 0) + 1
                 if self.state_labels.get(name) in {s.value for s in OUT_OF_SERVICE}:
                     out[scope] = out.get(scope, 0) + 1
         fleet_budget = self.policy.safety.budget
+        per_domain = fleet_budget.per_domain
         for scope in size:
             kind, _, group = scope.partition(" ")
+            if kind == "domain" and per_domain is not None:
+                limits[scope] = per_domain.max_nodes
+                continue
             chosen = budgets[group].over(fleet_budget) if kind == "group" else fleet_budget
             limits[scope] = chosen.allowed(size[scope])
         for pool, n in out.items():

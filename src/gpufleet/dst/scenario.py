@@ -72,10 +72,24 @@ def rack_of(index: int, nodes: int) -> str:
     return "a" if index < (nodes + 1) // 2 else "b"
 
 
-def dst_policy_spec(breaker_min_nodes: int = 2, groups: bool = False) -> dict[str, Any]:
+NVLINK_DOMAIN = "network.topology.nvidia.com/accelerator"
+"""The label a run with ``domains`` puts on its Nodes (the per-domain budget's default key)."""
+
+
+def nvlink_domain_of(index: int) -> str:
+    """The NVLink domain of the ``index``-th node in a run with ``domains``: nodes
+    alternate between two domains, so each domain spans both racks of a run with
+    ``groups`` too."""
+    return f"nvl72-{index % 2}"
+
+
+def dst_policy_spec(
+    breaker_min_nodes: int = 2, groups: bool = False, domains: bool = False
+) -> dict[str, Any]:
     """The default policy with times a run can reach: short ladder timeouts, a quick
     clear, a budget of two nodes out of four, a breaker that trips at three faulting
-    nodes (``breaker_min_nodes`` + 1); with ``groups``, the override of rack a."""
+    nodes (``breaker_min_nodes`` + 1); with ``groups``, the override of rack a; with
+    ``domains``, at most one node of an NVLink domain out at once."""
     spec: dict[str, Any] = json.loads(_default_spec_text())
     spec["ladder"] = [
         {"step": "gpu-reset", "timeoutSeconds": 60, "attempts": 1},
@@ -99,12 +113,15 @@ def dst_policy_spec(breaker_min_nodes: int = 2, groups: bool = False) -> dict[st
     }
     if groups:
         spec["overrides"] = [RACK_A_OVERRIDE]
+    if domains:
+        spec["safety"]["budget"]["perDomain"] = {"maxNodes": 1}
     return spec
 
 
 @functools.cache
-def dst_policy(breaker_min_nodes: int = 2, groups: bool = False) -> Policy:
-    return load_policy(yaml.safe_dump(dst_policy_spec(breaker_min_nodes, groups)), "dst policy")
+def dst_policy(breaker_min_nodes: int = 2, groups: bool = False, domains: bool = False) -> Policy:
+    spec = dst_policy_spec(breaker_min_nodes, groups, domains)
+    return load_policy(yaml.safe_dump(spec), "dst policy")
 
 
 @dataclass(frozen=True)
@@ -127,6 +144,10 @@ class Config:
     """Nodes in two racks and a FleetPolicy override for rack a (:data:`RACK_A_OVERRIDE`):
     invariant 4 holds per node group too; off by default, so a recorded seed replays the
     same story."""
+    domains: bool = False
+    """Nodes in two NVLink domains (:func:`nvlink_domain_of`) and a per-domain budget of
+    one node: invariant 4 holds per domain too; off by default, so a recorded seed
+    replays the same story."""
     slurmd_roll: bool = False
     """The chart's slurmd DaemonSet on every node and the Slurm operator rolling it
     (:mod:`gpufleet.dst.slurmd`, invariant 7); off by default, so a recorded seed, drawn
@@ -269,8 +290,8 @@ def build(world: World, cfg: Config, seed: int) -> Policy:
     the admission policy, and the processes (one controller, the syncer, the agents)."""
     rng = random.Random(f"build-{seed}")
     api = world.api
-    policy = dst_policy(cfg.breaker_min_nodes, cfg.groups)
-    spec = dst_policy_spec(cfg.breaker_min_nodes, cfg.groups)
+    policy = dst_policy(cfg.breaker_min_nodes, cfg.groups, cfg.domains)
+    spec = dst_policy_spec(cfg.breaker_min_nodes, cfg.groups, cfg.domains)
     api.create(ADMIN, POLICIES, {"metadata": {"name": "default"}, "spec": spec}, None)
     if cfg.admission:
         api.admission.append(records_admission)
@@ -292,6 +313,9 @@ def build(world: World, cfg: Config, seed: int) -> Policy:
         if cfg.groups:
             index = world.node_names.index(name)
             body["metadata"]["labels"][RACK] = rack_of(index, len(world.node_names))
+        if cfg.domains:
+            index = world.node_names.index(name)
+            body["metadata"]["labels"][NVLINK_DOMAIN] = nvlink_domain_of(index)
         api.create("kubelet", NODES, body, None)
         allowed: tuple[str, ...] = (
             "On",

@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from gpufleet.domain.apply import apply_decision
 from gpufleet.domain.decide import Decision
-from gpufleet.domain.policy import Override, Policy
+from gpufleet.domain.policy import DomainBudget, Override, Policy
 from gpufleet.domain.records import FleetView, NodeRecord
 from gpufleet.domain.safety import BreakerState
 from gpufleet.domain.states import NodeState
@@ -67,8 +67,9 @@ class Fleet:
         self._counts: Counter[NodeState] = Counter()
         self._ticked: dict[str, None] = {}
         """Names the tick looks at (a dict: an ordered set)."""
-        self._overrides: tuple[Override, ...] | None = None
-        """The FleetPolicy overrides the records' groups were last computed with."""
+        self._grouped_by: tuple[tuple[Override, ...], DomainBudget | None] | None = None
+        """The FleetPolicy overrides and per-domain budget the records' groups and NVLink
+        domains were last computed with."""
         self.generation = 0
         """Incremented whenever a record is added, changed or removed."""
 
@@ -110,17 +111,21 @@ class Fleet:
             else:
                 self._view = self._view.with_change(before, record)
 
-    def regroup(self, policy: Policy, group_of: Callable[[str, Policy], str | None]) -> None:
-        """Every record's node group under ``policy``'s overrides, when they changed
-        since the last call (a group budget counts every node of its group, not only
-        those that had an event since the policy changed)."""
-        if self._overrides == policy.overrides:
+    def regroup(
+        self, policy: Policy, group_of: Callable[[str, Policy], tuple[str, str] | None]
+    ) -> None:
+        """Every record's node group and NVLink domain (``group_of``) under ``policy``'s
+        overrides and per-domain budget, when they changed since the last call (a group's
+        or a domain's budget counts every node of it, not only those that had an event
+        since the policy changed)."""
+        grouped_by = (policy.overrides, policy.safety.budget.per_domain)
+        if self._grouped_by == grouped_by:
             return
-        self._overrides = policy.overrides
+        self._grouped_by = grouped_by
         for name, record in list(self.records.items()):
-            group = group_of(name, policy)
-            if group is not None and group != record.group:
-                self.put(replace(record, group=group))
+            found = group_of(name, policy)
+            if found is not None and found != (record.group, record.nvlink_domain):
+                self.put(replace(record, group=found[0], nvlink_domain=found[1]))
 
     def forget(self, name: str) -> None:
         before = self.records.pop(name, None)

@@ -100,6 +100,8 @@ class PolicyKeeper:
         self._saved_budget: dict[str, Any] | None = None
         self._saved_groups: dict[str, Any] | None = None
         """The groups' part of the last status saved (``groupBudget``)."""
+        self._saved_domains: dict[str, Any] | None = None
+        """The NVLink domains at their budget in the last status saved (``domainBudget``)."""
         """The budget part of the last FleetPolicy status saved (saved again when it changes)."""
         self._policy_conditions: list[dict[str, Any]] | None = None
         """The FleetPolicy's status conditions as last written (None: not read yet)."""
@@ -322,6 +324,7 @@ class PolicyKeeper:
         waiting, why = self._waiting()
         budget = self._budget_use(waiting)
         groups = self._group_use()
+        domains = self._domain_use()
         self._set_policy_condition(
             "BreakerOpen",
             "True" if b.is_open else "False",
@@ -345,6 +348,10 @@ class PolicyKeeper:
                 **{g: None for g in self._saved_groups or {} if g not in groups},
                 **groups,
             },
+            "domainBudget": {
+                **{d: None for d in self._saved_domains or {} if d not in domains},
+                **domains,
+            },
             # Every condition at once (a merge patch replaces the list whole).
             "conditions": self._set_policy_condition(
                 "FaultsWaiting",
@@ -363,6 +370,7 @@ class PolicyKeeper:
             self._saved_budget = budget
             self._saved_fleet = status["fleetBudget"]
             self._saved_groups = groups
+            self._saved_domains = domains
 
     def update_gauges(self) -> None:
         """Metrics from the fleet view; and a status save when the budget use changed.
@@ -380,11 +388,12 @@ class PolicyKeeper:
             m.budget_out.labels(pool=pool).set(use["outOfService"])
             m.budget_allowed.labels(pool=pool).set(use["allowed"])
             m.faults_waiting.labels(pool=pool).set(use["waiting"])
-        if self.policy_seen and (budget, self._fleet_use(budget), self._group_use()) != (
-            self._saved_budget,
-            self._saved_fleet,
-            self._saved_groups,
-        ):
+        if self.policy_seen and (
+            budget,
+            self._fleet_use(budget),
+            self._group_use(),
+            self._domain_use(),
+        ) != (self._saved_budget, self._saved_fleet, self._saved_groups, self._saved_domains):
             self.fleet.dirty_breaker = True  # "dirty status": saved by the coalescing saver
             try:
                 asyncio.get_running_loop()
@@ -437,6 +446,36 @@ class PolicyKeeper:
             }
             for o in self.policy.overrides
             if o.budget is not None
+        }
+
+    def _domain_use(self) -> dict[str, dict[str, int]]:
+        """The NVLink domains at their budget (safety.budget.perDomain): size, nodes out,
+        allowed, nodes waiting: the status's ``domainBudget`` (docs/decisions/0232). Only
+        those at the limit, so a fleet of hundreds of domains at rest writes none; read
+        from the view's per-domain counts, not from the records."""
+        per_domain = self.policy.safety.budget.per_domain
+        if per_domain is None:
+            return {}
+        full = {
+            d: v
+            for d, v in self.fleet.view().domains.items()
+            if v.out_of_service >= per_domain.max_nodes
+        }
+        if not full:
+            return {}
+        waiting: Counter[str] = Counter(
+            record.nvlink_domain
+            for _name, record in self.fleet.ticking()
+            if record.pending is not None and record.nvlink_domain in full
+        )
+        return {
+            d: {
+                "size": v.size,
+                "outOfService": v.out_of_service,
+                "allowed": per_domain.max_nodes,
+                "waiting": waiting.get(d, 0),
+            }
+            for d, v in sorted(full.items())
         }
 
     def _waiting(self) -> tuple[Counter[str], Counter[str]]:

@@ -232,9 +232,11 @@ class NodePass:
         elif machines.machine_of(body) is not None:
             await self._revoke_after_rejoin(name, body)
         fleet_policy = self.policies.effective()
-        resolved = policy_groups.policy_for(fleet_policy, nodes.labels_of(body))
-        if record.group != resolved.group:
-            record = replace(record, group=resolved.group)
+        labels = nodes.labels_of(body)
+        resolved = policy_groups.policy_for(fleet_policy, labels)
+        domain = policy_groups.domain_of(fleet_policy, name, labels)
+        if record.group != resolved.group or record.nvlink_domain != domain:
+            record = replace(record, group=resolved.group, nvlink_domain=domain)
         before = record
         decisions: list[Decision] = []
         policy = resolved.policy
@@ -313,17 +315,21 @@ class NodePass:
         self._after(body, written, before, record, decisions, now)
 
     async def regroup(self) -> None:
-        """Every record's node group under the policy in use (after a FleetPolicy change):
-        the group budgets and ``status.groupBudget`` count every node at once, not each
-        node only when it is next read."""
+        """Every record's node group and NVLink domain under the policy in use (after a
+        FleetPolicy change): the group and domain budgets and ``status.groupBudget`` count
+        every node at once, not each node only when it is next read."""
         async with self.fleet.lock:
             self.fleet.regroup(self.policies.effective(), self._group_of)
         self.policies.update_gauges()
 
-    def _group_of(self, name: str, policy: Policy) -> str | None:
-        """A node's group under ``policy``, from its Node as last seen (None: not seen)."""
+    def _group_of(self, name: str, policy: Policy) -> tuple[str, str] | None:
+        """A node's group and NVLink domain under ``policy``, from its Node as last seen
+        (None: not seen)."""
         body = self.book.get(name)
-        return None if body is None else policy_groups.group_of(policy, nodes.labels_of(body))
+        if body is None:
+            return None
+        labels = nodes.labels_of(body)
+        return policy_groups.group_of(policy, labels), policy_groups.domain_of(policy, name, labels)
 
     async def _notices_first(self, body: Json, actions: Sequence[Action]) -> None:
         """Post the decision's Notices before the write that drops what they tell of:

@@ -292,19 +292,25 @@ class Simulator:
     # -------------------------------------------------------------- decisions
 
     def _node_policies(self) -> list[Policy]:
-        """Each node's policy, resolved from the labels a simulated node carries (its pool
-        and its hostname), the controller's way; each record gets its node group."""
-        if not self.policy.overrides:
+        """Each node's policy, resolved from the labels a simulated node carries (its pool,
+        its hostname and, with ``fleet.nvlinkDomainNodes``, its NVLink domain), the
+        controller's way; each record gets its node group and NVLink domain."""
+        per_domain = self.policy.safety.budget.per_domain
+        size = self.model.fleet.nvlink_domain_nodes
+        if not self.policy.overrides and (per_domain is None or size is None):
             return [self.policy] * self.n
         by_group: dict[str, Policy] = {}
         chosen: list[Policy] = []
         for i, record in enumerate(self.records):
             labels = {well_known.LABEL_POOL: record.pool, well_known.LABEL_HOSTNAME: record.name}
+            if per_domain is not None and size is not None:
+                labels[per_domain.label] = f"nvl-{i // size:04d}"
             group = policy_groups.group_of(self.policy, labels)
             if group not in by_group:
                 by_group[group] = policy_groups.policy_for(self.policy, labels).policy
             chosen.append(by_group[group])
-            self.records[i] = replace(record, group=group)
+            domain = policy_groups.domain_of(self.policy, record.name, labels)
+            self.records[i] = replace(record, group=group, nvlink_domain=domain)
         return chosen
 
     def _decide(self, i: int, event: ev.Event) -> None:

@@ -282,6 +282,10 @@ class Fleet(_Model):
     """Spare nodes beyond the job's, as a percentage of the job's nodes (rounded up)."""
     spare_nodes: int | None = Field(default=None, ge=0)
     """An exact number of spares (overrides ``sparePercent``)."""
+    nvlink_domain_nodes: int | None = Field(default=None, ge=1)
+    """Nodes per NVLink domain (18 trays for a GB200 NVL72): consecutive nodes share a
+    domain, which a policy's safety.budget.perDomain counts them under. Absent: no node
+    is in a domain."""
 
     def spares(self, job_nodes: int) -> int:
         """Spare nodes for a job of ``job_nodes`` nodes."""

@@ -56,3 +56,34 @@ def test_a_node_groups_budget_holds_in_the_simulator_too() -> None:
     result = sim.run()
     assert {r.group for r in sim.records} == {"everyone"}
     assert sim.peak == 1 and result.held > 0
+
+
+class DomainPeakWatch(Simulator):
+    """The simulator, noting the most nodes of one NVLink domain out after any decision."""
+
+    peak = 0
+
+    def _decide(self, i: int, event: ev.Event) -> None:
+        super()._decide(i, event)
+        self.peak = max([self.peak, *(v.out_of_service for v in self.fleet.domains.values())])
+
+
+def test_an_nvlink_domains_budget_holds_in_the_simulator_too() -> None:
+    """Simulated nodes in NVLink domains (fleet.nvlinkDomainNodes; 4 domains of 505 here,
+    so that two faults of one domain overlap within the run) under safety.budget.perDomain
+    of one: never two nodes of one domain out at once, and the domain's limit holds faults
+    the pool's budget alone lets through."""
+    from gpufleet.sim.scenarios import with_overrides
+
+    spec = default_policy().model_dump(by_alias=True, mode="json")
+    spec["safety"]["budget"]["perDomain"] = {"maxNodes": 1}
+    per_domain = load_policy(json.dumps(spec))
+    model = with_overrides(default_model(), {"fleet.nvlink_domain_nodes": 505})
+    free = PeakWatch(model, default_policy(), gpus=16000, days=60, seed=7)
+    free_result = free.run()
+    sim = DomainPeakWatch(model, per_domain, gpus=16000, days=60, seed=7)
+    result = sim.run()
+    assert sim.records[0].nvlink_domain == "nvl-0000"
+    assert sim.records[505].nvlink_domain == "nvl-0001"
+    assert free.fleet.domains == {}  # no per-domain budget: no domain counted
+    assert sim.peak == 1 and result.held > free_result.held
