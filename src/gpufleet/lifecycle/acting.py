@@ -17,6 +17,7 @@ from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.decide import Decision
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.repeats import Repeats
+from gpufleet.domain.safety import Hold
 from gpufleet.lifecycle.core import Json, S, log
 from gpufleet.lifecycle.drain_loop import Drains
 from gpufleet.lifecycle.events import EventSink
@@ -89,7 +90,9 @@ class Acting:
                 said = f"{d.hold}: {', '.join(a.kind.value for a in d.withheld)}"
                 if self.holds.said(name) != said:
                     self.holds.say(name, said)
-                    self.events.node(body, "Warning", "ActionWithheld", f"{d.hold}: {withheld}")
+                    self.events.node(
+                        body, "Warning", "ActionWithheld", f"{d.hold}: {withheld}{_which(d)}"
+                    )
             elif d.actions or d.transition is not None:
                 self.holds.clear(name)
             for a in d.actions:
@@ -152,6 +155,14 @@ class Acting:
             self.events.node(body, "Warning", "RestartJob", a.detail)
         # NOTIFY: posted by the node pass before the record write (EventSink.node_first).
         self.metrics.actions.labels(action=kind.value, result=result).inc()
+
+
+def _which(d: Decision) -> str:
+    """Which budget held a decision, for its ActionWithheld Event (an NVLink domain's is
+    named: docs/decisions/0232); empty for the other rails, whose hold says it all."""
+    if d.hold is not Hold.BUDGET_EXHAUSTED or not d.reasons:
+        return ""
+    return f" ({d.reasons[-1].removeprefix('held: ')})"
 
 
 def _fault_time(record: NodeRecord) -> float | None:
