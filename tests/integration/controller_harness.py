@@ -254,6 +254,24 @@ def create_kwok_nodes(api: Api, names: list[str], pool: str) -> None:
     )
 
 
+@contextlib.contextmanager
+def labelled_kwok_nodes(
+    api: Api, label: str, nodes: dict[str, list[str]], pool: str
+) -> Iterator[None]:
+    """KWOK nodes of ``pool``, each group labelled ``label=<its key>``; reset and deleted
+    after (a module's own nodes beside the session cluster's)."""
+    for value, names in nodes.items():
+        create_kwok_nodes(api, names, pool=pool)
+        for name in names:
+            api.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {label: value}}})
+    try:
+        yield
+    finally:
+        for name in (n for names in nodes.values() for n in names):
+            reset_node(api, name)
+            api.delete(f"/api/v1/nodes/{name}")
+
+
 def reset_node(api: Api, name: str) -> None:
     """Remove every gpufleet mark and reported condition, and any cordon or taint."""
     node = api.node(name)

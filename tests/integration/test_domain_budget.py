@@ -22,12 +22,11 @@ import pytest
 from controller_harness import (
     GV,
     Api,
-    create_kwok_nodes,
     install,
+    labelled_kwok_nodes,
     policy_spec,
     put_policy,
     report_fault,
-    reset_node,
     running,
 )
 from waiting import wait_for
@@ -47,16 +46,10 @@ XID = 79
 def api(local_cluster: ClusterInfo) -> Iterator[Api]:
     api = Api(local_cluster)
     install(api)
-    for domain, names in NODES.items():
-        create_kwok_nodes(api, names, pool="domains")
-        for name in names:
-            api.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {DOMAIN: domain}}})
     try:
-        yield api
+        with labelled_kwok_nodes(api, DOMAIN, NODES, pool="domains"):
+            yield api
     finally:
-        for name in (n for names in NODES.values() for n in names):
-            reset_node(api, name)
-            api.delete(f"/api/v1/nodes/{name}")
         api.delete(f"{GV}/fleetpolicies/{POLICY}")
 
 

@@ -21,12 +21,11 @@ import pytest
 from controller_harness import (
     GV,
     Api,
-    create_kwok_nodes,
     install,
+    labelled_kwok_nodes,
     policy_spec,
     put_policy,
     report_fault,
-    reset_node,
     running,
 )
 from waiting import wait_for
@@ -46,16 +45,10 @@ XID = 79
 def api(local_cluster: ClusterInfo) -> Iterator[Api]:
     api = Api(local_cluster)
     install(api)
-    for rack, names in NODES.items():
-        create_kwok_nodes(api, names, pool="groups")
-        for name in names:
-            api.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {RACK: rack}}})
     try:
-        yield api
+        with labelled_kwok_nodes(api, RACK, NODES, pool="groups"):
+            yield api
     finally:
-        for name in (n for names in NODES.values() for n in names):
-            reset_node(api, name)
-            api.delete(f"/api/v1/nodes/{name}")
         api.delete(f"{GV}/fleetpolicies/{POLICY}")
 
 
