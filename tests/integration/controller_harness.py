@@ -272,6 +272,38 @@ def labelled_kwok_nodes(
             api.delete(f"/api/v1/nodes/{name}")
 
 
+def draining(api: Api, names: list[str]) -> list[str]:
+    """Those of ``names`` taken out and held draining (a budget counts them out)."""
+    return [n for n in names if api.state(n) == "draining"]
+
+
+def budget_burst(
+    api: Api, ctl: Any, nodes: dict[str, list[str]], allowed: dict[str, int], xid: int
+) -> list[str]:
+    """Adopt ``nodes``, report ``xid`` on every one at once, and check that each set takes
+    out exactly its ``allowed`` budget while the rest are held (a pending fault, no cordon),
+    still so three ticks later. Returns the held nodes."""
+    every = [n for names in nodes.values() for n in names]
+    wait_for("adopted", lambda: all(api.state(n) == "production" for n in every))
+    for name in every:
+        report_fault(api, name, xid)
+    wait_for(
+        "each budget used",
+        lambda: all(len(draining(api, nodes[k])) == allowed[k] for k in nodes),
+        timeout=30,
+    )
+    held = [n for n in every if api.state(n) == "production"]
+    wait_for(
+        "the others held",
+        lambda: all((r := api.record(n)) is not None and r.pending is not None for n in held),
+        timeout=30,
+    )
+    ctl.wait_ticks(3, timeout=30)
+    assert {k: len(draining(api, nodes[k])) for k in nodes} == allowed
+    assert not any(api.node(n)["spec"].get("unschedulable") for n in held)
+    return held
+
+
 def reset_node(api: Api, name: str) -> None:
     """Remove every gpufleet mark and reported condition, and any cordon or taint."""
     node = api.node(name)

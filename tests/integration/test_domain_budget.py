@@ -22,11 +22,11 @@ import pytest
 from controller_harness import (
     GV,
     Api,
+    budget_burst,
     install,
     labelled_kwok_nodes,
     policy_spec,
     put_policy,
-    report_fault,
     running,
 )
 from waiting import wait_for
@@ -68,10 +68,6 @@ def spec() -> dict[str, object]:
     return s
 
 
-def out(api: Api, names: list[str]) -> list[str]:
-    return [n for n in names if api.state(n) == "draining"]
-
-
 def withheld_events(api: Api, name: str) -> list[dict[str, Any]]:
     return [e for e in api.events(name) if e["reason"] == "ActionWithheld"]
 
@@ -85,25 +81,9 @@ def test_a_burst_takes_out_exactly_each_domains_budget(
     local_cluster: ClusterInfo, api: Api, tmp_path: Path
 ) -> None:
     put_policy(api, POLICY, spec())
-    every = [n for names in NODES.values() for n in names]
     with running(local_cluster, tmp_path, policy=POLICY) as ctl:
-        wait_for("adopted", lambda: all(api.state(n) == "production" for n in every))
-        for name in every:
-            report_fault(api, name, XID)
-        wait_for(
-            "each domain's budget used",
-            lambda: all(len(out(api, NODES[d])) == PER_DOMAIN for d in NODES),
-            timeout=30,
-        )
-        held = [n for n in every if api.state(n) == "production"]
-        wait_for(
-            "the others held",
-            lambda: all((r := api.record(n)) is not None and r.pending is not None for n in held),
-            timeout=30,
-        )
-        ctl.wait_ticks(3, timeout=30)
-        assert {d: len(out(api, NODES[d])) for d in NODES} == {d: PER_DOMAIN for d in NODES}
-        assert len(held) == 2 and not any(api.node(n)["spec"].get("unschedulable") for n in held)
+        held = budget_burst(api, ctl, NODES, {d: PER_DOMAIN for d in NODES}, XID)
+        assert len(held) == 2
         for name in held:
             domain = next(d for d, names in NODES.items() if name in names)
             withheld = wait_for(

@@ -21,11 +21,12 @@ import pytest
 from controller_harness import (
     GV,
     Api,
+    budget_burst,
+    draining,
     install,
     labelled_kwok_nodes,
     policy_spec,
     put_policy,
-    report_fault,
     running,
 )
 from waiting import wait_for
@@ -70,10 +71,6 @@ def spec() -> dict[str, object]:
     return s
 
 
-def out(api: Api, names: list[str]) -> list[str]:
-    return [n for n in names if api.state(n) == "draining"]
-
-
 def groups_status(api: Api) -> dict[str, object]:
     status = api.get(f"{GV}/fleetpolicies/{POLICY}").get("status") or {}
     return dict(status.get("groupBudget") or {})
@@ -88,25 +85,9 @@ def test_a_burst_takes_out_exactly_each_groups_budget(
     local_cluster: ClusterInfo, api: Api, tmp_path: Path
 ) -> None:
     put_policy(api, POLICY, spec())
-    every = [n for names in NODES.values() for n in names]
     with running(local_cluster, tmp_path, policy=POLICY) as ctl:
-        wait_for("adopted", lambda: all(api.state(n) == "production" for n in every))
-        for name in every:
-            report_fault(api, name, XID)
-        wait_for(
-            "each group's budget used",
-            lambda: all(len(out(api, NODES[r])) == BUDGET[r] for r in NODES),
-            timeout=30,
-        )
-        held = [n for n in every if api.state(n) == "production"]
-        wait_for(
-            "the others held",
-            lambda: all((r := api.record(n)) is not None and r.pending is not None for n in held),
-            timeout=30,
-        )
-        ctl.wait_ticks(3, timeout=30)
-        assert {r: len(out(api, NODES[r])) for r in NODES} == BUDGET
-        assert len(held) == 3 and not any(api.node(n)["spec"].get("unschedulable") for n in held)
+        held = budget_burst(api, ctl, NODES, BUDGET, XID)
+        assert len(held) == 3
         withheld = wait_for(
             "an ActionWithheld Event on a held node",
             lambda: [e for e in api.events(held[0]) if e["reason"] == "ActionWithheld"],
@@ -157,4 +138,4 @@ def test_a_burst_takes_out_exactly_each_groups_budget(
         message = str(condition(api, "Valid")["message"])
         assert "no node can match: example.com/rack must both exist and not exist" in message
         ctl.wait_ticks(3, timeout=30)
-        assert {r: len(out(api, NODES[r])) for r in NODES} == BUDGET
+        assert {r: len(draining(api, NODES[r])) for r in NODES} == BUDGET
