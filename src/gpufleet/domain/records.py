@@ -101,6 +101,22 @@ class Incident:
 
 
 @dataclass(frozen=True, slots=True)
+class QuarantinedGpu:
+    """One GPU of a node taken out of service while the node stays in it
+    (domain.gpu_quarantine): no new work is placed on it, the rest of the node keeps
+    working, and it returns once the repair that needs the empty node verified it."""
+
+    index: int
+    """The GPU's index on the node (nvidia-smi's, Slurm's gres.conf order)."""
+    uuid: str
+    """The GPU's UUID as the agent reported it; "" where it did not say."""
+    fault: str
+    """The fault key as incidents name it (``xid-94``, ``row-remap-pending``)."""
+    since: float
+    """When the GPU was quarantined."""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeRecord:
     """One node's lifecycle memory."""
 
@@ -133,6 +149,9 @@ class NodeRecord:
     """A hot spare: in production, verified, kept out of training work until promoted
     (domain.spares). Only a node in production is one."""
     history: tuple[Transition, ...] = ()
+    quarantined_gpus: tuple[QuarantinedGpu, ...] = ()
+    """GPUs taken out of service one by one while the node stays in production (or
+    drains for the repair that releases them); () for none. Stored only when set."""
 
     @classmethod
     def new(
@@ -166,12 +185,12 @@ _RECORD = TypeAdapter(NodeRecord)
 
 
 def record_to_json(record: NodeRecord) -> str:
-    """Serialise for storage (a Node annotation). A node of no group (or no counted NVLink
-    domain) is written without ``group`` (``nvlink_domain``), as before they existed: the
-    record on every Node of a fleet without them reads the same, so an upgrade rewrites
-    none of them."""
+    """Serialise for storage (a Node annotation). A node of no group (no counted NVLink
+    domain, no quarantined GPU) is written without ``group`` (``nvlink_domain``,
+    ``quarantined_gpus``), as before they existed: the record on every Node of a fleet
+    without them reads the same, so an upgrade rewrites none of them."""
     data = _RECORD.dump_python(record, mode="json")
-    for key in ("group", "nvlink_domain"):
+    for key in ("group", "nvlink_domain", "quarantined_gpus"):
         if not data.get(key):
             data.pop(key, None)
     return json.dumps(data, separators=(",", ":"))
