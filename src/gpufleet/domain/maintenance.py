@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpufleet.domain import events as ev
@@ -128,6 +128,46 @@ class Candidate:
     """Value of the failure-domain label ("" without one: all such nodes share a domain)."""
     state: NodeState
     phase: NodePhase
+    group: str = ""
+    """Its node group (the override its labels match; "" none)."""
+    nvlink: str = ""
+    """Its NVLink domain as the per-domain budget counts it ("" none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """How many more nodes may go out, per budget that covers them (docs/decisions/0243).
+
+    A pool not in ``pools`` has no room; a group or an NVLink domain not in ``groups`` or
+    ``domains`` has no budget of its own (no limit from it); ``fleet`` None: no
+    fleet-wide limit."""
+
+    pools: Mapping[str, int]
+    groups: Mapping[str, int] = field(default_factory=dict)
+    domains: Mapping[str, int] = field(default_factory=dict)
+    fleet: int | None = None
+
+    def short(self, c: Candidate, taken: Counter[str], *, whole_domain: bool = False) -> str:
+        """Which budget has no room for one more of ``c`` after ``taken`` ('' none); an
+        NVLink domain's is not asked when the plan empties ``c``'s whole domain (its
+        explicit scope is the operator's consent to exceed k there: decision 0244)."""
+        if self.pools.get(c.pool, 0) - taken["pool " + c.pool] <= 0:
+            return f"pool {c.pool}"
+        if c.group in self.groups and self.groups[c.group] - taken["group " + c.group] <= 0:
+            return f"group {c.group}"
+        if (
+            not whole_domain
+            and c.nvlink in self.domains
+            and self.domains[c.nvlink] - taken["domain " + c.nvlink] <= 0
+        ):
+            return f"NVLink domain {c.nvlink}"
+        if self.fleet is not None and self.fleet - taken["fleet"] <= 0:
+            return "the fleet"
+        return ""
+
+
+def _take(taken: Counter[str], c: Candidate) -> None:
+    taken.update(("pool " + c.pool, "group " + c.group, "domain " + c.nvlink, "fleet"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +404,7 @@ def fleet_budget_room(
 def next_batch(
     rollout: Rollout,
     candidates: Sequence[Candidate],
-    room: Mapping[str, int],
+    room: Mapping[str, int] | Room,
     *,
     now: float,
     fleet_room: int | None = None,
@@ -372,13 +412,48 @@ def next_batch(
     """The nodes to start at ``now`` (none while a batch is in progress, none before the
     plan's start time).
 
-    ``room`` is each pool's :func:`budget_room`; a pool it does not name has none.
-    ``fleet_room`` is :func:`fleet_budget_room` (None: no fleet-wide limit): a batch
-    never takes more than both allow, so a plan never starts a node the fleet budget
-    would then hold back from the repair ladder.
+    ``room`` is what every budget that covers the nodes still allows (:class:`Room`: each
+    pool's :func:`budget_room`, each node group's and NVLink domain's with a budget of its
+    own, the fleet's :func:`fleet_budget_room`; a plain mapping is the pools' alone, with
+    ``fleet_room``): a batch never takes more of a pool, a group, a domain or the fleet
+    than its budget allows, so a plan never starts a node a budget would then hold back
+    from the repair ladder (docs/decisions/0243).
     Nodes are taken by name; a node not in production waits (automation or a person
     has it) and is taken once it is back.
     """
+    rooms = room if isinstance(room, Room) else Room(pools=room, fleet=fleet_room)
+    held = _held(rollout, candidates, now=now)
+    if held is not None:
+        return held
+    pending = sorted((c for c in candidates if c.phase is NodePhase.PENDING), key=lambda c: c.name)
+    ready = [c for c in pending if c.state is S.PRODUCTION]
+    if not ready:
+        return Batch((), f"waiting: {len(pending)} node(s) not in production")
+    per_domain: Counter[str] = Counter()
+    taken: Counter[str] = Counter()
+    chosen: list[str] = []
+    short: list[str] = []
+    for c in ready:
+        if len(chosen) >= rollout.max_unavailable:
+            break
+        if per_domain[c.domain] >= rollout.max_per_domain:
+            continue
+        full = rooms.short(c, taken)
+        if full:
+            short.append(full)
+            continue
+        chosen.append(c.name)
+        _take(taken, c)
+        per_domain[c.domain] += 1
+    if not chosen:
+        return Batch((), _no_room(short))
+    return Batch(tuple(chosen), f"starting {len(chosen)} node(s)")
+
+
+def _held(rollout: Rollout, candidates: Sequence[Candidate], *, now: float) -> Batch | None:
+    """The empty batch of a plan that starts nothing now, whatever the budgets (None: it
+    may start something): stopped, aborted, completed, paused, before its start time, or
+    with a batch still in progress."""
     phases = [c.phase for c in candidates]
     stage = plan_phase(rollout, phases, now=now)
     if stage is PlanPhase.STOPPED:
@@ -395,29 +470,19 @@ def next_batch(
     busy = [c for c in candidates if c.phase in IN_PROGRESS]
     if busy:
         return Batch((), f"batch in progress: {len(busy)} node(s) not verified yet")
-    pending = sorted((c for c in candidates if c.phase is NodePhase.PENDING), key=lambda c: c.name)
-    ready = [c for c in pending if c.state is S.PRODUCTION]
-    if not ready:
-        return Batch((), f"waiting: {len(pending)} node(s) not in production")
-    left = dict(room)
-    per_domain: Counter[str] = Counter()
-    chosen: list[str] = []
-    limit = (
-        rollout.max_unavailable if fleet_room is None else min(rollout.max_unavailable, fleet_room)
+    return None
+
+
+def _no_room(short: Sequence[str]) -> str:
+    """Why nothing started: the budgets that had no room, most often first."""
+    if not short:
+        return "waiting: no budget room"
+    named = [name for name, _ in Counter(short).most_common()]
+    return (
+        "waiting: no budget room in "
+        + ", ".join(named[:3])
+        + (f" and {len(named) - 3} more" if len(named) > 3 else "")
     )
-    for c in ready:
-        if len(chosen) >= limit:
-            break
-        if left.get(c.pool, 0) <= 0 or per_domain[c.domain] >= rollout.max_per_domain:
-            continue
-        chosen.append(c.name)
-        left[c.pool] = left.get(c.pool, 0) - 1
-        per_domain[c.domain] += 1
-    if not chosen:
-        if fleet_room is not None and fleet_room <= 0:
-            return Batch((), "waiting: no budget room in the fleet")
-        return Batch((), "waiting: no budget room in the nodes' pools")
-    return Batch(tuple(chosen), f"starting {len(chosen)} node(s)")
 
 
 # ------------------------------------------------------ the Slurm reservation

@@ -10,7 +10,7 @@ overrides: what a node follows is always one override plus the fleet's fields).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpufleet.domain import topology
@@ -103,3 +103,26 @@ def domain_of(policy: Policy, name: str, labels: Mapping[str, str]) -> str:
     if per_domain is None:
         return ""
     return topology.nvlink_domain_of(name, labels, per_domain.label)
+
+
+def domain_k(policy: Policy, group: str) -> int | None:
+    """How many nodes of one NVLink domain the nodes of ``group`` ("" none) may have out at
+    once: the group's own k where its override sets one, else the fleet's (None: no
+    per-domain budget). A domain whose trays follow two groups is held, for each node, by
+    that node's group's k (docs/decisions/0243)."""
+    budget = for_group(policy, group).domain_budget
+    return None if budget is None else budget.max_nodes
+
+
+def domain_limits(policy: Policy, members: Iterable[tuple[str, str]]) -> dict[str, int]:
+    """Each NVLink domain's k from ``(domain, group)`` pairs of its nodes: the smallest k
+    of the groups of its nodes (the strictest one any of them is held to); empty when no
+    override sets a k of its own (then every domain has the fleet's)."""
+    if not any(o.budget is not None and o.budget.per_domain for o in policy.overrides):
+        return {}
+    out: dict[str, int] = {}
+    for domain, group in members:
+        k = domain_k(policy, group)
+        if domain and k is not None:
+            out[domain] = min(out.get(domain, k), k)
+    return out

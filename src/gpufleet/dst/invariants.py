@@ -535,6 +535,7 @@ class Invariants:
         size: dict[str, int] = {}
         limits: dict[str, int] = {}
         budgets = {o.name: o.budget for o in self.policy.overrides if o.budget is not None}
+        members: list[tuple[str, str]] = []
         for name in self.world.node_names:
             obj = self.world.api.find(NODES, name)
             labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
@@ -545,16 +546,18 @@ class Invariants:
             domain = policy_groups.domain_of(self.policy, name, labels)
             if domain:
                 scopes.append(f"domain {domain}")
+                members.append((domain, group))
             for scope in scopes:
                 size[scope] = size.get(scope, 0) + 1
                 if self.state_labels.get(name) in {s.value for s in OUT_OF_SERVICE}:
                     out[scope] = out.get(scope, 0) + 1
         fleet_budget = self.policy.safety.budget
         per_domain = fleet_budget.per_domain
+        domain_ks = policy_groups.domain_limits(self.policy, members)
         for scope in size:
             kind, _, group = scope.partition(" ")
             if kind == "domain" and per_domain is not None:
-                limits[scope] = per_domain.max_nodes
+                limits[scope] = domain_ks.get(group, per_domain.max_nodes)
                 continue
             chosen = budgets[group].over(fleet_budget) if kind == "group" else fleet_budget
             limits[scope] = chosen.allowed(size[scope])

@@ -32,7 +32,7 @@ from gpufleet.api import conditions as cr_conditions
 from gpufleet.api import maintenanceplan as api
 from gpufleet.clock import Clock
 from gpufleet.domain import maintenance as mt
-from gpufleet.domain import well_known
+from gpufleet.domain import policy_groups, well_known
 from gpufleet.domain.states import NodeState
 from gpufleet.kubeapi import NODES, ApiError, NotFound, custom
 from gpufleet.lifecycle.core import Feed, Json, log
@@ -249,11 +249,17 @@ class MaintenancePlans:
             if record is None:
                 continue
             candidates.append(
-                mt.Candidate(node, record.pool, e["domain"], record.state, P(e["phase"]))
+                mt.Candidate(
+                    node,
+                    record.pool,
+                    e["domain"],
+                    record.state,
+                    P(e["phase"]),
+                    group=record.group,
+                    nvlink=record.nvlink_domain,
+                )
             )
-        batch = mt.next_batch(
-            rollout, candidates, self._budget_room(), now=now, fleet_room=self._fleet_room()
-        )
+        batch = mt.next_batch(rollout, candidates, self._room(), now=now)
         if not batch.start:
             return batch.why
         for node in batch.start:
@@ -268,22 +274,43 @@ class MaintenancePlans:
             entries[node].update(phase=progress.phase.value, message=progress.message[:300])
         return batch.why
 
-    def _budget_room(self) -> dict[str, int]:
-        budget = self.policies.effective().safety.budget
-        held = Counter(
-            r.pool for r in self.fleet.records.values() if r.state is NodeState.MAINTENANCE
-        )
-        return {
-            pool: mt.budget_room(budget, view.size, view.out_of_service, held[pool])
-            for pool, view in self.fleet.view().pools.items()
-        }
-
-    def _fleet_room(self) -> int | None:
-        budget = self.policies.effective().safety.budget
-        held = sum(1 for r in self.fleet.records.values() if r.state is NodeState.MAINTENANCE)
+    def _room(self) -> mt.Room:
+        """What every budget still allows (pools, node groups with a budget, NVLink domains
+        with a per-domain budget, the fleet), less the nodes held in ``maintenance`` (not
+        counted by the budgets, but out all the same): docs/decisions/0243."""
+        policy = self.policies.effective()
+        budget = policy.safety.budget
+        records = self.fleet.records.values()
+        held = [r for r in records if r.state is NodeState.MAINTENANCE]
+        in_pool = Counter(r.pool for r in held)
         view = self.fleet.view()
+        pools = {
+            pool: mt.budget_room(budget, v.size, v.out_of_service, in_pool[pool])
+            for pool, v in view.pools.items()
+        }
+        in_group = Counter(r.group for r in held)
+        groups = {
+            o.name: mt.budget_room(
+                o.budget.over(budget),
+                view.group(o.name).size,
+                view.group(o.name).out_of_service,
+                in_group[o.name],
+            )
+            for o in policy.overrides
+            if o.budget is not None
+        }
+        domains: dict[str, int] = {}
+        if budget.per_domain is not None:
+            in_domain = Counter(r.nvlink_domain for r in held)
+            limits = policy_groups.domain_limits(
+                policy, ((r.nvlink_domain, r.group) for r in records)
+            )
+            for d, v in view.domains.items():
+                k = limits.get(d, budget.per_domain.max_nodes)
+                domains[d] = max(0, k - v.out_of_service - in_domain[d])
         out = sum(p.out_of_service for p in view.pools.values())
-        return mt.fleet_budget_room(budget, view.size, out, held)
+        fleet = mt.fleet_budget_room(budget, view.size, out, len(held))
+        return mt.Room(pools=pools, groups=groups, domains=domains, fleet=fleet)
 
     async def _save_plan_status(self, name: str, body: Json, status: Json) -> None:
         """One merge patch of the status, only when it differs from what is stored."""

@@ -19,7 +19,7 @@ import yaml
 from gpufleet.api import conditions
 from gpufleet.api.conditions import Status
 from gpufleet.clock import Clock
-from gpufleet.domain import well_known
+from gpufleet.domain import policy_groups, well_known
 from gpufleet.domain.policy import Policy, PolicyError, default_policy, load_policy
 from gpufleet.domain.safety import BreakerState, breaker_reset, breaker_reset_refusal
 from gpufleet.kubeapi import ApiError, KubePort, NotFound, custom
@@ -456,10 +456,13 @@ class PolicyKeeper:
         per_domain = self.policy.safety.budget.per_domain
         if per_domain is None:
             return {}
+        limits = policy_groups.domain_limits(
+            self.policy, ((r.nvlink_domain, r.group) for r in self.fleet.records.values())
+        )
         full = {
             d: v
             for d, v in self.fleet.view().domains.items()
-            if v.out_of_service >= per_domain.max_nodes
+            if v.out_of_service >= limits.get(d, per_domain.max_nodes)
         }
         if not full:
             return {}
@@ -472,7 +475,7 @@ class PolicyKeeper:
             d: {
                 "size": v.size,
                 "outOfService": v.out_of_service,
-                "allowed": per_domain.max_nodes,
+                "allowed": limits.get(d, per_domain.max_nodes),
                 "waiting": waiting.get(d, 0),
             }
             for d, v in sorted(full.items())

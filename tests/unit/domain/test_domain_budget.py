@@ -144,7 +144,9 @@ def test_a_bad_domain_budget_is_refused(per_domain: dict[str, Any], expected: st
         _load(per_domain)
 
 
-def test_a_group_may_not_set_a_domain_budget() -> None:
+def test_a_group_may_set_only_its_k_and_only_beside_the_fleets_domain_budget() -> None:
+    """The domain's label and counting are fleet-wide (decision 0243): a group's perDomain
+    names maxNodes alone, and needs safety.budget.perDomain."""
     spec: dict[str, Any] = yaml.safe_load(DEFAULT_POLICY_YAML)
     spec["overrides"] = [
         {
@@ -153,7 +155,10 @@ def test_a_group_may_not_set_a_domain_budget() -> None:
             "budget": {"perDomain": {"maxNodes": 1}},
         }
     ]
-    with pytest.raises(PolicyError, match="perDomain is fleet-wide"):
+    with pytest.raises(PolicyError, match=r"needs safety\.budget\.perDomain"):
+        load_policy(json.dumps(spec))
+    spec["overrides"][0]["budget"]["perDomain"]["label"] = DOMAIN
+    with pytest.raises(PolicyError, match="label"):
         load_policy(json.dumps(spec))
 
 
