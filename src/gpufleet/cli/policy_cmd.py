@@ -194,14 +194,17 @@ def _parse_labels(text: str) -> dict[str, str]:
 
 def _cluster_node(
     name: str, fleet_policy: str, kubeconfig: Path | None, read_policy: bool
-) -> tuple[dict[str, str], dict[str, Any] | None]:
-    """The Node's labels and (when ``read_policy``) the FleetPolicy's spec, None if absent."""
+) -> tuple[dict[str, str], dict[str, Any] | None, list[str]]:
+    """The Node's labels, (when ``read_policy``) the FleetPolicy's spec, None if absent, and
+    the GPUs its record says are quarantined (``GPU 3 (xid-94) since ...``)."""
     import asyncio
 
+    from gpufleet.api.nodedata import trusted_record
     from gpufleet.cli.options import kubeconfig_arg
+    from gpufleet.domain.enrollment import rfc3339
     from gpufleet.kubeapi import NODES, ApiError, KubeApi, NotFound, custom
 
-    async def read() -> tuple[dict[str, str], dict[str, Any] | None]:
+    async def read() -> tuple[dict[str, str], dict[str, Any] | None, list[str]]:
         client = await KubeApi.connect(kubeconfig_arg(kubeconfig))
         body = await client.get(NODES, name)
         spec = None
@@ -210,7 +213,12 @@ def _cluster_node(
                 spec = (await client.get(custom("fleetpolicies"), fleet_policy)).get("spec")
             except NotFound:
                 spec = None
-        return dict((body.get("metadata") or {}).get("labels") or {}), spec
+        record = trusted_record(body)
+        gpus = [
+            f"GPU {q.index} ({q.fault}) since {rfc3339(q.since)}"
+            for q in (record.quarantined_gpus if record is not None else ())
+        ]
+        return dict((body.get("metadata") or {}).get("labels") or {}), spec, gpus
 
     try:
         return asyncio.run(read())
@@ -245,8 +253,11 @@ def _explain_node(
         raise typer.Exit(2)
     kind = _fault_kind(fault) if fault is not None else None
     source = "--policy" if policy_file is not None else "the built-in default policy"
+    quarantined: list[str] = []
     if node is not None:
-        node_labels, spec = _cluster_node(node, fleet_policy, kubeconfig, policy_file is None)
+        node_labels, spec, quarantined = _cluster_node(
+            node, fleet_policy, kubeconfig, policy_file is None
+        )
     else:
         node_labels, spec = _parse_labels(labels or ""), None
     if spec is not None:
@@ -259,7 +270,13 @@ def _explain_node(
     else:
         chosen_policy = load_or_exit(policy_file)
     found = explain_node(chosen_policy, node_labels, xid=xid, fault=kind, node=node or "")
-    data = {"node": node, "labels": node_labels, "policy": source, **dataclasses.asdict(found)}
+    data = {
+        "node": node,
+        "labels": node_labels,
+        "policy": source,
+        **dataclasses.asdict(found),
+        "quarantinedGpus": quarantined,
+    }
     if structured(fmt):
         print_data(fmt, data)
         return
@@ -278,6 +295,10 @@ def _explain_node(
     out.print("[bold]Budgets (each must allow a node out)[/bold]")
     for line in found.budgets:
         out.print(f"  - {escape(line)}")
+    if quarantined:
+        out.print("[bold]GPUs quarantined now (the node serves on the others)[/bold]")
+        for line in quarantined:
+            out.print(f"  - {escape(line)}")
     if found.fault is not None:
         _render(found.fault)
 
@@ -322,6 +343,8 @@ def _render(e: Explanation) -> None:
         out.print("[bold]Safety rails[/bold]")
         for line in e.safety:
             out.print(f"  - {line}")
+    if e.gpu_quarantine:
+        out.print(f"  GPU quarantine: {escape(e.gpu_quarantine)}")
     if e.note:
         out.print(f"  note: {e.note}")
 

@@ -35,6 +35,11 @@ class ActionKind(StrEnum):
     """Run an active-check profile (``profile``) and report the result."""
     RUN_COMMAND = "run-command"
     """Have the node's agent run a maintenance command (``detail``: its name) and report."""
+    QUARANTINE_GPU = "quarantine-gpu"
+    """One GPU (``gpu``) is out of service, the node stays in it (the record names the GPU;
+    Slurm and Kubernetes keep new work off it)."""
+    RELEASE_GPU = "release-gpu"
+    """A quarantined GPU (``gpu``) is back in service: the repair was verified."""
     NOTIFY = "notify"
     """Tell people (Event, log, alert); nothing on the node changes."""
 
@@ -51,6 +56,8 @@ class Action:
     requeue: RequeueMode | None = None
     profile: str | None = None
     timeout_seconds: float | None = None
+    gpu: int | None = None
+    """The GPU's index (quarantine-gpu, release-gpu)."""
 
     @property
     def disruptive(self) -> bool:

@@ -19,6 +19,9 @@ MAX_NODES = 100_000
 (12,500 nodes, docs/controller.md); a larger number means "no limit", which the
 rails never mean."""
 
+MAX_GPUS_PER_NODE = 64
+"""GPUs of one node (the local cluster's --gpus-per-node bound; the largest servers hold 16)."""
+
 MAX_TIMEOUT_SECONDS = 7 * DAY
 """How long one thing may take or be waited for: a ladder step, a drain, a check
 profile, a boot stage, Slurm's silence, the raise and clear debounce, the

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.domain import events as ev
+from gpufleet.domain import gpu_quarantine as quarantine
 from gpufleet.domain import lemon, maintenance, operator, spares, well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.faults import FaultEvent
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step, severity
+from gpufleet.domain.modes import DrainMode, RequeueMode
 from gpufleet.domain.policy import Policy, Response, Rule, Scope, TaintEffect
 from gpufleet.domain.records import (
     FleetView,
@@ -178,7 +180,7 @@ def _enters_service_hold(plan: _Plan) -> bool:
 def _budget_short(ctx: _Ctx) -> str | None:
     """None when every budget that covers the node allows one more out; otherwise why not
     (the NVLink domain's budget is named with its domain)."""
-    per_domain = ctx.policy.domain_budget
+    per_domain = ctx.policy.safety.budget.per_domain
     name = ctx.record.nvlink_domain
     if per_domain is not None and name:
         me = 1 if ctx.record.state in OUT_OF_SERVICE else 0
@@ -348,7 +350,7 @@ def _on_fault(ctx: _Ctx, event: ev.FaultObserved) -> _Plan:
     assert step is not None
     state = book.state
     if state is S.PRODUCTION:
-        return _isolate(ctx, fault, rule, step, why, desc)
+        return _take_out(ctx, fault, rule, step, why, desc)
     if state is S.BURN_IN:
         rec, t = _move(ctx, book, S.TRIAGE, Trigger.BURN_IN_FAILED, f"failed burn-in: {desc}")
         return _Plan(
@@ -459,6 +461,124 @@ def _isolate(
         transition=t,
         breaker=breaker,
         isolates=True,
+    )
+
+
+def _take_out(
+    ctx: _Ctx,
+    fault: FaultEvent,
+    rule: Rule,
+    step: Step,
+    why: str,
+    desc: str,
+    *,
+    retry: bool = False,
+) -> _Plan:
+    """Quarantine the fault's GPU where the policy and the fault allow it
+    (domain.gpu_quarantine), else take the node out (:func:`_isolate`), saying why not."""
+    policy = ctx.policy
+    if not policy.gpu_quarantine.enabled:
+        return _isolate(ctx, fault, rule, step, why, desc, retry=retry)
+    choice = quarantine.choose(policy.gpu_quarantine, ctx.record, fault, step, ctx.now)
+    if choice.gpu is not None:
+        scored = _scored(ctx.record, fault, policy, ctx.now, out=True)
+        verdict = lemon.judge(
+            scored.lemon,
+            now=ctx.now,
+            threshold=policy.lemon.threshold,
+            gpu_threshold=policy.lemon.gpu_threshold,
+        )
+        then = policy.lemon.then.step
+        if not (verdict.lemon and then is not None and severity(then) > severity(step)):
+            return _quarantine(ctx, fault, step, choice, (why, choice.why), scored, retry=retry)
+        choice = quarantine.Choice(None, f"lemon: {verdict.why}: the node is taken")
+    plan = _isolate(ctx, fault, rule, step, why, desc, retry=retry)
+    return replace(plan, reasons=(*plan.reasons, choice.why))
+
+
+def _quarantine(
+    ctx: _Ctx,
+    fault: FaultEvent,
+    step: Step,
+    choice: quarantine.Choice,
+    reasons: tuple[str, ...],
+    scored: NodeRecord,
+    *,
+    retry: bool,
+) -> _Plan:
+    """Take one GPU out of service and keep the node in production: nothing but the work on
+    that GPU is disrupted, so the budget does not count it; pause, dry-run and an open
+    breaker hold it (a monitor gone wrong on every node must not quarantine the fleet's
+    GPUs either), and the breaker counts it as a fault. Held, it stays pending like a node's
+    isolation and is tried again on every Tick."""
+    gpu = choice.gpu
+    assert gpu is not None
+    book = ctx.record
+    applied = replace(scored, quarantined_gpus=(*scored.quarantined_gpus, gpu))
+    if retry:
+        applied = replace(applied, pending=None, pending_step=None)
+    breaker = (
+        ctx.breaker
+        if retry
+        else breaker_observe(
+            ctx.breaker,
+            node=book.name,
+            now=ctx.now,
+            config=ctx.policy.safety.breaker,
+            fleet_size=ctx.fleet.size,
+        )
+    )
+    text = (
+        f"GPU {gpu.index} quarantined for {fault.describe()}: no new work on it, "
+        "the node keeps serving on its other GPUs"
+    )
+    held_record, held_notices = _hold_fault(book, fault, step)
+    return _Plan(
+        applied=applied,
+        held=held_record,
+        held_actions=held_notices,
+        actions=(Action(ActionKind.QUARANTINE_GPU, detail=text, gpu=gpu.index),),
+        reasons=reasons,
+        breaker=breaker,
+        isolates=True,
+    )
+
+
+def _quarantine_repair(ctx: _Ctx) -> _Plan:
+    """Take a node that kept a GPU quarantined for ``repairAfterSeconds`` out for the repair
+    (the GPU reset that applies the remap needs the node empty, through the one gate): it
+    drains letting its jobs finish (no job is cut short for a repair that can wait), through
+    every rail as any isolation; the ladder starts at gpu-reset, and verification passed
+    releases the GPUs (:func:`_to_production`)."""
+    r = ctx.record
+    desc = f"repair of quarantined {quarantine.describe(r.quarantined_gpus)}"
+    incident = Incident(
+        key=r.quarantined_gpus[0].fault,
+        description=desc,
+        opened_at=ctx.now,
+        plan=Step.GPU_RESET,
+        drain_mode=DrainMode.WAIT,
+        requeue=RequeueMode.LET_FINISH,
+    )
+    applied, t = _move(ctx, replace(r, incident=incident), S.DRAINING, Trigger.FAULT, desc)
+    actions = (
+        Action(ActionKind.CORDON, detail=desc),
+        Action(ActionKind.TAINT, detail=well_known.TAINT_UNHEALTHY, taint=TaintEffect.NO_SCHEDULE),
+        Action(
+            ActionKind.DRAIN,
+            detail=desc,
+            drain_mode=DrainMode.WAIT,
+            requeue=RequeueMode.LET_FINISH,
+            timeout_seconds=ctx.policy.drain.timeout_seconds,
+        ),
+    )
+    why = (
+        f"{desc}: the GPU reset needs the node empty; it drains letting its jobs finish"
+        if ctx.policy.gpu_quarantine.enabled
+        else f"{desc}: gpuQuarantine is off now, so the GPUs are repaired at once"
+    )
+    return _Plan(
+        applied=applied, held=r, actions=actions, reasons=(why,), transition=t, isolates=True
     )
 
 
@@ -731,6 +851,18 @@ def _to_production(ctx: _Ctx, trigger: Trigger, reason: str) -> _Plan:
     rec = replace(rec, incident=None, pending=None, pending_step=None, checks_started_at=None)
     actions: tuple[Action, ...] = (Action(ActionKind.UNTAINT), Action(ActionKind.UNCORDON))
     reasons: tuple[str, ...] = (reason,)
+    if r.quarantined_gpus:  # the repair that needed the node empty was verified
+        rec = replace(rec, quarantined_gpus=())
+        released = tuple(
+            Action(
+                ActionKind.RELEASE_GPU,
+                detail=f"GPU {q.index} ({q.fault}) {quarantine.RELEASE_TEXT}",
+                gpu=q.index,
+            )
+            for q in r.quarantined_gpus
+        )
+        actions = (*actions, *released)
+        reasons = (*reasons, f"{quarantine.describe(r.quarantined_gpus)} {quarantine.RELEASE_TEXT}")
     if r.pending is not None:  # held while the node was out: its repair was verified since
         text = (
             f"held fault {r.pending.key} let go: the node passed {trigger} since it was held"
@@ -767,6 +899,8 @@ def _on_tick(ctx: _Ctx, event: ev.Tick) -> _Plan:
     inc = r.incident
     if r.state is S.PRODUCTION and r.pending is not None:
         return _retry_held(ctx, r.pending)
+    if quarantine.repair_due(policy.gpu_quarantine, r, now):
+        return _quarantine_repair(ctx)
     if r.state is S.DRAINING and inc is not None and inc.drained:
         return _after_drain(ctx)
     if r.state is S.REMEDIATING and inc is not None:
@@ -806,7 +940,7 @@ def _retry_held(ctx: _Ctx, fault: FaultEvent) -> _Plan:
     desc = f"{fault.describe()}: {fault.evidence.summary()}".rstrip(": ")
     if steps:
         step = max(steps, key=severity)
-        return _isolate(
+        return _take_out(
             ctx, fault, rule, step, f"retry held fault: {why} -> {step}", desc, retry=True
         )
     return _let_go(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from gpufleet.domain import gpu_quarantine as quarantine
 from gpufleet.domain import lemon, policy_groups, well_known, xids
 from gpufleet.domain.faults import FAULTS, Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
@@ -45,6 +46,8 @@ class Explanation:
     lemon: str = ""
     safety: list[str] = field(default_factory=list)
     note: str = ""
+    gpu_quarantine: str = ""
+    """Whether the fault quarantines one GPU or takes the node (domain.gpu_quarantine)."""
 
 
 def explain(
@@ -91,6 +94,11 @@ def explain(
         lemon=_lemon_text(policy, event),
         safety=_safety(policy) if out_rule else [],
         note=rule.note,
+        gpu_quarantine=quarantine.explain(
+            policy.gpu_quarantine,
+            event.key,
+            (rule.action.step, rule.repeat.then.step if rule.repeat is not None else None),
+        ),
     )
 
 
@@ -108,12 +116,9 @@ def _budgets(policy: Policy, domain: str | None = None) -> list[str]:
             f"group {policy.group} budget: at most {g.max_nodes} nodes and {g.max_percent:g}% "
             f"of the group's nodes out at once (at least {g.min_nodes}), on top of the above"
         )
-    d = policy.domain_budget
+    d = b.per_domain
     if d is not None:
         k = f"at most {d.max_nodes} nodes of one NVLink domain out at once"
-        fleet_k = b.per_domain.max_nodes if b.per_domain is not None else None
-        if d is not b.per_domain:
-            k += f" (group {policy.group}'s own k, in place of the fleet's {fleet_k})"
         if domain is None:
             lines.append(f"domain budget: {k} (domain from {d.label} or the node's own clique)")
         elif domain:

@@ -34,6 +34,7 @@ from gpufleet.domain import nvlink5, policy_compat, xids, yamldoc
 from gpufleet.domain.bounds import (
     MAX_ACTIONS,
     MAX_ATTEMPTS,
+    MAX_GPUS_PER_NODE,
     MAX_HALF_LIFE_DAYS,
     MAX_NODES,
     MAX_REPEAT_COUNT,
@@ -275,6 +276,27 @@ class Spares(_Model):
         return max(0, min(self.max_nodes, max(self.min_nodes, by_percent), pool_size - 1))
 
 
+class GpuQuarantine(_Model):
+    """One bad GPU, not eight (domain.gpu_quarantine, docs/decisions/0233): a fault that
+    allows it (docs/faults.md, "GPU quarantine") takes its GPU out of service and leaves
+    the node serving work that fits on the others, until the repair needs the node empty.
+
+    Off by default: turning it on changes what a fault does, so an upgrade changes nothing
+    until an operator asks for it.
+    """
+
+    enabled: bool = False
+    """Quarantine the GPU instead of taking the node, for the faults that allow it. Default
+    false (the node is taken, as without this field)."""
+    max_gpus_per_node: int = Field(default=1, ge=1, le=MAX_GPUS_PER_NODE)
+    """At most this many GPUs of one node quarantined at once; one more fault that would
+    quarantine another takes the node. Default 1."""
+    repair_after_seconds: float = Field(default=86400, ge=0, le=MAX_WINDOW_SECONDS)
+    """Seconds a node keeps serving with a quarantined GPU before it is taken out for the repair
+    (the GPU reset that applies the row remap): then it drains letting its jobs finish, through
+    the disruption budget. 0: at once. Default 86400 (a day)."""
+
+
 class Provisioning(_Model):
     """The Day-0 boot watchdog (domain.boot_watch): when a boot has stalled, how often to retry.
 
@@ -472,18 +494,6 @@ class Detection(_Model):
     """When job telemetry names a node a straggler (docs/agent.md)."""
 
 
-class GroupDomainBudget(_Model):
-    """A node group's own k for the NVLink domains of its nodes (docs/decisions/0243):
-    only the number; the label a domain is read from and the counting stay fleet-wide
-    (``safety.budget.perDomain``, which must be set)."""
-
-    max_nodes: int = Field(ge=0, le=MAX_NODES)
-    """At most this many nodes of one NVLink domain out of service at once, for the
-    domains of this group's nodes, in place of safety.budget.perDomain.maxNodes (a group
-    of 18-tray NVL72 racks beside one of 9-tray NVL36 racks); 0 stops automatic disruption
-    of the group's nodes that have a domain."""
-
-
 class GroupBudget(_Model):
     """A node group's own disruption budget, counted on the group's nodes (every pool).
 
@@ -501,11 +511,6 @@ class GroupBudget(_Model):
     min_nodes: int | None = Field(default=None, ge=0, le=MAX_NODES)
     """A small group may still have this many nodes out, unless maxNodes is lower. Absent:
     safety.budget.minNodes."""
-    per_domain: GroupDomainBudget | None = None
-    """The group's own k per NVLink domain (maxNodes only), in place of
-    safety.budget.perDomain.maxNodes for the domains of its nodes; needs
-    safety.budget.perDomain (the domain label and the counting are fleet-wide). Absent:
-    the fleet's k."""
 
     @model_validator(mode="before")
     @classmethod
@@ -514,8 +519,10 @@ class GroupBudget(_Model):
             for key in (
                 "fleetMaxNodes",
                 "fleetMaxPercent",
+                "perDomain",
                 "fleet_max_nodes",
                 "fleet_max_percent",
+                "per_domain",
             ):
                 if key in data:
                     raise ValueError(
@@ -532,13 +539,11 @@ class GroupBudget(_Model):
             min_nodes=fleet.min_nodes if self.min_nodes is None else self.min_nodes,
             fleet_max_nodes=None,
             fleet_max_percent=None,
-            per_domain=None
-            if self.per_domain is None or fleet.per_domain is None
-            else fleet.per_domain.model_copy(update={"max_nodes": self.per_domain.max_nodes}),
+            per_domain=None,
         )
 
 
-OVERRIDABLE = ("budget", "ladder", "rules", "unknownXid")
+OVERRIDABLE = ("budget", "ladder", "rules", "unknownXid", "gpuQuarantine")
 """The fields an override may set for its node group (docs/policy.md, "Node groups")."""
 
 
@@ -563,6 +568,9 @@ class Override(_Model):
     unknown_xid: Response | None = None
     """What an XID that neither a rule nor the catalogue knows does in this group. Absent: the
     fleet's unknownXid."""
+    gpu_quarantine: GpuQuarantine | None = None
+    """Per-GPU quarantine in this group, in place of the fleet's (a SKU whose GPUs reset one
+    by one, a tenant that runs small jobs). Absent: the fleet's gpuQuarantine."""
 
     @model_validator(mode="before")
     @classmethod
@@ -605,6 +613,9 @@ class Policy(_Model):
     their pool leaves production."""
     provisioning: Provisioning = Provisioning()
     """The Day-0 boot watchdog: when a boot has stalled and how often it is retried."""
+    gpu_quarantine: GpuQuarantine = GpuQuarantine()
+    """Per-GPU quarantine: a fault that allows it takes one GPU out instead of the node (off by
+    default; docs/policy.md, "One bad GPU")."""
     safety: Safety = Safety()
     """The safety rails: disruption budget, circuit breaker and rate limit."""
     drain: Drain = Drain()
@@ -698,15 +709,6 @@ class Policy(_Model):
                 seen.setdefault(rule.match.key, k)
             if o.ladder is not None:
                 problems.extend(f"{where}.{p}" for p in _ladder_problems(o.ladder))
-            if (
-                o.budget is not None
-                and o.budget.per_domain is not None
-                and self.safety.budget.per_domain is None
-            ):
-                problems.append(
-                    f"{where}.budget.perDomain: needs safety.budget.perDomain (the domain "
-                    "label and the counting are fleet-wide; the group sets only its k)"
-                )
             ladder = self.ladder if o.ladder is None else o.ladder
             own = f" (the ladder of {where})" if o.ladder is not None else ""
             problems.extend(_off_ladder(o.rules, ladder, f"{where}.rules", own))
@@ -729,15 +731,6 @@ class Policy(_Model):
         """The group's own budget, counted on the group's nodes (None: it has none)."""
         return self._group_budget
 
-    @property
-    def domain_budget(self) -> DomainBudget | None:
-        """The budget per NVLink domain that holds this policy's nodes: the group's k where
-        its override sets one (docs/decisions/0243), else ``safety.budget.perDomain``."""
-        group = self._group_budget
-        if group is not None and group.per_domain is not None:
-            return group.per_domain
-        return self.safety.budget.per_domain
-
     def for_override(self, index: int) -> Policy:
         """This policy as it applies to the nodes of ``overrides[index]``: its rules in
         place of the fleet's for the same fault, its ladder and unknownXid where set, its
@@ -751,6 +744,9 @@ class Policy(_Model):
                 "rules": rules,
                 "ladder": self.ladder if o.ladder is None else o.ladder,
                 "unknown_xid": self.unknown_xid if o.unknown_xid is None else o.unknown_xid,
+                "gpu_quarantine": (
+                    self.gpu_quarantine if o.gpu_quarantine is None else o.gpu_quarantine
+                ),
                 "overrides": (),
             }
         )
@@ -826,12 +822,10 @@ class Policy(_Model):
 
 
 def _no_tighter(group: GroupBudget, fleet: Budget) -> bool:
-    """Whether a group's budget allows at least what the pool's does in every field (a
-    k of its own per NVLink domain changes something: it replaces the fleet's)."""
+    """Whether a group's budget allows at least what the pool's does in every field."""
     mine = group.over(fleet)
     return (
-        group.per_domain is None
-        and mine.max_nodes >= fleet.max_nodes
+        mine.max_nodes >= fleet.max_nodes
         and mine.max_percent >= fleet.max_percent
         and mine.min_nodes >= fleet.min_nodes
     )

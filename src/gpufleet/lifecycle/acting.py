@@ -153,6 +153,10 @@ class Acting:
             self.steps.start_command(name)
         elif kind is ActionKind.RESTART_JOB:
             self.events.node(body, "Warning", "RestartJob", a.detail)
+        elif kind is ActionKind.QUARANTINE_GPU:
+            self.events.node(body, "Warning", "GpuQuarantined", a.detail)
+        elif kind is ActionKind.RELEASE_GPU:
+            self.events.node(body, "Normal", "GpuReleased", a.detail)
         # NOTIFY: posted by the node pass before the record write (EventSink.node_first).
         self.metrics.actions.labels(action=kind.value, result=result).inc()
 
