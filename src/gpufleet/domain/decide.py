@@ -180,7 +180,7 @@ def _enters_service_hold(plan: _Plan) -> bool:
 def _budget_short(ctx: _Ctx) -> str | None:
     """None when every budget that covers the node allows one more out; otherwise why not
     (the NVLink domain's budget is named with its domain)."""
-    per_domain = ctx.policy.safety.budget.per_domain
+    per_domain = ctx.policy.domain_budget
     name = ctx.record.nvlink_domain
     if per_domain is not None and name:
         me = 1 if ctx.record.state in OUT_OF_SERVICE else 0

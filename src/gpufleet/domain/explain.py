@@ -116,9 +116,12 @@ def _budgets(policy: Policy, domain: str | None = None) -> list[str]:
             f"group {policy.group} budget: at most {g.max_nodes} nodes and {g.max_percent:g}% "
             f"of the group's nodes out at once (at least {g.min_nodes}), on top of the above"
         )
-    d = b.per_domain
+    d = policy.domain_budget
     if d is not None:
         k = f"at most {d.max_nodes} nodes of one NVLink domain out at once"
+        fleet_k = b.per_domain.max_nodes if b.per_domain is not None else None
+        if d is not b.per_domain:
+            k += f" (group {policy.group}'s own k, in place of the fleet's {fleet_k})"
         if domain is None:
             lines.append(f"domain budget: {k} (domain from {d.label} or the node's own clique)")
         elif domain:

@@ -494,6 +494,18 @@ class Detection(_Model):
     """When job telemetry names a node a straggler (docs/agent.md)."""
 
 
+class GroupDomainBudget(_Model):
+    """A node group's own k for the NVLink domains of its nodes (docs/decisions/0243):
+    only the number; the label a domain is read from and the counting stay fleet-wide
+    (``safety.budget.perDomain``, which must be set)."""
+
+    max_nodes: int = Field(ge=0, le=MAX_NODES)
+    """At most this many nodes of one NVLink domain out of service at once, for the
+    domains of this group's nodes, in place of safety.budget.perDomain.maxNodes (a group
+    of 18-tray NVL72 racks beside one of 9-tray NVL36 racks); 0 stops automatic disruption
+    of the group's nodes that have a domain."""
+
+
 class GroupBudget(_Model):
     """A node group's own disruption budget, counted on the group's nodes (every pool).
 
@@ -511,6 +523,11 @@ class GroupBudget(_Model):
     min_nodes: int | None = Field(default=None, ge=0, le=MAX_NODES)
     """A small group may still have this many nodes out, unless maxNodes is lower. Absent:
     safety.budget.minNodes."""
+    per_domain: GroupDomainBudget | None = None
+    """The group's own k per NVLink domain (maxNodes only), in place of
+    safety.budget.perDomain.maxNodes for the domains of its nodes; needs
+    safety.budget.perDomain (the domain label and the counting are fleet-wide). Absent:
+    the fleet's k."""
 
     @model_validator(mode="before")
     @classmethod
@@ -519,10 +536,8 @@ class GroupBudget(_Model):
             for key in (
                 "fleetMaxNodes",
                 "fleetMaxPercent",
-                "perDomain",
                 "fleet_max_nodes",
                 "fleet_max_percent",
-                "per_domain",
             ):
                 if key in data:
                     raise ValueError(
@@ -539,7 +554,9 @@ class GroupBudget(_Model):
             min_nodes=fleet.min_nodes if self.min_nodes is None else self.min_nodes,
             fleet_max_nodes=None,
             fleet_max_percent=None,
-            per_domain=None,
+            per_domain=None
+            if self.per_domain is None or fleet.per_domain is None
+            else fleet.per_domain.model_copy(update={"max_nodes": self.per_domain.max_nodes}),
         )
 
 
@@ -709,6 +726,15 @@ class Policy(_Model):
                 seen.setdefault(rule.match.key, k)
             if o.ladder is not None:
                 problems.extend(f"{where}.{p}" for p in _ladder_problems(o.ladder))
+            if (
+                o.budget is not None
+                and o.budget.per_domain is not None
+                and self.safety.budget.per_domain is None
+            ):
+                problems.append(
+                    f"{where}.budget.perDomain: needs safety.budget.perDomain (the domain "
+                    "label and the counting are fleet-wide; the group sets only its k)"
+                )
             ladder = self.ladder if o.ladder is None else o.ladder
             own = f" (the ladder of {where})" if o.ladder is not None else ""
             problems.extend(_off_ladder(o.rules, ladder, f"{where}.rules", own))
@@ -730,6 +756,15 @@ class Policy(_Model):
     def group_budget(self) -> Budget | None:
         """The group's own budget, counted on the group's nodes (None: it has none)."""
         return self._group_budget
+
+    @property
+    def domain_budget(self) -> DomainBudget | None:
+        """The budget per NVLink domain that holds this policy's nodes: the group's k where
+        its override sets one (docs/decisions/0243), else ``safety.budget.perDomain``."""
+        group = self._group_budget
+        if group is not None and group.per_domain is not None:
+            return group.per_domain
+        return self.safety.budget.per_domain
 
     def for_override(self, index: int) -> Policy:
         """This policy as it applies to the nodes of ``overrides[index]``: its rules in
@@ -822,10 +857,12 @@ class Policy(_Model):
 
 
 def _no_tighter(group: GroupBudget, fleet: Budget) -> bool:
-    """Whether a group's budget allows at least what the pool's does in every field."""
+    """Whether a group's budget allows at least what the pool's does in every field (a
+    k of its own per NVLink domain changes something: it replaces the fleet's)."""
     mine = group.over(fleet)
     return (
-        mine.max_nodes >= fleet.max_nodes
+        group.per_domain is None
+        and mine.max_nodes >= fleet.max_nodes
         and mine.max_percent >= fleet.max_percent
         and mine.min_nodes >= fleet.min_nodes
     )
