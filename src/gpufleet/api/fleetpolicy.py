@@ -112,6 +112,13 @@ STATUS_SCHEMA: Json = {
             "below it are not listed): size, out of service, allowed, waiting.",
             "x-kubernetes-preserve-unknown-fields": True,
         },
+        "domainFaults": {
+            "type": "object",
+            "description": "Per NVLink domain judged faulty or held (domainFaults; docs/"
+            "decisions/0240): size, faulty, the trays reporting a fabric fault, trays held, "
+            "trays waiting to be taken out, and why.",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
         "fleetBudget": {
             "type": "object",
             "description": "The whole fleet (every pool): size, out of service, allowed "

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpufleet.domain import domain_faults, lemon, maintenance, operator, spares, well_known
 from gpufleet.domain import events as ev
 from gpufleet.domain import gpu_quarantine as quarantine
-from gpufleet.domain import lemon, maintenance, operator, spares, well_known
 from gpufleet.domain.actions import Action, ActionKind
 from gpufleet.domain.faults import FaultEvent
 from gpufleet.domain.ladder import NODE_ACTIONS, TERMINAL, Step, severity
@@ -85,6 +85,9 @@ class _Plan:
     extra: tuple[str, ...] = field(default=())
     held_actions: tuple[Action, ...] = ()
     """Notices that stand when a rail holds the plan (what the held record says changed)."""
+    domain_scale: bool = False
+    """Takes the node out with its faulty NVLink domain: the domain's own budget does not
+    hold it (the pool's, the fleet's and the group's do; docs/decisions/0240)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +130,7 @@ def _gate(ctx: _Ctx, plan: _Plan) -> Decision:
             hold = Hold.DRY_RUN
         elif (plan.isolates or plan.acts_on_node) and breaker.is_open:
             hold = Hold.BREAKER_OPEN
-        elif _enters_service_hold(plan) and (short := _budget_short(ctx)) is not None:
+        elif _enters_service_hold(plan) and (short := _budget_short(ctx, plan)) is not None:
             hold, why = Hold.BUDGET_EXHAUSTED, short
         elif any(a.disruptive for a in plan.actions) and not rate_allows(
             ctx.fleet.recent_actions, now=ctx.now, config=p.safety.rate_limit
@@ -177,12 +180,13 @@ def _enters_service_hold(plan: _Plan) -> bool:
     )
 
 
-def _budget_short(ctx: _Ctx) -> str | None:
+def _budget_short(ctx: _Ctx, plan: _Plan) -> str | None:
     """None when every budget that covers the node allows one more out; otherwise why not
-    (the NVLink domain's budget is named with its domain)."""
+    (the NVLink domain's budget is named with its domain; it does not hold a tray taken
+    out with its faulty domain, which is out of work either way)."""
     per_domain = ctx.policy.domain_budget
     name = ctx.record.nvlink_domain
-    if per_domain is not None and name:
+    if per_domain is not None and name and not plan.domain_scale:
         me = 1 if ctx.record.state in OUT_OF_SERVICE else 0
         out = ctx.fleet.domain(name).out_of_service - me
         if not per_domain.allows(out):
@@ -237,7 +241,7 @@ def _move(
 
 
 def _prune(record: NodeRecord, policy: Policy, now: float) -> NodeRecord:
-    keep = policy_window(policy)
+    keep = max(policy_window(policy), policy.domain_faults.window_seconds)
     occ = tuple(o for o in record.occurrences if now - o.at < keep)
     if occ == record.occurrences:
         return record
@@ -650,6 +654,15 @@ def _after_drain(ctx: _Ctx) -> _Plan:
     r = ctx.record
     inc = r.incident
     assert inc is not None
+    if domain_faults.held(inc):
+        return _noop(ctx, _HELD_TEXT.format(domain=r.nvlink_domain or "?"))
+    wait = domain_faults.waits(r, ctx.policy.domain_faults, ctx.now)
+    if wait > 0:
+        return _noop(
+            ctx,
+            f"{inc.key}: this tray's own repair waits {wait:.0f}s more for other trays of "
+            f"NVLink domain {r.nvlink_domain} (a fault of the fabric is judged with its domain)",
+        )
     if inc.maintenance:
         rec, t = _move(ctx, r, S.MAINTENANCE, Trigger.DRAIN_COMPLETED, inc.description)
         command = maintenance.command_of(rec)
@@ -679,7 +692,11 @@ def _next_rung(inc: Incident, policy: Policy) -> Step:
 
 
 def _start_rung(ctx: _Ctx, r: NodeRecord, inc: Incident, why: str) -> _Plan:
-    """Start the next rung (or hand off to people) from draining / remediating / verifying."""
+    """Start the next rung (or hand off to people) from draining / remediating / verifying;
+    none for a tray held with its NVLink domain."""
+    if domain_faults.held(inc):
+        text = _HELD_TEXT.format(domain=r.nvlink_domain or "?")
+        return _noop(ctx, why, text, record=replace(r, incident=inc))
     step = _next_rung(inc, ctx.policy)
     if step in TERMINAL:
         target = S.TRIAGE if step is Step.TRIAGE else S.RMA
@@ -788,6 +805,10 @@ def _finish_step(ctx: _Ctx, r: NodeRecord, inc: Incident, outcome: Outcome, deta
     last = replace(inc.tried[-1], ended_at=ctx.now, outcome=outcome, detail=detail)
     done = replace(inc, current=None, tried=(*inc.tried[:-1], last))
     rec = replace(r, incident=done)
+    if domain_faults.held(done):  # the step began before its domain was judged faulty
+        return _noop(
+            ctx, f"{last.step} {outcome}", _HELD_TEXT.format(domain=r.nvlink_domain), record=rec
+        )
     if outcome is Outcome.SUCCEEDED:
         return _verify(ctx, rec, done, Trigger.STEP_SUCCEEDED, f"{last.step} done; verifying")
     return _start_rung(
@@ -812,6 +833,8 @@ def _verify(ctx: _Ctx, r: NodeRecord, inc: Incident, trigger: Trigger, reason: s
 
 def _on_checks(ctx: _Ctx, event: ev.ChecksCompleted) -> _Plan:
     r = ctx.record
+    if r.state is S.VERIFYING and domain_faults.held(r.incident):
+        return _noop(ctx, "check result ignored", _HELD_TEXT.format(domain=r.nvlink_domain))
     if r.state is S.VERIFYING:
         if event.passed:
             return _to_production(ctx, Trigger.VERIFICATION_PASSED, "verification passed")
@@ -1173,6 +1196,103 @@ def _on_dismiss(ctx: _Ctx, event: ev.OperatorDismiss) -> _Plan:
     return _let_go(r, f"held fault {r.pending.key}{step} dismissed {event.reason}")
 
 
+_HELD_TEXT = (
+    "held with NVLink domain {domain}, judged faulty: no ladder step for this tray until "
+    "the domain reports healthy (docs/decisions/0240)"
+)
+
+
+def _on_domain_faulted(ctx: _Ctx, event: ev.DomainFaulted) -> _Plan:
+    """Take the tray out with its faulty NVLink domain and hold it: no ladder step.
+
+    From production: cordon, taint, drain (its jobs requeued), through pause, dry-run,
+    the breaker and the pool's, fleet's and group's budgets (not the domain's own). A
+    tray already out (its own fabric fault, or a repair under way) keeps its state and
+    drain, and its incident becomes the domain's: the step in progress may end, none
+    starts after it (a Notice says so).
+    """
+    r = ctx.record
+    desc = domain_faults.description(event.domain, event.reason)
+    inc = r.incident
+    if inc is not None and inc.key == domain_faults.KEY:
+        return _noop(ctx, f"already out with NVLink domain {event.domain}")
+    if r.state is S.PRODUCTION:
+        p = ctx.policy
+        new = Incident(
+            key=domain_faults.KEY,
+            description=desc,
+            opened_at=ctx.now,
+            plan=None,
+            drain_mode=p.drain.mode,
+        )
+        rec = replace(r, incident=new, pending=None, pending_step=None)
+        rec, t = _move(ctx, rec, S.DRAINING, Trigger.DOMAIN_FAULT, desc)
+        actions: tuple[Action, ...] = (
+            Action(ActionKind.CORDON, detail=desc),
+            Action(
+                ActionKind.TAINT, detail=well_known.TAINT_UNHEALTHY, taint=TaintEffect.NO_SCHEDULE
+            ),
+            Action(
+                ActionKind.DRAIN,
+                detail=desc,
+                drain_mode=new.drain_mode,
+                requeue=new.requeue,
+                timeout_seconds=p.drain.timeout_seconds,
+            ),
+        )
+        if r.pending is not None:
+            text = f"held fault {r.pending.key} is handled with NVLink domain {event.domain}"
+            actions = (*actions, Action(ActionKind.NOTIFY, detail=text))
+        return _Plan(
+            applied=rec,
+            held=r,
+            actions=actions,
+            reasons=(desc,),
+            transition=t,
+            isolates=True,
+            domain_scale=True,
+        )
+    if r.state in (S.DRAINING, S.REMEDIATING, S.VERIFYING) and inc is not None:
+        joined = replace(inc, key=domain_faults.KEY, description=desc, plan=None)
+        if r.state is S.VERIFYING:
+            joined = replace(joined, checks_started_at=None)
+        text = (
+            f"{inc.key} on this tray is handled with NVLink domain {event.domain}, judged "
+            "faulty: no ladder step for it"
+        )
+        rec = replace(r, incident=joined)
+        notice = (Action(ActionKind.NOTIFY, detail=text),)
+        return _Plan(applied=rec, held=rec, actions=notice, reasons=(desc, text))
+    return _noop(ctx, f"NVLink domain {event.domain} faulty; this tray is in {r.state}")
+
+
+def _on_domain_repaired(ctx: _Ctx, event: ev.DomainRepaired) -> _Plan:
+    """Verify a held tray once its domain reports healthy; a failed verification walks
+    the tray's own ladder from its first rung (the fault is the tray's from then on)."""
+    r = ctx.record
+    inc = r.incident
+    if not domain_faults.held(inc):
+        return _noop(ctx, f"NVLink domain {event.domain} repaired; this tray was not held")
+    assert inc is not None
+    text = f"NVLink domain {event.domain} repaired: {event.reason}"
+    released = replace(inc, plan=ctx.policy.first_step(), description=text)
+    rec = replace(r, incident=released)
+    if r.state is S.REMEDIATING and inc.current is not None:
+        return _Plan(applied=rec, held=r, reasons=(text, f"{inc.current} in progress ends first"))
+    if r.state is S.VERIFYING:
+        checks = ctx.policy.checks
+        rec = replace(rec, incident=replace(released, checks_started_at=ctx.now))
+        actions = (
+            Action(
+                ActionKind.RUN_CHECKS,
+                profile=checks.verification_profile,
+                timeout_seconds=checks.verification_timeout_seconds,
+            ),
+        )
+        return _Plan(applied=rec, held=r, actions=actions, reasons=(text,))
+    return _verify(ctx, rec, released, Trigger.DOMAIN_REPAIRED, text)
+
+
 _HANDLERS: dict[type, Callable[[_Ctx, Any], _Plan]] = {
     ev.FaultObserved: _on_fault,
     ev.FaultCleared: _on_cleared,
@@ -1201,5 +1321,7 @@ _HANDLERS: dict[type, Callable[[_Ctx, Any], _Plan]] = {
     ev.OperatorDismiss: _on_dismiss,
     ev.HardwareReplaced: _on_replaced,
     ev.SparePromoted: _on_spare_promoted,
+    ev.DomainFaulted: _on_domain_faulted,
+    ev.DomainRepaired: _on_domain_repaired,
     ev.Tick: _on_tick,
 }

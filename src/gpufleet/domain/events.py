@@ -160,6 +160,23 @@ class SparePromoted:
 
 
 @dataclass(frozen=True, slots=True)
+class DomainFaulted:
+    """The node's NVLink domain is judged faulty (:func:`gpufleet.domain.domain_faults.judge`):
+    the node is taken out with it and held, no ladder step for the fabric fault."""
+
+    domain: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DomainRepaired:
+    """The node's held NVLink domain reports healthy again: verify the node."""
+
+    domain: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed: check timeouts and retry withheld actions."""
 
@@ -182,6 +199,8 @@ Event = (
     | OperatorDismiss
     | HardwareReplaced
     | SparePromoted
+    | DomainFaulted
+    | DomainRepaired
     | Tick
 )
 """Everything :func:`gpufleet.domain.decide` accepts."""

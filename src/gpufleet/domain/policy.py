@@ -26,6 +26,7 @@ from pydantic import (
     ModelWrapValidatorHandler,
     PrivateAttr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -335,6 +336,68 @@ class DomainBudget(_Model):
         return out_of_service + 1 <= self.max_nodes
 
 
+FABRIC_FAULTS: frozenset[FaultKind] = frozenset(
+    {
+        FaultKind.NVSWITCH_FATAL,
+        FaultKind.NVSWITCH_NONFATAL,
+        FaultKind.FABRIC_NOT_READY,
+        FaultKind.FABRIC_DEGRADED,
+        FaultKind.IMEX_NOT_READY,
+    }
+)
+"""The faults of the NVLink fabric (NVSwitch, Fabric Manager registration, IMEX): the only
+ones a domain-scale judgement may name."""
+
+
+class DomainFaults(_Model):
+    """Fabric faults judged at the scale of their NVLink domain (docs/decisions/0240): when
+    enough trays of one domain report one at once, or one tray reports a fault of the switch
+    side, the domain is taken out as one (its jobs requeued, no tray walked up the ladder)
+    and held until the fabric reports healthy on every tray; a fault on one tray alone
+    keeps the per-node path, once the window has passed with no other tray reporting."""
+
+    min_trays: int = Field(default=2, ge=0, le=MAX_NODES)
+    """Trays of one NVLink domain that must report a fabric fault (one of ``faults``, raised
+    within ``windowSeconds``) for the domain to be judged faulty; 0 turns domain-scale
+    judgement off (every fabric fault is the tray's own). Default 2."""
+    window_seconds: float = Field(default=120, gt=0, le=MAX_WINDOW_SECONDS)
+    """How long a tray's fabric fault waits for other trays of its domain before its own
+    repair starts (it is drained at once either way), and how close together the reports
+    must be. Default 120."""
+    faults: tuple[FaultKind, ...] = (
+        FaultKind.NVSWITCH_FATAL,
+        FaultKind.FABRIC_NOT_READY,
+        FaultKind.FABRIC_DEGRADED,
+        FaultKind.IMEX_NOT_READY,
+    )
+    """The fabric faults counted (nvswitch-fatal, nvswitch-nonfatal, fabric-not-ready,
+    fabric-degraded, imex-not-ready). Default all but nvswitch-nonfatal, which only logs."""
+    switch_faults: tuple[FaultKind, ...] = (FaultKind.NVSWITCH_FATAL,)
+    """Faults of the switch side, judged at the domain's scale on one tray's report (the
+    NVSwitches of a multi-node NVLink domain serve every tray; none belongs to one).
+    Default nvswitch-fatal."""
+
+    @field_validator("faults", "switch_faults")
+    @classmethod
+    def _fabric_only(cls, value: tuple[FaultKind, ...]) -> tuple[FaultKind, ...]:
+        other = sorted(str(k) for k in value if k not in FABRIC_FAULTS)
+        if other:
+            raise ValueError(
+                f"{', '.join(other)} is not a fault of the NVLink fabric (one of "
+                f"{', '.join(sorted(FABRIC_FAULTS))})"
+            )
+        return tuple(dict.fromkeys(value))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether fabric faults are judged at their domain's scale at all."""
+        return self.min_trays > 0 and bool(self.faults or self.switch_faults)
+
+    def counts(self, key: str) -> bool:
+        """Whether a fault with ``key`` is one this judgement looks at."""
+        return self.enabled and (key in self.faults or key in self.switch_faults)
+
+
 class Budget(_Model):
     """The most nodes of one pool that automation may hold out at once, and (optional)
     of the whole fleet, every pool together."""
@@ -635,6 +698,10 @@ class Policy(_Model):
     default; docs/policy.md, "One bad GPU")."""
     safety: Safety = Safety()
     """The safety rails: disruption budget, circuit breaker and rate limit."""
+    domain_faults: DomainFaults = DomainFaults()
+    """Fabric faults judged at the scale of their NVLink domain: how many trays of one domain
+    reporting within which window make the domain faulty (docs/policy.md, "A fabric fault is
+    the domain's")."""
     drain: Drain = Drain()
     """How workloads leave a node that is taken out, and what Slurm must confirm first."""
     checks: Checks = Checks()

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpufleet.domain import topology
-from gpufleet.domain.policy import Policy
+from gpufleet.domain.policy import DomainBudget, Policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +95,16 @@ def group_of(policy: Policy, labels: Mapping[str, str]) -> str:
 
 
 def domain_of(policy: Policy, name: str, labels: Mapping[str, str]) -> str:
-    """The NVLink domain a per-domain budget counts node ``name`` under ("" when the
-    policy sets no such budget, or the labels place the node in no domain): the one
-    reading the controller, the simulator and the deterministic simulation share
-    (domain.topology's codec, docs/decisions/0232)."""
+    """The NVLink domain a per-domain budget or the domain-scale judgement of fabric faults
+    counts node ``name`` under ("" when the policy sets neither, or the labels place the
+    node in no domain): the one reading the controller, the simulator and the
+    deterministic simulation share (domain.topology's codec, docs/decisions/0232, 0240).
+    The label is the per-domain budget's, else its default (Topograph's key)."""
     per_domain = policy.safety.budget.per_domain
-    if per_domain is None:
+    if per_domain is None and not policy.domain_faults.enabled:
         return ""
-    return topology.nvlink_domain_of(name, labels, per_domain.label)
+    label = (per_domain or DomainBudget()).label
+    return topology.nvlink_domain_of(name, labels, label)
 
 
 def domain_k(policy: Policy, group: str) -> int | None:

@@ -104,6 +104,9 @@ class KubeView:
     spare: bool = False
     """A hot spare (label ``gpufleet.io/spare=true``): kept out of Slurm's work until
     the controller promotes it (domain.spares)."""
+    domain_held: str = ""
+    """The NVLink domain the node is held with (judged faulty, domain.domain_faults); ""
+    for none. The drain reason names it first."""
 
     @property
     def known(self) -> bool:
@@ -195,9 +198,12 @@ def out_reason(view: KubeView) -> str | None:
     if view.lent:
         return LENT_REASON
     counts = view.problems and not (view.managed and view.state is NodeState.PRODUCTION)
+    held = f"nvlink domain {view.domain_held} faulty" if view.domain_held else ""
     if counts:
         text = ", ".join(f"{t} {r}".strip() for t, r in sorted(view.problems))
-        return text
+        return f"{held}: {text}" if held else text
+    if held:
+        return held
     if view.state is not None and view.state is not NodeState.PRODUCTION:
         return f"state {view.state.value}"
     if view.spare:

@@ -58,6 +58,10 @@ class Trigger(StrEnum):
     LADDER_EXHAUSTED = "ladder-exhausted"
     HARDWARE_REPLACED = "hardware-replaced"
     WORK_FOUND = "work-found"
+    DOMAIN_FAULT = "domain-fault"
+    """The node's NVLink domain was judged faulty (domain.domain_faults)."""
+    DOMAIN_REPAIRED = "domain-repaired"
+    """The node's held NVLink domain reports healthy again."""
 
 
 S = NodeState
@@ -66,7 +70,7 @@ TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
     S.PROVISIONING: frozenset({S.BURN_IN, S.TRIAGE, S.MAINTENANCE}),
     S.BURN_IN: frozenset({S.PRODUCTION, S.TRIAGE, S.MAINTENANCE}),
     S.PRODUCTION: frozenset({S.DRAINING}),
-    S.DRAINING: frozenset({S.REMEDIATING, S.MAINTENANCE, S.TRIAGE, S.RMA}),
+    S.DRAINING: frozenset({S.REMEDIATING, S.VERIFYING, S.MAINTENANCE, S.TRIAGE, S.RMA}),
     S.REMEDIATING: frozenset({S.VERIFYING, S.DRAINING, S.TRIAGE, S.RMA}),
     S.VERIFYING: frozenset({S.PRODUCTION, S.REMEDIATING, S.TRIAGE, S.RMA}),
     S.MAINTENANCE: frozenset({S.VERIFYING, S.DRAINING, S.TRIAGE, S.RMA}),
@@ -81,6 +85,7 @@ GUARDED: Mapping[tuple[NodeState, NodeState], Trigger] = {
     (S.RMA, S.PROVISIONING): Trigger.HARDWARE_REPLACED,
     (S.REMEDIATING, S.DRAINING): Trigger.WORK_FOUND,
     (S.MAINTENANCE, S.DRAINING): Trigger.WORK_FOUND,
+    (S.DRAINING, S.VERIFYING): Trigger.DOMAIN_REPAIRED,
 }
 """Edges that only one trigger may take."""
 

@@ -30,6 +30,7 @@ collaborator                  may
 ``plans`` (MaintenancePlans)  ask for nodes through the node pass (``feed``)
 ``spares`` (SparePool)        promote hot spares through the node pass
 ``remediations``              the NodeRemediation objects (read-only copies)
+``domains`` (DomainWatch)     feed a faulty NVLink domain's trays through the node pass
 ============================  ==============================================
 """
 
@@ -48,6 +49,7 @@ from gpufleet.lifecycle import record_key
 from gpufleet.lifecycle.acting import Acting
 from gpufleet.lifecycle.boot_watchdog import BootWatch
 from gpufleet.lifecycle.core import ControllerSettings, log
+from gpufleet.lifecycle.domain_watch import DomainWatch
 from gpufleet.lifecycle.drain_loop import Drains
 from gpufleet.lifecycle.events import EventSink
 from gpufleet.lifecycle.fleet import Fleet
@@ -206,6 +208,16 @@ class Controller:
         self.nodes.deleted = self._forget
         self.nodes.may_act = self.active
         self.policies.may_act = self.active
+        self.domains = DomainWatch(
+            fleet=self.fleet,
+            book=self.book,
+            rule=lambda: self.policies.effective().domain_faults,
+            events=self.events,
+            policy_ref=self.policies.reference,
+            feed=feed,
+            clock=clock,
+        )
+        self.policies.domain_faults = self.domains.status
         self.ticker = Ticker(
             fleet=self.fleet,
             book=self.book,
@@ -218,6 +230,7 @@ class Controller:
             metrics=m,
             feed=feed,
             clock=clock,
+            domains=self.domains,
         )
 
     # ------------------------------------------------------------ acting or not

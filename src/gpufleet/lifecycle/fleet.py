@@ -67,7 +67,7 @@ class Fleet:
         self._counts: Counter[NodeState] = Counter()
         self._ticked: dict[str, None] = {}
         """Names the tick looks at (a dict: an ordered set)."""
-        self._grouped_by: tuple[tuple[Override, ...], DomainBudget | None] | None = None
+        self._grouped_by: tuple[tuple[Override, ...], DomainBudget | None, bool] | None = None
         """The FleetPolicy overrides and per-domain budget the records' groups and NVLink
         domains were last computed with."""
         self.generation = 0
@@ -118,7 +118,11 @@ class Fleet:
         overrides and per-domain budget, when they changed since the last call (a group's
         or a domain's budget counts every node of it, not only those that had an event
         since the policy changed)."""
-        grouped_by = (policy.overrides, policy.safety.budget.per_domain)
+        grouped_by = (
+            policy.overrides,
+            policy.safety.budget.per_domain,
+            policy.domain_faults.enabled,  # the domain is read for it too (decision 0240)
+        )
         if self._grouped_by == grouped_by:
             return
         self._grouped_by = grouped_by

@@ -111,6 +111,14 @@ class PolicyKeeper:
         self._status_saver: asyncio.Task[None] | None = None
         self.may_act: Callable[[], bool] = lambda: True
         """Whether this replica acts (a standby writes no status and answers no request)."""
+        self.domain_faults: Callable[[], dict[str, Any]] = dict
+        """The NVLink domains faulty or held (``status.domainFaults``; the controller binds
+        :meth:`gpufleet.lifecycle.domain_watch.DomainWatch.status`)."""
+        self._saved_domain_faults: dict[str, Any] | None = None
+
+    def reference(self) -> dict[str, Any]:
+        """The FleetPolicy in force as an Event's object (its name and uid)."""
+        return {"metadata": {"name": self.settings.policy_name, "uid": self._policy_generation[0]}}
 
     def effective(self) -> Policy:
         """The policy in force, with the process's own ``--dry-run`` on top."""
@@ -325,6 +333,7 @@ class PolicyKeeper:
         budget = self._budget_use(waiting)
         groups = self._group_use()
         domains = self._domain_use()
+        faulty = self.domain_faults()
         self._set_policy_condition(
             "BreakerOpen",
             "True" if b.is_open else "False",
@@ -352,6 +361,10 @@ class PolicyKeeper:
                 **{d: None for d in self._saved_domains or {} if d not in domains},
                 **domains,
             },
+            "domainFaults": {
+                **{d: None for d in self._saved_domain_faults or {} if d not in faulty},
+                **faulty,
+            },
             # Every condition at once (a merge patch replaces the list whole).
             "conditions": self._set_policy_condition(
                 "FaultsWaiting",
@@ -371,6 +384,7 @@ class PolicyKeeper:
             self._saved_fleet = status["fleetBudget"]
             self._saved_groups = groups
             self._saved_domains = domains
+            self._saved_domain_faults = faulty
 
     def update_gauges(self) -> None:
         """Metrics from the fleet view; and a status save when the budget use changed.
@@ -393,7 +407,14 @@ class PolicyKeeper:
             self._fleet_use(budget),
             self._group_use(),
             self._domain_use(),
-        ) != (self._saved_budget, self._saved_fleet, self._saved_groups, self._saved_domains):
+            self.domain_faults(),
+        ) != (
+            self._saved_budget,
+            self._saved_fleet,
+            self._saved_groups,
+            self._saved_domains,
+            self._saved_domain_faults or {},
+        ):
             self.fleet.dirty_breaker = True  # "dirty status": saved by the coalescing saver
             try:
                 asyncio.get_running_loop()

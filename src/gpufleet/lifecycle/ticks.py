@@ -16,6 +16,7 @@ from gpufleet.domain import events as ev
 from gpufleet.domain.safety import breaker_refresh
 from gpufleet.lifecycle import nodes
 from gpufleet.lifecycle.core import Feed, S
+from gpufleet.lifecycle.domain_watch import DomainWatch
 from gpufleet.lifecycle.drain_loop import Drains
 from gpufleet.lifecycle.fleet import QUIET as IDLE
 from gpufleet.lifecycle.fleet import Fleet
@@ -43,6 +44,7 @@ class Ticker:
     metrics: Metrics
     feed: Feed
     clock: Clock
+    domains: DomainWatch
 
     async def tick(self) -> None:
         """Retry held decisions and examine timeouts, node by node."""
@@ -60,6 +62,8 @@ class Ticker:
         if self.tickets.enabled:  # a ticket call due again (backoff), or after a restart
             for name in list(self.fleet.records):
                 self.tickets.check(name)
+        # Before the Ticks: a tray whose wait for its domain ends now is judged with it first.
+        await self.domains.run()
         for name, record in self.fleet.ticking():
             if record.state in IDLE and record.pending is None:
                 if record.state is S.PROVISIONING:

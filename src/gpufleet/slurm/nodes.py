@@ -12,7 +12,7 @@ from typing import Any
 
 from gpufleet.api import nodedata
 from gpufleet.domain import conditions as node_conditions
-from gpufleet.domain import records, slurm_sync, well_known
+from gpufleet.domain import domain_faults, records, slurm_sync, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.states import NodeState
 
@@ -69,10 +69,14 @@ def _state(node: Mapping[str, Any]) -> NodeState | None:
         return None
 
 
-def _incident(node: Mapping[str, Any]) -> records.Incident | None:
-    """The lifecycle record's open incident, if the Node carries a readable record."""
+def _incident(node: Mapping[str, Any]) -> tuple[records.Incident | None, str]:
+    """The lifecycle record's open incident, if the Node carries a readable record, and the
+    NVLink domain it holds the node with ("" for none)."""
     record = nodedata.trusted_record(node)
-    return record.incident if record is not None else None
+    if record is None:
+        return None, ""
+    held = record.nvlink_domain if domain_faults.held(record.incident) else ""
+    return record.incident, held
 
 
 def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:
@@ -89,7 +93,7 @@ def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:
             if c.get("type") in problem_types and c.get("status") == "True"
         )
     )
-    incident = _incident(node)
+    incident, domain_held = _incident(node)
     return slurm_sync.KubeView(
         state=_state(node),
         cordoned=bool((node.get("spec") or {}).get("unschedulable")),
@@ -101,6 +105,7 @@ def kube_view(node: Mapping[str, Any] | None) -> slurm_sync.KubeView | None:
         managed=bool(annotations_of(node).get(well_known.ANNOTATION_RECORD)),
         spare=((node.get("metadata") or {}).get("labels") or {}).get(well_known.LABEL_SPARE)
         == "true",
+        domain_held=domain_held,
     )
 
 

@@ -17,7 +17,7 @@ from gpufleet.domain.decide import decide
 from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
 from gpufleet.domain.explain import explain_node
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
-from gpufleet.domain.policy import Policy, PolicyError, load_policy
+from gpufleet.domain.policy import DomainFaults, Policy, PolicyError, load_policy
 from gpufleet.domain.policy_groups import domain_of
 from gpufleet.domain.records import FleetView, NodeRecord, record_from_json, record_to_json
 from gpufleet.domain.safety import Hold
@@ -126,8 +126,11 @@ def test_the_domain_is_read_by_the_topology_codec() -> None:
     assert nvlink_domain_of("n", {**seen, DOMAIN: "other"}, DOMAIN) == ""
     assert nvlink_domain_of("n", {DOMAIN: "-bad-"}, DOMAIN) == ""
     assert nvlink_domain_of("n", {}, DOMAIN) == ""
-    # Counted only when the policy sets a per-domain budget.
-    assert domain_of(_load(), "n", {DOMAIN: "nvl-7"}) == ""
+    # Counted when the policy sets a per-domain budget or judges fabric faults by domain
+    # (domainFaults, on by default: decision 0240); with neither, no domain.
+    assert domain_of(_load(), "n", {DOMAIN: "nvl-7"}) == "nvl-7"
+    off = _load().model_copy(update={"domain_faults": DomainFaults(min_trays=0)})
+    assert domain_of(off, "n", {DOMAIN: "nvl-7"}) == ""
     assert domain_of(_load({"maxNodes": 2}), "n", {DOMAIN: "nvl-7"}) == "nvl-7"
 
 
