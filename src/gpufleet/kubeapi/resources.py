@@ -44,6 +44,11 @@ CONFIGMAPS = Resource("configmaps")
 CRDS = Resource("customresourcedefinitions", "apiextensions.k8s.io/v1")
 PRIORITY_CLASSES = Resource("priorityclasses", "scheduling.k8s.io/v1")
 LEASES = Resource("leases", "coordination.k8s.io/v1")
+RESOURCE_SLICES = Resource("resourceslices", "resource.k8s.io/v1")
+RESOURCE_CLAIMS = Resource("resourceclaims", "resource.k8s.io/v1")
+DEVICE_CLASSES = Resource("deviceclasses", "resource.k8s.io/v1")
+DEVICE_TAINT_RULES = Resource("devicetaintrules", "resource.k8s.io/v1beta2")
+"""Served as v1beta2 on Kubernetes 1.36 behind the DRADeviceTaintRules gate (decision 0237)."""
 
 
 def custom(plural: str) -> Resource:
