@@ -536,12 +536,16 @@ def _quarantine(
         f"GPU {gpu.index} quarantined for {fault.describe()}: no new work on it, "
         "the node keeps serving on its other GPUs"
     )
+    actions: tuple[Action, ...] = (Action(ActionKind.QUARANTINE_GPU, detail=text, gpu=gpu.index),)
+    if retry:  # the held fault leaves the record into a quarantine, not an incident: said
+        done = f"held fault {fault.key} handled: GPU {gpu.index} quarantined"
+        actions = (*actions, Action(ActionKind.NOTIFY, detail=done))
     held_record, held_notices = _hold_fault(book, fault, step)
     return _Plan(
         applied=applied,
         held=held_record,
         held_actions=held_notices,
-        actions=(Action(ActionKind.QUARANTINE_GPU, detail=text, gpu=gpu.index),),
+        actions=actions,
         reasons=reasons,
         breaker=breaker,
         isolates=True,

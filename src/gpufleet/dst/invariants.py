@@ -39,6 +39,7 @@ from gpufleet.domain.records import NodeRecord, record_from_json
 from gpufleet.domain.states import OUT_OF_SERVICE, NodeState
 from gpufleet.dst.kube import Write
 from gpufleet.dst.procs import CONTROLLER_SETTINGS
+from gpufleet.dst.quarantine import QuarantineChecks
 from gpufleet.dst.world import CURRENT, Proc, Violation
 from gpufleet.gate.attempts import network_boot_may_be_starting
 from gpufleet.kubeapi import EVENTS, LEASES, NODES, PODS, custom
@@ -138,6 +139,7 @@ class Invariants:
     def attach(self) -> None:
         w = self.world
         w.api.on_write.append(self.on_write)
+        w.api.on_write.append(QuarantineChecks(self._fail).on_write)  # 9: dst.quarantine
         w.on_reset.append(self.on_reset)
         w.on_gpu_reset.append(self.on_gpu_reset)
         w.on_disk_boot.append(self.on_disk_boot)

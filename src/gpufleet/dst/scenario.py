@@ -38,6 +38,7 @@ from gpufleet.dst.procs import (
     controller_spec,
     syncer_spec,
 )
+from gpufleet.dst.quarantine import with_quarantine
 from gpufleet.dst.slurmd import OPERATOR, SlurmdFleet
 from gpufleet.dst.world import GPU_ANNOTATION, World
 from gpufleet.kubeapi import LEASES, NODES, PODS, SECRETS, Forbidden, NotFound
@@ -152,6 +153,10 @@ class Config:
     """The chart's slurmd DaemonSet on every node and the Slurm operator rolling it
     (:mod:`gpufleet.dst.slurmd`, invariant 7); off by default, so a recorded seed, drawn
     without it, replays the same story."""
+    quarantine: bool = False
+    """The FleetPolicy quarantines one GPU for the faults that allow it and repairs it a
+    minute later (:mod:`gpufleet.dst.quarantine`, invariant 9); off by default, so a
+    recorded seed replays the same story."""
     weights: dict[str, int] = field(
         default_factory=lambda: {
             "fault": 14,
@@ -292,6 +297,9 @@ def build(world: World, cfg: Config, seed: int) -> Policy:
     api = world.api
     policy = dst_policy(cfg.breaker_min_nodes, cfg.groups, cfg.domains)
     spec = dst_policy_spec(cfg.breaker_min_nodes, cfg.groups, cfg.domains)
+    if cfg.quarantine:
+        spec = with_quarantine(spec)
+        policy = load_policy(yaml.safe_dump(spec), "dst policy")
     api.create(ADMIN, POLICIES, {"metadata": {"name": "default"}, "spec": spec}, None)
     if cfg.admission:
         api.admission.append(records_admission)

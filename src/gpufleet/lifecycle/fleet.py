@@ -46,11 +46,13 @@ QUIET = frozenset(
 
 
 def _ticked(record: NodeRecord) -> bool:
-    """Whether the tick looks at this node: not quiet, a held fault, or provisioning."""
+    """Whether the tick looks at this node: not quiet, a held fault, provisioning, or a
+    quarantined GPU (its repair falls due on a tick, domain.gpu_quarantine)."""
     return (
         record.state not in QUIET
         or record.pending is not None
         or record.state is NodeState.PROVISIONING
+        or bool(record.quarantined_gpus)
     )
 
 

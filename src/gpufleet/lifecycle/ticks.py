@@ -65,7 +65,7 @@ class Ticker:
         # Before the Ticks: a tray whose wait for its domain ends now is judged with it first.
         await self.domains.run()
         for name, record in self.fleet.ticking():
-            if record.state in IDLE and record.pending is None:
+            if record.state in IDLE and record.pending is None and not record.quarantined_gpus:
                 if record.state is S.PROVISIONING:
                     body = self.book.get(name)
                     if body is not None and nodes.is_ready(body):

@@ -161,7 +161,8 @@ def test_paused_the_quarantine_is_held_and_applied_once_resumed() -> None:
     assert f.records["n1"].pending is not None
     f.policy = _policy(ON)
     d = f.send("n1", ev.Tick(), now=2)
-    assert kinds(d) == [ActionKind.QUARANTINE_GPU]
+    assert kinds(d) == [ActionKind.QUARANTINE_GPU, ActionKind.NOTIFY]
+    assert "held fault row-remap-pending handled" in d.actions[1].detail
     assert f.records["n1"].pending is None
     assert [q.index for q in f.records["n1"].quarantined_gpus] == [3]
 
