@@ -16,7 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpufleet.domain import domain_faults, lemon, maintenance, operator, spares, well_known
+from gpufleet.domain import (
+    domain_burnin,
+    domain_faults,
+    lemon,
+    maintenance,
+    operator,
+    spares,
+    well_known,
+)
 from gpufleet.domain import events as ev
 from gpufleet.domain import gpu_quarantine as quarantine
 from gpufleet.domain.actions import Action, ActionKind
@@ -841,21 +849,76 @@ def _on_checks(ctx: _Ctx, event: ev.ChecksCompleted) -> _Plan:
         return _noop(ctx, "check result ignored", _HELD_TEXT.format(domain=r.nvlink_domain))
     if r.state is S.VERIFYING:
         if event.passed:
-            return _to_production(ctx, Trigger.VERIFICATION_PASSED, "verification passed")
+            return _passed(ctx, Trigger.VERIFICATION_PASSED, "verification passed")
         return _checks_failed(ctx, f"verification failed: {event.detail}".rstrip(": "))
     if r.state is S.BURN_IN:
         if event.passed:
-            return _to_production(ctx, Trigger.BURN_IN_PASSED, "burn-in passed")
-        text = f"burn-in failed: {event.detail}".rstrip(": ")
-        rec, t = _move(ctx, r, S.TRIAGE, Trigger.BURN_IN_FAILED, text)
-        return _Plan(
-            applied=replace(rec, checks_started_at=None),
-            held=r,
-            actions=(Action(ActionKind.NOTIFY, detail=text),),
-            reasons=(text,),
-            transition=t,
-        )
+            return _passed(ctx, Trigger.BURN_IN_PASSED, "burn-in passed")
+        return _burn_in_failed(ctx, f"burn-in failed: {event.detail}".rstrip(": "))
     return _noop(ctx, f"check result ignored in {r.state}")
+
+
+def _burn_in_failed(ctx: _Ctx, text: str) -> _Plan:
+    r = ctx.record
+    rec, t = _move(ctx, r, S.TRIAGE, Trigger.BURN_IN_FAILED, text)
+    return _Plan(
+        applied=replace(rec, checks_started_at=None),
+        held=r,
+        actions=(Action(ActionKind.NOTIFY, detail=text),),
+        reasons=(text,),
+        transition=t,
+    )
+
+
+def _passed(ctx: _Ctx, trigger: Trigger, text: str) -> _Plan:
+    """Node checks passed: production, unless the node's NVLink domain must be burnt in
+    as a unit first (domain.domain_burnin.awaits): then it waits, in its state, with no
+    check running (so no check timeout), for a verdict kept after now."""
+    r = ctx.record
+    domain = domain_burnin.awaits(r, ctx.fleet, ctx.policy)
+    if domain is None:
+        return _to_production(ctx, trigger, text)
+    why = (
+        f"{text}; waiting for the burn-in of NVLink domain {domain} (no tray of it is in "
+        f"production: gpufleet burn-in domain {domain})"
+    )
+    inc = r.incident if r.incident is None else replace(r.incident, checks_started_at=None)
+    rec = replace(r, reason=why, domain_wait=ctx.now, checks_started_at=None, incident=inc)
+    return _Plan(
+        applied=rec, held=r, actions=(Action(ActionKind.NOTIFY, detail=why),), reasons=(why,)
+    )
+
+
+def _on_domain_burn_in(ctx: _Ctx, event: ev.DomainBurnInJudged) -> _Plan:
+    """The verdict a waiting tray needs: production when it passed, the tray's own failed
+    checks when it is named, else held with the reason (a later run counts)."""
+    r = ctx.record
+    if (
+        r.domain_wait is None
+        or r.state not in (S.BURN_IN, S.VERIFYING)
+        or event.domain != r.nvlink_domain
+        or event.at <= r.domain_wait
+    ):
+        return _noop(ctx, f"domain burn-in verdict of {event.domain} ignored: not waited for")
+    done = replace(ctx, record=replace(r, domain_wait=None))
+    if event.passed:
+        trigger = Trigger.BURN_IN_PASSED if r.state is S.BURN_IN else Trigger.VERIFICATION_PASSED
+        return _to_production(
+            done, trigger, f"node checks and the burn-in of NVLink domain {event.domain} passed"
+        )
+    if r.name in event.bad:
+        text = f"named bad by the burn-in of NVLink domain {event.domain}: {event.reason}"
+        if r.state is S.BURN_IN:
+            return _burn_in_failed(done, f"burn-in failed: {text}")
+        return _checks_failed(done, f"verification failed: {text}")
+    why = (
+        f"held: the burn-in of NVLink domain {event.domain} failed: {event.reason}; "
+        f"waiting for a run that passes (gpufleet burn-in domain {event.domain})"
+    )
+    rec = replace(r, reason=why, domain_wait=event.at)
+    return _Plan(
+        applied=rec, held=r, actions=(Action(ActionKind.NOTIFY, detail=why),), reasons=(why,)
+    )
 
 
 def _checks_failed(ctx: _Ctx, text: str, *why: str) -> _Plan:
@@ -1304,6 +1367,7 @@ _HANDLERS: dict[type, Callable[[_Ctx, Any], _Plan]] = {
     ev.StepCompleted: _on_step,
     ev.WorkFound: _on_work_found,
     ev.ChecksCompleted: _on_checks,
+    ev.DomainBurnInJudged: _on_domain_burn_in,
     ev.Registered: _on_registered,
     ev.InventoryMismatch: _simple(
         frozenset({S.PROVISIONING}),

@@ -177,6 +177,19 @@ class DomainRepaired:
 
 
 @dataclass(frozen=True, slots=True)
+class DomainBurnInJudged:
+    """The burn-in of the node's NVLink domain was judged (``gpufleet burn-in domain``;
+    domain.domain_burnin): it counts for a node waiting for it since before ``at``."""
+
+    domain: str
+    passed: bool
+    at: float
+    reason: str
+    bad: tuple[str, ...] = ()
+    """Trays named bad (each fails its own checks)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed: check timeouts and retry withheld actions."""
 
@@ -188,6 +201,7 @@ Event = (
     | StepCompleted
     | WorkFound
     | ChecksCompleted
+    | DomainBurnInJudged
     | Registered
     | InventoryMismatch
     | MaintenanceRequested

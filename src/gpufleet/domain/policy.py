@@ -513,6 +513,18 @@ class Drain(_Model):
     proceed goes on. Default 300."""
 
 
+class DomainBurnIn(_Model):
+    """Whether a tray waits for its NVLink domain's burn-in (``gpufleet burn-in domain``)
+    before it returns to production (docs/decisions/0247)."""
+
+    required: bool = False
+    """A tray that passed its node checks while no tray of its domain is in production (all
+    new, or back from a domain-wide action) waits until the all-reduce across the domain
+    passed; a tray the domain burn-in names bad fails its checks. Needs
+    safety.budget.perDomain (the label a domain is read from). Default false: nothing
+    waits for a run that no one starts."""
+
+
 class Checks(_Model):
     """Active-check profiles used for verification and burn-in."""
 
@@ -526,6 +538,9 @@ class Checks(_Model):
     """The agent's check profile run on a new node before it gets work. Default burn-in."""
     burn_in_timeout_seconds: float = Field(default=4 * 3600, gt=0, le=MAX_TIMEOUT_SECONDS)
     """Seconds burn-in may take before it counts as failed. Default 14400 (4 hours)."""
+    domain_burn_in: DomainBurnIn = DomainBurnIn()
+    """Burn-in of an NVLink domain as a unit: the trays of a domain with none in production
+    return only after its all-reduce passed too (docs/decisions/0247)."""
 
 
 class Stragglers(_Model):
@@ -760,6 +775,11 @@ class Policy(_Model):
         problems.extend(_ladder_problems(self.ladder))
         problems.extend(_off_ladder(self.rules, self.ladder, "rules", ""))
         problems.extend(self._override_problems())
+        if self.checks.domain_burn_in.required and self.safety.budget.per_domain is None:
+            problems.append(
+                "checks.domainBurnIn.required: needs safety.budget.perDomain (the label a "
+                "tray's NVLink domain is read from)"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

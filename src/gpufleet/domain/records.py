@@ -152,6 +152,9 @@ class NodeRecord:
     quarantined_gpus: tuple[QuarantinedGpu, ...] = ()
     """GPUs taken out of service one by one while the node stays in production (or
     drains for the repair that releases them); () for none. Stored only when set."""
+    domain_wait: float | None = None
+    """The node passed its checks and waits for its NVLink domain's burn-in: only a
+    verdict kept after this time counts (domain.domain_burnin). Stored only when set."""
 
     @classmethod
     def new(
@@ -168,11 +171,18 @@ class NodeRecord:
 
     def moved(self, t: Transition) -> NodeRecord:
         """This record after a transition (history kept to HISTORY_LIMIT); a node
-        that leaves production stops being a spare."""
+        that leaves production stops being a spare, and any move ends a wait for the
+        domain burn-in (it is a wait in the state the checks passed in)."""
         history = (*self.history, t)[-HISTORY_LIMIT:]
         spare = self.spare and t.target is NodeState.PRODUCTION
         return replace(
-            self, state=t.target, since=t.at, reason=t.reason, history=history, spare=spare
+            self,
+            state=t.target,
+            since=t.at,
+            reason=t.reason,
+            history=history,
+            spare=spare,
+            domain_wait=None,
         )
 
     @property
@@ -193,6 +203,8 @@ def record_to_json(record: NodeRecord) -> str:
     for key in ("group", "nvlink_domain", "quarantined_gpus"):
         if not data.get(key):
             data.pop(key, None)
+    if data.get("domain_wait") is None:  # 0.0 is a time (the simulations start there)
+        data.pop("domain_wait", None)
     return json.dumps(data, separators=(",", ":"))
 
 
@@ -224,6 +236,9 @@ class FleetView:
     """Node groups (FleetPolicy overrides) counted like pools, across pools."""
     domains: Mapping[str, PoolView] = field(default_factory=lambda: _NO_POOLS)
     """NVLink domains counted like pools, across pools and groups (a per-domain budget)."""
+    domains_checking: Mapping[str, int] = field(default_factory=lambda: _NO_COUNTS)
+    """Trays of each NVLink domain in burn-in or verifying: all of them means the domain
+    has no tray in production (its burn-in takes no work; domain.domain_burnin)."""
     recent_actions: tuple[float, ...] = ()
     """Times of recent disruptive actions (rate limit)."""
 
@@ -273,6 +288,7 @@ class FleetView:
             recent_actions=recent_actions,
             groups=_count_by(records_list, _GROUP),
             domains=_count_by(records_list, _DOMAIN),
+            domains_checking=_checking(records_list),
         )
 
     def with_change(self, before: NodeRecord | None, after: NodeRecord) -> FleetView:
@@ -283,6 +299,10 @@ class FleetView:
         """
         groups = _count_change(self.groups, before, after, _GROUP)
         domains = _count_change(self.domains, before, after, _DOMAIN)
+        checking = _checking_change(self.domains_checking, before, after)
+        view = (
+            self if checking is self.domains_checking else replace(self, domains_checking=checking)
+        )
         if before is None:
             pools = dict(self.pools)
             p = pools.get(after.pool, PoolView(size=0))
@@ -290,13 +310,13 @@ class FleetView:
             pools[after.pool] = PoolView(
                 size=p.size + 1, out_of_service=out, spares=p.spares + int(after.is_spare)
             )
-            return replace(self, pools=MappingProxyType(pools), groups=groups, domains=domains)
+            return replace(view, pools=MappingProxyType(pools), groups=groups, domains=domains)
         was = before.state in OUT_OF_SERVICE
         now = after.state in OUT_OF_SERVICE
         if was == now and before.is_spare == after.is_spare and before.pool == after.pool:
             if groups is self.groups and domains is self.domains:
-                return self
-            return replace(self, groups=groups, domains=domains)
+                return view
+            return replace(view, groups=groups, domains=domains)
         pools = dict(self.pools)
         for name, delta, spare in (
             (before.pool, -int(was), -int(before.is_spare)),
@@ -306,11 +326,41 @@ class FleetView:
             pools[name] = PoolView(
                 size=p.size, out_of_service=p.out_of_service + delta, spares=p.spares + spare
             )
-        return replace(self, pools=MappingProxyType(pools), groups=groups, domains=domains)
+        return replace(view, pools=MappingProxyType(pools), groups=groups, domains=domains)
 
 
 _GROUP = attrgetter("group")
 _DOMAIN = attrgetter("nvlink_domain")
+_NO_COUNTS: Mapping[str, int] = MappingProxyType({})
+CHECKING: frozenset[NodeState] = frozenset({NodeState.BURN_IN, NodeState.VERIFYING})
+"""The states a domain burn-in may run in (no work on the tray)."""
+
+
+def _checking_key(r: NodeRecord | None) -> str:
+    return r.nvlink_domain if r is not None and r.state in CHECKING else ""
+
+
+def _checking(records: Iterable[NodeRecord]) -> Mapping[str, int]:
+    """Trays of each NVLink domain in burn-in or verifying."""
+    counts = Counter(k for r in records if (k := _checking_key(r)))
+    return MappingProxyType(dict(counts)) if counts else _NO_COUNTS
+
+
+def _checking_change(
+    counts: Mapping[str, int], before: NodeRecord | None, after: NodeRecord
+) -> Mapping[str, int]:
+    """``counts`` after one record changed (the same object when nothing counted changed)."""
+    was, now = _checking_key(before), _checking_key(after)
+    if was == now:
+        return counts
+    changed = dict(counts)
+    if was:
+        changed[was] -= 1
+        if not changed[was]:
+            del changed[was]
+    if now:
+        changed[now] = changed.get(now, 0) + 1
+    return MappingProxyType(changed)
 
 
 def _count_by(

@@ -142,6 +142,11 @@ ANNOTATION_AGENT_RESULT = "gpufleet.io/agent-result"
 """Node annotation, set by the agent (through the status subresource): its answer to
 the last request, JSON ``{"id", "outcome", "detail"}`` (domain.node_reports)."""
 
+ANNOTATION_DOMAIN_BURN_IN = "gpufleet.io/domain-burn-in"
+"""Node annotation on every tray of an NVLink domain, set by ``gpufleet burn-in domain``:
+the domain burn-in's last verdict, JSON ``{"domain", "passed", "at", "reason", "bad"}``
+(domain.domain_burnin, decision 0246)."""
+
 ANNOTATION_AGENT_REQUEST = "gpufleet.io/agent-request"
 """Node annotation, set by the lifecycle controller: what the node's agent must
 do next (run a check profile, reset a GPU), as JSON (domain.conditions)."""

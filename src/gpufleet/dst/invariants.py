@@ -22,6 +22,10 @@ Numbers follow the safety rules gpufleet promises (docs/reliability.md):
    retried are not new faults);
 6. **own what you touch**: a gpufleet identity changes only ``gpufleet.io/`` labels,
    annotations and taints, gpufleet's conditions, and the cordon gpufleet set.
+
+8. **a domain burnt in as a unit**: a tray that waited for its NVLink domain's burn-in
+   (its record's ``domainWait``) enters production only with a passed verdict of that
+   domain on its Node, kept after the wait began (decision 0247).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpufleet.domain import conditions, policy_groups, well_known
+from gpufleet.domain import conditions, domain_burnin, policy_groups, well_known
 from gpufleet.domain.emptiness import SlurmWork
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import Policy
@@ -428,6 +432,27 @@ class Invariants:
                 self.state_labels[w.name] = label
             self._budget(w.name)
 
+    def _domain_burn_in(self, w: Write, old: NodeRecord | None, new: NodeRecord) -> None:
+        """8: no tray that waited for its domain's burn-in returns before it passed."""
+        if old is None or old.domain_wait is None or new.state is not NodeState.PRODUCTION:
+            return
+        ann = ((w.after or {}).get("metadata") or {}).get("annotations") or {}
+        kept = domain_burnin.read_recorded(ann.get(well_known.ANNOTATION_DOMAIN_BURN_IN))
+        if (
+            kept is None
+            or not kept.passed
+            or kept.domain != old.nvlink_domain
+            or kept.at <= old.domain_wait
+        ):
+            self._fail(
+                "8",
+                w.name,
+                f"entered production while waiting for the burn-in of NVLink domain "
+                f"{old.nvlink_domain} (since {old.domain_wait:.1f}) without a passed verdict "
+                f"kept after it (found: {kept})",
+                category="8/returned-before-domain-burn-in",
+            )
+
     def _raised(self, node: str, obj: Mapping[str, Any]) -> None:
         for c in (obj.get("status") or {}).get("conditions") or []:
             ctype = str(c.get("type", ""))
@@ -440,6 +465,7 @@ class Invariants:
         if new is None:
             return
         now = w.at
+        self._domain_burn_in(w, old, new)
         if old is not None and old.pending is not None and new.pending is None:
             into = (
                 new.incident is not None

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet.domain import agent_requests, well_known
+from gpufleet.domain import agent_requests, domain_burnin, well_known
 from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
@@ -85,12 +85,17 @@ def nvlink_domain_of(index: int) -> str:
 
 
 def dst_policy_spec(
-    breaker_min_nodes: int = 2, groups: bool = False, domains: bool = False
+    breaker_min_nodes: int = 2,
+    groups: bool = False,
+    domains: bool = False,
+    domain_burn_in: bool = False,
 ) -> dict[str, Any]:
     """The default policy with times a run can reach: short ladder timeouts, a quick
     clear, a budget of two nodes out of four, a breaker that trips at three faulting
     nodes (``breaker_min_nodes`` + 1); with ``groups``, the override of rack a; with
-    ``domains``, at most one node of an NVLink domain out at once."""
+    ``domains``, at most one node of an NVLink domain out at once; with ``domain_burn_in``,
+    both trays of a domain may be out and a domain with none in production is burnt in
+    as a unit before its trays return (decision 0247)."""
     spec: dict[str, Any] = json.loads(_default_spec_text())
     spec["ladder"] = [
         {"step": "gpu-reset", "timeoutSeconds": 60, "attempts": 1},
@@ -116,12 +121,21 @@ def dst_policy_spec(
         spec["overrides"] = [RACK_A_OVERRIDE]
     if domains:
         spec["safety"]["budget"]["perDomain"] = {"maxNodes": 1}
+    if domain_burn_in:
+        spec["safety"]["budget"]["perDomain"] = {"maxNodes": 2}
+        spec["checks"]["domainBurnIn"] = {"required": True}
     return spec
 
 
 @functools.cache
-def dst_policy(breaker_min_nodes: int = 2, groups: bool = False, domains: bool = False) -> Policy:
-    spec = dst_policy_spec(breaker_min_nodes, groups, domains)
+def dst_policy(
+    breaker_min_nodes: int = 2,
+    groups: bool = False,
+    domains: bool = False,
+    domain_burn_in: bool = False,
+) -> Policy:
+    spec = dst_policy_spec(breaker_min_nodes, groups, domains, domain_burn_in)
+
     return load_policy(yaml.safe_dump(spec), "dst policy")
 
 
@@ -149,6 +163,11 @@ class Config:
     """Nodes in two NVLink domains (:func:`nvlink_domain_of`) and a per-domain budget of
     one node: invariant 4 holds per domain too; off by default, so a recorded seed
     replays the same story."""
+    domain_burn_in: bool = False
+    """With ``domains``: both trays of a domain may be out, a tray of a domain with none in
+    production waits for the domain's burn-in, and the environment's ``domain-burn-in``
+    keeps verdicts on them (invariant 8); off by default, so a recorded seed replays the
+    same story."""
     slurmd_roll: bool = False
     """The chart's slurmd DaemonSet on every node and the Slurm operator rolling it
     (:mod:`gpufleet.dst.slurmd`, invariant 7); off by default, so a recorded seed, drawn
@@ -181,6 +200,7 @@ class Config:
             "roll-pause": 0,
             "roll-dry-run": 0,
             "roll-kill": 0,
+            "domain-burn-in": 0,
         }
     )
 
@@ -188,6 +208,17 @@ class Config:
 ROLL_WEIGHTS = {"upgrade": 4, "roll-pause": 2, "roll-dry-run": 1, "roll-kill": 2}
 """The roll's events in a run with ``slurmd_roll`` (:func:`with_roll`): a ``helm upgrade``
 of the slurmd pods, the roll paused, the operator in dry-run, the operator killed."""
+
+
+def with_domain_burn_in(cfg: Config | None = None, weight: int = 6) -> Config:
+    """``cfg`` with NVLink domains burnt in as a unit and an operator's verdicts on them."""
+    base = cfg or Config()
+    return replace(
+        base,
+        domains=True,
+        domain_burn_in=True,
+        weights={**base.weights, "domain-burn-in": weight},
+    )
 
 
 def with_roll(cfg: Config | None = None, **weights: int) -> Config:
@@ -278,6 +309,9 @@ def generate(seed: int, cfg: Config) -> list[Env]:
             ev = Env(t, kind, (round(rng.uniform(10, 200)),))
         elif kind == "roll-kill":
             ev = Env(t, kind, (round(rng.choice([2, 10, 40, 90])),))
+        elif kind == "domain-burn-in":
+            verdict = rng.choice(["pass", "pass", "fail-named", "fail"])
+            ev = Env(t, kind, (nvlink_domain_of(rng.randrange(2)), verdict, node))
         elif kind == "upgrade":
             ev = Env(t, kind, ())
         else:
@@ -295,8 +329,8 @@ def build(world: World, cfg: Config, seed: int) -> Policy:
     the admission policy, and the processes (one controller, the syncer, the agents)."""
     rng = random.Random(f"build-{seed}")
     api = world.api
-    policy = dst_policy(cfg.breaker_min_nodes, cfg.groups, cfg.domains)
-    spec = dst_policy_spec(cfg.breaker_min_nodes, cfg.groups, cfg.domains)
+    policy = dst_policy(cfg.breaker_min_nodes, cfg.groups, cfg.domains, cfg.domain_burn_in)
+    spec = dst_policy_spec(cfg.breaker_min_nodes, cfg.groups, cfg.domains, cfg.domain_burn_in)
     if cfg.quarantine:
         spec = with_quarantine(spec)
         policy = load_policy(yaml.safe_dump(spec), "dst policy")
@@ -547,6 +581,31 @@ def _bmc_refuse(world: World, node: str, reset_type: str, seconds: float) -> str
     return f"BMC refuses {reset_type} for {seconds:g}s"
 
 
+def _domain_burn_in(world: World, domain: str, verdict: str, named: str) -> str:
+    """``gpufleet burn-in domain``: an operator keeps a verdict on every tray of ``domain``
+    (``fail-named`` names ``named`` if it is a tray of it). Nothing runs on the trays: the
+    run itself is the local cluster's test; here only its verdict meets the controller."""
+    trays = [
+        str(n["metadata"]["name"])
+        for n in world.api.all(NODES)
+        if ((n["metadata"].get("labels") or {}).get(NVLINK_DOMAIN)) == domain
+    ]
+    bad = (named,) if verdict == "fail-named" and named in trays else ()
+    kept = domain_burnin.Recorded(
+        domain, verdict == "pass", world.clock.now(), f"dst: {verdict}", bad
+    ).to_json()
+    for t in trays:
+        world.api.patch(
+            ADMIN,
+            NODES,
+            t,
+            {"metadata": {"annotations": {well_known.ANNOTATION_DOMAIN_BURN_IN: kept}}},
+        )
+    return f"verdict {verdict} kept on {', '.join(trays) or 'no tray'}" + (
+        f" naming {bad[0]}" if bad else ""
+    )
+
+
 def _operator(world: World, node: str, verb: str, later_s: float) -> str:
     """``gpufleet node VERB``; a triage is returned ``later_s`` afterwards."""
 
@@ -645,6 +704,7 @@ _HANDLERS: dict[str, Any] = {
     "operator": _operator,
     "pdb": _pdb,
     "lease": _lease,
+    "domain-burn-in": _domain_burn_in,
     **{k: functools.partial(_roll, what=k) for k in ROLL_WEIGHTS},
 }
 

@@ -6,9 +6,10 @@ Both are pure text-in, values-out, so they are tested without the tools.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
+
+from gpufleet.domain import nccl_tests
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,42 +77,6 @@ def parse_dcgmi_diag(text: str) -> DcgmReport | None:
     return DcgmReport(run, tuple(failures), str(version) if version else None)
 
 
-_ROW = re.compile(
-    r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+\w+\s+\w+\s+-?\d+\s+"
-    r"(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.]+)\s+(?P<wrong>\S+)"
-)
-_AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*(?P<bw>[\d.]+)")
-
-
-@dataclass(frozen=True, slots=True)
-class NcclTestsResult:
-    """``all_reduce_perf`` output: busbw per size (out-of-place) and the average."""
-
-    busbw_by_size: dict[int, float]
-    avg_busbw: float | None
-    wrong: int
-    """Sum of the #wrong column (non-zero means corrupted results)."""
-
-    @property
-    def peak_busbw(self) -> float | None:
-        """Bus bandwidth at the largest message size."""
-        if not self.busbw_by_size:
-            return None
-        return self.busbw_by_size[max(self.busbw_by_size)]
-
-
-def parse_nccl_tests(text: str) -> NcclTestsResult | None:
-    """Parse nccl-tests ``*_perf`` output; None when there is no result row."""
-    sizes: dict[int, float] = {}
-    wrong = 0
-    for line in text.splitlines():
-        m = _ROW.match(line)
-        if not m:
-            continue
-        sizes[int(m["size"])] = float(m["busbw"])
-        if m["wrong"].isdigit():
-            wrong += int(m["wrong"])
-    avg = _AVG.search(text)
-    if not sizes and avg is None:
-        return None
-    return NcclTestsResult(sizes, float(avg["bw"]) if avg else None, wrong)
+# nccl-tests' output has its one codec in domain (the domain burn-in reads it too).
+NcclTestsResult = nccl_tests.NcclTestsResult
+parse_nccl_tests = nccl_tests.parse

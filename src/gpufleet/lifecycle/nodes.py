@@ -22,6 +22,7 @@ from gpufleet.api import nodedata
 from gpufleet.domain import (
     agent_requests,
     conditions,
+    domain_burnin,
     events,
     lemon,
     maintenance,
@@ -228,10 +229,26 @@ def observe(body: Mapping[str, Any], record: NodeRecord) -> Observation:
             out.append(events.WorkFound(Step.GPU_RESET, answer.detail))
         elif record.state is NodeState.MAINTENANCE:
             out.append(events.WorkFound(None, answer.detail))
+    judged = domain_verdict(body, record)
+    if judged is not None:
+        out.append(judged)
     received = operator_request(body)
     if received is not None and received.event is not None:
         out.append(received.event)  # last: decided on the record the other events leave
     return Observation(events=tuple(out), seen=new_seen, request=received)
+
+
+def domain_verdict(body: Mapping[str, Any], record: NodeRecord) -> events.DomainBurnInJudged | None:
+    """The domain burn-in's verdict on the Node (``gpufleet burn-in domain``), when the
+    record waits for it: its own domain's, kept after the wait began (decision 0247)."""
+    if record.domain_wait is None:
+        return None
+    kept = domain_burnin.read_recorded(
+        _meta(body, "annotations").get(well_known.ANNOTATION_DOMAIN_BURN_IN)
+    )
+    if kept is None or kept.domain != record.nvlink_domain or kept.at <= record.domain_wait:
+        return None
+    return events.DomainBurnInJudged(kept.domain, kept.passed, kept.at, kept.reason, kept.bad)
 
 
 def operator_request(body: Mapping[str, Any]) -> Received | None:
