@@ -162,3 +162,23 @@ def waits(record: NodeRecord, rule: DomainFaults, now: float) -> float:
     if inc is None or inc.tried or not record.nvlink_domain or not rule.counts(inc.key):
         return 0.0
     return max(0.0, inc.opened_at + rule.window_seconds - now)
+
+
+def explain(rule: DomainFaults, key: str) -> list[str]:
+    """What the rule does with a fault ``key`` (``gpufleet policy explain``); [] when it
+    does not count it."""
+    if not rule.counts(key):
+        return []
+    if key in rule.switch_faults:
+        scale = "a fault of the switch side: one tray's report makes its NVLink domain faulty"
+    else:
+        scale = (
+            f"with {rule.min_trays - 1} more tray(s) of its NVLink domain within "
+            f"{rule.window_seconds:g}s it is the domain's"
+        )
+    return [
+        f"domainFaults: {scale}; then every tray of the domain is taken out and held, no "
+        "ladder step, until no tray reports a fabric fault (then each is verified)",
+        f"domainFaults: a tray of a domain reporting it alone is drained at once and its own "
+        f"ladder waits {rule.window_seconds:g}s for the others",
+    ]

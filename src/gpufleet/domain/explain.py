@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from gpufleet.domain import domain_faults, lemon, policy_groups, well_known, xids
 from gpufleet.domain import gpu_quarantine as quarantine
-from gpufleet.domain import lemon, policy_groups, well_known, xids
 from gpufleet.domain.faults import FAULTS, Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import Budget, LadderStep, Policy, Response, Rule, Scope
@@ -89,7 +89,12 @@ def explain(
         xid_class=info.xid_class.value if info else None,
         repeat=_repeat_text(rule),
         repeat_takes_node_out=rule.repeat is not None and rule.repeat.then.takes_node_out,
-        isolation=_isolation(policy, rule) if out_rule else [],
+        isolation=[
+            *_isolation(policy, rule),
+            *domain_faults.explain(policy.domain_faults, event.key),
+        ]
+        if out_rule
+        else [],
         ladder=_ladder(policy, rule) if out_rule else [],
         lemon=_lemon_text(policy, event),
         safety=_safety(policy) if out_rule else [],

@@ -28,6 +28,8 @@ from gpufleet.domain.policy import Policy, load_policy
 from gpufleet.domain.records import Incident, NodeRecord, StepAttempt, record_to_json
 from gpufleet.domain.states import NodeState, Transition, Trigger
 from gpufleet.dst.bmc import BmcModel
+from gpufleet.dst.domain_faults import KINDS
+from gpufleet.dst.domain_faults import inject as inject_fabric_fault
 from gpufleet.dst.kube import PDB_LABEL, node_body
 from gpufleet.dst.node import FAULTS
 from gpufleet.dst.procs import (
@@ -201,6 +203,7 @@ class Config:
             "roll-dry-run": 0,
             "roll-kill": 0,
             "domain-burn-in": 0,
+            "domain-fault": 0,  # with_domain_faults (dst.domain_faults)
         }
     )
 
@@ -309,6 +312,9 @@ def generate(seed: int, cfg: Config) -> list[Env]:
             ev = Env(t, kind, (round(rng.uniform(10, 200)),))
         elif kind == "roll-kill":
             ev = Env(t, kind, (round(rng.choice([2, 10, 40, 90])),))
+        elif kind == "domain-fault":
+            count = rng.choice([1, 2, 2])
+            ev = Env(t, kind, (nvlink_domain_of(rng.randrange(2)), rng.choice(KINDS), count))
         elif kind == "domain-burn-in":
             verdict = rng.choice(["pass", "pass", "fail-named", "fail"])
             ev = Env(t, kind, (nvlink_domain_of(rng.randrange(2)), verdict, node))
@@ -581,6 +587,16 @@ def _bmc_refuse(world: World, node: str, reset_type: str, seconds: float) -> str
     return f"BMC refuses {reset_type} for {seconds:g}s"
 
 
+def _domain_fault(world: World, domain: str, kind: str, count: int) -> str:
+    """The agents of ``count`` trays of ``domain`` log fabric fault ``kind`` at once."""
+    trays = sorted(
+        str(n["metadata"]["name"])
+        for n in world.api.all(NODES)
+        if ((n["metadata"].get("labels") or {}).get(NVLINK_DOMAIN)) == domain
+    )
+    return inject_fabric_fault(world, tuple(trays[:count]), kind)
+
+
 def _domain_burn_in(world: World, domain: str, verdict: str, named: str) -> str:
     """``gpufleet burn-in domain``: an operator keeps a verdict on every tray of ``domain``
     (``fail-named`` names ``named`` if it is a tray of it). Nothing runs on the trays: the
@@ -705,6 +721,7 @@ _HANDLERS: dict[str, Any] = {
     "pdb": _pdb,
     "lease": _lease,
     "domain-burn-in": _domain_burn_in,
+    "domain-fault": _domain_fault,
     **{k: functools.partial(_roll, what=k) for k in ROLL_WEIGHTS},
 }
 

@@ -18,6 +18,7 @@ from gpufleet.domain.actions import ActionKind
 from gpufleet.domain.decide import decide
 from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
 from gpufleet.domain.domain_faults import Tray, judge
+from gpufleet.domain.explain import explain
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import DomainFaults, Policy, PolicyError, load_policy
@@ -245,3 +246,16 @@ def test_the_slurm_drain_reason_names_the_held_domain_first() -> None:
         "nvlink domain nvl-a faulty: FabricProblem FabricDegraded"
     )
     assert slurm_sync.out_reason(replace(view, domain_held="")) == "state draining"
+
+
+def test_policy_explain_names_the_rule_for_a_fabric_fault_and_not_for_others() -> None:
+    policy = _load()
+    lines = explain(policy, fault=FaultKind.FABRIC_DEGRADED).isolation
+    assert any("with 1 more tray(s) of its NVLink domain within 120s" in x for x in lines)
+    switch = explain(policy, fault=FaultKind.NVSWITCH_FATAL).isolation
+    assert any("one tray's report makes its NVLink domain faulty" in x for x in switch)
+    assert not any("domainFaults" in x for x in explain(policy, xid=79).isolation)
+    off = _load(domainFaults={"minTrays": 0})
+    assert not any(
+        "domainFaults" in x for x in explain(off, fault=FaultKind.FABRIC_DEGRADED).isolation
+    )
