@@ -15,7 +15,7 @@ from gpufleet.cli.output import Column, Format, OutputOpt, emit, table
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from gpufleet.domain.topology import FabricTopology
+    from gpufleet.domain.topology import FabricTopology, Placement
 
 _DEFAULTS = {
     "leaf": "network.topology.kubernetes.io/block",
@@ -28,6 +28,7 @@ COLUMNS = [
     Column("NODE"),
     Column("SPINE"),
     Column("LEAF"),
+    Column("LEAF FROM"),
     Column("BLOCK", cut=24),
     Column("NVLINK DOMAIN", cut=24),
     Column("PROBLEM", cut=60),
@@ -65,11 +66,15 @@ def topology(
 ) -> None:
     """Show the fabric topology: spine, leaf switch, block and NVLink domain per node.
 
-    Read from the Nodes' labels (an operator's or Topograph's, and the NVLink clique the
-    node's own agent reports) the way the SlurmCluster operator reads them; a node whose
-    labels contradict each other shows the problem, and the contradicted part is empty
-    (it is left out of Slurm's topology and of the scheduler labels too). The label
-    options are the SlurmCluster's spec.topology fields (docs/slurm.md, "Topology").
+    Read from the Nodes' labels (an operator's or Topograph's, and the NVLink clique and
+    InfiniBand leaf switch the node's own agent reports) the way the SlurmCluster operator
+    reads them. LEAF FROM says where the leaf came from: "node" (the switch the node's
+    rail 0 is cabled to, named by its GUID, its own name in brackets) or "label"; a node
+    whose labels contradict each other shows the problem, and the contradicted part is
+    empty (it is left out of Slurm's topology and of the scheduler labels too), except a
+    leaf label that contradicts the node's own view: the node's view is shown and
+    written. The label options are the SlurmCluster's spec.topology fields
+    (docs/slurm.md, "Topology").
 
     Example:
 
@@ -103,6 +108,8 @@ def as_data(fabric: FabricTopology) -> dict[str, Any]:
                 "name": p.node,
                 "spine": p.spine,
                 "leaf": p.leaf,
+                "leafFrom": None if p.leaf_from is None else str(p.leaf_from),
+                "leafName": p.leaf_name,
                 "block": p.block,
                 "nvlinkDomain": p.nvlink_domain,
             }
@@ -123,6 +130,7 @@ def _table(fabric: FabricTopology, wide: bool) -> RenderableType:
             p.node,
             p.spine or "-",
             p.leaf or "-",
+            _leaf_from(p),
             p.block or "-",
             p.nvlink_domain or "-",
             "; ".join(x.message for x in fabric.problems_of(p.node)) or "-",
@@ -132,6 +140,12 @@ def _table(fabric: FabricTopology, wide: bool) -> RenderableType:
     return table(COLUMNS, rows, wide=wide)
 
 
+def _leaf_from(p: Placement) -> str:
+    if p.leaf_from is None:
+        return "-"
+    return f"{p.leaf_from} ({p.leaf_name})" if p.leaf_name else str(p.leaf_from)
+
+
 def _tree(fabric: FabricTopology) -> RenderableType:
     from rich.tree import Tree
 
@@ -139,14 +153,16 @@ def _tree(fabric: FabricTopology) -> RenderableType:
 
     root = Tree("fabric")
     leaves = fabric.leaves()
+    named = {p.leaf: f" ({p.leaf_name})" for p in fabric.placements if p.leaf and p.leaf_name}
     under: set[str] = set()
     for spine, names in fabric.spines().items():
         branch = root.add(f"spine {spine}")
         for leaf in names:
-            branch.add(f"leaf {leaf}: {hostlist.compress(leaves[leaf])}")
+            branch.add(f"leaf {leaf}{named.get(leaf, '')}: {hostlist.compress(leaves[leaf])}")
             under.add(leaf)
     for leaf in sorted(set(leaves) - under):
-        root.add(f"leaf {leaf} (no spine): {hostlist.compress(leaves[leaf])}")
+        nodes = hostlist.compress(leaves[leaf])
+        root.add(f"leaf {leaf}{named.get(leaf, '')} (no spine): {nodes}")
     blocks = root.add("blocks")
     for block, names in fabric.blocks().items():
         blocks.add(f"{block}: {hostlist.compress(names)}")

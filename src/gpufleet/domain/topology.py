@@ -5,7 +5,9 @@ Two sources describe a node's place, and both arrive as Node labels:
 
 * what the node sees itself: the agent publishes the NVLink clique its GPUs registered
   with (:data:`~gpufleet.domain.well_known.LABEL_NVLINK_CLUSTER` and
-  :data:`~gpufleet.domain.well_known.LABEL_NVLINK_CLIQUE`, from NVML, decision 0093);
+  :data:`~gpufleet.domain.well_known.LABEL_NVLINK_CLIQUE`, from NVML, decision 0093)
+  and the InfiniBand switch its rail 0 is cabled to
+  (:data:`~gpufleet.domain.well_known.LABEL_IB_LEAF`, decision 0249);
 * what an operator or NVIDIA's Topograph writes: leaf switch, spine, block and NVLink
   domain, under keys the SlurmCluster names (:class:`SourceKeys`).
 
@@ -16,7 +18,9 @@ node claiming two NVLink domains, a label that says another domain than the node
 view, a leaf under two spines, an NVLink domain split over two blocks, a value Slurm or
 Kubernetes cannot carry). A contradicted field is left out of the placement, so it is
 written neither to Slurm nor to the scheduler labels: a contradiction is reported,
-never acted on (decision 0228).
+never acted on (decision 0228). The leaf is the exception: where the node sees its own
+leaf switch, that is its leaf, and a label that says another is reported beside it
+(decision 0250).
 
 :func:`scheduler_labels` is the other half of the codec: the per-level Node labels that
 Kubernetes topology-aware schedulers (Kueue TAS, KAI) read (decision 0229).
@@ -44,7 +48,8 @@ class ProblemKind(StrEnum):
     TWO_NVLINK_DOMAINS = "two-nvlink-domains"
     """The node's own view names two NVLink domains (cluster and clique disagree)."""
     LABEL_CONTRADICTS_NODE = "label-contradicts-node"
-    """The operator's or Topograph's NVLink domain label is not what the node's GPUs see."""
+    """The operator's or Topograph's NVLink domain label is not what the node's GPUs see,
+    or its leaf label is not the switch the node's rail 0 is cabled to."""
     LEAF_UNDER_TWO_SPINES = "leaf-under-two-spines"
     """Nodes of one leaf switch name different spines above it."""
     DOMAIN_ACROSS_BLOCKS = "domain-across-blocks"
@@ -60,6 +65,15 @@ class Problem:
     node: str
     kind: ProblemKind
     message: str
+
+
+class LeafSource(StrEnum):
+    """Where a node's leaf switch came from."""
+
+    NODE = "node"
+    """The node's own view: the switch its rail 0 answers from (the agent's label)."""
+    LABEL = "label"
+    """The operator's or Topograph's leaf label (the node says nothing of its own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +115,12 @@ class NodeLabels:
     """The NVLink cluster UUID the node's agent reports."""
     seen_clique: str | None = None
     """``<cluster UUID>.<clique id>`` as the node's agent reports it."""
+    seen_leaf: str | None = None
+    """The GUID of the leaf switch the node's agent sees its rail 0 cabled to."""
+    seen_leaf_name: str | None = None
+    """That switch's name, from its NodeDescription."""
+    leaf_key: str = ""
+    """The key the leaf label was read from (for the problems' messages)."""
     problems: tuple[Problem, ...] = ()
 
 
@@ -113,6 +133,10 @@ class Placement:
     spine: str | None = None
     block: str | None = None
     nvlink_domain: str | None = None
+    leaf_from: LeafSource | None = field(default=None, compare=False)
+    """Where ``leaf`` came from (None: no leaf); for people, not part of the place."""
+    leaf_name: str | None = field(default=None, compare=False)
+    """The leaf switch's own name when the node sees it (``leaf`` is then its GUID)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +210,35 @@ def read_node(name: str, labels: Mapping[str, str], keys: SourceKeys) -> NodeLab
         domain_label=value(keys.nvlink_domain, "NVLink domain"),
         seen_cluster=value(well_known.LABEL_NVLINK_CLUSTER, "NVLink cluster"),
         seen_clique=value(well_known.LABEL_NVLINK_CLIQUE, "NVLink clique"),
+        seen_leaf=value(well_known.LABEL_IB_LEAF, "leaf switch GUID"),
+        seen_leaf_name=value(well_known.LABEL_IB_LEAF_NAME, "leaf switch"),
+        leaf_key=keys.leaf,
         problems=tuple(problems),
+    )
+
+
+def _leaf(node: NodeLabels) -> tuple[str | None, LeafSource | None, list[Problem]]:
+    """The node's leaf: the switch it sees (a label naming another one is reported, not
+    taken), else the label. A label agrees when it names the switch by its GUID (with or
+    without ``0x``, any case) or by the name in its NodeDescription."""
+    seen, said = node.seen_leaf, node.leaf
+    if seen is None:
+        return said, (LeafSource.LABEL if said is not None else None), []
+    same = (seen.lower(), seen.lower().removeprefix("0x"), (node.seen_leaf_name or "").lower())
+    if said is None or said.lower() in same:
+        return seen, LeafSource.NODE, []
+    named = f" ({node.seen_leaf_name})" if node.seen_leaf_name else ""
+    return (
+        seen,
+        LeafSource.NODE,
+        [
+            Problem(
+                node.name,
+                ProblemKind.LABEL_CONTRADICTS_NODE,
+                f"the leaf switch label {node.leaf_key}={said} is not the switch the node's "
+                f"rail 0 is cabled to ({seen}{named}): the node's own view is written",
+            )
+        ],
     )
 
 
@@ -236,13 +288,16 @@ def build(nodes: Iterable[tuple[str, Mapping[str, str]]], keys: SourceKeys) -> F
     placements: dict[str, Placement] = {}
     for r in read:
         domain, found = _nvlink_domain(r)
-        problems += found
+        leaf, leaf_from, lied = _leaf(r)
+        problems += found + lied
         placements[r.name] = Placement(
             node=r.name,
-            leaf=r.leaf,
-            spine=r.spine if r.leaf else None,
+            leaf=leaf,
+            spine=r.spine if leaf else None,
             block=r.block if r.block is not None else domain,
             nvlink_domain=domain,
+            leaf_from=leaf_from,
+            leaf_name=r.seen_leaf_name if leaf_from is LeafSource.NODE else None,
         )
     problems += _split_groups(
         placements,

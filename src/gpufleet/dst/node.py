@@ -85,6 +85,9 @@ class NodeHardware(Hardware):
     def imex_status(self) -> str | None:
         return None
 
+    def ib_neighbour(self, hca: str, port: int) -> tuple[str, str | None]:
+        raise HardwareError("not modelled in the simulation")
+
     def dcgm_diag(self, level: int, timeout_s: float) -> str | None:
         return None
 

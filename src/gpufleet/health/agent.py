@@ -143,6 +143,9 @@ class AgentSettings:
     """While a raised condition waits for the controller to record it (or the Node was
     never read), the Node is read at least this often (the watch of the Node brings
     the controller's watermark sooner; this bounds the wait if the watch is broken)."""
+    ib_rediscover_s: float = 600.0
+    """The InfiniBand leaf switches are asked again this often even when no port, HCA or
+    subnet manager changed (a change asks at once; decision 0249)."""
 
 
 @dataclass
@@ -184,7 +187,9 @@ class Agent:
         self.metrics = metrics
         self.settings = settings or AgentSettings()
         self.clock = clock
-        self.monitors = PassiveMonitors(hw, profile, node=node)
+        self.monitors = PassiveMonitors(
+            hw, profile, node=node, ib_rediscover_s=self.settings.ib_rediscover_s
+        )
         self.telemetry = telemetry
         self._last_telemetry = float("-inf")
         self.subs: dict[Subsystem, _Sub] = {s: _Sub() for s in Subsystem}
@@ -265,8 +270,10 @@ class Agent:
     ) -> tuple[list[conditions.ConditionReport], list[tuple[FaultEvent, Response]]]:
         """Poll once; returns changed conditions and new occurrences with their response."""
         snap = self.monitors.poll(now)
-        if snap.labels is not None and snap.labels != self._labels:
-            self._labels_due = snap.labels
+        if snap.labels is not None:  # a key left out of this poll's labels keeps its value
+            merged = {**(self._labels or {}), **(self._labels_due or {}), **snap.labels}
+            if merged != self._labels:
+                self._labels_due = merged
         self._read_telemetry(now)
         self._add_found(snap, now)
         if self.metrics is not None:
@@ -368,8 +375,8 @@ class Agent:
         await self._publish_labels()
 
     async def _publish_labels(self) -> None:
-        """Write the NVLink clique labels when they changed (a reporter without
-        ``set_labels``, as in unit tests, keeps them in memory only)."""
+        """Write the topology labels (NVLink clique, InfiniBand leaf) when they changed
+        (a reporter without ``set_labels``, as in unit tests, keeps them in memory only)."""
         due, set_labels = self._labels_due, getattr(self.reporter, "set_labels", None)
         if due is None or set_labels is None or self.clock() < self._labels_retry_at:
             return

@@ -156,6 +156,25 @@ class RealHardware(Hardware):
     def kernel_lines(self) -> list[str]:
         return self._kmsg.read()
 
+    def ib_neighbour(self, hca: str, port: int) -> tuple[str, str | None]:
+        """``smpquery`` (infiniband-diags) by directed route ``0,<port>``: two SMPs to
+        the neighbour, each given 2 s by the tool and 10 s in all."""
+        tool = shutil.which("smpquery")
+        if tool is None:
+            raise HardwareError("smpquery is not installed (Debian: infiniband-diags)")
+        out: list[str] = []
+        for op in ("nodeinfo", "nodedesc"):
+            argv = [tool, "-C", hca, "-P", str(port), "-t", "2000", "-D", op, f"0,{port}"]
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            except subprocess.TimeoutExpired as exc:
+                raise HardwareError(f"{' '.join(argv)} did not answer in 10s") from exc
+            if proc.returncode != 0:
+                why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+                raise HardwareError(f"{' '.join(argv)}: {why}")
+            out.append(proc.stdout)
+        return out[0], out[1]
+
     def dcgm_diag(self, level: int, timeout_s: float) -> str | None:
         dcgmi = shutil.which("dcgmi")
         if dcgmi is None:

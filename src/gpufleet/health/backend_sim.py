@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import weakref
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ import numpy as np
 
 from gpufleet.domain import nvlink5, xids
 from gpufleet.domain.faults import FaultKind
-from gpufleet.health import compute, kmsg, sysfs
+from gpufleet.health import compute, ib_neighbours, kmsg, sysfs
 from gpufleet.health.hardware import Hardware, HardwareError
 
 SIM_FABRICS = ("hgx", "nvl72", "none")
@@ -264,11 +265,21 @@ class SimulatedHardware(Hardware):
         fabric: str = "hgx",
         nvlink_cluster: str = "9c6f5af3-53bf-49b5-a436-b66766c413c3",
         clique: int = 1,
+        ib_leaf: str | None = None,
+        ib_leaf_name: str | None = None,
+        rail_optimized: bool = True,
+        hardware_serial: int = 0,
     ) -> None:
         """``fabric``: ``hgx`` (NVSwitch in one node, as HGX H100: registration
         completes, no cluster UUID, no IMEX), ``nvl72`` (a multi-node NVLink
         domain, as GB200 NVL72: ``nvlink_cluster`` and ``clique`` are the GPUs'
-        registration, and the host runs IMEX) or ``none`` (no fabric, as PCIe GPUs)."""
+        registration, and the host runs IMEX) or ``none`` (no fabric, as PCIe GPUs).
+
+        ``ib_leaf``: the node GUID (``0x...``) of the InfiniBand switch rail 0 is cabled
+        to, named ``ib_leaf_name`` in its NodeDescription; the other rails are on the
+        next switches (``rail_optimized``) or on the same one. None: no switch answers
+        (the leaf is unknown). ``hardware_serial`` sets the HCAs' node GUIDs (another
+        serial: replaced hardware)."""
         if fabric not in SIM_FABRICS:
             raise ValueError(f"fabric={fabric!r}: choose one of {', '.join(SIM_FABRICS)}")
         self.node = node
@@ -279,6 +290,11 @@ class SimulatedHardware(Hardware):
         )
         self._clique = clique if fabric == "nvl72" else 0
         self._imex = "READY"
+        self._ib_leaf = ib_leaf
+        self._ib_leaf_name = ib_leaf_name
+        self._rail_optimized = rail_optimized
+        self._hca_guid = 0xFC6A1C0300000000 | (zlib.crc32(node.encode()) & 0xFFFF) << 16
+        self._hca_guid |= (hardware_serial & 0xFF) << 8
         self._lock = threading.Lock()
         self._gpus = [SimGpu(i, GPU_BUSES[i % len(GPU_BUSES)]) for i in range(gpus)]
         self._hcas = [SimHca(f"mlx5_{i}", HCA_BUSES[i % len(HCA_BUSES)]) for i in range(hcas)]
@@ -328,6 +344,28 @@ class SimulatedHardware(Hardware):
     def imex_status(self) -> str | None:
         with self._lock:
             return self._imex if self.fabric == "nvl72" else None
+
+    def ib_neighbour(self, hca: str, port: int) -> tuple[str, str | None]:
+        """The switch of this HCA's rail, in ``smpquery``'s output format; the switch
+        port is the same for every rail and stable per node."""
+        with self._lock:
+            leaf, name = self._ib_leaf, self._ib_leaf_name
+            rail = next((i for i, h in enumerate(self._hcas) if h.name == hca), None)
+        if leaf is None or rail is None:
+            raise HardwareError(f"{hca}/{port}: no answer by directed route 0,{port}")
+        guid = int(leaf, 16) + (rail if self._rail_optimized else 0)
+        desc = name if name is None or rail == 0 or not self._rail_optimized else f"{name}-{rail}"
+        switch_port = zlib.crc32(self.node.encode()) % 32 + 1
+        info = ib_neighbours.render_nodeinfo(f"0x{guid:016x}", switch_port)
+        text = ib_neighbours.render_nodedesc(
+            f"MF0;{desc}:MQM9700/U1" if desc else "Quantum Mellanox Technologies"
+        )
+        return info, text
+
+    def cable_to(self, leaf: str | None, name: str | None = None) -> None:
+        """Move the node to another leaf switch (its rail 0 is cabled there now)."""
+        with self._lock:
+            self._ib_leaf, self._ib_leaf_name = leaf, name
 
     def kernel_lines(self) -> list[str]:
         with self._lock:
@@ -598,7 +636,7 @@ class SimulatedHardware(Hardware):
 
     def _write_sysfs(self) -> None:
         self._publish()
-        for h in self._hcas:
+        for i, h in enumerate(self._hcas):
             port = sysfs.IbPort(
                 hca=h.name,
                 port=1,
@@ -612,6 +650,8 @@ class SimulatedHardware(Hardware):
                     "link_error_recovery": 0,
                     "port_rcv_errors": 0,
                 },
+                node_guid=f"0x{self._hca_guid | i:016x}",
+                sm_lid=1,
             )
             sysfs.write_ib_port(self._dir, port)
             addr = f"0000:{h.bus}:00.0"

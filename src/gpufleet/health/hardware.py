@@ -53,6 +53,16 @@ class Hardware(Protocol):
         """
         ...
 
+    def ib_neighbour(self, hca: str, port: int) -> tuple[str, str | None]:
+        """What the node at the far end of ``hca``/``port`` says of itself: the output of
+        ``smpquery -D nodeinfo 0,<port>`` and of ``nodedesc`` (None: not asked), parsed by
+        :mod:`gpufleet.health.ib_neighbours` (the switch the port is cabled to).
+
+        Raises :class:`HardwareError` when it cannot be asked (no tool, no answer in
+        time, an error): the neighbour is then unknown, never a fault.
+        """
+        ...
+
     def dcgm_diag(self, level: int, timeout_s: float) -> str | None:
         """The JSON output of ``dcgmi diag -r <level> -j``; None when DCGM is absent."""
         ...

@@ -24,7 +24,7 @@ from gpufleet.domain.debounce import Observation
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem
 from gpufleet.domain.profiles import SkuProfile
 from gpufleet.domain.subsystems import AGENT_SUBSYSTEMS
-from gpufleet.health import fabric, kmsg, nvml_values, sysfs
+from gpufleet.health import fabric, ib_neighbours, kmsg, nvml_values, sysfs
 from gpufleet.health.hardware import Hardware, HardwareError, NoGpuFound
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ class Snapshot:
     errors: dict[str, str] = field(default_factory=dict)
     """Source → why it could not be read."""
     labels: dict[str, str | None] | None = None
-    """NVLink topology labels for the Node (None: leave them as they are)."""
+    """Topology labels for the Node, NVLink's and the InfiniBand leaf's (None: leave them
+    as they are; a key left out is left as it is)."""
 
     def faults(self) -> list[FaultEvent]:
         """Every fault of this poll (state and instant)."""
@@ -174,10 +175,19 @@ def unreadable_values(
 class PassiveMonitors:
     """The passive monitors of one node."""
 
-    def __init__(self, hardware: Hardware, profile: SkuProfile, *, node: str) -> None:
+    def __init__(
+        self,
+        hardware: Hardware,
+        profile: SkuProfile,
+        *,
+        node: str,
+        ib_rediscover_s: float = ib_neighbours.REDISCOVER_S,
+    ) -> None:
         self.hw = hardware
         self.profile = profile
         self.node = node
+        self.leaves = ib_neighbours.LeafDiscovery(hardware.ib_neighbour, ib_rediscover_s)
+        """Which leaf switch each rail is cabled to (decision 0249)."""
         self._counters: dict[tuple[str, int], dict[str, int]] = {}
         self._bus_to_gpu: dict[str, int] = {}
 
@@ -263,6 +273,7 @@ class PassiveMonitors:
             blind = [f"{p.hca}/{p.port}" for p in ports if p.state is None]
             if blind:
                 unreadable[Subsystem.INFINIBAND] = "state unreadable: " + ", ".join(blind[:8])
+        self._leaf(ports, now, snap)
 
         for s, (state, instant) in obs.items():
             why = unreadable.get(s, "")
@@ -298,6 +309,18 @@ class PassiveMonitors:
                 unreadable[Subsystem.FABRIC] = f"IMEX: {exc}"
         put(fabric.faults(gpus, node=self.node, now=now, imex=imex))
         snap.labels = fabric.topology_labels(gpus)
+
+    def _leaf(self, ports: list[sysfs.IbPort] | None, now: float, snap: Snapshot) -> None:
+        """The leaf switch labels, beside the NVLink ones (an unknown leaf: unchanged)."""
+        before = self.leaves.view
+        labels = self.leaves.labels(ports, now)
+        view = self.leaves.view
+        if view is not None and (before is None or view.describe() != before.describe()):
+            log.info("node=%s InfiniBand rails: %s", self.node, view.describe() or "none")
+            for where, why in sorted(self.leaves.errors.items()):
+                log.info("node=%s %s: neighbour unknown: %s", self.node, where, why)
+        if labels is not None:
+            snap.labels = {**(snap.labels or {}), **labels}
 
     def _hca_pcie(
         self, ports: list[sysfs.IbPort], now: float, unreadable: dict[Subsystem, str]

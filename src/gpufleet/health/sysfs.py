@@ -13,6 +13,8 @@ Formats (``drivers/infiniband/core/sysfs.c``, ``drivers/pci/pci-sysfs.c``)::
     /sys/class/infiniband/mlx5_0/ports/1/link_layer     InfiniBand
     /sys/class/infiniband/mlx5_0/ports/1/counters/link_downed     3
     /sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error    0
+    /sys/class/infiniband/mlx5_0/ports/1/sm_lid         0x1
+    /sys/class/infiniband/mlx5_0/node_guid              fc6a:1c03:00e7:a941
     /sys/bus/pci/devices/0000:3b:00.0/current_link_speed  32.0 GT/s PCIe   (older: 8 GT/s)
     /sys/bus/pci/devices/0000:3b:00.0/current_link_width  16
 """
@@ -62,6 +64,22 @@ def parse_counter(text: str | None) -> int | None:
     return int(text)
 
 
+def parse_guid(text: str | None) -> str | None:
+    """``fc6a:1c03:00e7:a941`` -> ``0xfc6a1c0300e7a941``; None for garbage."""
+    digits = (text or "").replace(":", "")
+    if len(digits) != 16 or not all(c in "0123456789abcdefABCDEF" for c in digits):
+        return None
+    return "0x" + digits.lower()
+
+
+def parse_lid(text: str | None) -> int | None:
+    """``0x1`` -> 1; None for garbage."""
+    try:
+        return int(text or "", 16)
+    except ValueError:
+        return None
+
+
 def parse_speed(text: str | None) -> float | None:
     """``32.0 GT/s PCIe`` / ``8 GT/s`` → GT/s as float; ``Unknown`` → None."""
     if text is None:
@@ -82,6 +100,10 @@ class IbPort:
     link_layer: str | None
     counters: dict[str, int | None] = field(default_factory=dict)
     pci_address: str | None = None
+    node_guid: str | None = None
+    """The HCA's node GUID, ``0x`` and 16 hex digits (new hardware: a new GUID)."""
+    sm_lid: int | None = None
+    """The LID of the subnet manager the port reports to (0: none)."""
 
 
 def read_ib_ports(root: Path) -> list[IbPort] | None:
@@ -96,6 +118,7 @@ def read_ib_ports(root: Path) -> list[IbPort] | None:
             pci = (hca / "device").resolve(strict=True).name
         except OSError:
             pci = None
+        node_guid = parse_guid(_read(hca / "node_guid"))
         port_dir = hca / "ports"
         if not port_dir.is_dir():
             continue
@@ -113,6 +136,8 @@ def read_ib_ports(root: Path) -> list[IbPort] | None:
                     link_layer=_read(pdir / "link_layer"),
                     counters=counters,
                     pci_address=pci if pci and ":" in pci else None,
+                    node_guid=node_guid,
+                    sm_lid=parse_lid(_read(pdir / "sm_lid")),
                 )
             )
     return ports
@@ -167,6 +192,13 @@ def write_ib_port(root: Path, port: IbPort, *, rate_text: str | None = None) -> 
         text = rate_text or f"{port.rate_gbps:g} Gb/sec (4X {_gen(port.rate_gbps)})"
         (pdir / "rate").write_text(text + "\n")
     (pdir / "link_layer").write_text((port.link_layer or "InfiniBand") + "\n")
+    if port.sm_lid is not None:
+        (pdir / "sm_lid").write_text(f"0x{port.sm_lid:x}\n")
+    if port.node_guid is not None:
+        g = port.node_guid.removeprefix("0x")
+        (root / IB_CLASS / port.hca / "node_guid").write_text(
+            ":".join(g[i : i + 4] for i in range(0, 16, 4)) + "\n"
+        )
     for name, value in port.counters.items():
         if value is not None:
             (pdir / "counters" / name).write_text(f"{value}\n")
