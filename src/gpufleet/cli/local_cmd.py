@@ -145,6 +145,22 @@ def up(
         help="With --slurm-backup: SlurmctldTimeout, the seconds the backup waits for an "
         "unanswered primary before it takes over.",
     ),
+    nvl72_domains: int = typer.Option(
+        0,
+        "--nvl72-domains",
+        min=0,
+        max=64,
+        help="Simulated GB200 NVL72 NVLink domains: the first KWOK nodes are their trays, "
+        "labelled with the NVLink clique the agent publishes and Topograph's domain label "
+        "(more nodes are started if --nodes is short; docs/local-cluster.md).",
+    ),
+    trays_per_domain: int = typer.Option(
+        4,
+        "--trays-per-domain",
+        min=1,
+        max=18,
+        help="With --nvl72-domains: the trays of each domain (a real NVL72 has 18).",
+    ),
     no_bmcs: bool = typer.Option(False, "--no-bmcs", help="Do not start the Redfish BMCs."),
     machines: int = typer.Option(
         0,
@@ -223,6 +239,10 @@ def up(
 
         gpufleet local up --nodes 2 --slurm 24.11 --slurm-backup --slurmctld-timeout 5
 
+    With two simulated NVL72 NVLink domains of four trays each (eight KWOK nodes):
+
+        gpufleet local up --nvl72-domains 2 --trays-per-domain 4
+
     With one real machine (a qemu VM, powered on through its BMC; it joins within
     a few minutes, its console is logs/machine-vm-node-0000.console.log):
 
@@ -240,7 +260,7 @@ def up(
     from gpufleet.local.processes import ComponentError, terminate_on_signals
 
     spec = local_cluster.ClusterSpec(
-        nodes=nodes,
+        nodes=max(nodes, nvl72_domains * trays_per_domain),
         gpus_per_node=gpus_per_node,
         run_dir=local_run_dir(name, run_dir),
         slurm=not no_slurm,
@@ -248,6 +268,8 @@ def up(
         slurm_accounting=slurm_accounting,
         slurm_backup=slurm_backup,
         slurmctld_timeout_s=slurmctld_timeout,
+        nvl72_domains=nvl72_domains,
+        trays_per_domain=trays_per_domain,
         redfish=not no_bmcs,
         machines=machines,
         machine_memory_mib=machine_memory,

@@ -97,11 +97,36 @@ def topology(
         ),
         keys,
     )
-    emit(output, as_data(fabric), lambda wide: _tree(fabric) if tree else _table(fabric, wide))
+    held = _held(nodes)
+    emit(
+        output,
+        as_data(fabric, held),
+        lambda wide: _tree(fabric) if tree else _table(fabric, wide, held),
+    )
 
 
-def as_data(fabric: FabricTopology) -> dict[str, Any]:
-    """What ``-o json|yaml`` prints."""
+def _held(nodes: list[dict[str, Any]]) -> set[str]:
+    """The Nodes the controller holds with their faulty NVLink domain (their record's
+    incident is the domain's: docs/decisions/0240); shown, never trusted for a decision."""
+    from gpufleet.domain import domain_faults, well_known
+    from gpufleet.domain.records import record_from_json
+
+    out: set[str] = set()
+    for n in nodes:
+        meta = n.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(well_known.ANNOTATION_RECORD)
+        try:
+            record = record_from_json(str(text)) if text else None
+        except ValueError:
+            continue
+        if record is not None and domain_faults.held(record.incident):
+            out.add(str(meta.get("name", "")))
+    return out
+
+
+def as_data(fabric: FabricTopology, held: set[str] | None = None) -> dict[str, Any]:
+    """What ``-o json|yaml`` prints (``held``: the nodes held with their NVLink domain)."""
+    held = held or set()
     return {
         "nodes": [
             {
@@ -112,6 +137,7 @@ def as_data(fabric: FabricTopology) -> dict[str, Any]:
                 "leafName": p.leaf_name,
                 "block": p.block,
                 "nvlinkDomain": p.nvlink_domain,
+                "heldWithDomain": p.node in held,
             }
             for p in fabric.placements
         ],
@@ -124,7 +150,8 @@ def as_data(fabric: FabricTopology) -> dict[str, Any]:
     }
 
 
-def _table(fabric: FabricTopology, wide: bool) -> RenderableType:
+def _table(fabric: FabricTopology, wide: bool, held: set[str] | None = None) -> RenderableType:
+    held = held or set()
     rows = [
         [
             p.node,
@@ -132,7 +159,7 @@ def _table(fabric: FabricTopology, wide: bool) -> RenderableType:
             p.leaf or "-",
             _leaf_from(p),
             p.block or "-",
-            p.nvlink_domain or "-",
+            (p.nvlink_domain or "-") + (" (held: faulty)" if p.node in held else ""),
             "; ".join(x.message for x in fabric.problems_of(p.node)) or "-",
         ]
         for p in fabric.placements

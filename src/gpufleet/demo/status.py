@@ -35,6 +35,9 @@ class FleetStatus:
     """(partition, avail, node counts: allocated/idle/other/total)."""
     breakers: list[tuple[str, bool, int, int]] = field(default_factory=list)
     """(FleetPolicy, open, faulting nodes, nodes whose fault the rails withheld)."""
+    domains: list[tuple[str, bool, int, int, str]] = field(default_factory=list)
+    """NVLink domains judged faulty or held (``status.domainFaults``, decision 0240):
+    (domain, faulty now, trays held, trays, why)."""
 
 
 def _ago(stamp: str | None, now: float) -> str:
@@ -166,6 +169,10 @@ def summarize(
         st.breakers.append(
             (item["metadata"]["name"], bool(b.get("open")), int(b.get("faultingNodes", 0)), waiting)
         )
+        for domain, d in sorted((status.get("domainFaults") or {}).items()):
+            if isinstance(d, dict):
+                row = (domain, bool(d.get("faulty")), int(d.get("held") or 0))
+                st.domains.append((*row, int(d.get("size") or 0), str(d.get("reason") or "")))
     for item in slurm_clusters or []:
         st.partitions.append(_slurm_cluster_row(item))
     return st
@@ -212,6 +219,10 @@ def to_data(st: FleetStatus) -> dict[str, object]:
             {"fleetPolicy": n, "open": is_open, "faultingNodes": f, "faultsWaiting": w}
             for n, is_open, f, w in st.breakers
         ],
+        "nvlinkDomainsHeld": [
+            {"domain": d, "faulty": faulty, "held": held, "size": size, "why": why}
+            for d, faulty, held, size, why in st.domains
+        ],
     }
 
 
@@ -242,6 +253,10 @@ def render(st: FleetStatus, *, wide: bool = False) -> Group:
             str(faulting),
             f"[yellow]{waiting}[/yellow]" if waiting else "0",
         )
+    doms = Table("NVLINK DOMAIN", "FAULTY", "TRAYS HELD", "WHY", box=None)
+    for domain, faulty, held, size, why in st.domains:
+        flag = "[red]yes[/red]" if faulty else "no (repaired: verifying)"
+        doms.add_row(Text(domain), flag, f"{held} of {size}", Text(_cut(why, cut)))
     return Group(
         Panel(states, title="fleet by state", title_align="left"),
         Panel(out if st.out else "none", title="nodes out", title_align="left"),
@@ -253,6 +268,11 @@ def render(st: FleetStatus, *, wide: bool = False) -> Group:
         *(
             [Panel(foreign, title="NodeRemediations not ours (ignored)", title_align="left")]
             if st.not_ours
+            else []
+        ),
+        *(
+            [Panel(doms, title="NVLink domains held as one", title_align="left")]
+            if st.domains
             else []
         ),
         Panel(parts if st.partitions else "no Slurm", title="Slurm", title_align="left"),

@@ -85,6 +85,12 @@ class ClusterSpec:
     name and loopback address (:data:`gpufleet.local.slurm.CONTROLLERS`)."""
     slurmctld_timeout_s: int = 10
     """SlurmctldTimeout: how long a backup waits for an unanswered primary."""
+    nvl72_domains: int = 0
+    """Simulated GB200 NVL72 NVLink domains: the first ``nvl72_domains * trays_per_domain``
+    KWOK nodes are their trays, labelled as the agent labels a tray from its GPUs' fabric
+    registration and as Topograph does (:func:`gpufleet.local.kube.nvl72_labels`)."""
+    trays_per_domain: int = 4
+    """Trays of each simulated NVLink domain."""
     slurm_accounting: bool = False
     """Slurm accounting: a private MariaDB (:mod:`gpufleet.local.accounting`). With Slurm
     (24.11 only) also slurmdbd, slurmctld sending it every job; ``sacct`` reads them back.
@@ -764,6 +770,8 @@ class LocalCluster:
                     cpus=self.spec.cpus_per_node,
                     memory_gib=self.spec.memory_gib,
                     kubelet_version=kube.server_version(api),
+                    nvl72_domains=self.spec.nvl72_domains,
+                    trays_per_domain=self.spec.trays_per_domain,
                 ),
             )
             kube.wait_nodes_ready(api, kwok, names, timeout)

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import yaml
 
+from gpufleet.domain import well_known
 from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local import pki as pki_mod
 from gpufleet.local import vm
@@ -59,6 +60,32 @@ class NodeShape:
     leaves_per_spine: int = 4
     kubelet_version: str = "v0.0.0-kwok"
     """Reported as the node's kubelet version; set to the control plane's version."""
+    nvl72_domains: int = 0
+    """The first ``nvl72_domains * trays_per_domain`` nodes are trays of simulated GB200
+    NVL72 NVLink domains (:func:`nvl72_labels`); 0: none."""
+    trays_per_domain: int = 4
+    """Trays of each simulated NVLink domain (a real NVL72 has 18)."""
+
+
+NVL72_UUID = "0b72c000-0000-4000-8000-{:012x}"
+"""The simulated NVLink domains' cluster UUIDs (domain ``d``: ``d + 1``)."""
+TOPOGRAPH_ACCELERATOR = "network.topology.nvidia.com/accelerator"
+"""The label Topograph names a node's NVLink domain with (the per-domain budget's default)."""
+
+
+def nvl72_labels(index: int, shape: NodeShape) -> dict[str, str]:
+    """The labels of the ``index``-th node as a tray of a simulated NVL72 ({} for a node past
+    the trays): what the agent publishes from its GPUs' fabric registration (the cluster
+    UUID, the clique ``<uuid>.<clique id>``, decision 0093; health.fabric) and Topograph's
+    label naming the same domain, so every reader places the tray in one NVLink domain."""
+    if index >= shape.nvl72_domains * shape.trays_per_domain:
+        return {}
+    uuid = NVL72_UUID.format(index // shape.trays_per_domain + 1)
+    return {
+        well_known.LABEL_NVLINK_CLUSTER: uuid,
+        well_known.LABEL_NVLINK_CLIQUE: f"{uuid}.1",
+        TOPOGRAPH_ACCELERATOR: uuid,
+    }
 
 
 def node_manifest(name: str, index: int, shape: NodeShape) -> dict[str, Any]:
@@ -98,6 +125,7 @@ def node_manifest(name: str, index: int, shape: NodeShape) -> dict[str, Any]:
                 "network.topology.kubernetes.io/spine": f"ib-spine-{spine:02d}",
                 "network.topology.kubernetes.io/block": f"ib-leaf-{leaf:03d}",
                 "feature.node.kubernetes.io/rdma.available": "true",
+                **nvl72_labels(index, shape),
             },
         },
         # Registered not ready, as a kubelet registers (else the node controller adds the

@@ -106,6 +106,16 @@ def test_local_up_hands_its_machine_options_to_the_cluster(
     (spec,) = seen
     assert spec.slurm and spec.slurm_version == "24.11"
     assert spec.slurm_backup and spec.slurmctld_timeout_s == 5
+    seen.clear()
+    result = CliRunner().invoke(
+        app,
+        ["local", "up", "--run-dir", str(tmp_path), "--nvl72-domains", "2",
+         "--trays-per-domain", "4"],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    (spec,) = seen
+    assert spec.nvl72_domains == 2 and spec.trays_per_domain == 4
+    assert spec.nodes == 8  # raised from the default 4 to hold every tray
 
 
 def test_the_host_node_and_where_its_logs_are_are_printed(

@@ -48,3 +48,32 @@ def test_the_label_defaults_are_the_slurmclusters() -> None:
         "spine": spec.spine_label,
         "nvlink": spec.nvlink_domain_label,
     } == topology_cmd._DEFAULTS
+
+
+def test_a_tray_held_with_its_faulty_domain_is_marked(tmp_path: Path) -> None:
+    """The controller's hold of a faulty NVLink domain (decision 0240) shows per tray."""
+    from dataclasses import replace
+
+    import yaml
+
+    from gpufleet.domain import domain_faults, well_known
+    from gpufleet.domain.records import Incident, NodeRecord, record_to_json
+    from gpufleet.domain.states import NodeState
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    nodes = doc["items"] if isinstance(doc, dict) else doc
+    first = nodes[0]
+    held = Incident(domain_faults.KEY, "NVLink domain x faulty: switch", 1.0, None)
+    record = replace(NodeRecord.new(first["metadata"]["name"], at=0.0, state=NodeState.DRAINING),
+                     incident=held)  # fmt: skip
+    first["metadata"].setdefault("annotations", {})[well_known.ANNOTATION_RECORD] = record_to_json(
+        record
+    )
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    r = runner.invoke(app, ["topology", "-f", str(path), "-o", "json"])
+    assert r.exit_code == 0, r.output
+    marks = {n["name"]: n["heldWithDomain"] for n in json.loads(r.stdout)["nodes"]}
+    assert marks[first["metadata"]["name"]] and sum(marks.values()) == 1
+    table = runner.invoke(app, ["topology", "-f", str(path), "-o", "wide"])
+    assert "(held: faulty)" in table.stdout
