@@ -45,6 +45,14 @@ POD_SUBNET = "10.128.0.0/9"
 only in a cluster machines join), room for 32,768 nodes; apart from the service range,
 qemu's 10.0.2.0/24 and KWOK's fake pod addresses (10.0.0.0/16)."""
 NODE_POD_MASK = 24
+DRA_FEATURE_GATES = "--feature-gates=DRADeviceTaintRules=true"
+"""DRA device taints (decision 0237): on Kubernetes 1.36 ``DRADeviceTaints`` (taints in
+ResourceSlices, the scheduler's check, the controller-manager's eviction) is beta and on,
+but ``DRADeviceTaintRules`` (the DeviceTaintRule API a quarantine is written with) is beta
+and off. The apiserver, the scheduler and the controller-manager each need it."""
+DRA_RUNTIME_CONFIG = "--runtime-config=resource.k8s.io/v1beta2/devicetaintrules=true"
+"""DeviceTaintRule is served as ``resource.k8s.io/v1beta2`` only, off by default; only that
+resource of the group version is turned on (the rest of DRA is served as v1)."""
 
 
 @dataclass(frozen=True)
@@ -327,6 +335,8 @@ def apiserver(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
             "--max-requests-inflight=0",
             "--max-mutating-requests-inflight=0",
             "--profiling=false",
+            DRA_FEATURE_GATES,
+            DRA_RUNTIME_CONFIG,
             *_joinable_apiserver_flags(layout),
         ],
         layout.log("kube-apiserver"),
@@ -348,7 +358,11 @@ def _delegated_auth(layout: KubeLayout, port: int, component: str) -> list[str]:
 def scheduler(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
     return ManagedProcess(
         "kube-scheduler",
-        [bins.kube_scheduler, *_delegated_auth(layout, layout.scheduler_port, "kube-scheduler")],
+        [
+            bins.kube_scheduler,
+            *_delegated_auth(layout, layout.scheduler_port, "kube-scheduler"),
+            DRA_FEATURE_GATES,
+        ],
         layout.log("kube-scheduler"),
     )
 
@@ -386,6 +400,7 @@ def controller_manager(layout: KubeLayout, bins: Binaries) -> ManagedProcess:
             f"--service-account-private-key-file={layout.sa_key}",
             f"--root-ca-file={layout.ca_file}",
             "--use-service-account-credentials=false",
+            DRA_FEATURE_GATES,
             *signing,
             *_node_monitor_flags(layout),
             # No cloud; the token cleaner deletes expired bootstrap tokens (off by default).
