@@ -83,6 +83,20 @@ class MaintenancePlanSpec(BaseModel):
     max_per_domain: int = Field(
         default=1, ge=1, alias="maxPerDomain", description="Nodes of one failure domain per batch"
     )
+    scope: maintenance.Scope = Field(
+        default=maintenance.Scope.NODE,
+        description="node: nodes in batches (maxUnavailable, maxPerDomain); nvlinkDomain: whole "
+        "NVLink domains (switch firmware, NVSwitch tray service): every tray of a domain "
+        "drained together, the command run on each only once all are empty, all returned "
+        "together; the domain's own disruption budget is exceeded for it (the pool's, the "
+        "fleet's and the group's still hold); action command or noop",
+    )
+    max_domains: int = Field(
+        default=1,
+        ge=1,
+        alias="maxDomains",
+        description="For scope nvlinkDomain: whole NVLink domains out at once (one batch)",
+    )
     max_failures: int = Field(
         default=1,
         ge=1,
@@ -161,6 +175,14 @@ class MaintenancePlanSpec(BaseModel):
             raise ValueError("action command needs spec.command (the maintenance command's name)")
         if self.action is not maintenance.Action.COMMAND and self.command:
             raise ValueError(f"spec.command is for action command, not {self.action}")
+        if (
+            self.scope is maintenance.Scope.NVLINK_DOMAIN
+            and self.action not in maintenance.DOMAIN_ACTIONS
+        ):
+            raise ValueError(
+                f"scope nvlinkDomain runs action command or noop, not {self.action} (a reboot "
+                "or reimage of trays needs no empty domain: use scope node)"
+            )
         return self
 
     def rollout(self) -> maintenance.Rollout:
@@ -171,6 +193,8 @@ class MaintenancePlanSpec(BaseModel):
             paused=self.paused,
             aborted=self.abort,
             start_at=self.start_at.timestamp() if self.start_at is not None else None,
+            scope=self.scope,
+            max_domains=self.max_domains,
         )
 
 
@@ -193,7 +217,8 @@ _NODE_STATUS: Json = {
         },
         "domain": {
             "type": "string",
-            "description": "Its failure domain (the value of spec.failureDomainLabel).",
+            "description": "Its failure domain (the value of spec.failureDomainLabel); for "
+            "scope nvlinkDomain, its NVLink domain.",
         },
         "startedAt": {
             "type": "number",
@@ -255,6 +280,7 @@ def crd_manifest() -> Json:
             column("Action", "string", ".spec.action"),
             column("Image", "string", ".spec.image"),
             column("Command", "string", ".spec.command"),
+            {**column("Scope", "string", ".spec.scope"), "priority": 1},
             column("Phase", "string", ".status.phase"),
             column("Progress", "string", ".status.progress"),
             column("Start", "string", ".spec.startAt"),

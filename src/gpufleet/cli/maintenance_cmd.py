@@ -22,7 +22,13 @@ from gpufleet.cli.errors import EXIT_NO_ANSWER, fail
 from gpufleet.cli.options import KubeconfigOpt, kubeconfig_arg
 from gpufleet.cli.output import Column, Format, OutputOpt, emit, show, structured, table
 from gpufleet.domain import well_known
-from gpufleet.domain.modes import DEFAULT_COMMAND_TIMEOUT_S, Action, DrainMode, RequeueMode
+from gpufleet.domain.modes import (
+    DEFAULT_COMMAND_TIMEOUT_S,
+    Action,
+    DrainMode,
+    RequeueMode,
+    Scope,
+)
 from gpufleet.kubeapi import Conflict, NotFound, custom
 
 # The client (kr8s) and the plan's model are imported by the commands that send or read
@@ -276,6 +282,18 @@ def create(
     max_per_domain: Annotated[
         int, typer.Option("--max-per-domain", help="Nodes of one failure domain per batch.")
     ] = 1,
+    scope: Annotated[
+        Scope,
+        typer.Option(
+            "--scope",
+            help="node (batches of nodes) or nvlinkDomain (whole NVLink domains: every tray "
+            "drained, the command run once all are empty, all returned together).",
+        ),
+    ] = Scope.NODE,
+    max_domains: Annotated[
+        int,
+        typer.Option("--max-domains", help="With --scope nvlinkDomain: whole domains at once."),
+    ] = 1,
     max_failures: Annotated[
         int, typer.Option("--max-failures", help="Stop once this many nodes failed.")
     ] = 1,
@@ -321,6 +339,11 @@ def create(
 
         gpufleet maintenance create hca-fw-28.39 --action command --command flash-hca-fw \\
             --command-timeout 1800 --max-unavailable 4
+
+    NVSwitch firmware, one whole NVLink domain at a time (every tray drained first):
+
+        gpufleet maintenance create nvswitch-fw --action command --command nvswitch-fw \\
+            --scope nvlinkDomain -l example.com/rack-kind=gb200-nvl72
     """
     import asyncio
 
@@ -339,6 +362,8 @@ def create(
             max_unavailable=max_unavailable,
             failure_domain_label=failure_domain_label,
             max_per_domain=max_per_domain,
+            scope=scope,
+            max_domains=max_domains,
             max_failures=max_failures,
             requeue=requeue,
             drain_mode=drain_mode,

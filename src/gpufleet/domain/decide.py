@@ -191,10 +191,12 @@ def _enters_service_hold(plan: _Plan) -> bool:
 def _budget_short(ctx: _Ctx, plan: _Plan) -> str | None:
     """None when every budget that covers the node allows one more out; otherwise why not
     (the NVLink domain's budget is named with its domain; it does not hold a tray taken
-    out with its faulty domain, which is out of work either way)."""
+    out with its faulty domain, which is out of work either way, nor a tray of a
+    domain-scope plan's domain: the plan empties the domain on purpose, decision 0244)."""
     per_domain = ctx.policy.domain_budget
     name = ctx.record.nvlink_domain
-    if per_domain is not None and name and not plan.domain_scale:
+    exempt = plan.domain_scale or _domain_consented(plan, name)
+    if per_domain is not None and name and not exempt:
         me = 1 if ctx.record.state in OUT_OF_SERVICE else 0
         out = ctx.fleet.domain(name).out_of_service - me
         if not per_domain.allows(out):
@@ -203,6 +205,15 @@ def _budget_short(ctx: _Ctx, plan: _Plan) -> str | None:
                 f"({out} of at most {per_domain.max_nodes} out)"
             )
     return None if _budget_ok(ctx) else _HOLD_TEXT[Hold.BUDGET_EXHAUSTED]
+
+
+def _domain_consented(plan: _Plan, domain: str) -> bool:
+    """Whether the node goes out for a domain-scope plan of its own NVLink domain: the
+    plan's explicit scope is the operator's consent to exceed that domain's budget, for
+    that domain and that incident only (the pool's, the fleet's and the group's still
+    hold, and the breaker)."""
+    inc = plan.applied.incident
+    return inc is not None and inc.whole_domain == domain
 
 
 def _budget_ok(ctx: _Ctx) -> bool:
@@ -1094,6 +1105,7 @@ def _on_maintenance(ctx: _Ctx, event: ev.MaintenanceRequested) -> _Plan:
             plan=event.step,  # a plan's reboot or reimage runs as the incident's one rung
             drain_mode=event.drain_mode or ctx.policy.drain.mode,
             command_timeout_s=event.command_timeout_s,
+            whole_domain=event.whole_domain,
         )
         if event.requeue is not None:
             inc = replace(inc, requeue=event.requeue)
@@ -1128,6 +1140,37 @@ def _on_maintenance(ctx: _Ctx, event: ev.MaintenanceRequested) -> _Plan:
             transition=t,
         )
     return _noop(ctx, operator.refusal(r, event) or f"maintenance request ignored in {r.state}")
+
+
+def _on_domain_emptied(ctx: _Ctx, event: ev.DomainEmptied) -> _Plan:
+    """A domain-scope plan's command, once every tray of the domain is empty: the incident
+    names the command from now on (the agent is asked through the gate, which reads again
+    that this node carries no work), with the time it was asked. Only for the plan's own
+    incident, in ``maintenance``, once."""
+    r = ctx.record
+    inc = r.incident
+    if r.state is not S.MAINTENANCE or inc is None or inc.key != event.key:
+        return _noop(ctx, f"domain emptied ignored in {r.state}")
+    if not inc.whole_domain or inc.acting_since is not None:
+        return _noop(ctx, "domain emptied ignored: not a domain-scope plan's, or acted on")
+    acting = replace(
+        inc,
+        description=event.reason,
+        command_timeout_s=event.command_timeout_s,
+        acting_since=ctx.now,
+    )
+    rec = replace(r, incident=acting)
+    command = maintenance.command_of(rec)
+    if command is None:
+        return _noop(ctx, f"domain emptied ignored: no command in {event.reason!r}")
+    action = Action(ActionKind.RUN_COMMAND, detail=command, timeout_seconds=event.command_timeout_s)
+    return _Plan(
+        applied=rec,
+        held=r,
+        actions=(action,),
+        reasons=(f"every tray of NVLink domain {inc.whole_domain} is empty: {event.reason}",),
+        acts_on_node=True,
+    )
 
 
 def _verify_again(trigger: Trigger) -> Callable[[_Ctx, Any], _Plan]:
@@ -1376,6 +1419,7 @@ _HANDLERS: dict[type, Callable[[_Ctx, Any], _Plan]] = {
         lambda c: (Action(ActionKind.NOTIFY, detail="inventory mismatch"),),
     ),
     ev.MaintenanceRequested: _on_maintenance,
+    ev.DomainEmptied: _on_domain_emptied,
     ev.MaintenanceCompleted: _verify_again(Trigger.MAINTENANCE_COMPLETED),
     ev.MaintenanceFailed: _simple(
         frozenset({S.MAINTENANCE}),

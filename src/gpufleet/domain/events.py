@@ -97,6 +97,20 @@ class MaintenanceRequested:
     drain_mode: DrainMode | None = None
     command_timeout_s: float | None = None
     """For a plan's command (named in ``reason``): how long the agent lets it run."""
+    whole_domain: str = ""
+    """A domain-scope plan's request: the NVLink domain emptied as one (its budget does not
+    hold this node; docs/decisions/0244)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DomainEmptied:
+    """Every tray of the node's NVLink domain waits empty in ``maintenance`` for a
+    domain-scope plan: run the plan's command (named in ``reason``) now."""
+
+    reason: str
+    key: str
+    """The plan's incident key: a node in another incident ignores it."""
+    command_timeout_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +219,7 @@ Event = (
     | Registered
     | InventoryMismatch
     | MaintenanceRequested
+    | DomainEmptied
     | MaintenanceCompleted
     | MaintenanceFailed
     | OperatorReturn

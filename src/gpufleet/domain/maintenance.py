@@ -33,6 +33,7 @@ from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.modes import DEFAULT_COMMAND_TIMEOUT_S as DEFAULT_COMMAND_TIMEOUT_S
 from gpufleet.domain.modes import Action as Action
+from gpufleet.domain.modes import Scope as Scope
 from gpufleet.domain.policy import Budget, DrainMode, RequeueMode
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState, Trigger
@@ -64,6 +65,12 @@ RUN_PREFIX = "run "
 COMMAND_ANSWER_GRACE_S = 120.0
 """How long past the command's own timeout the controller waits for the agent's answer
 before it counts the command as failed (the agent may be restarting)."""
+
+
+DOMAIN_ACTIONS = frozenset({Action.COMMAND, Action.NOOP})
+"""The actions a domain-scope plan runs: a command on every tray once all are empty, or
+none (drain the domain, verify, return). A reboot or reimage of trays needs no empty
+domain: a node-scope plan runs it."""
 
 
 class NodePhase(StrEnum):
@@ -116,6 +123,9 @@ class Rollout:
     aborted: bool = False
     start_at: float | None = None
     """No node starts before this time (seconds since the epoch): a maintenance window."""
+    scope: Scope = Scope.NODE
+    max_domains: int = 1
+    """For scope nvlinkDomain: whole domains out at once (a batch)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +186,11 @@ class Batch:
 
     start: tuple[str, ...]
     why: str
+    blocked: str = ""
+    """Why the plan can never go on as the budgets stand (a whole NVLink domain more than
+    a budget ever allows out at once); "" when it can."""
+    domains: Mapping[str, str] = field(default_factory=dict)
+    """For scope nvlinkDomain: each started node's NVLink domain."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,9 +205,21 @@ def incident_key(plan: str) -> str:
     return KEY_PREFIX + plan
 
 
-def reason(plan: str, action: Action, image: str | None, command: str | None = None) -> str:
+def reason(
+    plan: str,
+    action: Action,
+    image: str | None,
+    command: str | None = None,
+    *,
+    whole_domain: str = "",
+) -> str:
     """The text of the plan's request (and of the node's transition to draining; for a
-    command plan, the incident's description names the command: :func:`command_of`)."""
+    command plan, the incident's description names the command: :func:`command_of`).
+    A domain-scope plan's request names the domain and no command: the command is asked
+    for only once every tray is empty (:func:`domain_moves`)."""
+    if whole_domain:
+        then = f" for {RUN_PREFIX}{command}" if action is Action.COMMAND and command else ""
+        return f"{REASON_PREFIX}{plan}: empty NVLink domain {whole_domain}{then}"
     if action is Action.REIMAGE and image:
         what = f"reimage to {image}"
     elif action is Action.COMMAND:
@@ -213,15 +240,21 @@ def request(
     command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
     requeue: RequeueMode = RequeueMode.LET_FINISH,
     drain_mode: DrainMode = DrainMode.EVICT,
+    whole_domain: str = "",
 ) -> ev.MaintenanceRequested:
-    """The event that takes one node of the plan out (decided like any other)."""
+    """The event that takes one node of the plan out (decided like any other); with
+    ``whole_domain``, one tray of a domain-scope plan: drained and held in
+    ``maintenance``, nothing run yet."""
+    if whole_domain and action not in DOMAIN_ACTIONS:
+        raise ValueError(f"a domain-scope plan runs a command or noop, not {action}")
     return ev.MaintenanceRequested(
-        reason(plan, action, image, command),
+        reason(plan, action, image, command, whole_domain=whole_domain),
         step=STEP_OF[action],
         key=incident_key(plan),
         requeue=requeue,
         drain_mode=drain_mode,
         command_timeout_s=command_timeout_s if action is Action.COMMAND else None,
+        whole_domain=whole_domain,
     )
 
 
@@ -263,11 +296,16 @@ def command_of(record: NodeRecord) -> str | None:
     return name if COMMAND_NAME.match(name) else None
 
 
-def command_answered(record: NodeRecord, passed: bool, detail: str) -> ev.Event:
+def command_answered(record: NodeRecord, passed: bool, detail: str) -> ev.Event | None:
     """The event for the agent's answer to the node's maintenance command: completed
     (verification next) or failed (the node goes to triage: a person looks at what a
-    half-applied firmware or driver change left)."""
+    half-applied firmware or driver change left). None for a tray of a domain-scope plan
+    whose command passed: it waits for the other trays, and the plan returns them
+    together (:func:`domain_moves`)."""
     if passed:
+        inc = record.incident
+        if inc is not None and inc.whole_domain:
+            return None
         return ev.MaintenanceCompleted(_command_said(record, "done", detail))
     return ev.MaintenanceFailed(_command_said(record, "failed", detail))
 
@@ -285,7 +323,8 @@ def command_overdue(record: NodeRecord, now: float) -> ev.MaintenanceFailed | No
         return None
     inc = record.incident
     timeout_s = (inc.command_timeout_s if inc else None) or DEFAULT_COMMAND_TIMEOUT_S
-    waited = now - record.since
+    asked = inc.acting_since if inc is not None and inc.acting_since is not None else None
+    waited = now - (record.since if asked is None else asked)
     if waited < timeout_s + COMMAND_ANSWER_GRACE_S:
         return None
     return ev.MaintenanceFailed(
@@ -483,6 +522,165 @@ def _no_room(short: Sequence[str]) -> str:
         + ", ".join(named[:3])
         + (f" and {len(named) - 3} more" if len(named) > 3 else "")
     )
+
+
+# ------------------------------------------------------ whole NVLink domains
+
+
+def next_domains(
+    rollout: Rollout,
+    candidates: Sequence[Candidate],
+    room: Room,
+    *,
+    now: float,
+    sizes: Mapping[str, int],
+    capacity: Room,
+) -> Batch:
+    """The trays to start at ``now`` for a domain-scope plan: every tray of up to
+    ``max_domains`` whole NVLink domains (docs/decisions/0244).
+
+    A domain starts only when every Node the topology places in it (``sizes``) is selected,
+    pending and in production, and when the pool's, the fleet's and the groups' ``room``
+    takes all its trays at once; its own per-domain budget does not hold it (the plan's
+    scope is the operator's consent to exceed it there). ``capacity`` is what those budgets
+    allow with nothing out: a domain larger than that can never start, and the batch says
+    so (``blocked``) instead of waiting for ever. A selected node in no domain is never
+    started by such a plan.
+    """
+    held = _held(rollout, candidates, now=now)
+    if held is not None:
+        return held
+    units: dict[str, list[Candidate]] = {}
+    for c in candidates:
+        units.setdefault(c.nvlink, []).append(c)
+    loose = len(units.pop("", []))
+    taken: Counter[str] = Counter()
+    chosen: dict[str, str] = {}
+    short: list[str] = []
+    waits: list[str] = []
+    blocked = ""
+    started = 0
+    for domain in sorted(units):
+        trays = sorted(units[domain], key=lambda c: c.name)
+        if any(c.phase is not NodePhase.PENDING for c in trays):
+            continue  # done (or partly: a failed tray is the ladder's)
+        if started >= rollout.max_domains:
+            break
+        if len(trays) != sizes.get(domain, 0):
+            waits.append(
+                f"NVLink domain {domain}: {len(trays)} of its {sizes.get(domain, 0)} trays "
+                "selected (a domain-scope plan empties whole domains)"
+            )
+            continue
+        if any(c.state is not S.PRODUCTION for c in trays):
+            waits.append(f"NVLink domain {domain}: not every tray in production")
+            continue
+        never = _room_for(capacity, trays, Counter())
+        if never:
+            blocked = blocked or (
+                f"NVLink domain {domain}: its {len(trays)} trays can never be out at once "
+                f"(the budget of {never} allows fewer)"
+            )
+            continue
+        full = _room_for(room, trays, taken)
+        if full:
+            short.append(full)
+            continue
+        for c in trays:
+            _take(taken, c)
+            chosen[c.name] = domain
+        started += 1
+    if chosen:
+        why = f"starting NVLink domain(s) {', '.join(sorted(set(chosen.values())))}"
+        return Batch(tuple(sorted(chosen)), why, blocked, chosen)
+    if blocked:
+        return Batch((), f"blocked: {blocked}", blocked)
+    if short:
+        return Batch((), _no_room(short))
+    if waits:
+        return Batch((), "waiting: " + "; ".join(waits[:3]))
+    if loose:
+        return Batch((), f"{loose} selected node(s) in no NVLink domain: not maintained")
+    return Batch((), "waiting")
+
+
+def _room_for(room: Room, trays: Sequence[Candidate], taken: Counter[str]) -> str:
+    """Which budget has no room for all of ``trays`` at once ('' none)."""
+    mine = Counter(taken)
+    for c in trays:
+        full = room.short(c, mine, whole_domain=True)
+        if full:
+            return full
+        _take(mine, c)
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Tray:
+    """One node of a domain-scope plan's domain, as :func:`domain_moves` sees it."""
+
+    name: str
+    record: NodeRecord
+    phase: NodePhase
+    answered: bool
+    """The agent answered the command the record asks for, and it passed."""
+
+
+def domain_moves(
+    plan: str,
+    action: Action,
+    trays: Sequence[Tray],
+    *,
+    command: str | None = None,
+    command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
+    stopped: bool = False,
+) -> list[tuple[str, ev.Event]]:
+    """What a domain-scope plan feeds the trays of one domain (``trays``: every node of the
+    plan in that domain) now (pure).
+
+    Nothing is run while a tray of the domain is not empty (on its way out, or back in
+    production because the plan held it): the command is asked of the trays only once
+    every one waits in ``maintenance`` (or is held by people in triage or rma); and none
+    returns while a tray's command has not answered: once every tray passed (a failed one
+    went to triage), all are completed together (verification next). A ``noop`` plan
+    completes them together once all are empty, and so does a plan ``stopped`` (aborted,
+    or ``maxFailures`` reached) before its command was asked of any tray. A move a rail
+    held is fed again on the next tick.
+    """
+    ours = [t for t in trays if awaits_completion(t.record, plan)]
+    if not ours:
+        return []
+    done = ev.MaintenanceCompleted(f"{REASON_PREFIX}{plan}: every tray of its domain done")
+    completed: list[tuple[str, ev.Event]] = [(t.name, done) for t in ours]
+    fresh = [t for t in ours if not _acting(t.record)]
+    if any(t.phase is NodePhase.VERIFYING for t in trays):
+        return completed  # the return began: the trays a rail held follow
+    if stopped and len(fresh) == len(ours):
+        return completed
+    if not all(t.record.state in EMPTY for t in trays):
+        return []  # a tray is not empty: nothing runs, nothing returns
+    if action is Action.NOOP:
+        return completed
+    if fresh and not stopped:
+        go = ev.DomainEmptied(
+            reason(plan, Action.COMMAND, None, command),
+            key=incident_key(plan),
+            command_timeout_s=command_timeout_s,
+        )
+        return [(t.name, go) for t in fresh]
+    if all(t.answered or not _acting(t.record) for t in ours):
+        return completed
+    return []
+
+
+EMPTY = frozenset({S.MAINTENANCE, S.TRIAGE, S.RMA})
+"""States in which a tray carries no work and none comes (drained, held by gpufleet or
+people): a domain-scope plan's command runs only when every tray is in one."""
+
+
+def _acting(record: NodeRecord) -> bool:
+    inc = record.incident
+    return inc is not None and inc.acting_since is not None
 
 
 # ------------------------------------------------------ the Slurm reservation

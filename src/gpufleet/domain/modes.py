@@ -47,5 +47,16 @@ class Action(StrEnum):
     the node (by name: a firmware flash, a driver update), then verify and return."""
 
 
+class Scope(StrEnum):
+    """What one unit of a MaintenancePlan is (``spec.scope``)."""
+
+    NODE = "node"
+    """Nodes, batch by batch (``maxUnavailable``, ``maxPerDomain``)."""
+    NVLINK_DOMAIN = "nvlinkDomain"
+    """Whole NVLink domains: every tray of a domain drained together, acted on only once
+    all are empty, returned together (switch firmware, NVSwitch tray service:
+    docs/decisions/0244)."""
+
+
 DEFAULT_COMMAND_TIMEOUT_S = 3600.0
 """How long a plan's command may run on a node unless the plan says otherwise."""

@@ -93,6 +93,13 @@ class Incident:
     """Acts of this incident refused because the node was not empty (each sent the
     node back to draining; at :data:`~gpufleet.domain.decide.MAX_REFUSALS` it goes
     to triage instead: a person looks at what keeps landing on it)."""
+    whole_domain: str = ""
+    """A domain-scope MaintenancePlan's incident: the NVLink domain the plan empties as one
+    (every tray at once). Its explicit scope is the operator's consent to exceed that
+    domain's budget for this incident only (docs/decisions/0244); "" for any other."""
+    acting_since: float | None = None
+    """A domain-scope plan's command: when it was asked for, once every tray of the domain
+    was empty (the node waited in ``maintenance`` before); None before, or for any other."""
 
     @property
     def maintenance(self) -> bool:

@@ -35,10 +35,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpufleet.domain import conditions, domain_burnin, policy_groups, well_known
+from gpufleet.domain import (
+    agent_requests,
+    conditions,
+    domain_burnin,
+    maintenance,
+    node_reports,
+    policy_groups,
+    topology,
+    well_known,
+)
 from gpufleet.domain.emptiness import SlurmWork
 from gpufleet.domain.ladder import Step
-from gpufleet.domain.policy import Policy
+from gpufleet.domain.policy import DomainBudget, Policy
 from gpufleet.domain.records import NodeRecord, record_from_json
 from gpufleet.domain.states import OUT_OF_SERVICE, NodeState
 from gpufleet.dst.domain_faults import DomainFaultChecks
@@ -84,6 +93,12 @@ def record_in(obj: Mapping[str, Any] | None) -> NodeRecord | None:
         return record_from_json(text)
     except ValueError:
         return None
+
+
+def _whole_domain_of(record: NodeRecord | None) -> str:
+    """The NVLink domain a domain-scope plan's incident empties ("" none)."""
+    inc = record.incident if record is not None else None
+    return inc.whole_domain if inc is not None else ""
 
 
 def _gpufleet(identity: str) -> bool:
@@ -523,6 +538,60 @@ class Invariants:
         inc = new.incident
         if new.state is NodeState.DRAINING and inc is not None and inc.drained:
             self.held_drained[w.name] = inc.opened_at
+        self._whole_domain(w.name, old, new)
+
+    def _whole_domain(self, node: str, old: NodeRecord | None, new: NodeRecord) -> None:
+        """Invariant 12: a domain-scope MaintenancePlan (decision 0244) asks a tray's command
+        only while every tray of its NVLink domain is empty (maintenance, triage or rma),
+        and returns none to verification while another tray of the domain has a command
+        asked and not answered."""
+        inc, was = new.incident, old.incident if old is not None else None
+        asked = (
+            inc is not None
+            and inc.whole_domain != ""
+            and inc.acting_since is not None
+            and (was is None or was.acting_since is None)
+        )
+        returned = (
+            old is not None
+            and was is not None
+            and was.whole_domain != ""
+            and old.state is NodeState.MAINTENANCE
+            and new.state is NodeState.VERIFYING
+        )
+        domain = _whole_domain_of(new) if asked else _whole_domain_of(old)
+        if not (asked or returned) or not domain:
+            return
+        per_domain = self.policy.safety.budget.per_domain
+        label = (per_domain or DomainBudget()).label
+        for other in self.world.node_names:
+            obj = self.world.api.find(NODES, other)
+            labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+            rec = record_in(obj)
+            if other == node or rec is None:
+                continue
+            if topology.nvlink_domain_of(other, labels, label) != domain:
+                continue
+            if asked and rec.state not in maintenance.EMPTY:
+                self._fail(
+                    "12",
+                    node,
+                    f"its domain-scope command asked while {other} of NVLink domain {domain} "
+                    f"is {rec.state}",
+                    category="12/not-empty",
+                )
+            waiting = rec.incident is not None and rec.incident.acting_since is not None
+            if returned and rec.state is NodeState.MAINTENANCE and waiting:
+                result = node_reports.result_of(obj or {})
+                expected = agent_requests.request_id(rec)
+                if result is None or result.id != expected or not result.passed:
+                    self._fail(
+                        "12",
+                        node,
+                        f"returned to verification while {other} of NVLink domain {domain} "
+                        "has its command unanswered",
+                        category="12/returned-early",
+                    )
 
     def _event_write(self, w: Write) -> None:
         ev = w.after or {}
@@ -560,7 +629,9 @@ class Invariants:
         """Invariant 4: per pool, per node group of the policy's overrides (its own
         budget, counted on the nodes its selector matches now: domain.policy_groups) and
         per NVLink domain when the policy sets a per-domain budget (the domain the node's
-        labels say now: domain.topology)."""
+        labels say now: domain.topology); a tray out for a domain-scope MaintenancePlan of
+        its own domain is not counted against that domain's k (the plan's consent,
+        decision 0244), only against the others."""
         out: dict[str, int] = {}
         size: dict[str, int] = {}
         limits: dict[str, int] = {}
@@ -577,8 +648,11 @@ class Invariants:
             if domain:
                 scopes.append(f"domain {domain}")
                 members.append((domain, group))
+            consented = _whole_domain_of(record_in(obj)) == domain != ""
             for scope in scopes:
                 size[scope] = size.get(scope, 0) + 1
+                if consented and scope.startswith("domain "):
+                    continue  # out for a plan that empties its domain (decision 0244)
                 if self.state_labels.get(name) in {s.value for s in OUT_OF_SERVICE}:
                     out[scope] = out.get(scope, 0) + 1
         fleet_budget = self.policy.safety.budget

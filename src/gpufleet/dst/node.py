@@ -10,8 +10,9 @@ hardware, not because their logic is under test here:
   monitors read NVML values, kmsg and a sysfs tree, which costs milliseconds a poll;
 * the check profiles of a verification (``handle_request`` for ``checks``): they pass
   unless the machine still carries trouble that the steps taken so far did not fix
-  (:attr:`NodeHardware.trouble`). GPU resets and maintenance commands go through the
-  real ``handle_request``.
+  (:attr:`NodeHardware.trouble`). GPU resets go through the real ``handle_request``;
+  a MaintenancePlan's command passes (what it would flash is not modelled; the binding
+  and the refusal on a busy node before it run as they are).
 
 The agent's own threads (``asyncio.to_thread``) run inline on the deterministic loop
 (:meth:`DstLoop.run_in_executor`); its clock is the world's virtual wall clock.
@@ -169,4 +170,6 @@ class DstAgent(Agent):
         if req.kind == "checks":
             passed, detail = self.hw.verdict()
             return conditions.AgentResult(req.id, passed=passed, detail=detail)
+        if req.kind == "command":  # a MaintenancePlan's (the firmware it flashes is not modelled)
+            return conditions.AgentResult(req.id, passed=True, detail=f"{req.command} done")
         return super().handle_request(req)

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gpufleet.api import maintenanceplan
 from gpufleet.domain import well_known
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.policy import Policy
@@ -45,6 +46,7 @@ from gpufleet.slurm.syncer import Syncer, SyncSettings
 log = logging.getLogger("gpufleet.dst")
 
 POLICIES = custom(crds.FLEET_POLICY_PLURAL)
+PLANS = custom(maintenanceplan.PLURAL)
 POLICY_NAME = "default"
 
 CONTROLLER_SETTINGS = ControllerSettings(
@@ -91,6 +93,7 @@ class KopfModel:
         await asyncio.gather(
             self._stream(NODES, "node"),
             self._stream(POLICIES, "policy"),
+            self._stream(PLANS, "plan"),
             self._ticker(),
             self._lease(),
         )
@@ -140,6 +143,11 @@ class KopfModel:
                 self.ctl.on_node_deleted(name)
             else:
                 await self.ctl.on_node(obj)
+        elif kind == "plan":
+            if type_ == "DELETED":
+                self.ctl.on_plan_deleted(name)
+            else:
+                self.ctl.on_plan(obj)
         elif name == self.ctl.settings.policy_name:
             if type_ == "DELETED":
                 self.ctl.on_policy_deleted()
@@ -251,6 +259,7 @@ def agent_spec(node: str, policy: Policy) -> ProcSpec:
 
 __all__ = [
     "LEASE_NAMESPACE",
+    "PLANS",
     "POLICIES",
     "KopfModel",
     "agent_spec",

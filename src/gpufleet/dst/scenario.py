@@ -35,6 +35,7 @@ from gpufleet.dst.node import FAULTS
 from gpufleet.dst.procs import (
     CONTROLLER_SETTINGS,
     LEASE_NAMESPACE,
+    PLANS,
     POLICIES,
     agent_spec,
     controller_spec,
@@ -77,6 +78,20 @@ def rack_of(index: int, nodes: int) -> str:
 
 NVLINK_DOMAIN = "network.topology.nvidia.com/accelerator"
 """The label a run with ``domains`` puts on its Nodes (the per-domain budget's default key)."""
+
+
+DOMAIN_PLAN: dict[str, Any] = {
+    "metadata": {"name": "nvswitch-fw", "generation": 1},
+    "spec": {
+        "nodeSelector": {},
+        "scope": "nvlinkDomain",
+        "action": "command",
+        "command": "nvswitch-fw",
+        "commandTimeoutSeconds": 60,
+        "maxFailures": 4,
+    },
+}
+"""The MaintenancePlan of a run with ``domain_plan``: every node, a whole domain at a time."""
 
 
 def nvlink_domain_of(index: int) -> str:
@@ -170,6 +185,10 @@ class Config:
     production waits for the domain's burn-in, and the environment's ``domain-burn-in``
     keeps verdicts on them (invariant 8); off by default, so a recorded seed replays the
     same story."""
+    domain_plan: bool = False
+    """With ``domains``: a MaintenancePlan of scope nvlinkDomain (:data:`DOMAIN_PLAN`) that
+    empties each NVLink domain in turn, runs a command on its trays and returns them
+    together (invariant 12); off by default, so a recorded seed replays the same story."""
     slurmd_roll: bool = False
     """The chart's slurmd DaemonSet on every node and the Slurm operator rolling it
     (:mod:`gpufleet.dst.slurmd`, invariant 7); off by default, so a recorded seed, drawn
@@ -341,6 +360,8 @@ def build(world: World, cfg: Config, seed: int) -> Policy:
         spec = with_quarantine(spec)
         policy = load_policy(yaml.safe_dump(spec), "dst policy")
     api.create(ADMIN, POLICIES, {"metadata": {"name": "default"}, "spec": spec}, None)
+    if cfg.domain_plan:
+        api.create(ADMIN, PLANS, DOMAIN_PLAN, None)
     if cfg.admission:
         api.admission.append(records_admission)
     for name in world.node_names:

@@ -31,8 +31,11 @@ from pydantic import ValidationError
 from gpufleet.api import conditions as cr_conditions
 from gpufleet.api import maintenanceplan as api
 from gpufleet.clock import Clock
+from gpufleet.domain import agent_requests, node_reports, policy_groups, topology, well_known
+from gpufleet.domain import events as ev
 from gpufleet.domain import maintenance as mt
-from gpufleet.domain import policy_groups, well_known
+from gpufleet.domain.policy import DomainBudget
+from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
 from gpufleet.kubeapi import NODES, ApiError, NotFound, custom
 from gpufleet.lifecycle.core import Feed, Json, log
@@ -43,6 +46,8 @@ from gpufleet.lifecycle.ports import WritePort
 
 PLANS = custom(api.PLURAL)
 P = mt.NodePhase
+BLOCKED = "blocked: "
+"""A domain-scope plan's message when a whole domain can never be out at once."""
 
 
 class MaintenancePlans:
@@ -131,7 +136,7 @@ class MaintenancePlans:
             entries[node] = {
                 "name": node,
                 "phase": progress.phase.value,
-                "domain": self._domain(node, spec.failure_domain_label),
+                "domain": self._domain(node, spec),
                 "startedAt": started,
                 "message": said[:300],
             }
@@ -154,7 +159,7 @@ class MaintenancePlans:
                     startedAt=None,
                     message=f"not started: the node left production ({record.state})",
                 )
-        await self._finish_held_nodes(name, spec, entries, now)
+        await self._finish_held_nodes(name, spec, entries, now, stage)
         await self._record_versions(spec, entries)
         why = await self._start_batch(name, body, spec, rollout, entries, now)
         await self._save_plan_status(name, body, _status(body, rollout, entries, why, now))
@@ -170,20 +175,43 @@ class MaintenancePlans:
                 found.append(node)
         return found
 
-    def _domain(self, node: str, label: str) -> str:
+    def _domain(self, node: str, spec: api.MaintenancePlanSpec) -> str:
+        """The node's failure domain for the plan: the value of its failureDomainLabel, or
+        for scope nvlinkDomain the NVLink domain domain.topology places it in."""
         labels = self.book.labels(node)
-        return str(labels.get(label, ""))
+        if spec.scope is mt.Scope.NVLINK_DOMAIN:
+            return self._nvlink(node, labels)
+        return str(labels.get(spec.failure_domain_label, ""))
+
+    def _nvlink(self, node: str, labels: Mapping[str, str]) -> str:
+        """The NVLink domain of ``node`` as the per-domain budget reads it (its label, the
+        fleet's ``perDomain.label`` or Topograph's default; the agent's clique wins)."""
+        per_domain = self.policies.effective().safety.budget.per_domain
+        label = (per_domain or DomainBudget()).label
+        return topology.nvlink_domain_of(node, labels, label)
 
     async def _finish_held_nodes(
-        self, name: str, spec: api.MaintenancePlanSpec, entries: Mapping[str, Json], now: float
+        self,
+        name: str,
+        spec: api.MaintenancePlanSpec,
+        entries: Mapping[str, Json],
+        now: float,
+        stage: mt.PlanPhase,
     ) -> None:
         """Nodes of the plan waiting in ``maintenance``: a noop's are done at once; a
-        command's wait for the agent's answer (read by the node pass), up to its timeout."""
+        command's wait for the agent's answer (read by the node pass), up to its timeout.
+        A domain-scope plan moves each domain's trays together (:meth:`_move_domains`)."""
         if spec.action not in (mt.Action.NOOP, mt.Action.COMMAND):
             return
+        whole = spec.scope is mt.Scope.NVLINK_DOMAIN
+        if whole:
+            stopped = stage in (mt.PlanPhase.ABORTED, mt.PlanPhase.STOPPED)
+            await self._move_domains(name, spec, entries, stopped=stopped)
         for node in entries:
             record = self.fleet.records.get(node)
             if record is None or not mt.awaits_completion(record, name):
+                continue
+            if whole and spec.action is mt.Action.NOOP:
                 continue
             if spec.action is mt.Action.NOOP:
                 log.info("node=%s maintenance plan %s: done, verifying", node, name)
@@ -193,6 +221,51 @@ class MaintenancePlans:
             if overdue is not None:
                 log.warning("node=%s %s", node, overdue.reason)
                 await self.feed(node, overdue)
+
+    async def _move_domains(
+        self,
+        name: str,
+        spec: api.MaintenancePlanSpec,
+        entries: Mapping[str, Json],
+        *,
+        stopped: bool,
+    ) -> None:
+        """Each NVLink domain's trays: the command asked of all once all are empty, all
+        returned once all answered (:func:`gpufleet.domain.maintenance.domain_moves`)."""
+        by_domain: dict[str, list[mt.Tray]] = {}
+        for node, e in entries.items():
+            record = self.fleet.records.get(node)
+            if record is None or not e["domain"]:
+                continue
+            tray = mt.Tray(node, record, P(e["phase"]), self._answered(node, record))
+            by_domain.setdefault(str(e["domain"]), []).append(tray)
+        for domain, trays in sorted(by_domain.items()):
+            moves = mt.domain_moves(
+                name,
+                spec.action,
+                trays,
+                command=spec.command,
+                command_timeout_s=spec.command_timeout_seconds,
+                stopped=stopped,
+            )
+            for node, event in moves:
+                log.info(
+                    "node=%s maintenance plan %s (NVLink domain %s): %s",
+                    node,
+                    name,
+                    domain,
+                    type(event).__name__,
+                )
+                await self.feed(node, event)
+
+    def _answered(self, node: str, record: NodeRecord) -> bool:
+        """Whether the agent answered the command the record asks for, and it passed."""
+        body = self.book.get(node)
+        result = node_reports.result_of(body) if body is not None else None
+        expected = agent_requests.request_id(record)
+        return (
+            result is not None and expected is not None and result.id == expected and result.passed
+        )
 
     async def _record_versions(
         self, spec: api.MaintenancePlanSpec, entries: Mapping[str, dict[str, Any]]
@@ -228,18 +301,23 @@ class MaintenancePlans:
         now: float,
     ) -> str:
         """Ask again for held nodes; start the next batch. Returns why not more."""
-        request = mt.request(
-            name,
-            spec.action,
-            image=spec.image,
-            command=spec.command,
-            command_timeout_s=spec.command_timeout_seconds,
-            requeue=spec.requeue,
-            drain_mode=spec.drain_mode,
-        )
+        whole = spec.scope is mt.Scope.NVLINK_DOMAIN
+
+        def request(domain: str) -> ev.MaintenanceRequested:
+            return mt.request(
+                name,
+                spec.action,
+                image=spec.image,
+                command=spec.command,
+                command_timeout_s=spec.command_timeout_seconds,
+                requeue=spec.requeue,
+                drain_mode=spec.drain_mode,
+                whole_domain=domain if whole else "",
+            )
+
         for node, e in entries.items():
             if e["phase"] == P.REQUESTED:
-                await self.feed(node, request)
+                await self.feed(node, request(str(e["domain"])))
         policy = self.policies.effective()
         if policy.paused or policy.dry_run:
             return "the FleetPolicy is " + ("paused" if policy.paused else "in dry-run")
@@ -256,10 +334,20 @@ class MaintenancePlans:
                     record.state,
                     P(e["phase"]),
                     group=record.group,
-                    nvlink=record.nvlink_domain,
+                    nvlink=str(e["domain"]) if whole else record.nvlink_domain,
                 )
             )
-        batch = mt.next_batch(rollout, candidates, self._room(), now=now)
+        if whole:
+            batch = mt.next_domains(
+                rollout,
+                candidates,
+                self._room(),
+                now=now,
+                sizes=self._domain_sizes(),
+                capacity=self._capacity(),
+            )
+        else:
+            batch = mt.next_batch(rollout, candidates, self._room(), now=now)
         if not batch.start:
             return batch.why
         for node in batch.start:
@@ -267,8 +355,9 @@ class MaintenancePlans:
         # Write-ahead: the plan says it started them before they are asked for.
         await self._save_plan_status(name, body, _status(body, rollout, entries, batch.why, now))
         for node in batch.start:
-            log.info("node=%s maintenance plan %s: %s", node, name, request.reason)
-            await self.feed(node, request)
+            asked = request(batch.domains.get(node, ""))
+            log.info("node=%s maintenance plan %s: %s", node, name, asked.reason)
+            await self.feed(node, asked)
             record = self.fleet.records.get(node)
             progress = mt.node_phase(record, name, P.REQUESTED, now)
             entries[node].update(phase=progress.phase.value, message=progress.message[:300])
@@ -311,6 +400,26 @@ class MaintenancePlans:
         out = sum(p.out_of_service for p in view.pools.values())
         fleet = mt.fleet_budget_room(budget, view.size, out, len(held))
         return mt.Room(pools=pools, groups=groups, domains=domains, fleet=fleet)
+
+    def _domain_sizes(self) -> dict[str, int]:
+        """Nodes per NVLink domain, every Node the controller sees (not only the selected
+        ones: a domain-scope plan empties a domain only when it selected every tray)."""
+        return dict(Counter(self._nvlink(n, self.book.labels(n)) for n, _ in self.book.items()))
+
+    def _capacity(self) -> mt.Room:
+        """What the pools', the groups' and the fleet's budgets allow with nothing out."""
+        policy = self.policies.effective()
+        budget = policy.safety.budget
+        view = self.fleet.view()
+        return mt.Room(
+            pools={pool: budget.allowed(v.size) for pool, v in view.pools.items()},
+            groups={
+                o.name: o.budget.over(budget).allowed(view.group(o.name).size)
+                for o in policy.overrides
+                if o.budget is not None
+            },
+            fleet=budget.fleet_allowed(view.size),
+        )
 
     async def _save_plan_status(self, name: str, body: Json, status: Json) -> None:
         """One merge patch of the status, only when it differs from what is stored."""
@@ -381,6 +490,18 @@ def _status(
             stage is mt.PlanPhase.STOPPED,
             stage.value,
             f"{phases[P.FAILED]} failed (maxFailures {rollout.max_failures})",
+        ),
+        *(
+            [
+                (
+                    "Blocked",
+                    why.startswith(BLOCKED),
+                    "BudgetTooSmall" if why.startswith(BLOCKED) else "NotBlocked",
+                    why if why.startswith(BLOCKED) else "every domain fits the budgets",
+                )
+            ]
+            if rollout.scope is mt.Scope.NVLINK_DOMAIN
+            else []
         ),
     )
     return {

@@ -214,7 +214,9 @@ def observe(body: Mapping[str, Any], record: NodeRecord) -> Observation:
         if record.state is NodeState.REMEDIATING:
             out.append(events.StepCompleted(Step.GPU_RESET, result.passed, result.detail))
         elif record.state is NodeState.MAINTENANCE:
-            out.append(maintenance.command_answered(record, result.passed, result.detail))
+            answered = maintenance.command_answered(record, result.passed, result.detail)
+            if answered is not None:  # None: a domain-scope plan returns its trays together
+                out.append(answered)
         else:
             out.append(events.ChecksCompleted(result.passed, result.detail))
     answer = node_reports.answer_of(body)
