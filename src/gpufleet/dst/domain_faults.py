@@ -18,13 +18,12 @@ reset, a replaced tray) is not modelled; its verdict (checks) passes once the fa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpufleet.domain import domain_faults, well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
-from gpufleet.domain.records import NodeRecord, record_from_json
 from gpufleet.domain.states import NodeState
 from gpufleet.dst.kube import Write
 from gpufleet.kubeapi import NODES
@@ -56,18 +55,6 @@ def inject(world: World, trays: tuple[str, ...], kind: str) -> str:
     return f"{kind} on {', '.join(trays)}"
 
 
-def _record(obj: Mapping[str, Any] | None) -> NodeRecord | None:
-    text = (
-        ((obj or {}).get("metadata") or {}).get("annotations", {}).get(well_known.ANNOTATION_RECORD)
-    )
-    if not text:
-        return None
-    try:
-        return record_from_json(text)
-    except ValueError:
-        return None
-
-
 _LEAVES = frozenset({NodeState.VERIFYING, NodeState.TRIAGE, NodeState.RMA})
 """Where a held tray may go (10b): verification once its domain is repaired, or people."""
 
@@ -85,7 +72,9 @@ class DomainFaultChecks:
     def on_write(self, w: Write) -> None:
         if w.resource != str(NODES) or w.identity != well_known.CONTROLLER:
             return
-        old, new = _record(w.before), _record(w.after)
+        from gpufleet.dst.invariants import record_in  # it imports this module
+
+        old, new = record_in(w.before), record_in(w.after)
         if new is None:
             return
         was = old is not None and domain_faults.held(old.incident)

@@ -108,27 +108,35 @@ class DomainWatch:
 
     async def _act(self, v: domain_faults.Verdict, before: domain_faults.Verdict | None) -> None:
         if v.faulty and v.take:
-            if before is None or not before.faulty:
-                log.warning("nvlink-domain=%s faulty: %s", v.domain, v.why)
-                text = (
-                    f"NVLink domain {v.domain}: {v.why}; its {v.size} trays are taken out "
-                    "as one, none is repaired alone"
-                )
-                self._say("Warning", "DomainFaulted", text)
-            for name in v.take:
-                await self.feed(name, ev.DomainFaulted(v.domain, v.why))
+            said = before is not None and before.faulty
+            what = f"its {v.size} trays are taken out as one, none is repaired alone"
+            await self._decide(v, v.take, ev.DomainFaulted(v.domain, v.why), what, said=said)
         elif v.release:
-            log.info("nvlink-domain=%s repaired: %s", v.domain, v.why)
-            text = (
-                f"NVLink domain {v.domain}: {v.why}; {len(v.release)} trays are verified "
-                "before they take work"
-            )
-            self._say("Normal", "DomainRepaired", text)
-            for name in v.release:
-                await self.feed(name, ev.DomainRepaired(v.domain, v.why))
+            what = f"{len(v.release)} trays are verified before they take work"
+            await self._decide(v, v.release, ev.DomainRepaired(v.domain, v.why), what)
 
-    def _say(self, type_: str, reason: str, message: str) -> None:
-        self.events.policy(self.policy_ref(), type_, reason, message)
+    async def _decide(
+        self,
+        v: domain_faults.Verdict,
+        trays: tuple[str, ...],
+        event: ev.DomainFaulted | ev.DomainRepaired,
+        what: str,
+        *,
+        said: bool = False,
+    ) -> None:
+        """One Event on the FleetPolicy for the domain's decision (unless ``said`` at an
+        earlier pass), then the decision fed to each of ``trays``."""
+        if not said:
+            faulted = isinstance(event, ev.DomainFaulted)
+            log.warning("nvlink-domain=%s %s: %s", v.domain, type(event).__name__, v.why)
+            self.events.policy(
+                self.policy_ref(),
+                "Warning" if faulted else "Normal",
+                type(event).__name__,
+                f"NVLink domain {v.domain}: {v.why}; {what}",
+            )
+        for name in trays:
+            await self.feed(name, event)
 
     def status(self) -> dict[str, dict[str, Any]]:
         """``status.domainFaults``: per domain faulty or held, its size, the trays that
