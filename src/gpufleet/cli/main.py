@@ -118,6 +118,11 @@ COMMANDS: dict[str, Entry] = {
         "topology",
         "Show the fabric topology: spine, leaf switch, block and NVLink domain per node.",
     ),
+    "burn-in": Entry(
+        "burnin_cmd",
+        "app",
+        "Burn in an NVLink domain as a unit: an all-reduce across its trays, as a Slurm job.",
+    ),
     "breaker": Entry(
         "breaker_cmd",
         "app",

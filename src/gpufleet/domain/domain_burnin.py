@@ -77,7 +77,7 @@ def runs(trays: Sequence[str]) -> list[list[tuple[str, list[str]]]]:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What a good domain measures (from the policy's ``checks.domainBurnIn``)."""
+    """What a good domain measures (``gpufleet burn-in domain --min-busbw --pair-tolerance``)."""
 
     min_busbw_gbps: float = 0.0
     """The all-reduce across the domain must reach this bus bandwidth (0: no minimum)."""

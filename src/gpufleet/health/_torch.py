@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import multiprocessing as mp
+import os
 import queue
 import socket
 import time
@@ -284,6 +285,135 @@ def gang_allreduce(
         "seconds": time.monotonic() - started,
         "detail": detail or ("" if not bad else f"no good answer from {', '.join(bad)}"),
     }
+
+
+# -- domain burn-in (gpufleet.health.domain_allreduce runs this under srun) ----------
+
+
+def _perf_rows(
+    group: Any, members: list[int], rank: int, sizes: list[int], iters: int, fault: dict[str, Any]
+) -> str | None:
+    """nccl-tests rows for one all-reduce run over ``members``; the text on its lowest rank.
+
+    Out-of-place, float32, sum: each iteration all-reduces a fresh tensor of ``rank + 1``
+    and counts the elements that are not the known sum (#wrong, summed over the group);
+    time is the lowest rank's median iteration. ``fault`` (the simulated backend's
+    injection on this rank): ``slow_s`` seconds added to each iteration, ``wrong`` a
+    contribution off by one.
+    """
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    expected = float(sum(r + 1 for r in members))
+    mine = float(rank + 1) + (1.0 if fault.get("wrong") else 0.0)
+    n = len(members)
+    rows = []
+    for size in sizes:
+        count = max(1, size // 4)
+        times: list[float] = []
+        wrong = 0
+        for i in range(iters + 1):  # the first is a warm-up, not timed
+            t = torch.full((count,), mine, dtype=torch.float32, device=device)
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            if i and fault.get("slow_s"):
+                time.sleep(float(fault["slow_s"]))
+            out = t.clone()
+            dist.all_reduce(out, group=group)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if i:
+                times.append(time.perf_counter() - start)
+            wrong += int((out != expected).sum().item())
+        total = torch.tensor([wrong], dtype=torch.int64, device=device)
+        dist.all_reduce(total, group=group)
+        us = statistics.median(times) * 1e6
+        algbw = count * 4 / (us * 1e-6) / 1e9
+        busbw = algbw * 2 * (n - 1) / n
+        rows.append(
+            f"{count * 4:>12d}  {count:>12d}     float     sum      -1  {us:>8.1f}  "
+            f"{algbw:>6.3f}  {busbw:>6.3f}  {int(total.item()):>6d}"
+            "       N/A     N/A     N/A     N/A"
+        )
+    return "\n".join(rows) if rank == min(members) else None
+
+
+def domain_allreduce(
+    *,
+    rank: int,
+    world: int,
+    node: str,
+    local_rank: int,
+    addr: str,
+    port: int,
+    phases: list[list[tuple[str, list[str]]]],
+    sizes: list[int],
+    iters: int,
+    fault: dict[str, Any],
+    timeout_s: float,
+) -> str | None:
+    """One rank of the domain burn-in; rank 0 returns every run's output, the others None.
+
+    ``phases``: the runs at once in each phase, each a test name and the nodes whose ranks
+    take part (domain.domain_burnin.runs: the whole domain, then the pairs). A ``TCPStore`` on
+    rank 0 is the rendezvous; NCCL with CUDA, gloo without. Each run prints, on its
+    lowest rank, what nccl-tests' all_reduce_perf prints (its header's rank lines and
+    its table), after a ``# gpufleet test: NAME`` line; rank 0 gathers them in order.
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from gpufleet.domain import nccl_tests
+
+    wait = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        addr, port, world, rank == 0, timeout=wait, wait_for_workers=False
+    )
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=wait)
+    seen: list[Any] = [None] * world
+    dist.all_gather_object(seen, (node, os.getpid(), local_rank))
+    hosts = [str(h[0]) for h in seen]
+    runs: list[tuple[str, list[int], Any]] = []
+    for phase in phases:
+        for name, nodes in phase:
+            members = [r for r in range(world) if hosts[r] in nodes]
+            # every rank creates every group, in the same order (torch.distributed's rule)
+            group = dist.new_group(members) if len(members) < world else dist.group.WORLD
+            runs.append((name, members, group))
+    texts: dict[str, str] = {}
+    i = 0
+    for phase in phases:
+        for _ in phase:
+            name, members, group = runs[i]
+            i += 1
+            if rank in members:
+                text = _perf_rows(group, members, rank, sizes, iters, fault)
+                if text is not None:
+                    header = "\n".join(
+                        f"#  Rank {r:2d} Group  0 Pid {seen[r][1]:6d} on {hosts[r]:>10s} "
+                        f"device {seen[r][2]:2d} [0x00] {backend}"
+                        for r in members
+                    )
+                    texts[name] = f"{nccl_tests.TEST_MARK} {name}\n{header}\n{text}"
+        dist.barrier()
+    gathered: list[Any] = [None] * world if rank == 0 else []
+    dist.gather_object(texts, gathered if rank == 0 else None, dst=0)
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
+    merged: dict[str, str] = {}
+    for part in gathered:
+        merged.update(part or {})
+    return "\n".join(merged[name] for name, _, _ in runs if name in merged)
 
 
 if __name__ == "__main__":

@@ -91,13 +91,24 @@ def gang_from_env(
     if int(env.get("SLURM_JOB_NUM_NODES") or "1") < 2:
         return None
     job_id = int(env["SLURM_JOB_ID"])
-    nodes = tuple(_scontrol(["show", "hostnames", env["SLURM_NODELIST"]], scontrol).split())
-    shown = _scontrol(["show", "node", nodes[0], "-o"], scontrol)
+    nodes = hostnames(env["SLURM_NODELIST"], scontrol)
+    addr = node_addr(nodes[0], scontrol)
+    return Gang(job_id, env["SLURMD_NODENAME"], nodes, addr, port_of(base_port, job_id))
+
+
+def hostnames(nodelist: str, scontrol: str = "scontrol") -> tuple[str, ...]:
+    """A Slurm hostlist expanded, in Slurm's order (``scontrol show hostnames``)."""
+    return tuple(_scontrol(["show", "hostnames", nodelist], scontrol).split())
+
+
+def node_addr(node: str, scontrol: str = "scontrol") -> str:
+    """The node's ``NodeAddr`` (its name when Slurm has none): where its rank listens."""
+    shown = _scontrol(["show", "node", node, "-o"], scontrol)
     addr = next((w.split("=", 1)[1] for w in shown.split() if w.startswith("NodeAddr=")), "")
-    return Gang(job_id, env["SLURMD_NODENAME"], nodes, addr or nodes[0], _port(base_port, job_id))
+    return addr or node
 
 
-def _port(base_port: int, job_id: int) -> int:
+def port_of(base_port: int, job_id: int) -> int:
     return base_port + job_id % PORT_SPAN
 
 
