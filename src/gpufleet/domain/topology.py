@@ -7,7 +7,7 @@ Two sources describe a node's place, and both arrive as Node labels:
   with (:data:`~gpufleet.domain.well_known.LABEL_NVLINK_CLUSTER` and
   :data:`~gpufleet.domain.well_known.LABEL_NVLINK_CLIQUE`, from NVML, decision 0093)
   and the InfiniBand switch its rail 0 is cabled to
-  (:data:`~gpufleet.domain.well_known.LABEL_IB_LEAF`, decision 0249);
+  (:data:`~gpufleet.domain.well_known.LABEL_IB_SEEN_LEAF`, decision 0249);
 * what an operator or NVIDIA's Topograph writes: leaf switch, spine, block and NVLink
   domain, under keys the SlurmCluster names (:class:`SourceKeys`).
 
@@ -210,8 +210,8 @@ def read_node(name: str, labels: Mapping[str, str], keys: SourceKeys) -> NodeLab
         domain_label=value(keys.nvlink_domain, "NVLink domain"),
         seen_cluster=value(well_known.LABEL_NVLINK_CLUSTER, "NVLink cluster"),
         seen_clique=value(well_known.LABEL_NVLINK_CLIQUE, "NVLink clique"),
-        seen_leaf=value(well_known.LABEL_IB_LEAF, "leaf switch GUID"),
-        seen_leaf_name=value(well_known.LABEL_IB_LEAF_NAME, "leaf switch"),
+        seen_leaf=value(well_known.LABEL_IB_SEEN_LEAF, "leaf switch GUID"),
+        seen_leaf_name=value(well_known.LABEL_IB_SEEN_LEAF_NAME, "leaf switch"),
         leaf_key=keys.leaf,
         problems=tuple(problems),
     )

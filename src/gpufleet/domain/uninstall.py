@@ -26,8 +26,8 @@ LABELS = (
     wk.LABEL_SPARE,
     wk.LABEL_NVLINK_CLUSTER,
     wk.LABEL_NVLINK_CLIQUE,
-    wk.LABEL_IB_LEAF,
-    wk.LABEL_IB_LEAF_NAME,
+    wk.LABEL_IB_SEEN_LEAF,
+    wk.LABEL_IB_SEEN_LEAF_NAME,
     wk.LABEL_SLURM_CLUSTER,
 )
 """Labels gpufleet's controller, agent and Slurm operator write."""

@@ -36,13 +36,14 @@ LABEL_NVLINK_CLIQUE = "gpufleet.io/nvlink-clique"
 """Node label, set by the node agent on multi-node NVLink nodes:
 ``<cluster UUID>.<clique id>``, the NVLink partition the node's GPUs share; nodes
 with the same value reach each other over NVLink (topology-aware placement)."""
-LABEL_IB_LEAF = "gpufleet.io/ib-leaf"
+LABEL_IB_SEEN_LEAF = "gpufleet.io/ib-seen-leaf"
 """Node label, set by the node agent: the node GUID (``0x`` and 16 hex digits) of the
 InfiniBand switch its rail-0 HCA port is cabled to, as the switch answers a directed-route
-query (the node's own view of its leaf; decision 0249)."""
-LABEL_IB_LEAF_NAME = "gpufleet.io/ib-leaf-name"
-"""Node label, set by the node agent beside :data:`LABEL_IB_LEAF`: that switch's name from
-its NodeDescription (absent when the description holds no usable name)."""
+query (the node's own view of its leaf, decision 0249; :data:`LABEL_IB_LEAF` is what the
+Machine inventory says)."""
+LABEL_IB_SEEN_LEAF_NAME = "gpufleet.io/ib-seen-leaf-name"
+"""Node label, set by the node agent beside :data:`LABEL_IB_SEEN_LEAF`: that switch's name
+from its NodeDescription (absent when the description holds no usable name)."""
 
 ANNOTATION_TOPOLOGY_LABELS = "gpufleet.io/topology-labels"
 """Node annotation, set by the Slurm operator: the topology label keys it wrote for

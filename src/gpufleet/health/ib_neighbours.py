@@ -194,13 +194,13 @@ def leaf_labels(view: LeafView | None) -> dict[str, str | None] | None:
     if view is None:
         return None
     if not view.rails:
-        return {well_known.LABEL_IB_LEAF: None, well_known.LABEL_IB_LEAF_NAME: None}
+        return {well_known.LABEL_IB_SEEN_LEAF: None, well_known.LABEL_IB_SEEN_LEAF_NAME: None}
     leaf = view.leaf
     if leaf is None:
         return None
     return {
-        well_known.LABEL_IB_LEAF: leaf.switch_guid,
-        well_known.LABEL_IB_LEAF_NAME: leaf.switch_name,
+        well_known.LABEL_IB_SEEN_LEAF: leaf.switch_guid,
+        well_known.LABEL_IB_SEEN_LEAF_NAME: leaf.switch_name,
     }
 
 

@@ -18,7 +18,10 @@ def node(name: str, labels: dict[str, str]) -> dict[str, object]:
 
 
 def test_the_leaf_source_and_a_lying_label(tmp_path: Path) -> None:
-    agent = {"gpufleet.io/ib-leaf": "0xfc6a1c0300e7a940", "gpufleet.io/ib-leaf-name": "leaf-07"}
+    agent = {
+        "gpufleet.io/ib-seen-leaf": "0xfc6a1c0300e7a940",
+        "gpufleet.io/ib-seen-leaf-name": "leaf-07",
+    }
     nodes = tmp_path / "nodes.json"
     nodes.write_text(
         json.dumps(

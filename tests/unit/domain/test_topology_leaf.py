@@ -13,9 +13,9 @@ GUID_A, GUID_B = "0xfc6a1c0300e7a940", "0xfc6a1c0300e7b180"
 
 def seen(guid: str, name: str | None = None) -> dict[str, str]:
     """The labels a node's agent publishes for the switch its rail 0 is cabled to."""
-    out = {well_known.LABEL_IB_LEAF: guid}
+    out = {well_known.LABEL_IB_SEEN_LEAF: guid}
     if name:
-        out[well_known.LABEL_IB_LEAF_NAME] = name
+        out[well_known.LABEL_IB_SEEN_LEAF_NAME] = name
     return out
 
 

@@ -99,8 +99,8 @@ def test_a_rail_optimized_node_has_eight_leaves_and_rail_0s_is_its_leaf() -> Non
     d = ibn.LeafDiscovery(ask, every_s=600)
     labels = d.labels(ports, now=0.0)
     assert labels == {
-        well_known.LABEL_IB_LEAF: "0x000000000000a000",
-        well_known.LABEL_IB_LEAF_NAME: "su1-rail0",
+        well_known.LABEL_IB_SEEN_LEAF: "0x000000000000a000",
+        well_known.LABEL_IB_SEEN_LEAF_NAME: "su1-rail0",
     }
     assert d.view is not None
     assert [h for h, _, _ in d.view.rails] == [f"mlx5_{i}" for i in range(8)]
@@ -119,8 +119,8 @@ def test_rail_0_unknown_leaves_the_labels_and_no_rail_removes_them() -> None:
     assert down.labels([port("mlx5_0", state="DOWN"), port("mlx5_1")], now=0.0) is None
     roce = ibn.LeafDiscovery(lambda h, p: switch(1, "x"), every_s=600)
     assert roce.labels([port("mlx5_0", layer="Ethernet")], now=0.0) == {
-        well_known.LABEL_IB_LEAF: None,
-        well_known.LABEL_IB_LEAF_NAME: None,
+        well_known.LABEL_IB_SEEN_LEAF: None,
+        well_known.LABEL_IB_SEEN_LEAF_NAME: None,
     }
     assert roce.labels(None, now=0.0) is None  # no InfiniBand class: unknown
 
@@ -152,19 +152,19 @@ def test_the_simulated_node_publishes_its_leaf_and_moves() -> None:
         monitors = PassiveMonitors(hw, H100, node="gpu-node-0001", ib_rediscover_s=0)
         snap = monitors.poll(1.0)
         assert snap.labels is not None
-        assert snap.labels[well_known.LABEL_IB_LEAF] == "0xfc6a1c0300e7a900"
-        assert snap.labels[well_known.LABEL_IB_LEAF_NAME] == "leaf-00"
+        assert snap.labels[well_known.LABEL_IB_SEEN_LEAF] == "0xfc6a1c0300e7a900"
+        assert snap.labels[well_known.LABEL_IB_SEEN_LEAF_NAME] == "leaf-00"
         assert snap.ports[0].node_guid is not None and snap.ports[0].sm_lid == 1
         view = monitors.leaves.view
         assert view is not None and len({n.switch_guid for _, _, n in view.rails if n}) == 8
         hw.cable_to("0xfc6a1c0300e7a9ff")  # moved to a switch without a name
         snap = monitors.poll(2.0)
         assert snap.labels is not None
-        assert snap.labels[well_known.LABEL_IB_LEAF] == "0xfc6a1c0300e7a9ff"
-        assert snap.labels[well_known.LABEL_IB_LEAF_NAME] is None
+        assert snap.labels[well_known.LABEL_IB_SEEN_LEAF] == "0xfc6a1c0300e7a9ff"
+        assert snap.labels[well_known.LABEL_IB_SEEN_LEAF_NAME] is None
         hw.cable_to(None)  # no subnet manager answers: unknown, the labels stay
         assert monitors.poll(3.0).labels is not None  # the NVLink ones only
-        assert well_known.LABEL_IB_LEAF not in (monitors.poll(4.0).labels or {})
+        assert well_known.LABEL_IB_SEEN_LEAF not in (monitors.poll(4.0).labels or {})
     finally:
         hw.close()
 
