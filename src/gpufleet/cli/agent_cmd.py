@@ -71,6 +71,12 @@ def run(
         "find out whether this node is a straggler in its jobs.",
     ),
     telemetry_every: float = typer.Option(10.0, help="Seconds between job telemetry reads."),
+    sim_ib_leaf: str | None = typer.Option(
+        None,
+        help="Simulated backend: the InfiniBand leaf switch rail 0 is cabled to, "
+        "GUID[:NAME] (e.g. 0xfc6a1c0300e7a900:leaf-00); the agent publishes it as "
+        "gpufleet.io/ib-seen-leaf. Default: no switch answers (the leaf is unknown).",
+    ),
     sim_publish: Path | None = typer.Option(
         None,
         help="Simulated backend: publish the GPUs' speed here for the node's jobs "
@@ -81,6 +87,13 @@ def run(
         help="Directory of the maintenance commands a MaintenancePlan (action command) may "
         "name: executables, not writable by group or others; a name not found here fails.",
     ),
+    dra_publish: bool = typer.Option(
+        False,
+        "--dra-publish",
+        help="Publish this node's GPUs as a DRA ResourceSlice (driver gpu.gpufleet.io), for "
+        "clusters where no vendor DRA driver does; the controller's --dra-device-taints "
+        "then taints a quarantined GPU alone (docs/agent.md, 'GPUs as DRA devices').",
+    ),
     log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
     """Watch GPUs, InfiniBand and the kernel; report Node conditions, Events and metrics.
@@ -89,6 +102,12 @@ def run(
 
         gpufleet agent --node gpu-node-0000 --backend simulated --inject-port 9401 \\
             --kubeconfig ~/.local/share/gpufleet/kubeconfig
+
+    A simulated node cabled to an InfiniBand leaf switch labels its Node with it
+    (gpufleet.io/ib-seen-leaf, decision 0249):
+
+        gpufleet agent --node gpu-node-0000 --backend simulated \\
+            --sim-ib-leaf 0xfc6a1c0300e7a900:leaf-00
 
     With --job-telemetry, the agent also compares this node's compute per step
     with its peers' in the jobs that write telemetry there, and reports a
@@ -105,6 +124,11 @@ def run(
     the controller's name); --policy FILE instead is for an agent without a controller:
 
         gpufleet agent --policy-name default
+
+    Where no vendor DRA driver publishes the GPUs, the agent publishes them as one
+    ResourceSlice of its node, kept current as GPUs change:
+
+        gpufleet agent --dra-publish
     """
     import asyncio
 
@@ -121,6 +145,8 @@ def run(
             "give --policy FILE (a fixed policy) or --policy-name NAME (the FleetPolicy the "
             "controller obeys), not both"
         )
+    if no_kube and dra_publish:
+        raise typer.BadParameter("--dra-publish writes a ResourceSlice: not with --no-kube")
     if no_kube and policy_name is not None:
         raise typer.BadParameter(
             "--policy-name reads the FleetPolicy from the API: not with --no-kube"
@@ -129,8 +155,14 @@ def run(
     try:
         if sim_publish is not None and backend != "simulated":
             raise typer.BadParameter("--sim-publish needs --backend simulated")
+        if sim_ib_leaf is not None:
+            _check_sim_ib_leaf(sim_ib_leaf, backend)
         hw = backends.open_backend(
-            backend, node=node, kmsg_lookback_s=kmsg_lookback, sim_publish_dir=sim_publish
+            backend,
+            node=node,
+            kmsg_lookback_s=kmsg_lookback,
+            sim_publish_dir=sim_publish,
+            sim_ib_leaf=sim_ib_leaf,
         )
     except NoGpuFound as exc:
         typer.echo(f"no GPU found: {exc}", err=True)
@@ -187,7 +219,13 @@ def run(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await agent.run(stop)
+        if reporter is None or not dra_publish:
+            await agent.run(stop)
+            return
+        from gpufleet.health.resource_slices import SlicePublisher
+
+        slices = SlicePublisher(hw, node, reporter.connect)
+        await asyncio.gather(agent.run(stop), slices.run(stop))
 
     try:
         asyncio.run(main())
@@ -196,3 +234,16 @@ def run(
             injector.stop()
         metrics.stop()
         hw.close()
+
+
+def _check_sim_ib_leaf(value: str, backend: str) -> None:
+    """``--sim-ib-leaf GUID[:NAME]``: a switch GUID as smpquery prints it, an optional name."""
+    import re
+
+    if backend != "simulated":
+        raise typer.BadParameter("--sim-ib-leaf needs --backend simulated")
+    if not re.fullmatch(r"0x[0-9a-fA-F]{1,16}(:[A-Za-z0-9][A-Za-z0-9_.-]*)?", value):
+        raise typer.BadParameter(
+            f"--sim-ib-leaf {value!r}: give the switch GUID and an optional name, "
+            "e.g. 0xfc6a1c0300e7a900:leaf-00"
+        )

@@ -91,6 +91,8 @@ class Nvml:
         raw["uuid"] = _text(c(lambda: nv.nvmlDeviceGetUUID(h)))
         pci = c(lambda: nv.nvmlDeviceGetPciInfo(h))
         raw["pci_bus_id"] = _text(getattr(pci, "busId", pci))
+        memory = c(lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        raw["memory_total_bytes"] = getattr(memory, "total", memory)
         unc, cor = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED
         vol, agg = nv.NVML_VOLATILE_ECC, nv.NVML_AGGREGATE_ECC
         raw["ecc_uncorrected_volatile"] = c(lambda: nv.nvmlDeviceGetTotalEccErrors(h, unc, vol))

@@ -176,6 +176,7 @@ class SimGpu:
             "name": "NVIDIA H100 80GB HBM3",
             "uuid": f"GPU-5a1c0de0-0000-4000-8000-0000000000{self.index:02d}",
             "pci_bus_id": f"00000000:{self.bus.upper()}:00.0",
+            "memory_total_bytes": 81559 * 2**20,  # an H100 80GB's, as NVML reports it
             "ecc_uncorrected_volatile": self.ecc_dbe,
             "ecc_uncorrected_aggregate": self.ecc_dbe,
             "ecc_corrected_volatile": 0,

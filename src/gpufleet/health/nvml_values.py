@@ -10,6 +10,8 @@ and is listed in :attr:`GpuReading.unknown`, never a fault.
 Keys (all optional except ``index``)::
 
     index, name, uuid, pci_bus_id                       nvmlDeviceGet{Index,Name,UUID,PciInfo}
+    memory_total_bytes                                   nvmlDeviceGetMemoryInfo().total
+                                                        (published as DRA capacity only)
     ecc_uncorrected_volatile, ecc_uncorrected_aggregate  nvmlDeviceGetTotalEccErrors
     ecc_corrected_volatile
     remapped_rows: [correctable, uncorrectable, pending, failure]
