@@ -10,6 +10,7 @@ from typing import Any
 from gpufleet.domain.records import NodeRecord, QuarantinedGpu, record_to_json
 from gpufleet.domain.states import NodeState
 from gpufleet.domain.well_known import ANNOTATION_RECORD, CONTROLLER
+from gpufleet.dst.invariants import record_in
 from gpufleet.dst.kube import Write
 from gpufleet.dst.quarantine import QuarantineChecks
 from gpufleet.dst.runner import Result, Spec, run
@@ -56,7 +57,7 @@ def _write(before: dict[str, Any], after: dict[str, Any]) -> Write:
 
 def test_invariant_9_fails_a_quarantine_that_takes_the_node_or_ends_unverified() -> None:
     failed: list[str] = []
-    checks = QuarantineChecks(lambda inv, node, text: failed.append(inv))
+    checks = QuarantineChecks(lambda inv, node, text: failed.append(inv), record_in)
     checks.on_write(_write(_node(S.PRODUCTION, ()), _node(S.PRODUCTION, (3,))))
     assert failed == [] and checks.quarantines == 1
     checks.on_write(_write(_node(S.PRODUCTION, ()), _node(S.PRODUCTION, (3,), cordoned=True)))

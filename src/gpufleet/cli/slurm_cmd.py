@@ -89,6 +89,11 @@ def run_syncer(
         help="Seconds between passes over the Slurm maintenance reservations that "
         "MaintenancePlans with a start time want (0: off).",
     ),
+    gpu_hold_interval: float = typer.Option(
+        5.0,
+        help="Seconds between passes over the holder jobs that keep quarantined GPUs out of "
+        "Slurm's scheduling (0: off).",
+    ),
     policy_file: Path | None = typer.Option(
         None,
         "--policy",
@@ -116,6 +121,7 @@ def run_syncer(
 
     from gpufleet.cli.policy_cmd import load_or_exit
     from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
+    from gpufleet.slurm.gpu_holds import CliConfig, SlurmCli
     from gpufleet.slurm.metrics import SyncerMetrics
     from gpufleet.slurm.syncer import Syncer, SyncSettings
 
@@ -128,6 +134,7 @@ def run_syncer(
         preempt_priority=preempt_priority,
         dry_run=dry_run,
         reservation_interval_s=reservation_interval,
+        gpu_hold_interval_s=gpu_hold_interval,
         reasons=load_or_exit(policy_file).slurm,
     )
 
@@ -148,6 +155,7 @@ def run_syncer(
             settings=settings,
             metrics=metrics,
             reservations=scontrol,
+            gpu_holds=SlurmCli(CliConfig(env=scontrol.config.env)),
         )
         await syncer.run()
 

@@ -410,18 +410,10 @@ def _isolate(
     book = ctx.record
     policy = ctx.policy
     reasons = [why]
-    plan = step
     scored = _scored(book, fault, policy, ctx.now, out=True)
-    verdict = lemon.judge(
-        scored.lemon,
-        now=ctx.now,
-        threshold=policy.lemon.threshold,
-        gpu_threshold=policy.lemon.gpu_threshold,
-    )
-    then = policy.lemon.then.step
-    if verdict.lemon and then is not None and severity(then) > severity(step):
-        plan = then
-        reasons.append(f"lemon: {verdict.why} -> {plan} instead of another repair")
+    plan, raised = _lemon_raise(ctx, scored, step)
+    if raised:
+        reasons.append(raised)
     own = plan  # what this fault alone asks for (kept if the rails hold it)
     notices: list[Action] = []
     held, held_step = book.pending, book.pending_step
@@ -444,17 +436,7 @@ def _isolate(
         requeue=rule.requeue,
         if_slurm_silent=rule.if_slurm_silent,
     )
-    breaker = (
-        ctx.breaker
-        if retry
-        else breaker_observe(
-            ctx.breaker,
-            node=book.name,
-            now=ctx.now,
-            config=policy.safety.breaker,
-            fleet_size=ctx.fleet.size,
-        )
-    )
+    breaker = _observed(ctx, retry)
     applied = replace(
         scored,
         incident=incident,
@@ -487,6 +469,35 @@ def _isolate(
     )
 
 
+def _lemon_raise(ctx: _Ctx, scored: NodeRecord, step: Step) -> tuple[Step, str]:
+    """The step a lemon verdict on ``scored`` (the record with this fault counted) raises
+    ``step`` to, and why ("" and ``step`` when it does not)."""
+    policy = ctx.policy
+    verdict = lemon.judge(
+        scored.lemon,
+        now=ctx.now,
+        threshold=policy.lemon.threshold,
+        gpu_threshold=policy.lemon.gpu_threshold,
+    )
+    then = policy.lemon.then.step
+    if verdict.lemon and then is not None and severity(then) > severity(step):
+        return then, f"lemon: {verdict.why} -> {then} instead of another repair"
+    return step, ""
+
+
+def _observed(ctx: _Ctx, retry: bool) -> BreakerState:
+    """The breaker with this fault counted; a retry of a held fault is not a new fault."""
+    if retry:
+        return ctx.breaker
+    return breaker_observe(
+        ctx.breaker,
+        node=ctx.record.name,
+        now=ctx.now,
+        config=ctx.policy.safety.breaker,
+        fleet_size=ctx.fleet.size,
+    )
+
+
 def _take_out(
     ctx: _Ctx,
     fault: FaultEvent,
@@ -505,16 +516,10 @@ def _take_out(
     choice = quarantine.choose(policy.gpu_quarantine, ctx.record, fault, step, ctx.now)
     if choice.gpu is not None:
         scored = _scored(ctx.record, fault, policy, ctx.now, out=True)
-        verdict = lemon.judge(
-            scored.lemon,
-            now=ctx.now,
-            threshold=policy.lemon.threshold,
-            gpu_threshold=policy.lemon.gpu_threshold,
-        )
-        then = policy.lemon.then.step
-        if not (verdict.lemon and then is not None and severity(then) > severity(step)):
+        raised_to, raised = _lemon_raise(ctx, scored, step)
+        if raised_to is step:
             return _quarantine(ctx, fault, step, choice, (why, choice.why), scored, retry=retry)
-        choice = quarantine.Choice(None, f"lemon: {verdict.why}: the node is taken")
+        choice = quarantine.Choice(None, f"{raised}: the node is taken")
     plan = _isolate(ctx, fault, rule, step, why, desc, retry=retry)
     return replace(plan, reasons=(*plan.reasons, choice.why))
 
@@ -540,17 +545,7 @@ def _quarantine(
     applied = replace(scored, quarantined_gpus=(*scored.quarantined_gpus, gpu))
     if retry:
         applied = replace(applied, pending=None, pending_step=None)
-    breaker = (
-        ctx.breaker
-        if retry
-        else breaker_observe(
-            ctx.breaker,
-            node=book.name,
-            now=ctx.now,
-            config=ctx.policy.safety.breaker,
-            fleet_size=ctx.fleet.size,
-        )
-    )
+    breaker = _observed(ctx, retry)
     text = (
         f"GPU {gpu.index} quarantined for {fault.describe()}: no new work on it, "
         "the node keeps serving on its other GPUs"

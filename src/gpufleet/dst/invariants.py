@@ -159,7 +159,7 @@ class Invariants:
     def attach(self) -> None:
         w = self.world
         w.api.on_write.append(self.on_write)
-        w.api.on_write.append(QuarantineChecks(self._fail).on_write)  # 9: dst.quarantine
+        w.api.on_write.append(QuarantineChecks(self._fail, record_in).on_write)  # 9
         w.api.on_write.append(DomainFaultChecks(self._fail).on_write)  # 10: dst.domain_faults
         w.on_reset.append(self.on_reset)
         w.on_gpu_reset.append(self.on_gpu_reset)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.domain import well_known
-from gpufleet.domain.records import NodeRecord, record_from_json
+from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
 from gpufleet.dst.kube import Write
 from gpufleet.kubeapi import NODES
@@ -39,18 +39,6 @@ def with_quarantine(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _record(obj: Mapping[str, Any] | None) -> NodeRecord | None:
-    text = (
-        ((obj or {}).get("metadata") or {}).get("annotations", {}).get(well_known.ANNOTATION_RECORD)
-    )
-    if not text:
-        return None
-    try:
-        return record_from_json(text)
-    except ValueError:
-        return None
-
-
 def _cordoned(obj: Mapping[str, Any] | None) -> bool:
     return bool(((obj or {}).get("spec") or {}).get("unschedulable"))
 
@@ -61,6 +49,8 @@ class QuarantineChecks:
 
     fail: Callable[..., None]
     """``fail(invariant, node, text)`` (:meth:`Invariants._fail`)."""
+    record_in: Callable[[Mapping[str, Any] | None], NodeRecord | None]
+    """The record on a Node body (:func:`gpufleet.dst.invariants.record_in`)."""
     quarantines: int = 0
     """GPUs quarantined in the run (a run that never quarantined proves nothing)."""
     released: int = 0
@@ -68,7 +58,7 @@ class QuarantineChecks:
     def on_write(self, w: Write) -> None:
         if w.resource != str(NODES) or w.identity != well_known.CONTROLLER:
             return
-        old, new = _record(w.before), _record(w.after)
+        old, new = self.record_in(w.before), self.record_in(w.after)
         if new is None:
             return
         was = {q.index for q in old.quarantined_gpus} if old is not None else set()

@@ -10,6 +10,7 @@ must not be a library the benchmarks import, and this is the syncer's own wiring
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
+from gpufleet.slurm.gpu_holds import CliConfig, SlurmCli
 from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.restapi import RestConfig, SlurmRest
 from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
@@ -90,6 +92,9 @@ class SyncerThread:
             settings=self.settings,
             metrics=self.metrics,
             reservations=scontrol,
+            gpu_holds=SlurmCli(
+                CliConfig(bin_dir=os.path.dirname(ep.scontrol), env=scontrol.config.env)
+            ),
         )
         self._task = asyncio.ensure_future(self.syncer.run())
 

@@ -55,28 +55,7 @@ class Scontrol:
             return await self._run(*args)
 
     async def _run(self, *args: str) -> str:
-        argv = [self.config.scontrol, *args]
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env={**os.environ, **self.config.env},
-            )
-        except OSError as e:
-            raise SlurmUnavailable(f"cannot run {argv[0]}: {e}") from e
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.config.timeout_s)
-        except TimeoutError as e:
-            proc.kill()
-            await proc.wait()
-            raise SlurmUnavailable(f"{' '.join(argv)} timed out") from e
-        if proc.returncode != 0:
-            text = err.decode(errors="replace")
-            if "Unable to contact slurm controller" in text or "Socket timed out" in text:
-                raise SlurmUnavailable(text.strip())
-            raise SlurmCommandFailed(argv, proc.returncode or 1, text)
-        return out.decode(errors="replace")
+        return await run_tool([self.config.scontrol, *args], self.config.env, self.config.timeout_s)
 
     async def drain(self, node: str | Sequence[str], reason: str) -> None:
         """Drain one node, or several (one hostlist, one call) with the same reason."""
@@ -119,6 +98,33 @@ class Scontrol:
 
     async def delete_reservation(self, name: str) -> None:
         await self.run("delete", f"ReservationName={name}")
+
+
+async def run_tool(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> str:
+    """Run one of Slurm's command-line tools (scontrol, sbatch, squeue, scancel): its standard
+    output. :class:`SlurmUnavailable` when it cannot run, times out or cannot reach
+    slurmctld; :class:`SlurmCommandFailed` when it refuses."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **env},
+        )
+    except OSError as e:
+        raise SlurmUnavailable(f"cannot run {argv[0]}: {e}") from e
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError as e:
+        proc.kill()
+        await proc.wait()
+        raise SlurmUnavailable(f"{' '.join(argv)} timed out") from e
+    if proc.returncode != 0:
+        text = err.decode(errors="replace")
+        if "Unable to contact slurm controller" in text or "Socket timed out" in text:
+            raise SlurmUnavailable(text.strip())
+        raise SlurmCommandFailed(list(argv), proc.returncode or 1, text)
+    return out.decode(errors="replace")
 
 
 def slurm_time(at: float) -> str:

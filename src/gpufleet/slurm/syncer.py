@@ -11,6 +11,8 @@ Kubernetes is the database, Slurm the other one):
 * **pod watch** (when lending is on): high-priority Pods that cannot be scheduled;
 * **maintenance reservations** (every ``reservation_interval_s``): the Slurm
   reservations MaintenancePlans with a start time want (:mod:`gpufleet.slurm.reservations`).
+* **GPU holds** (every ``gpu_hold_interval_s``): a holder job of gpufleet's on each GPU the
+  records quarantine, on nodes in production (:mod:`gpufleet.slurm.gpu_holds`).
 
 One reconcile of one node (:meth:`Syncer.reconcile`), in order:
 
@@ -57,6 +59,7 @@ from gpufleet.domain.slurm_reasons import SlurmReasons
 from gpufleet.kubeapi import NODES, ApiError, KubePort, Patch
 from gpufleet.slurm import nodes as kn
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
+from gpufleet.slurm.gpu_holds import GpuHoldPort, GpuHolds
 from gpufleet.slurm.lender import Lender
 from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.ports import ReservationPort, ScontrolPort, SlurmRestPort
@@ -121,6 +124,9 @@ class SyncSettings:
     reservation_interval_s: float = 15.0
     """Seconds between passes over the MaintenancePlans' Slurm reservations
     (:mod:`gpufleet.slurm.reservations`); 0 turns them off."""
+    gpu_hold_interval_s: float = 5.0
+    """Seconds between passes over the quarantined GPUs' holder jobs
+    (:mod:`gpufleet.slurm.gpu_holds`); 0 turns them off."""
     reasons: SlurmReasons = field(default_factory=SlurmReasons)
     """How drain reasons set by others are judged (the policy's ``slurm`` section):
     a hardware verdict is reported as fault ``slurm-drain`` and taken over once the
@@ -172,6 +178,7 @@ class Syncer:
         clock: Clock = SYSTEM_CLOCK,
         metrics: SyncerMetrics | None = None,
         reservations: ReservationPort | None = None,
+        gpu_holds: GpuHoldPort | None = None,
     ) -> None:
         self.kube = kube
         self.rest = rest
@@ -228,6 +235,21 @@ class Syncer:
             else None
         )
         """The MaintenancePlans' Slurm reservations (None: off, or no reservation port)."""
+        self.gpu_holds = (
+            GpuHolds(
+                gpu_holds,
+                nodes=lambda: self.nodes,
+                slurm_known=lambda name: (
+                    self.slurm is not None and name in self.slurm and self.slurm[name].known
+                ),
+                interval_s=self.settings.gpu_hold_interval_s,
+                dry_run=self.settings.dry_run,
+                clock=clock,
+            )
+            if gpu_holds is not None and self.settings.gpu_hold_interval_s > 0
+            else None
+        )
+        """The quarantined GPUs' holder jobs (None: off, or no port)."""
 
     # -- views -----------------------------------------------------------------------
 
@@ -913,6 +935,8 @@ class Syncer:
             loops.append(self.lender.pod_loop())
         if self.reservations is not None:
             loops.append(self.reservations.loop())
+        if self.gpu_holds is not None:
+            loops.append(self.gpu_holds.loop())
         try:
             await asyncio.gather(*loops)
         finally:
