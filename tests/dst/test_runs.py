@@ -3,7 +3,8 @@ code holds every invariant on a bounded set of seeds and on every recorded seed.
 
 ``seeds/`` keeps the shrunk specs of the violations the simulation found: ``before-gate-*``
 on the code before the gate (issue 33's defects; docs/dst.md says which seed is which),
-``after-gate-*`` on the code after it, before the fixes they led to. A spec is a list of
+``after-gate-*`` on the code after it, before the fixes they led to; ``roll-*`` with the
+slurmd roll (``Config.slurmd_roll``), before decisions 0255 and 0256. A spec is a list of
 environment events and scheduling choices; replayed on today's code, the story may
 drift (the code asks other questions), but the events that broke an invariant still
 happen, and no invariant may break.

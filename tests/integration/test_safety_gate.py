@@ -47,6 +47,7 @@ from waiting import wait_for
 
 from gpufleet.domain import emptiness, well_known
 from gpufleet.domain.ladder import Step
+from gpufleet.domain.operator import OperatorRequest
 from gpufleet.domain.records import Incident, NodeRecord, StepAttempt, record_to_json
 from gpufleet.domain.states import NodeState
 from gpufleet.local.cluster import ClusterInfo
@@ -872,6 +873,45 @@ def test_a_reimage_killed_after_its_one_time_boot_leaves_no_network_boot_armed(
     )
     assert r.status_code in (200, 202, 204), r.text
     assert bmc_counters(info, node)["LastBootSource"] == "Hdd"
+
+
+def test_a_triage_while_a_reimage_boots_leaves_the_network_boot_to_the_firmware(
+    env: Any,
+) -> None:
+    """Decision 0255. The reimage's PowerCycle goes out and the machine takes 25 s to boot
+    (the BMC shows it off meanwhile; the firmware reads the one-time boot at the end). An
+    operator's triage (the request ``gpufleet node triage`` writes) lands during the boot.
+    The old code ran the ended attempt's cleanup beside the reimage's own task, which was
+    still waiting for the machine: it removed the override, and the machine booted its old
+    disk."""
+    info, api, logs = env
+    node = info.node_names[2]
+    ladder = [{"step": "reimage", "timeoutSeconds": 120, "attempts": 1, "onFailure": "triage"}]
+    name = policy(api, "gate-pxe-triage", spec(action="reimage", ladder=ladder))
+    p0, boots0 = posts(info, node), int(bmc_counters(info, node)["BootCount"])
+    bmc_control(info, node, bootSeconds=25.0)
+    with running(info, logs, policy=name, lease=lease(name)):
+        report_fault(api, node, 79)
+        wait_for("the reimage's reset", lambda: posts(info, node) > p0, timeout=60, step=0.05)
+        assert system(info, node)["Boot"]["BootSourceOverrideEnabled"] == "Once"
+        request = OperatorRequest("triage", "looking at it by hand", "alice", time.time(), "t1")
+        annotation = {well_known.ANNOTATION_OPERATOR_REQUEST: request.encode()}
+        api.patch(f"/api/v1/nodes/{node}", {"metadata": {"annotations": annotation}})
+        wait_for("triage", lambda: api.state(node) == "triage", timeout=20, step=0.1)
+        assert int(bmc_counters(info, node)["BootCount"]) == boots0, "booted before the triage"
+        wait_for(
+            "the machine booted",
+            lambda: int(bmc_counters(info, node)["BootCount"]) > boots0,
+            timeout=30,
+        )
+        assert bmc_counters(info, node)["LastBootSource"] == "Pxe"
+        wait_for(
+            "the reimage's mark removed",
+            lambda: well_known.ANNOTATION_BMC_ACTION not in node_annotations(api, node),
+            timeout=30,
+        )
+        assert system(info, node)["Boot"]["BootSourceOverrideEnabled"] == "Disabled"
+    assert posts(info, node) == p0 + 1
 
 
 def test_retries_of_held_faults_do_not_keep_the_breaker_open(env: Any) -> None:

@@ -150,6 +150,8 @@ class FakeBmc(Bmc):
         False: lose the answer and do not perform it."""
         self.performs = True
         """False: answer a reset as accepted and never carry it out (a hung OS)."""
+        self.boot: str | None = None
+        """The one-time boot armed (the firmware has not read it: nothing here boots)."""
         self.calls: list[str] = []
 
     @property
@@ -188,9 +190,14 @@ class FakeBmc(Bmc):
 
     async def set_one_time_boot(self, target: str = "Pxe") -> None:
         self.calls.append(f"boot {target}")
+        self.boot = target
 
     async def clear_one_time_boot(self) -> None:
         self.calls.append("boot cleared")
+        self.boot = None
+
+    async def one_time_boot(self) -> str | None:
+        return self.boot
 
 
 class UnmodelledKube:

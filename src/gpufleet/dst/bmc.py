@@ -68,6 +68,11 @@ class BmcModel:
     """(Created, Message) of its event log, oldest first."""
     boot_override: str | None = None
     """A one-time boot target armed and not yet consumed."""
+    firmware_reads: bool = False
+    """The machine is starting from a reset that found a network boot armed: its
+    firmware reads the override as the boot ends (removed before, the disk boots)."""
+    network_boots: int = 0
+    """Boots the firmware made from a one-time network boot (reimages done)."""
     posts: list[tuple[float, str]] = field(default_factory=list)
     """(virtual time, reset type) of every reset it performed."""
     shutting_down: asyncio.TimerHandle | None = None
@@ -193,6 +198,11 @@ class BmcClient(Bmc):
         await self.world.port_call(
             self.proc, "bmc", what, disarm, writes=False, key=True, error=self._unreachable
         )
+
+    async def one_time_boot(self) -> str | None:
+        m = self.model
+        got: str | None = await self._get("System (boot)", lambda: m.boot_override)
+        return got
 
 
 def perform(world: World, m: BmcModel, reset_type: str) -> None:

@@ -79,8 +79,12 @@ LOOK_FRESH_S = 5.0
 (the gate's after its mark; slowest answer in the model: 2.5 s)."""
 NOTICE_WAIT_S = 10.0
 """How long after a record drops a held fault its Notice Event may come."""
-ARMED_GRACE_S = 5.0
-"""How long a one-time network boot may stay armed with no reimage in progress."""
+ARMED_GRACE_S = 30.0
+"""How long a one-time network boot may stay armed with no reimage in progress, once a
+controller leads: its cleanup runs at the tick after the controller's own view shows
+the attempt ended, which lags a write whose answer was lost until the Node's watch
+delivers it (16 s in seed 1015 of the roll's weight set, decision 0256). The run's
+drain-out (``Invariants.armed_due``) judges one still armed at the end."""
 
 
 def record_in(obj: Mapping[str, Any] | None) -> NodeRecord | None:
@@ -362,6 +366,16 @@ class Invariants:
             category="1b/network-boot-cancelled",
         )
 
+    def armed_due(self) -> float | None:
+        """When the last override armed now with nothing in progress is due to be judged
+        (None: none): a run that ends sooner drains out till then, so a boot left armed
+        in the run's last seconds is judged like any other (decision 0256)."""
+        leading = self.leading_since()
+        if leading is None or not self.armed_since:
+            return None
+        live = [t for t in self.armed_since.values() if t != float("inf")]
+        return max(max(t, leading) for t in live) + ARMED_GRACE_S if live else None
+
     def check_armed(self) -> None:
         """1b: a one-time network boot armed while no reimage is in progress or being
         verified (until verification ends the firmware may still read it, 0177)."""
@@ -374,7 +388,9 @@ class Invariants:
                 and rec.incident is not None
                 and rec.incident.current is Step.REIMAGE
             ) or network_boot_may_be_starting(rec)
-            if m.boot_override is None or reimaging:
+            # A machine starting from a reset that found it armed reads it as it boots
+            # (removed now, it boots its disk: the other half of 1b): kept, not left.
+            if m.boot_override is None or reimaging or m.firmware_reads:
                 self.armed_since.pop(m.node, None)
                 continue
             since = self.armed_since.setdefault(m.node, now)

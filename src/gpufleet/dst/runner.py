@@ -175,6 +175,11 @@ def run(
             loop.call_later(1.0, every_second)
             end = cfg.duration + cfg.calm_s
             loop.run_until(end if until is None else min(until, end))
+            due = inv.armed_due() if until is None else None
+            if due is not None and due > loop.time() and not world.violations:
+                # Drain-out: no more environment events, the products keep running until
+                # a network boot armed at the very end has had its grace (decision 0256).
+                loop.run_until(due + 1.0)
             if not world.violations and loop.time() >= end:
                 inv.check_end()
             if inspect is not None:

@@ -335,6 +335,7 @@ class World:
 
     def machine_off(self, model: BmcModel) -> None:
         node = model.node
+        model.firmware_reads = False  # powered off while starting: nothing reads the boot
         self.kill(f"agent-{node}", restart_s=None, why="machine powered off")
         for job in self.slurm.reboot(node):
             self.trace.add(
@@ -356,10 +357,13 @@ class World:
         # boot only as it starts, here when the boot ends (a real one: a minute or more).
         network = model.boot_override is not None
         this_reset = model.resets
+        model.firmware_reads = network
         if not network:
             hw.fixed(by_reset)
 
         def booted() -> None:
+            if model.resets == this_reset:
+                model.firmware_reads = False
             if network and model.resets == this_reset:  # a later reset boots on its own
                 if model.boot_override is None:
                     hw.fixed(by_reset)
@@ -367,6 +371,7 @@ class World:
                         hook(model)
                 else:
                     model.boot_override = None
+                    model.network_boots += 1
                     hw.fixed(Step.REIMAGE)
             if model.power == "On":
                 self.slurm.booted(node)

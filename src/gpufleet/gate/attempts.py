@@ -5,7 +5,8 @@ from __future__ import annotations
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
-from gpufleet.remediate.steps import BMC_STEPS, Attempt
+from gpufleet.remediate.evidence import ActionMark, ResetEvidence, reset_since
+from gpufleet.remediate.steps import BMC_STEPS, NETWORK_BOOT, Attempt
 
 
 def attempt_in_progress(record: NodeRecord | None) -> Attempt | None:
@@ -41,3 +42,35 @@ def network_boot_may_be_starting(record: NodeRecord | None) -> bool:
         return False
     inc = record.incident
     return inc is not None and bool(inc.tried) and inc.tried[-1].step is Step.REIMAGE
+
+
+def network_boot_may_be_read(
+    mark: ActionMark | None,
+    armed: str | None,
+    seen: ResetEvidence,
+    *,
+    now: float,
+    window_s: float,
+) -> bool:
+    """Whether a reimage that ended without verifying (an operator's triage, a failed or
+    timed-out step) left its network boot where the machine's firmware may still read it.
+
+    ``mark`` is the ended attempt's write-ahead mark, ``armed`` the override the BMC
+    shows now, ``seen`` its reset evidence now. The firmware reads a one-time boot at
+    its power-on self-test, minutes after the BMC shows the reset; removed before then,
+    the machine boots its old disk and the reimage is silently not done. So the boot is
+    kept while the attempt's reset went out (its mark names a reset, not only the
+    override), the BMC shows it happened, and less than ``window_s`` has passed since
+    the POST (the time a boot stage may take, the boot watchdog's ``stall_seconds``).
+
+    Otherwise nothing is known to start from it, and an override still armed would
+    reimage the machine at the next reset by anyone: it is removed (decision 0255). That
+    is a machine left off (its last mark the ForceOff of a ForceOff + On), a reset the
+    BMC does not show (a mark whose POST never left; a BMC that shows no reset at all is
+    judged as before), or a firmware that had the window and did not use the override.
+    """
+    if mark is None or armed is None or mark.reset_type in (NETWORK_BOOT, "ForceOff"):
+        return False  # no reset, or a ForceOff + On stopped at its ForceOff: nothing starts
+    if reset_since(mark.baseline, seen, mark.reset_type) is not True:
+        return False  # not shown: a mark written and no POST (its answer lost), or none seen
+    return now - mark.posted_at < window_s

@@ -30,7 +30,11 @@ from gpufleet.domain.policy import Policy, SlurmSilence
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import NodeState
 from gpufleet.gate import proof
-from gpufleet.gate.attempts import attempt_in_progress, network_boot_may_be_starting
+from gpufleet.gate.attempts import (
+    attempt_in_progress,
+    network_boot_may_be_read,
+    network_boot_may_be_starting,
+)
 from gpufleet.gate.drivers import BmcFactory, redfish_bmcs
 from gpufleet.gate.fence import Fence, StaticFence
 from gpufleet.gate.outcomes import Done, Failed, Held, Outcome, Refused, Stale
@@ -178,7 +182,7 @@ class Gate:
             return Failed(str(exc))
         return Done(detail)
 
-    async def disarm(self, name: str, attempt: steps.Attempt) -> bool:
+    async def disarm(self, name: str, attempt: steps.Attempt, *, boot_window_s: float) -> bool:
         """Remove a reimage's one-time network boot that its attempt left armed.
 
         An attempt that ended without its reset (a timeout, a crash between the
@@ -187,6 +191,12 @@ class Gate:
         BMC was reached. Not disruptive: no proof; the lease, since a replica that
         lost it could remove the boot the next holder's reimage just set. The mark of the
         attempt is removed afterwards.
+
+        One whose reset went out is kept while the machine may be starting from it
+        (:func:`~gpufleet.gate.attempts.network_boot_may_be_read`, at most
+        ``boot_window_s`` after the POST): removing it then would boot the old disk
+        (decision 0255). Returns False then, so the mark stays and a later sweep asks
+        again; once the firmware used the override the BMC shows none, and the mark goes.
         """
         try:
             self._check_fence()  # a replica that lost the lease could cancel the next one's
@@ -200,8 +210,31 @@ class Gate:
                 # still under way, or its machine may still be reading the boot (0177).
                 log.info("node=%s one-time boot of %s kept: still in use", name, attempt.step)
                 return False
+            text, trust = nodedata.read_mark_text(body, self._keys())
+            mark = ActionMark.from_json(text) if trust is nodedata.Trust.SIGNED else None
+            if mark is not None and not mark.binds(
+                attempt.step.value, attempt.attempt, attempt.started_at
+            ):
+                mark = None  # another attempt's: says nothing of this one's reset
             creds = await self._credentials(body)
             async with self._bmcs(creds, name) as bmc:
+                if mark is not None and mark.reset_type != steps.NETWORK_BOOT:
+                    armed = await bmc.one_time_boot()
+                    if armed is not None and network_boot_may_be_read(
+                        mark,
+                        armed,
+                        await bmc.evidence(),
+                        now=self._clock.now(),
+                        window_s=boot_window_s,
+                    ):
+                        log.info(
+                            "node=%s one-time boot of %s kept: the machine may be starting "
+                            "from its %s",
+                            name,
+                            attempt.step,
+                            mark.reset_type,
+                        )
+                        return False
                 await bmc.clear_one_time_boot()
         except (redfish.RedfishError, ApiError, _HoldOn) as exc:
             log.warning("node=%s one-time boot of %s not cleared yet: %s", name, attempt.step, exc)

@@ -286,11 +286,13 @@ class GatedSteps:
 
     def _clean(self, name: str, ended: tuple[steps.Attempt, ...]) -> None:
         """Clean up ``ended`` attempts of ``name`` in a task of their own, never beside
-        another act of the node (their own tasks may still be winding down): a one-time
-        boot removed while the node's next reimage sets its own would cancel that one
-        (found by the simulation). Held back, it runs when the node's act task ends; its
-        mark stays meanwhile, so a restart's sweep comes back to it."""
-        if any(key[0] == name and key[1] not in ended for key in self._running):
+        an act of the node: a one-time boot removed while the node's next reimage sets
+        its own would cancel that one, and one removed while the ended attempt's own task
+        is between its mark and its POST (an operator's triage at that moment) would turn
+        the reset it still sends into a plain power cycle (both found by the simulation,
+        decision 0255). Held back, it runs when the node's act task ends; its mark stays
+        meanwhile, so a restart's sweep comes back to it."""
+        if any(key[0] == name for key in self._running):
             if (name, CLEANUP) not in self._running:  # run when the node's act ends
                 self._held_back[name] = (*self._held_back.get(name, ()), *ended)
             return
@@ -300,8 +302,11 @@ class GatedSteps:
         task.add_done_callback(functools.partial(_discard, self._running, key))
 
     async def _cleanup(self, name: str, ended: tuple[steps.Attempt, ...]) -> None:
+        window = self.policies.effective().provisioning.stall_seconds
         for attempt in ended:
-            if attempt.step is Step.REIMAGE and not await self.gate.disarm(name, attempt):
+            if attempt.step is Step.REIMAGE and not await self.gate.disarm(
+                name, attempt, boot_window_s=window
+            ):
                 continue  # keep the mark: the next sweep tries again
             await self.gate.clear_mark(name, attempt)
 

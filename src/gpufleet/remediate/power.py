@@ -57,3 +57,13 @@ class RedfishPower(RedfishClient):
         if enabled == "Disabled" or boot.get("BootSourceOverrideTarget") not in (None, "Pxe"):
             return  # nothing armed, or not a network boot (not ours to remove)
         await self._request("PATCH", info.path, {"Boot": {"BootSourceOverrideEnabled": "Disabled"}})
+
+    async def one_time_boot(self) -> str | None:
+        """The network boot armed now, or None (none armed, or the firmware used it: the
+        BMC sets a ``Once`` override back to ``Disabled`` when the machine boots with it)."""
+        _, system = await self._system_now()
+        boot = system.get("Boot") or {}
+        if boot.get("BootSourceOverrideEnabled") == "Disabled":
+            return None
+        # Read as :meth:`clear_one_time_boot` does: what it would remove is what is armed.
+        return "Pxe" if boot.get("BootSourceOverrideTarget") in (None, "Pxe") else None

@@ -124,6 +124,11 @@ class Bmc(Protocol):
         """Remove a one-time boot override (idempotent)."""
         ...
 
+    async def one_time_boot(self) -> str | None:
+        """The one-time network boot armed now (its target), or None: none, or one the
+        firmware already read (a ``Once`` override goes back to ``Disabled`` when used)."""
+        ...
+
 
 class Journal(Protocol):
     """Where the write-ahead mark is kept. ``write`` returns only once it is durable

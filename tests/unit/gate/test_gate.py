@@ -413,7 +413,7 @@ def test_disarm_removes_a_one_time_boot_and_the_mark_goes() -> None:
     world, bmc = World(_ended(NodeState.TRIAGE)), machine_bmc()
     g = gate(world, bmc)
     _marked(world, "PowerCycle", ResetEvidence(last_reset_time="t0"))
-    assert run(g.disarm(NODE, ATTEMPT))
+    assert run(g.disarm(NODE, ATTEMPT, boot_window_s=WINDOW))
     run(g.clear_mark(NODE, ATTEMPT))
     assert "boot cleared" in bmc.calls
     assert well_known.ANNOTATION_BMC_ACTION not in world.nodes[NODE]["metadata"]["annotations"]
@@ -429,8 +429,63 @@ def test_disarm_judges_the_node_as_it_is_now_and_keeps_a_boot_in_use(record: Nod
     attempt set or the machine may still read (0177): the gate reads the Node again."""
     world, bmc = World(record), machine_bmc()
     attempt = steps.Attempt(Step.REIMAGE, 1, 1_010.0) if "verifying" in record.state else ATTEMPT
-    assert not run(gate(world, bmc).disarm(NODE, attempt))
+    assert not run(gate(world, bmc).disarm(NODE, attempt, boot_window_s=WINDOW))
     assert "boot cleared" not in bmc.calls
+
+
+REIMAGE = steps.Attempt(Step.REIMAGE, 1, 1_010.0)
+WINDOW = 900.0
+"""The boot window (the policy's ``provisioning.stallSeconds``)."""
+
+
+def _reimage_reset_out(
+    *, reset_type: str = "PowerCycle", performed: bool = True, boot: str | None = "Pxe"
+) -> tuple[World, FakeBmc]:
+    """A reimage that went to triage (an operator's) 0.1 s after its PowerCycle POST
+    (the mark, ``posted_at`` 1,999.9; the gate's clock reads 2,000)."""
+    world, bmc = World(_ended(NodeState.TRIAGE, Step.REIMAGE)), machine_bmc()
+    mark = ActionMark(
+        step=REIMAGE.step.value,
+        attempt=REIMAGE.attempt,
+        started_at=REIMAGE.started_at,
+        reset_type=reset_type,
+        baseline=ResetEvidence(last_reset_time="t0", power_state="On"),
+        posted_at=1_999.9,
+    )
+    world.nodes[NODE]["metadata"]["annotations"].update(
+        nodedata.mark_annotations(NODE, mark.to_json(), KEY)
+    )
+    bmc.resets, bmc.boot = (1 if performed else 0), boot
+    bmc.power = "Off" if reset_type == "ForceOff" else "On"
+    return world, bmc
+
+
+def test_disarm_keeps_a_network_boot_the_machine_may_be_starting_to_read() -> None:
+    """Seed 37 of the simulation: an operator's triage 1.8 s after a reimage's reset. The
+    firmware reads the override minutes later; removed now, the machine boots its old
+    disk (0255). Kept, and the mark with it, so a later sweep asks again."""
+    world, bmc = _reimage_reset_out()
+    assert not run(gate(world, bmc).disarm(NODE, REIMAGE, boot_window_s=WINDOW))
+    assert "boot cleared" not in bmc.calls and bmc.boot == "Pxe"
+
+
+@pytest.mark.parametrize(
+    ("case", "window"),
+    [
+        ("used", WINDOW),  # the firmware read it: the BMC shows none armed
+        ("left-off", WINDOW),  # a ForceOff + On stopped at its ForceOff: nothing starts
+        ("not-performed", WINDOW),  # the BMC shows no reset: nothing is starting
+        ("past-the-window", 0.05),  # the firmware had its time and did not read it
+    ],
+)
+def test_disarm_removes_a_network_boot_nothing_will_read(case: str, window: float) -> None:
+    world, bmc = _reimage_reset_out(
+        reset_type="ForceOff" if case == "left-off" else "PowerCycle",
+        performed=case != "not-performed",
+        boot=None if case == "used" else "Pxe",
+    )
+    assert run(gate(world, bmc).disarm(NODE, REIMAGE, boot_window_s=window))
+    assert "boot cleared" in bmc.calls and bmc.boot is None
 
 
 def test_secrets_are_read_from_the_nodes_annotation_only() -> None:
