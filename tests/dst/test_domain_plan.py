@@ -12,14 +12,11 @@ import pytest
 from gpufleet.domain import maintenance as mt
 from gpufleet.domain.records import Incident, NodeRecord
 from gpufleet.domain.states import NodeState
-from gpufleet.dst.invariants import Invariants
-from gpufleet.dst.kube import node_body
 from gpufleet.dst.runner import Spec, run
-from gpufleet.dst.scenario import NVLINK_DOMAIN, Config, dst_policy, nvlink_domain_of
+from gpufleet.dst.scenario import Config, dst_policy
 from gpufleet.dst.world import World
-from gpufleet.kubeapi import NODES
 
-from .test_invariants import CTL, _write
+from .test_invariants import CTL, _write, domain_world
 
 S = NodeState
 RUN = Config(duration=300.0, calm_s=120.0, domains=True, domain_plan=True)
@@ -28,15 +25,8 @@ SEEDS = 2
 
 
 def _world() -> World:
-    """Four nodes: n1, n3 in nvl72-0; n2, n4 in nvl72-1."""
-    w = World(1, ["n1", "n2", "n3", "n4"], replay=[], shuffle=False)
-    w.stop_on_violation = False
-    for i, n in enumerate(w.node_names):
-        body = node_body(n)
-        body["metadata"]["labels"][NVLINK_DOMAIN] = nvlink_domain_of(i)
-        w.api.create("kubelet", NODES, body, None)
-    Invariants(w, dst_policy(domains=True)).attach()
-    return w
+    """n1, n3 in nvl72-0; n2, n4 in nvl72-1; at most one tray of a domain out."""
+    return domain_world(dst_policy(domains=True))
 
 
 def _tray(node: str, state: S, *, acting: bool = False) -> NodeRecord:

@@ -8,6 +8,7 @@ from dataclasses import replace
 from gpufleet.domain import well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
+from gpufleet.domain.policy import Policy
 from gpufleet.domain.records import Incident, NodeRecord, StepAttempt, record_to_json
 from gpufleet.domain.states import NodeState
 from gpufleet.dst.bmc import BmcModel
@@ -29,6 +30,19 @@ def _world() -> tuple[World, Invariants]:
     inv = Invariants(w, dst_policy())
     inv.attach()
     return w, inv
+
+
+def domain_world(policy: Policy) -> World:
+    """Four nodes in two NVLink domains (n1, n3 in nvl72-0; n2, n4 in nvl72-1) under
+    ``policy``, the invariants attached."""
+    w = World(1, ["n1", "n2", "n3", "n4"], replay=[], shuffle=False)
+    w.stop_on_violation = False
+    for i, n in enumerate(w.node_names):
+        body = node_body(n)
+        body["metadata"]["labels"][NVLINK_DOMAIN] = nvlink_domain_of(i)
+        w.api.create("kubelet", NODES, body, None)
+    Invariants(w, policy).attach()
+    return w
 
 
 def _write(w: World, who: str, node: str, rec: NodeRecord, **labels: str) -> None:
@@ -166,13 +180,7 @@ def test_a_group_budget_counts_the_groups_nodes() -> None:
 def test_a_domain_budget_counts_the_domains_nodes() -> None:
     """With a per-domain budget of one node, a second node of one NVLink domain out breaks
     invariant 4 though the pool's budget (2 of 4) has room; one of each domain does not."""
-    w = World(1, ["n1", "n2", "n3", "n4"], replay=[], shuffle=False)
-    w.stop_on_violation = False
-    for i, n in enumerate(w.node_names):
-        body = node_body(n)
-        body["metadata"]["labels"][NVLINK_DOMAIN] = nvlink_domain_of(i)
-        w.api.create("kubelet", NODES, body, None)
-    Invariants(w, dst_policy(domains=True)).attach()
+    w = domain_world(dst_policy(domains=True))
     _write(w, CTL, "n1", _remediating("n1", 1.0))  # nvl72-0
     _write(w, CTL, "n2", _remediating("n2", 1.0))  # nvl72-1
     assert w.violations == []
