@@ -295,6 +295,10 @@ def _explain_node(
     out.print("[bold]Budgets (each must allow a node out)[/bold]")
     for line in found.budgets:
         out.print(f"  - {escape(line)}")
+    if found.domain_faults:
+        out.print("[bold]Fabric faults (judged with the NVLink domain)[/bold]")
+        for line in found.domain_faults:
+            out.print(f"  - {escape(line)}")
     if quarantined:
         out.print("[bold]GPUs quarantined now (the node serves on the others)[/bold]")
         for line in quarantined:

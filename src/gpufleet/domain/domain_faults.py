@@ -164,6 +164,22 @@ def waits(record: NodeRecord, rule: DomainFaults, now: float) -> float:
     return max(0.0, inc.opened_at + rule.window_seconds - now)
 
 
+def explain_node(rule: DomainFaults, domain: str) -> list[str]:
+    """How fabric faults on a node of ``domain`` ("" none) are judged (``gpufleet policy
+    explain --node``)."""
+    if not domain or not rule.enabled:
+        return []
+    faults = ", ".join(rule.faults)
+    switch = ", ".join(rule.switch_faults) or "none"
+    return [
+        f"NVLink domain {domain}: {rule.min_trays} trays reporting {faults} within "
+        f"{rule.window_seconds:g}s, or one tray's {switch}, take the whole domain out and "
+        "hold it with no ladder step until its fabric reports healthy (domainFaults)",
+        f"a fabric fault on this tray alone: drained at once, its own ladder after "
+        f"{rule.window_seconds:g}s",
+    ]
+
+
 def explain(rule: DomainFaults, key: str) -> list[str]:
     """What the rule does with a fault ``key`` (``gpufleet policy explain``); [] when it
     does not count it."""

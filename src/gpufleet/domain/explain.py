@@ -152,6 +152,9 @@ class NodeExplanation:
     rules: list[str]
     """The faults whose rule the override replaces or adds, with their actions."""
     fault: Explanation | None = None
+    domain_faults: list[str] = field(default_factory=list)
+    """How a fabric fault on the node is judged with its NVLink domain (domainFaults); []
+    for a node in no domain, or with the rule off."""
 
 
 def explain_node(
@@ -186,7 +189,10 @@ def explain_node(
             one = replace(one, source=f"override {found.override}")
     domain = policy_groups.domain_of(policy, node, labels)
     budgets = _budgets(resolved, domain)
-    return NodeExplanation(found.override, found.why, ladder, budgets, own, one)
+    judged = domain_faults.explain_node(policy.domain_faults, domain)
+    return NodeExplanation(
+        found.override, found.why, ladder, budgets, own, one, domain_faults=judged
+    )
 
 
 def _first_text(action: Response) -> str:

@@ -259,3 +259,17 @@ def test_policy_explain_names_the_rule_for_a_fabric_fault_and_not_for_others() -
     assert not any(
         "domainFaults" in x for x in explain(off, fault=FaultKind.FABRIC_DEGRADED).isolation
     )
+
+
+def test_policy_explain_node_says_how_a_trays_fabric_faults_are_judged() -> None:
+    from gpufleet.domain.explain import explain_node
+
+    labels = {"network.topology.nvidia.com/accelerator": "nvl-7"}
+    found = explain_node(_load(), labels, node="t0")
+    assert (
+        found.domain_faults and "NVLink domain nvl-7: 2 trays reporting" in found.domain_faults[0]
+    )
+    assert "or one tray's nvswitch-fatal" in found.domain_faults[0]
+    assert explain_node(_load(), {}, node="t0").domain_faults == []
+    off = _load(domainFaults={"minTrays": 0})
+    assert explain_node(off, labels, node="t0").domain_faults == []
