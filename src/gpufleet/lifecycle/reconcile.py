@@ -101,6 +101,13 @@ class NodePass:
         """The task writing them (None: none pending, it ended)."""
         self._adopting_now: set[str] = set()
         """The node the writer is writing: its first write is not deferred again."""
+        self._echoes: dict[str, tuple[str, Policy]] = {}
+        """Per Node: the resourceVersion this process's own last record write returned,
+        and the policy it was decided under, while the Node as written holds nothing
+        ``decide`` has not heard (decision 0252). Its watch event (the echo) is not
+        decided again under that same policy; forgotten on any other event of the Node,
+        any pass over it and a takeover (:meth:`prime`). A standby decides nothing, so
+        what it remembers from before its stand-down changes nothing until it takes over."""
 
     def _after(
         self,
@@ -118,7 +125,11 @@ class NodePass:
         return self.book.lock(name)
 
     async def prime(self) -> None:
-        """Load every Node's record before the first decision (budget needs the whole fleet)."""
+        """Load every Node's record before the first decision (budget needs the whole fleet).
+
+        Also on a takeover (``Controller.activate``), which then decides every held Node:
+        no echo of an earlier write is skipped from here on (decision 0252)."""
+        self._echoes.clear()
         selector = ",".join(f"{k}={v}" for k, v in sorted(self.settings.node_selector.items()))
         listing = await self.client.list(NODES, label_selector=selector)
         now = self.clock.now()
@@ -140,12 +151,30 @@ class NodePass:
         async with self._lock(name):
             if _older(body, self.book.get(name)):
                 return  # a watch event from before our own last write
+            if self._echo(name, body):
+                return  # our own write coming back: decided before it was written
             await self._reconcile(dict(body), extra=())
+
+    def _echo(self, name: str, body: Mapping[str, Any]) -> bool:
+        """Whether ``body`` is the Node exactly as this process's own last write left it
+        (the resourceVersion that write returned, and the version held since); the echo
+        remembered is used up either way."""
+        echo = self._echoes.pop(name, None)
+        known = self.book.get(name)
+        if echo is None or known is None:
+            return False
+        version, policy = echo
+        return (
+            _version(body) == version
+            and _version(known) == version
+            and self.policies.policy is policy  # a new policy (or a pause) decides again
+        )
 
     def on_node_deleted(self, name: str) -> None:
         """A Node is gone: nothing of it is kept here (the controller tells the others)."""
         self.fleet.forget(name)
         self.book.forget(name)
+        self._echoes.pop(name, None)
         self._vouched.discard(name)
         self.adoption_pending.pop(name, None)
         if self.deleted is not None:
@@ -213,6 +242,7 @@ class NodePass:
 
     async def _process(self, body: Json, extra: Sequence[ev.Event]) -> None:
         name = nodes.name_of(body)
+        self._echoes.pop(name, None)  # set again only by this pass's own successful write
         self.book.put(name, body)
         if not self.keys or not self.may_act():
             return  # a standby, or no key to trust a record with: nothing is decided
@@ -232,6 +262,7 @@ class NodePass:
         elif machines.machine_of(body) is not None:
             await self._revoke_after_rejoin(name, body)
         fleet_policy = self.policies.effective()
+        decided_under = self.policies.policy
         labels = nodes.labels_of(body)
         resolved = policy_groups.policy_for(fleet_policy, labels)
         domain = policy_groups.domain_of(fleet_policy, name, labels)
@@ -309,10 +340,23 @@ class NodePass:
             return
         await self._freed(record, frees)
         self.book.put(name, written)
+        self._remember_echo(name, written, record, decided_under)
         self._vouched.add(name)
         if obs.request is not None:
             self._answer_operator(written, obs.request, before, events, decisions)
         self._after(body, written, before, record, decisions, now)
+
+    def _remember_echo(self, name: str, written: Json, record: NodeRecord, policy: Policy) -> None:
+        """Remember the version ``written`` has, if deciding it again could change
+        nothing: it holds no event ``decide`` has not heard (its faults are under the
+        watermark just written, no answer or request waits) and no registration waits
+        for a Ready provisioning Node (decision 0252)."""
+        version = _version(written)
+        if not version or nodes.observe(written, record).events:
+            return
+        if record.state is S.PROVISIONING and nodes.is_ready(written):
+            return
+        self._echoes[name] = (version, policy)
 
     async def regroup(self) -> None:
         """Every record's node group and NVLink domain under the policy in use (after a
@@ -453,6 +497,10 @@ class NodePass:
         self.events.node(body, "Normal" if accepted else "Warning", "OperatorRequest", message)
 
 
+def _version(body: Mapping[str, Any]) -> str:
+    return str(body.get("metadata", {}).get("resourceVersion", ""))
+
+
 def _older(body: Mapping[str, Any], known: Mapping[str, Any] | None) -> bool:
     """Whether ``body`` is an older version of the Node than ``known``.
 
@@ -461,8 +509,7 @@ def _older(body: Mapping[str, Any], known: Mapping[str, Any] | None) -> bool:
     """
     if known is None:
         return False
-    a = str(body.get("metadata", {}).get("resourceVersion", ""))
-    b = str(known.get("metadata", {}).get("resourceVersion", ""))
+    a, b = _version(body), _version(known)
     return a.isdigit() and b.isdigit() and int(a) < int(b)
 
 
