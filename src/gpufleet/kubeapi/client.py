@@ -23,7 +23,7 @@ import kr8s
 import kr8s.asyncio
 import yaml
 
-from gpufleet.kubeapi import contexts
+from gpufleet.kubeapi import contexts, pool
 from gpufleet.kubeapi.errors import ApiError, Gone, KubeconfigError, Unreachable, error_for
 from gpufleet.kubeapi.port import ObjectList, WatchEvent
 from gpufleet.kubeapi.resources import EVENTS, PODS, Json, Patch, Resource
@@ -71,6 +71,8 @@ class KubeApi:
         self._background = (
             asyncio.Semaphore(min(MAX_BACKGROUND, max_in_flight)) if max_in_flight else None
         )
+        self._kept: object = None
+        """The kr8s session whose pool keeps its sockets (:mod:`gpufleet.kubeapi.pool`)."""
 
     @classmethod
     async def connect(
@@ -151,6 +153,7 @@ class KubeApi:
             kwargs["params"] = dict(params)
         url = "/".join(p for p in (resource.plural, name, sub) if p)
         self.requests[(method, f"{resource.plural}/{sub}" if sub else resource.plural)] += 1
+        self._keep_sockets()
         async with self._slot():
             try:
                 async with self._api.call_api(
@@ -162,6 +165,14 @@ class KubeApi:
                 raise _translate(what, exc) from None
             except (httpx.HTTPError, kr8s.APITimeoutError, OSError) as exc:
                 raise Unreachable(what, None, f"{type(exc).__name__}: {exc}") from exc
+
+    def _keep_sockets(self) -> None:
+        """The idle-connection check of kr8s's session answered from each connection's
+        socket (decision 0253), once per session kr8s makes."""
+        session = getattr(self._api, "_session", None)
+        if session is not None and session is not self._kept:
+            self._kept = session
+            pool.keep_sockets(session)
 
     def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
         return self._slots if self._slots is not None else contextlib.nullcontext()
