@@ -55,6 +55,14 @@ def cleanup(
         Path | None, typer.Option(help="Mint slurmrestd tokens with this HS256 key.")
     ] = None,
     token_file: Annotated[Path | None, typer.Option(help="A token from `scontrol token`.")] = None,
+    dra: Annotated[
+        bool,
+        typer.Option(
+            "--dra",
+            help="Also delete gpufleet's DRA objects: the agents' ResourceSlices and the "
+            "controller's DeviceTaintRules (the chart passes it with dra.enabled).",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say what would be removed; change nothing.")
     ] = False,
@@ -77,6 +85,8 @@ def cleanup(
     Example:
 
         gpufleet cleanup -n gpufleet --dry-run --stop deployment/gpufleet-controller
+
+        gpufleet cleanup -n gpufleet --dra --stop daemonset/gpufleet-agent
     """
     import asyncio
 
@@ -89,7 +99,17 @@ def cleanup(
         rest = SlurmRest(RestConfig(slurmrestd_url, "root", token, timeout_s=10.0))
     try:
         report = asyncio.run(
-            _run(namespace, stop or [], stop_timeout, selector, dry_run, kubeconfig, progress, rest)
+            _run(
+                namespace,
+                stop or [],
+                stop_timeout,
+                selector,
+                dry_run,
+                kubeconfig,
+                progress,
+                rest,
+                dra=dra,
+            )
         )
     except TimeoutError as exc:
         fail(
@@ -127,6 +147,8 @@ async def _run(
     kubeconfig: Path | None,
     progress: uninstall.Progress,
     rest: SlurmRest | None,
+    *,
+    dra: bool = False,
 ) -> uninstall.Report:
     from gpufleet.kubeapi import KubeApi
     from gpufleet.lifecycle import uninstall
@@ -141,6 +163,8 @@ async def _run(
     await uninstall.release_nodes(
         client, dry_run=dry_run, progress=progress, report=report, selector=selector
     )
+    if dra:
+        await uninstall.remove_dra(client, dry_run=dry_run, progress=progress, report=report)
     if rest is not None:
         try:
             await rest.connect()

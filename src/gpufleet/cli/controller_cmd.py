@@ -142,6 +142,16 @@ def controller(
         ),
     ] = "",
     bmc_ca_bundle: BmcCaBundleOpt = None,
+    dra_device_taints: Annotated[
+        bool,
+        typer.Option(
+            "--dra-device-taints",
+            help="Keep one DRA DeviceTaintRule (NoExecute) per quarantined GPU, selecting the"
+            " device the agent publishes (agent --dra-publish): pods holding that GPU are"
+            " evicted, the node's others keep theirs. Needs DeviceTaintRules served"
+            " (Kubernetes 1.36: the DRADeviceTaintRules gate; docs/install.md).",
+        ),
+    ] = False,
     verbose: VerboseOpt = False,
     log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
@@ -167,6 +177,8 @@ def controller(
         gpufleet controller --bmc-address-map 10.0.0.5=192.168.100.5
 
         gpufleet controller --bmc-ca-bundle /etc/gpufleet/bmc-ca/ca.crt
+
+        gpufleet controller --dra-device-taints
 
         gpufleet controller --ticket-webhook https://tickets.example.com/gpufleet \\
             --ticket-auth-file /etc/gpufleet/ticket/authorization
@@ -221,6 +233,7 @@ def controller(
         lease_namespace=lease_namespace,
         graceful_settle_s=graceful_settle,
         bmc_ca_file=str(bmc_ca_bundle) if bmc_ca_bundle else None,
+        device_taints=dra_device_taints,
     )
     options = RunOptions(
         kubeconfig=kubeconfig_arg(kubeconfig),

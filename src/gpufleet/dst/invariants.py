@@ -51,6 +51,7 @@ from gpufleet.domain.policy import DomainBudget, Policy
 from gpufleet.domain.records import NodeRecord, record_from_json
 from gpufleet.domain.states import OUT_OF_SERVICE, NodeState
 from gpufleet.dst.domain_faults import DomainFaultChecks
+from gpufleet.dst.dra_checks import DeviceTaintChecks
 from gpufleet.dst.kube import Write
 from gpufleet.dst.procs import CONTROLLER_SETTINGS
 from gpufleet.dst.quarantine import QuarantineChecks
@@ -165,6 +166,7 @@ class Invariants:
         w.api.on_write.append(self.on_write)
         w.api.on_write.append(QuarantineChecks(self._fail, record_in).on_write)  # 9
         w.api.on_write.append(DomainFaultChecks(self._fail).on_write)  # 10: dst.domain_faults
+        w.api.on_write.append(DeviceTaintChecks(self._fail, w.api, record_in).on_write)  # 13
         w.on_reset.append(self.on_reset)
         w.on_gpu_reset.append(self.on_gpu_reset)
         w.on_disk_boot.append(self.on_disk_boot)

@@ -190,10 +190,13 @@ class KopfModel:
         await self.leadership.run(lead, lose)
 
 
-def controller_spec() -> ProcSpec:
+def controller_spec(settings: ControllerSettings = CONTROLLER_SETTINGS) -> ProcSpec:
+    """A controller replica; ``settings``: :data:`CONTROLLER_SETTINGS` unless a scenario
+    turns something on (``Config(device_taints=True)``)."""
+
     async def main(world: World, proc: Proc) -> None:
         client = KubeClient(world, proc)
-        s = CONTROLLER_SETTINGS
+        s = settings
         leadership = Leadership(
             client,
             namespace=LEASE_NAMESPACE,

@@ -197,6 +197,10 @@ class Config:
     """The FleetPolicy quarantines one GPU for the faults that allow it and repairs it a
     minute later (:mod:`gpufleet.dst.quarantine`, invariant 9); off by default, so a
     recorded seed replays the same story."""
+    device_taints: bool = False
+    """The controllers keep one DRA DeviceTaintRule per quarantined GPU (with
+    ``quarantine``; :mod:`gpufleet.dst.dra_checks`, invariant 13); off by default, so a
+    recorded seed replays the same story."""
     weights: dict[str, int] = field(
         default_factory=lambda: {
             "fault": 14,
@@ -406,8 +410,9 @@ def build(world: World, cfg: Config, seed: int) -> Policy:
             )
         )
         world.add_process(f"agent-{name}", agent_spec(name, policy))
-    world.add_process("ctl-1", controller_spec())
-    world.add_process("ctl-2", controller_spec())
+    settings = replace(CONTROLLER_SETTINGS, device_taints=cfg.device_taints)
+    world.add_process("ctl-1", controller_spec(settings))
+    world.add_process("ctl-2", controller_spec(settings))
     world.add_process("syncer", syncer_spec())
     for name in world.node_names:
         world.start(f"agent-{name}")

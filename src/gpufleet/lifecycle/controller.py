@@ -30,6 +30,7 @@ collaborator                  may
 ``plans`` (MaintenancePlans)  ask for nodes through the node pass (``feed``)
 ``spares`` (SparePool)        promote hot spares through the node pass
 ``remediations``              the NodeRemediation objects (read-only copies)
+``device_taints``             one DeviceTaintRule per quarantined GPU (DRA)
 ``domains`` (DomainWatch)     feed a faulty NVLink domain's trays through the node pass
 ============================  ==============================================
 """
@@ -49,6 +50,7 @@ from gpufleet.lifecycle import record_key
 from gpufleet.lifecycle.acting import Acting
 from gpufleet.lifecycle.boot_watchdog import BootWatch
 from gpufleet.lifecycle.core import ControllerSettings, log
+from gpufleet.lifecycle.device_taints import DeviceTaints
 from gpufleet.lifecycle.domain_watch import DomainWatch
 from gpufleet.lifecycle.drain_loop import Drains
 from gpufleet.lifecycle.events import EventSink
@@ -179,6 +181,19 @@ class Controller:
             clock=clock,
         )
         self.remediations = RemediationSync(client, policy=lambda: self.policies.policy)
+        self.device_taints = (
+            DeviceTaints(
+                client,
+                fleet=self.fleet,
+                book=self.book,
+                policy=self.policies.effective,
+                events=self.events,
+                clock=clock,
+                may_act=self.active,
+            )
+            if s.device_taints
+            else None
+        )
         self.boots = BootWatch(
             client,
             s,
@@ -327,6 +342,8 @@ class Controller:
         if not self.active() or not await self.load_key():
             return
         await self.ticker.tick()
+        if self.device_taints is not None:
+            await self.device_taints.sync()
 
     async def watch_boots(self) -> None:
         """One pass over the Machines with a boot in progress."""

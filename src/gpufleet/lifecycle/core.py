@@ -80,6 +80,10 @@ class ControllerSettings:
     """The Lease the replicas hold to act (one acts; docs/decisions/0141)."""
     lease_namespace: str | None = None
     """Where that Lease lives; None: the event namespace."""
+    device_taints: bool = False
+    """Keep one DRA DeviceTaintRule per quarantined GPU (:mod:`~gpufleet.lifecycle.
+    device_taints`): where the agents publish the GPUs as ResourceSlices (the chart's
+    ``dra.enabled``) on a cluster that serves DeviceTaintRules (docs/decisions/0237)."""
     generated_secrets: tuple[GeneratedSecret, ...] = ()
     """Secrets created in the Lease's namespace when absent, never read: the Slurm keys
     the chart no longer renders (docs/decisions/0188)."""

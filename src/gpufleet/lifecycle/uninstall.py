@@ -11,18 +11,28 @@ conflict, a bounded number of times.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.api import dra as dra_codec
 from gpufleet.api import nodedata
 from gpufleet.domain import uninstall
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.kubeapi.client import KubeApi
 from gpufleet.kubeapi.errors import Conflict, NotFound
 from gpufleet.kubeapi.events import event_body
-from gpufleet.kubeapi.resources import NODES, PODS, Json, Patch, Resource
+from gpufleet.kubeapi.resources import (
+    DEVICE_TAINT_RULES,
+    NODES,
+    PODS,
+    RESOURCE_SLICES,
+    Json,
+    Patch,
+    Resource,
+)
 
 DEPLOYMENTS = Resource("deployments", "apps/v1")
 DAEMONSETS = Resource("daemonsets", "apps/v1")
@@ -43,6 +53,8 @@ class Report:
     untouched: list[str] = field(default_factory=list)
     slurm_undrained: list[str] = field(default_factory=list)
     slurm_kept: dict[str, str] = field(default_factory=dict)
+    dra_removed: list[str] = field(default_factory=list)
+    """gpufleet's DRA objects deleted (``devicetaintrule/NAME``, ``resourceslice/NAME``)."""
     dry_run: bool = False
 
     def as_json(self) -> dict[str, object]:
@@ -54,6 +66,7 @@ class Report:
             "untouched": len(self.untouched),
             "slurmUndrained": self.slurm_undrained,
             "slurmKept": self.slurm_kept,
+            "draRemoved": self.dra_removed,
         }
 
 
@@ -146,6 +159,27 @@ async def release_nodes(
         else:
             report.kept[name] = f"changed under us {CONFLICT_RETRIES} times; not cleaned"
             progress(f"node {name}: {report.kept[name]}")
+
+
+async def remove_dra(client: KubeApi, *, dry_run: bool, progress: Progress, report: Report) -> None:
+    """Delete gpufleet's DeviceTaintRules and the agents' ResourceSlices (labelled
+    ``app.kubernetes.io/managed-by=gpufleet``; anyone else's stay). The slices go with the
+    rules: a quarantined GPU is then allocatable by no claim, rather than by every one."""
+    for resource, kind in (
+        (DEVICE_TAINT_RULES, "devicetaintrule"),
+        (RESOURCE_SLICES, "resourceslice"),
+    ):
+        try:
+            items = (await client.list(resource, label_selector=dra_codec.RULE_SELECTOR)).items
+        except NotFound:  # the cluster does not serve it: nothing of gpufleet's there
+            continue
+        for body in items:
+            name = body["metadata"]["name"]
+            if not dry_run:
+                with contextlib.suppress(NotFound):
+                    await client.delete(resource, name)
+            report.dra_removed.append(f"{kind}/{name}")
+            progress(f"{kind} {name}: {'would delete' if dry_run else 'deleted'}")
 
 
 async def _tell(client: KubeApi, node: Json, why: str) -> None:
