@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import ssl
 import statistics
 import tempfile
@@ -23,31 +22,18 @@ import time
 from pathlib import Path
 
 import httpx
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
 
 from gpufleet.kubeapi import pool
+from gpufleet.local import pki
 
 
 def server_context(directory: Path) -> ssl.SSLContext:
-    """A TLS server context with a fresh self-signed certificate for 127.0.0.1."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .sign(key, hashes.SHA256())
-    )
+    """A TLS server context with a fresh self-signed certificate for 127.0.0.1 (as a
+    BMC's factory certificate is made: :func:`gpufleet.local.pki.issue_serving`)."""
+    cert, key = pki.issue_serving(None, None, "127.0.0.1", ips=["127.0.0.1"], dns=[])
     cert_file, key_file = directory / "cert.pem", directory / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    cert_file.write_bytes(pki.pem(cert))
     key_file.write_bytes(
         key.private_bytes(
             serialization.Encoding.PEM,
