@@ -403,11 +403,14 @@ def test_agent_changes_only_its_own_node(
     r = agent.request("PATCH", f"/api/v1/nodes/{own}/status", mine, kind="strategic-merge")
     assert r.status_code == 200, r.text
     assert r.json()["metadata"]["annotations"]["gpufleet.io/agent-result"] == '{"id":"t"}'
-    # The NVLink topology labels, as KubeReporter.set_labels writes and removes them.
+    # The NVLink and InfiniBand leaf topology labels, as KubeReporter.set_labels writes
+    # and removes them.
     cluster = "dc6e40c4-d722-4357-9ba6-5291dd461278"
     topology = {
         "gpufleet.io/nvlink-cluster": cluster,
         "gpufleet.io/nvlink-clique": f"{cluster}.2",
+        "gpufleet.io/ib-seen-leaf": "0xfc6a1c0300e7a940",
+        "gpufleet.io/ib-seen-leaf-name": "leaf-07",
     }
     r = agent.request(
         "PATCH", f"/api/v1/nodes/{own}/status", {"metadata": {"labels": topology}}, kind="merge"

@@ -423,27 +423,180 @@ def test_block_topology_from_node_labels_is_read_by_slurmctld(
         asyncio.run(reconcile())
         assert kube.node(n0)["metadata"]["labels"]["gpufleet.io/topology-leaf"] == "ib-leaf-moved"
     finally:
-        conf.write_text(original)
-        topology_conf.unlink(missing_ok=True)
-        run(cluster, "scontrol", "reconfigure")
-        wait_for(
-            "slurmctld back without the blocks",
-            lambda: subprocess.run(
-                ["scontrol", "ping"], env=cluster.slurm_env(), capture_output=True, timeout=30
-            ).returncode == 0,
-            60,
-        )  # fmt: skip
+        restore_slurm_conf(cluster, original, topology_conf)
         kube.http.delete(f"/api/v1/namespaces/{ns}")
         kube.patch_node(n0, {"metadata": {"labels": {LEAF_KEY: leaf0}}})
-        gone = {**agent[n0], lie: None, well_known.LABEL_SLURM_CLUSTER: None}
-        gone.update(dict.fromkeys(sched_keys))
-        for node in (n0, n1):
-            kube.patch_node(
-                node,
-                {
-                    "metadata": {
-                        "labels": {k: None for k in gone},
-                        "annotations": {well_known.ANNOTATION_TOPOLOGY_LABELS: None},
-                    }
-                },
+        drop_topology_labels(kube, (n0, n1), [*agent[n0], lie, *sched_keys])
+
+
+def restore_slurm_conf(info: ClusterInfo, original: str, topology_conf: Path) -> None:
+    """slurm.conf as it was and no topology.conf; slurmctld reconfigured and answering."""
+    assert info.slurm_conf is not None
+    info.slurm_conf.write_text(original)
+    topology_conf.unlink(missing_ok=True)
+    run(info, "scontrol", "reconfigure")
+    wait_for(
+        "slurmctld back without the topology",
+        lambda: subprocess.run(
+            ["scontrol", "ping"], env=info.slurm_env(), capture_output=True, timeout=30
+        ).returncode == 0,
+        60,
+    )  # fmt: skip
+
+
+def drop_topology_labels(kube: Kube, nodes: tuple[str, ...], keys: list[str]) -> None:
+    """Remove ``keys``, the SlurmCluster label and the operator's list of what it wrote."""
+    for node in nodes:
+        labels = dict.fromkeys([*keys, well_known.LABEL_SLURM_CLUSTER])
+        annotations = {well_known.ANNOTATION_TOPOLOGY_LABELS: None}
+        kube.patch_node(node, {"metadata": {"labels": labels, "annotations": annotations}})
+
+
+GUID_A, GUID_B, GUID_C = "0xfc6a1c0300e7a900", "0xfc6a1c0300e7b100", "0xfc6a1c0300e7c200"
+
+
+def test_a_node_that_moves_or_is_replaced_moves_in_slurm_and_in_the_labels(
+    cluster: ClusterInfo, tmp_path: Path
+) -> None:
+    """The InfiniBand leaf each node sees itself, end to end (decisions 0249, 0250): one
+    agent per KWOK Node on the simulated backend, whose HCAs answer smpquery's
+    directed-route queries from a configured switch, publishes the switch its rail 0 is
+    cabled to; the SlurmCluster operator renders the tree from it, slurmctld 24.11 reads
+    it (``scontrol show topology``), and the scheduler labels follow. Then n0 is
+    recabled to another leaf (its operator label, which still names the old one, is
+    reported and not taken), and n1 is replaced by hardware cabled to a switch without a
+    name (its agent removes the name label it wrote). Each time Slurm's tree and the
+    scheduler labels move with the node; labels gpufleet did not write stay as they are."""
+    import asyncio
+
+    from test_slurm_operator import research_cluster
+    from waiting import wait_for_async
+
+    from gpufleet.domain import hostlist
+    from gpufleet.domain.policy import default_policy
+    from gpufleet.health.agent import Agent, AgentSettings
+    from gpufleet.health.backend_sim import SimulatedHardware
+    from gpufleet.health.kube_report import KubeReporter
+    from gpufleet.health.skus import bundled
+    from gpufleet.kubeapi import KubeApi
+    from gpufleet.slurm.operator import ClusterOperator, OperatorSettings
+
+    assert cluster.slurm_conf is not None
+    kube = Kube(cluster)
+    ns = "topology-leaf"
+    n0, n1 = cluster.node_names[:2]
+    conf = cluster.slurm_conf
+    original = conf.read_text()
+    topology_conf = conf.parent / "topology.conf"
+    leaf_label = kube.node(n0)["metadata"]["labels"][LEAF_KEY]  # the operator's, ib-leaf-000
+    assert kube.node(n1)["metadata"]["labels"][LEAF_KEY] == leaf_label
+    sched_leaf = "gpufleet.io/topology-leaf"
+    sched_keys = [f"gpufleet.io/topology-{k}" for k in ("spine", "leaf", "block", "nvlink-domain")]
+    base = research_cluster(cluster, kube, ns)
+    kube.patch(
+        f"{base}/research",
+        {"spec": {"topology": {"plugin": "tree", "schedulerLabels": {"enabled": True}}}},
+        kind="merge-patch",
+    )
+    settings = AgentSettings(interval_s=0.2, ib_rediscover_s=0.5)
+
+    def agent(hw: SimulatedHardware) -> Agent:
+        reporter = KubeReporter(hw.node, kubeconfig=str(cluster.kubeconfig))
+        profile, policy = bundled().get("h100-sxm"), default_policy()
+        return Agent(hw, profile, policy, node=hw.node, reporter=reporter, settings=settings)
+
+    def labels(node: str) -> dict[str, str]:
+        return dict(kube.node(node)["metadata"].get("labels") or {})
+
+    def shown() -> dict[str, list[str]]:
+        """``scontrol show topology``: leaf switch -> its nodes, as slurmctld has them."""
+        r = subprocess.run(
+            ["scontrol", "show", "topology"], env=cluster.slurm_env(),
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        out: dict[str, list[str]] = {}
+        for line in r.stdout.splitlines() if r.returncode == 0 else []:
+            words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+            if "SwitchName" in words and words.get("Level") == "0" and words.get("Nodes"):
+                out[words["SwitchName"]] = hostlist.expand(words["Nodes"])
+        return out
+
+    hws = {
+        n0: SimulatedHardware(node=n0, ib_leaf=GUID_A, ib_leaf_name=leaf_label),
+        n1: SimulatedHardware(node=n1, ib_leaf=GUID_A, ib_leaf_name=leaf_label),
+    }
+
+    async def scenario() -> None:
+        api = await KubeApi.connect(str(cluster.kubeconfig))
+        operator = ClusterOperator(
+            kube=api, scontrol=None, rest=None,
+            settings=OperatorSettings(conf_dir=tmp_path, reconfigure=False),
+        )  # fmt: skip
+        stops = {n: asyncio.Event() for n in hws}
+        tasks = {n: asyncio.create_task(agent(hw).run(stops[n])) for n, hw in hws.items()}
+
+        async def slurm_reads(want: dict[str, list[str]]) -> dict:
+            """One operator pass; slurmctld reconfigured with the tree it rendered."""
+            status = await operator.reconcile(ns, "research") or {}
+            topology_conf.write_text((tmp_path / "topology.conf").read_text())
+            conf.write_text(original + "TopologyPlugin=topology/tree\n")
+            run(cluster, "scontrol", "reconfigure")
+            await wait_for_async(f"slurmctld shows {want}", lambda: shown() == want, 60)
+            return status
+
+        def consistent(status: dict) -> dict:
+            return next(c for c in status["conditions"] if c["type"] == "TopologyConsistent")
+
+        try:
+            for n in hws:
+                await wait_for_async(
+                    f"{n}'s leaf",
+                    lambda n=n: labels(n).get(well_known.LABEL_IB_SEEN_LEAF) == GUID_A,
+                    15,
+                )
+            assert labels(n0)[well_known.LABEL_IB_SEEN_LEAF_NAME] == leaf_label
+            status = await slurm_reads({GUID_A: [n0, n1]})
+            assert consistent(status)["status"] == "True", status  # the label names the switch
+            assert labels(n0)[sched_leaf] == GUID_A and labels(n1)[sched_leaf] == GUID_A
+
+            # n0 is recabled to leaf B; its operator label still says the old leaf.
+            hws[n0].cable_to(GUID_B, "ib-leaf-moved")
+            await wait_for_async(
+                "n0's new leaf", lambda: labels(n0).get(well_known.LABEL_IB_SEEN_LEAF) == GUID_B, 15
             )
+            status = await slurm_reads({GUID_A: [n1], GUID_B: [n0]})
+            lie = consistent(status)
+            assert lie["status"] == "False" and n0 in lie["message"], lie
+            assert leaf_label in lie["message"] and GUID_B in lie["message"]
+            now0 = labels(n0)
+            assert now0[sched_leaf] == GUID_B and now0[LEAF_KEY] == leaf_label  # not ours
+            assert now0[well_known.LABEL_IB_SEEN_LEAF_NAME] == "ib-leaf-moved"
+
+            # n1's hardware is replaced (new HCAs) and cabled to a switch with no name.
+            stops[n1].set()
+            await tasks.pop(n1)
+            hws[n1].close()
+            hws[n1] = SimulatedHardware(node=n1, ib_leaf=GUID_C, hardware_serial=1)
+            stops[n1] = asyncio.Event()
+            tasks[n1] = asyncio.create_task(agent(hws[n1]).run(stops[n1]))
+            await wait_for_async(
+                "n1's new leaf", lambda: labels(n1).get(well_known.LABEL_IB_SEEN_LEAF) == GUID_C, 15
+            )
+            assert well_known.LABEL_IB_SEEN_LEAF_NAME not in labels(n1)  # the old name removed
+            await slurm_reads({GUID_B: [n0], GUID_C: [n1]})
+            assert labels(n1)[sched_leaf] == GUID_C
+            assert labels(n1)[LEAF_KEY] == leaf_label  # the operator's label, untouched
+        finally:
+            for n, task in tasks.items():
+                stops[n].set()
+                await task
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for hw in hws.values():
+            hw.close()
+        restore_slurm_conf(cluster, original, topology_conf)
+        kube.http.delete(f"/api/v1/namespaces/{ns}")
+        gone = [well_known.LABEL_IB_SEEN_LEAF, well_known.LABEL_IB_SEEN_LEAF_NAME, *sched_keys]
+        drop_topology_labels(kube, (n0, n1), gone)

@@ -71,6 +71,12 @@ def run(
         "find out whether this node is a straggler in its jobs.",
     ),
     telemetry_every: float = typer.Option(10.0, help="Seconds between job telemetry reads."),
+    sim_ib_leaf: str | None = typer.Option(
+        None,
+        help="Simulated backend: the InfiniBand leaf switch rail 0 is cabled to, "
+        "GUID[:NAME] (e.g. 0xfc6a1c0300e7a900:leaf-00); the agent publishes it as "
+        "gpufleet.io/ib-seen-leaf. Default: no switch answers (the leaf is unknown).",
+    ),
     sim_publish: Path | None = typer.Option(
         None,
         help="Simulated backend: publish the GPUs' speed here for the node's jobs "
@@ -96,6 +102,12 @@ def run(
 
         gpufleet agent --node gpu-node-0000 --backend simulated --inject-port 9401 \\
             --kubeconfig ~/.local/share/gpufleet/kubeconfig
+
+    A simulated node cabled to an InfiniBand leaf switch labels its Node with it
+    (gpufleet.io/ib-seen-leaf, decision 0249):
+
+        gpufleet agent --node gpu-node-0000 --backend simulated \\
+            --sim-ib-leaf 0xfc6a1c0300e7a900:leaf-00
 
     With --job-telemetry, the agent also compares this node's compute per step
     with its peers' in the jobs that write telemetry there, and reports a
@@ -143,8 +155,14 @@ def run(
     try:
         if sim_publish is not None and backend != "simulated":
             raise typer.BadParameter("--sim-publish needs --backend simulated")
+        if sim_ib_leaf is not None:
+            _check_sim_ib_leaf(sim_ib_leaf, backend)
         hw = backends.open_backend(
-            backend, node=node, kmsg_lookback_s=kmsg_lookback, sim_publish_dir=sim_publish
+            backend,
+            node=node,
+            kmsg_lookback_s=kmsg_lookback,
+            sim_publish_dir=sim_publish,
+            sim_ib_leaf=sim_ib_leaf,
         )
     except NoGpuFound as exc:
         typer.echo(f"no GPU found: {exc}", err=True)
@@ -216,3 +234,16 @@ def run(
             injector.stop()
         metrics.stop()
         hw.close()
+
+
+def _check_sim_ib_leaf(value: str, backend: str) -> None:
+    """``--sim-ib-leaf GUID[:NAME]``: a switch GUID as smpquery prints it, an optional name."""
+    import re
+
+    if backend != "simulated":
+        raise typer.BadParameter("--sim-ib-leaf needs --backend simulated")
+    if not re.fullmatch(r"0x[0-9a-fA-F]{1,16}(:[A-Za-z0-9][A-Za-z0-9_.-]*)?", value):
+        raise typer.BadParameter(
+            f"--sim-ib-leaf {value!r}: give the switch GUID and an optional name, "
+            "e.g. 0xfc6a1c0300e7a900:leaf-00"
+        )

@@ -188,3 +188,27 @@ def test_the_real_backend_without_smpquery_says_so(monkeypatch: pytest.MonkeyPat
             hw.ib_neighbour("mlx5_0", 1)
     finally:
         hw.close()
+
+
+def test_the_simulated_backend_is_cabled_from_the_command_line() -> None:
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.main import app
+    from gpufleet.health.backends import open_backend
+
+    hw = open_backend("simulated", node="n0", sim_ib_leaf="0xfc6a1c0300e7a900:leaf-00")
+    try:
+        found = ibn.LeafDiscovery(hw.ib_neighbour, every_s=600)
+        assert found.labels(sysfs.read_ib_ports(Path(hw.sysfs_root)), now=0.0) == {
+            well_known.LABEL_IB_SEEN_LEAF: "0xfc6a1c0300e7a900",
+            well_known.LABEL_IB_SEEN_LEAF_NAME: "leaf-00",
+        }
+    finally:
+        hw.close()
+    runner = CliRunner()
+    for args, why in (
+        (["--backend", "simulated", "--sim-ib-leaf", "leaf-00"], "give the switch GUID"),
+        (["--backend", "real", "--sim-ib-leaf", "0x1"], "needs --backend simulated"),
+    ):
+        r = runner.invoke(app, ["agent", "--node", "n0", "--no-kube", *args])
+        assert r.exit_code == 2 and why in r.output, r.output
