@@ -3,7 +3,8 @@
 as the syncer would) run ``gpufleet burn-in domain`` -- one srun across their slurmds, a
 gloo all-reduce over 127.0.0.1 across the three and over each pair. It passes and leaves
 the trays drained as they were; with one tray made slow it fails and names that tray;
-a tray running a job or still in production stops it before anything changes."""
+a tray running a job stops it before anything changes (a tray in production: the command's
+unit test)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def domain(local_cluster: ClusterInfo) -> Iterator[tuple[Kube, Slurm, list[str]]
 def burn_in(info: ClusterInfo, *extra: str) -> tuple[int, dict[str, Any], str]:
     argv = [GPUFLEET, "burn-in", "domain", DOMAIN, "--backend", "simulated", "-o", "json"]
     done = subprocess.run(
-        [*argv, "--timeout", "120", "--sizes", "4194304", *extra],
+        [*argv, "--timeout", "120", "--sizes", "4194304", "--iters", "3", *extra],
         env={**info.kube_env(), **info.slurm_env()},
         capture_output=True,
         text=True,
@@ -106,10 +107,10 @@ def test_a_slow_tray_fails_the_domain_and_is_named(
     assert all(slurm.drained(t) == DRAIN for t in trays)
 
 
-def test_it_never_starts_on_a_tray_with_a_job_or_in_production(
+def test_it_never_starts_on_a_tray_with_a_job(
     domain: tuple[Kube, Slurm, list[str]], local_cluster: ClusterInfo
 ) -> None:
-    kube, slurm, trays = domain
+    _, slurm, trays = domain
     slurm.resume(trays[2])
     jid = slurm.run(
         "sbatch", "--parsable", "-o", "/dev/null", "-w", trays[2], "--wrap", "sleep 120"
@@ -121,9 +122,3 @@ def test_it_never_starts_on_a_tray_with_a_job_or_in_production(
         slurm.run("scancel", jid)
         slurm.drain(trays[2], DRAIN)
     assert "gpufleet-burnin" not in slurm.run("scontrol", "show", "reservation")
-    kube.patch_node(trays[0], {"metadata": {"labels": {well_known.LABEL_STATE: "production"}}})
-    try:
-        code, _, err = burn_in(local_cluster)
-        assert code == 2 and f"{trays[0]} (production)" in err, (code, err)
-    finally:
-        kube.patch_node(trays[0], {"metadata": {"labels": {well_known.LABEL_STATE: "burn-in"}}})
