@@ -19,10 +19,10 @@ from gpufleet.kubeapi import NODES
 
 S = NodeState
 
-QUARANTINE = Config(duration=300.0, calm_s=300.0, quarantine=True)
-"""A long calm, so that a repair started late still ends in the run."""
+QUARANTINE = Config(duration=300.0, calm_s=500.0, quarantine=True)
+"""A long calm: a repair the budget held until the faults stopped still ends in the run."""
 SEEDS = 4
-"""About 6 s each on two cores."""
+"""About 5 s each on two cores."""
 
 
 def _said(r: Result, reason: str) -> int:
