@@ -31,6 +31,8 @@ def _config(args: argparse.Namespace) -> Config:
     base = Config(duration=args.duration, breaker_min_nodes=args.breaker_min_nodes)
     if args.slurmd_roll:
         base = with_roll(base)
+    if args.domain_plan:
+        base = replace(base, domains=True, domain_plan=True)
     weights = dict(base.weights)
     for item in filter(None, args.weights.split(",")):
         kind, _, value = item.partition("=")
@@ -68,6 +70,12 @@ def main() -> int:
         action="store_true",
         help="the slurmd DaemonSet and the Slurm operator's roll, with its events (upgrade, "
         "roll-pause, roll-dry-run, roll-kill; --weights changes them)",
+    )
+    ap.add_argument(
+        "--domain-plan",
+        action="store_true",
+        help="nodes in two NVLink domains and a MaintenancePlan of scope nvlinkDomain that "
+        "empties each in turn (invariant 12)",
     )
     ap.add_argument("--shrink", action="store_true")
     ap.add_argument("--shrink-runs", type=int, default=150)
@@ -130,6 +138,7 @@ def main() -> int:
                     "nodes": cfg.nodes,
                     "weights": args.weights,
                     "slurmd_roll": cfg.slurmd_roll,
+                    "domain_plan": cfg.domain_plan,
                 },
             },
             indent=1,
