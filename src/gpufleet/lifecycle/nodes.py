@@ -23,6 +23,7 @@ from gpufleet.domain import (
     agent_requests,
     conditions,
     domain_burnin,
+    domain_faults,
     events,
     lemon,
     maintenance,
@@ -286,6 +287,11 @@ def node_patch(
 
     Carries ``metadata.resourceVersion`` so a concurrent change to the Node
     (someone else's taint) makes the write fail with 409 instead of being lost.
+
+    While the node is out, gpufleet's cordon and unhealthy taint are put back if someone
+    clears them. A tray held with its NVLink domain gets its taint back too: its incident
+    has no plan, like an operator's maintenance (which sets no taint), but a fault took it
+    out (decision 0240).
     """
     meta = body.get("metadata", {})
     annotations = dict(_meta(body, "annotations"))
@@ -326,7 +332,7 @@ def node_patch(
         ActionKind.UNTAINT not in kinds
         and record.state in MARKED_STATES
         and inc is not None
-        and not inc.maintenance
+        and (not inc.maintenance or domain_faults.held(inc))
         and not any(t.get("key") == well_known.TAINT_UNHEALTHY for t in new_taints)
     ):
         new_taints.append(

@@ -90,6 +90,21 @@ def test_our_taint_is_put_back_if_someone_removes_it_while_the_node_is_out() -> 
     ]
 
 
+def test_a_held_trays_taint_is_put_back_but_no_taint_is_added_for_maintenance() -> None:
+    """Both incidents have no plan: the held tray's is a fault's (decision 0240), an
+    operator's maintenance sets no taint."""
+    from gpufleet.domain import domain_faults
+
+    held = Incident(key=domain_faults.KEY, description="x", opened_at=1.0, plan=None)
+    planned = Incident(key="maintenance", description="x", opened_at=1.0, plan=None)
+    body = node("n1", unschedulable=True)
+    body["metadata"]["annotations"][well_known.ANNOTATION_CORDONED] = well_known.CONTROLLER
+    back = {"key": well_known.TAINT_UNHEALTHY, "value": "nvlink-domain", "effect": "NoSchedule"}
+    for inc, taints in ((held, [back]), (planned, None)):
+        rec = replace(NodeRecord.new("n1", at=0, state=NodeState.DRAINING), incident=inc)
+        assert nodes.node_patch(body, rec, (), key=KEY).get("spec", {}).get("taints") == taints
+
+
 def test_the_lemon_score_is_written_on_the_node_and_removed_with_new_hardware() -> None:
     from gpufleet.domain import lemon
 
