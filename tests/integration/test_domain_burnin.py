@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from slurm_support import Kube, Slurm
+from waiting import wait_for
 
 from gpufleet.domain import domain_burnin, well_known
 from gpufleet.local.cluster import ClusterInfo
@@ -116,6 +117,14 @@ def test_it_never_starts_on_a_tray_with_a_job(
         "sbatch", "--parsable", "-o", "/dev/null", "-w", trays[2], "--wrap", "sleep 120"
     ).strip()
     try:
+        # The refusal is of a job that runs: one still pending (Slurm starts it within a
+        # second or two, longer under load) is not on the tray yet.
+        wait_for(
+            f"job {jid} running",
+            lambda: slurm.run("squeue", "-h", "-j", jid, "-o", "%T").strip() == "RUNNING",
+            60,
+            step=0.5,
+        )
         code, _, err = burn_in(local_cluster)
         assert code == 2 and f"job(s) on the trays: {jid}@{trays[2]}" in err, (code, err)
     finally:

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from gpufleet.api import nodedata
 from gpufleet.demo.kube import GV, answered, nodes
 from gpufleet.domain import hostlist, node_reports, well_known
 from gpufleet.kubeapi.errors import ApiError
@@ -67,6 +68,25 @@ class _NodeState:
     request_kind: dict[str, str] = field(default_factory=dict)
     lent_to: str | None = None
     ready: bool = False
+
+
+def passed_through(body: dict[str, Any], old: str, new: str | None) -> list[tuple[str, str | None]]:
+    """The moves from ``old`` to ``new``, as the Node's record tells them.
+
+    The observer polls: a state shorter than one poll (a burn-in that passes in a second) is
+    never seen in the label, so the moves are read from the record's history, the last ones
+    back to the first that left ``old``. Without a readable history that ends in ``new`` and
+    reaches back to ``old``, the one move the label shows."""
+    record = nodedata.trusted_record(body)
+    chain: list[tuple[str, str | None]] = []
+    for t in reversed(record.history if record else ()):
+        source, target = t.source.value, t.target.value
+        if target != (chain[0][0] if chain else new):
+            break
+        chain.insert(0, (source, target))
+        if source == old:
+            return chain
+    return [(old, new)]
 
 
 def _node_state(body: dict[str, Any]) -> _NodeState:
@@ -260,15 +280,16 @@ class Observer:
             elif old.unschedulable and not new.unschedulable:
                 out.append(Entry(now, "uncordon", name, f"{name}: uncordoned, taints removed"))
             if new.state != old.state and old.state is not None:
-                out.append(
-                    Entry(
-                        now,
-                        "state",
-                        name,
-                        f"{name}: state {old.state} -> {new.state}",
-                        {"state": new.state, "from": old.state},
+                for source, target in passed_through(body, old.state, new.state):
+                    out.append(
+                        Entry(
+                            now,
+                            "state",
+                            name,
+                            f"{name}: state {source} -> {target}",
+                            {"state": target, "from": source},
+                        )
                     )
-                )
             if new.request != old.request and new.request:
                 reason, _, message = new.request.partition("|")
                 rid = message.split(" ", 1)[0].rstrip(":")
