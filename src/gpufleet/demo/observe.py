@@ -70,23 +70,26 @@ class _NodeState:
     ready: bool = False
 
 
-def passed_through(body: dict[str, Any], old: str, new: str | None) -> list[tuple[str, str | None]]:
+def passed_through(
+    body: dict[str, Any], old: str, new: str | None
+) -> list[tuple[str, str | None, float | None]]:
     """The moves from ``old`` to ``new``, as the Node's record tells them.
 
     The observer polls: a state shorter than one poll (a burn-in that passes in a second) is
     never seen in the label, so the moves are read from the record's history, the last ones
     back to the first that left ``old``. Without a readable history that ends in ``new`` and
-    reaches back to ``old``, the one move the label shows."""
+    reaches back to ``old``, the one move the label shows. Each move comes with the time
+    the record gives it (None for the label's)."""
     record = nodedata.trusted_record(body)
-    chain: list[tuple[str, str | None]] = []
+    chain: list[tuple[str, str | None, float | None]] = []
     for t in reversed(record.history if record else ()):
         source, target = t.source.value, t.target.value
         if target != (chain[0][0] if chain else new):
             break
-        chain.insert(0, (source, target))
+        chain.insert(0, (source, target, t.at))
         if source == old:
             return chain
-    return [(old, new)]
+    return [(old, new, None)]
 
 
 def _node_state(body: dict[str, Any]) -> _NodeState:
@@ -280,10 +283,14 @@ class Observer:
             elif old.unschedulable and not new.unschedulable:
                 out.append(Entry(now, "uncordon", name, f"{name}: uncordoned, taints removed"))
             if new.state != old.state and old.state is not None:
-                for source, target in passed_through(body, old.state, new.state):
+                moves = passed_through(body, old.state, new.state)
+                for i, (source, target, at) in enumerate(moves):
+                    # A move before the last one happened between two polls: at its
+                    # recorded time (never later than this poll); the last is seen now.
+                    seen = min(at, now) if at is not None and i < len(moves) - 1 else now
                     out.append(
                         Entry(
-                            now,
+                            seen,
                             "state",
                             name,
                             f"{name}: state {source} -> {target}",

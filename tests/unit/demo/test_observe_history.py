@@ -26,16 +26,16 @@ def test_a_burn_in_shorter_than_a_poll_is_told_from_the_records_history() -> Non
         (S.BURN_IN, S.PRODUCTION, Trigger.BURN_IN_PASSED),
     )
     assert passed_through(body, "provisioning", "production") == [
-        ("provisioning", "burn-in"),
-        ("burn-in", "production"),
+        ("provisioning", "burn-in", 100.0),
+        ("burn-in", "production", 101.0),
     ]
     # a poll that saw burn-in: only the last move
-    assert passed_through(body, "burn-in", "production") == [("burn-in", "production")]
+    assert passed_through(body, "burn-in", "production") == [("burn-in", "production", 101.0)]
 
 
 def test_without_a_history_that_joins_the_two_states_the_label_is_told() -> None:
     assert passed_through({"metadata": {"name": "n1"}}, "provisioning", "production") == [
-        ("provisioning", "production")
+        ("provisioning", "production", None)
     ]
     body = _node((S.BURN_IN, S.PRODUCTION, Trigger.BURN_IN_PASSED))
-    assert passed_through(body, "draining", "production") == [("draining", "production")]
+    assert passed_through(body, "draining", "production") == [("draining", "production", None)]
