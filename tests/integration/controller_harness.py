@@ -272,6 +272,30 @@ def labelled_kwok_nodes(
             api.delete(f"/api/v1/nodes/{name}")
 
 
+@contextlib.contextmanager
+def labelled_fleet(
+    info: Any,
+    label: str,
+    nodes: dict[str, list[str]],
+    pool: str,
+    *,
+    policy: str,
+    plans: tuple[str, ...] = (),
+) -> Iterator[Api]:
+    """A module's fleet beside the session cluster's: the CRDs installed and
+    :func:`labelled_kwok_nodes`; after, the nodes go, then the module's MaintenancePlans
+    ``plans`` and its FleetPolicy ``policy``."""
+    api = Api(info)
+    install(api)
+    try:
+        with labelled_kwok_nodes(api, label, nodes, pool=pool):
+            yield api
+    finally:
+        for plan in plans:
+            api.delete(f"{GV}/maintenanceplans/{plan}")
+        api.delete(f"{GV}/fleetpolicies/{policy}")
+
+
 def draining(api: Api, names: list[str]) -> list[str]:
     """Those of ``names`` taken out and held draining (a budget counts them out)."""
     return [n for n in names if api.state(n) == "draining"]

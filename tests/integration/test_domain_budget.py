@@ -23,8 +23,7 @@ from controller_harness import (
     GV,
     Api,
     budget_burst,
-    install,
-    labelled_kwok_nodes,
+    labelled_fleet,
     policy_spec,
     put_policy,
     running,
@@ -44,13 +43,8 @@ XID = 79
 
 @pytest.fixture(scope="module")
 def api(local_cluster: ClusterInfo) -> Iterator[Api]:
-    api = Api(local_cluster)
-    install(api)
-    try:
-        with labelled_kwok_nodes(api, DOMAIN, NODES, pool="domains"):
-            yield api
-    finally:
-        api.delete(f"{GV}/fleetpolicies/{POLICY}")
+    with labelled_fleet(local_cluster, DOMAIN, NODES, pool="domains", policy=POLICY) as api:
+        yield api
 
 
 def spec() -> dict[str, object]:

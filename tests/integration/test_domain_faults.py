@@ -20,8 +20,7 @@ import pytest
 from controller_harness import (
     GV,
     Api,
-    install,
-    labelled_kwok_nodes,
+    labelled_fleet,
     policy_spec,
     put_policy,
     running,
@@ -42,13 +41,8 @@ WINDOW = 3.0
 
 @pytest.fixture(scope="module")
 def api(local_cluster: ClusterInfo) -> Iterator[Api]:
-    api = Api(local_cluster)
-    install(api)
-    try:
-        with labelled_kwok_nodes(api, LABEL, NODES, pool="domain-faults"):
-            yield api
-    finally:
-        api.delete(f"{GV}/fleetpolicies/{POLICY}")
+    with labelled_fleet(local_cluster, LABEL, NODES, pool="domain-faults", policy=POLICY) as api:
+        yield api
 
 
 def spec() -> dict[str, Any]:

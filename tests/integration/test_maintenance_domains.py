@@ -21,8 +21,7 @@ from controller_harness import (
     GV,
     Api,
     answer_request,
-    install,
-    labelled_kwok_nodes,
+    labelled_fleet,
     plan_status,
     policy_spec,
     put_policy,
@@ -44,15 +43,10 @@ OUT = {"draining", "maintenance", "verifying"}
 
 @pytest.fixture(scope="module")
 def api(local_cluster: ClusterInfo) -> Iterator[Api]:
-    api = Api(local_cluster)
-    install(api)
-    try:
-        with labelled_kwok_nodes(api, DOMAIN, NODES, pool="mdom"):
-            yield api
-    finally:
-        for plan in ("nvswitch-fw", "by-node"):
-            api.delete(f"{GV}/maintenanceplans/{plan}")
-        api.delete(f"{GV}/fleetpolicies/{POLICY}")
+    with labelled_fleet(
+        local_cluster, DOMAIN, NODES, pool="mdom", policy=POLICY, plans=("nvswitch-fw", "by-node")
+    ) as api:
+        yield api
 
 
 def spec() -> dict[str, Any]:
