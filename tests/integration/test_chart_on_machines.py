@@ -797,14 +797,28 @@ def test_helm_upgrade_rolls_the_controller_and_acts_once(chart: Any) -> None:
         and args[args.index("--adoption-rate") + 1] == "20"
         for p in pods(api, "controller")
     )
-    shown = slurm_client(
-        info,
-        api,
-        "slurm-client-partition",
-        "for i in $(seq 150); do scontrol show partition debug >/dev/null 2>&1 && break;"
-        " sleep 2; done; scontrol show partition debug",
-        node=SYSTEM,
-    )
+    # Bounded in wall time (each scontrol at most 15 s: one that waits on a name or a
+    # slurmctld mid-restart must not stretch the loop past the pod's wait), and when it
+    # ends without the partition it says what slurmctld and its name answered.
+    try:
+        shown = slurm_client(
+            info,
+            api,
+            "slurm-client-partition",
+            "end=$(($(date +%s) + 420)); while [ $(date +%s) -lt $end ]; do"
+            " timeout 15 scontrol show partition debug >/dev/null 2>&1 && break; sleep 2;"
+            " done; timeout 15 scontrol show partition debug"
+            " || { rc=$?; timeout 15 scontrol ping; grep '^SlurmctldHost' /etc/slurm/slurm.conf;"
+            " host=$(grep -m1 '^SlurmctldHost' /etc/slurm/slurm.conf"
+            " | sed 's/.*(//; s/).*//; s/.*=//');"
+            ' timeout 15 getent hosts "$host"; exit $rc; }',
+            node=SYSTEM,
+        )
+    except AssertionError as e:
+        ctld = "; ".join(
+            pod_story(api, p["metadata"]["name"], NS) for p in pods(api, "slurm-controller")
+        )
+        raise AssertionError(f"{e}; slurmctld: {ctld or 'no pod'}") from e
     assert "PartitionName=debug" in shown and f"Nodes={GPU}" in shown, shown
     assert state(api, GPU) == "production"
     assert len(history(api, GPU)) == entries

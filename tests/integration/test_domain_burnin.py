@@ -55,7 +55,7 @@ def domain(local_cluster: ClusterInfo) -> Iterator[tuple[Kube, Slurm, list[str]]
 def burn_in(info: ClusterInfo, *extra: str) -> tuple[int, dict[str, Any], str]:
     argv = [GPUFLEET, "burn-in", "domain", DOMAIN, "--backend", "simulated", "-o", "json"]
     done = subprocess.run(
-        [*argv, "--timeout", "120", "--sizes", "4194304", "--iters", "3", *extra],
+        [*argv, "--timeout", "120", "--sizes", "4194304", "--iters", "5", *extra],
         env={**info.kube_env(), **info.slurm_env()},
         capture_output=True,
         text=True,
