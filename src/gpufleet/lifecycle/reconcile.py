@@ -338,6 +338,10 @@ class NodePass:
         except NotFound:
             self.on_node_deleted(name)
             return
+        # Any other failure keeps the reservation: a write that timed out may have landed,
+        # so the slot stays counted taken until the retry (the handler's, on this
+        # exception) reads the Node and decides again. Counting a node out that is not is
+        # the safe error; the reverse could exceed the budget.
         await self._freed(record, frees)
         self.book.put(name, written)
         self._remember_echo(name, written, record, decided_under)
