@@ -1,0 +1,167 @@
+"""The chart's pod scheduler (podScheduler.*, docs/pod-scheduler.md): off by default, and when
+on a Deployment of `gpufleet pod-scheduler` with leader election, Slurm reached through a
+munged sidecar and the release's slurm.conf, and RBAC for exactly what it does to Pods.
+
+Render only (helm template, scripts/build-helm.sh): no cluster is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_chart_quality import containers, key, render, render_fails
+
+pytestmark = pytest.mark.integration
+
+ON = ("--set", "podScheduler.enabled=true")
+NAME = "gpufleet-pod-scheduler"
+
+
+def _objects(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs if "pod-scheduler" in str(key(d))}
+
+
+def _deployment(*extra: str) -> dict[str, Any]:
+    return _objects(render("gpufleet", *ON, *extra))[("Deployment", NAME)]
+
+
+def _container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in containers(deployment) if c["name"] == name)
+
+
+def test_off_by_default_and_refused_without_slurm() -> None:
+    assert not _objects(render("gpufleet"))
+    made = set(_objects(render("gpufleet", *ON)))
+    assert made == {
+        ("ServiceAccount", NAME),
+        ("ClusterRole", NAME),
+        ("ClusterRoleBinding", NAME),
+        ("Role", f"{NAME}-lease"),
+        ("RoleBinding", f"{NAME}-lease"),
+        ("Deployment", NAME),
+        ("Service", f"{NAME}-metrics"),
+        ("PodDisruptionBudget", NAME),
+    }
+    assert "needs slurm.enabled" in render_fails(*ON, "--set", "slurm.enabled=false")
+    assert "podScheduler" in render_fails(*ON, "--set", "podScheduler.interval=0")
+
+
+def test_rbac_is_exactly_what_the_scheduler_does() -> None:
+    objs = _objects(render("alpha", *ON))
+    name = "alpha-gpufleet-pod-scheduler"
+    granted = {
+        (group, resource, verb)
+        for rule in objs[("ClusterRole", name)]["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    read = ("get", "list", "watch")
+    assert granted == {
+        *(("", "pods", v) for v in (*read, "patch")),
+        ("", "pods/binding", "create"),
+        ("", "pods/eviction", "create"),
+        ("", "pods/status", "patch"),
+        ("", "events", "create"),
+        ("", "events", "patch"),
+        *(("", "nodes", v) for v in read),
+        *(("", "namespaces", v) for v in read),
+        *(("batch", "jobs", v) for v in read),
+    }
+    # Its Lease only, in the release's namespace; no Secret, no Node write.
+    role = objs[("Role", f"{name}-lease")]
+    assert role["metadata"]["namespace"] == "gpufleet-chartq"
+    assert {r["resources"][0] for r in role["rules"]} == {"leases"}
+    named = {n for r in role["rules"] for n in r.get("resourceNames", [])}
+    assert named == {name}
+    for binding in (objs[("ClusterRoleBinding", name)], objs[("RoleBinding", f"{name}-lease")]):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": name, "namespace": "gpufleet-chartq"}
+        ]
+
+
+def test_the_deployment_runs_the_command_with_its_own_flags_and_a_lease() -> None:
+    d = _deployment()
+    assert d["spec"]["replicas"] == 2
+    c = _container(d, "pod-scheduler")
+    args = c["args"]
+    assert args[0] == "pod-scheduler"
+    flags = dict(a.split("=", 1) if "=" in a else (a, "") for a in args[1:])
+    assert flags["--lease-name"] == NAME
+    assert flags["--lease-namespace"] == "gpufleet-chartq"
+    assert "--leader-election" in flags and "--dry-run" not in flags
+    assert flags["--slurm-conf"] == "/etc/slurm/slurm.conf"
+    # /metrics for the kubelet's probes and Prometheus, so on the pod's address.
+    assert (flags["--metrics-port"], flags["--metrics-address"]) == ("29443", "0.0.0.0")
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    dry = _container(
+        _deployment("--set", "podScheduler.dryRun=true", "--set", "podScheduler.replicas=1"),
+        "pod-scheduler",
+    )
+    assert "--dry-run" in dry["args"]
+    assert "--interval=2" in c["args"]
+
+
+def test_slurm_is_reached_with_the_release_config_and_munge_key() -> None:
+    d = _deployment("--set", "slurm.munge.secretRef=sealed-munge")
+    spec = d["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["munge-key"]["secret"]["secretName"] == "sealed-munge"
+    assert volumes["slurm-config"]["configMap"]["name"] == "gpufleet-slurm-config"
+    # No JWT key: it never talks to slurmrestd.
+    assert not [v for v in volumes.values() if "jwt" in str(v.get("secret", ""))]
+    munged = _container(d, "munged")
+    assert munged["restartPolicy"] == "Always"  # a native sidecar, started first
+    mounts = {m["name"]: m["mountPath"] for m in _container(d, "pod-scheduler")["volumeMounts"]}
+    assert mounts["munge-run"] == "/run/munge" and mounts["slurm-config"] == "/etc/slurm"
+    assert "munge-key" not in mounts  # only the sidecar holds the key
+
+
+def test_probes_security_and_placement_as_every_gpufleet_workload() -> None:
+    d = _deployment(
+        *("--set", "podScheduler.nodeSelector.zone=z1"),
+        *("--set", "podScheduler.tolerations[0].key=t1"),
+        *("--set", "podScheduler.priorityClassName=pc1"),
+        *("--set", "imagePullSecrets[0].name=regcred"),
+    )
+    spec = d["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"zone": "z1"}
+    assert spec["tolerations"] == [{"key": "t1"}]
+    assert spec["priorityClassName"] == "pc1"
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = _container(d, "pod-scheduler")
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert c[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert c["resources"]["limits"]["memory"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 29443}]
+
+
+def test_metrics_service_policy_monitor_and_budget() -> None:
+    docs = render(
+        "gpufleet",
+        *ON,
+        *("--set", "networkPolicy.enabled=true", "--set", "metrics.serviceMonitor.enabled=true"),
+    )
+    objs = _objects(docs)
+    d = objs[("Deployment", NAME)]
+    selector = d["spec"]["selector"]["matchLabels"]
+    assert objs[("Service", f"{NAME}-metrics")]["spec"]["selector"] == selector
+    assert objs[("ServiceMonitor", NAME)]["spec"]["selector"]["matchLabels"].items() <= (
+        objs[("Service", f"{NAME}-metrics")]["metadata"]["labels"].items()
+    )
+    policy = objs[("NetworkPolicy", NAME)]["spec"]
+    assert policy["podSelector"]["matchLabels"] == selector
+    assert policy["ingress"][0]["ports"] == [{"port": 29443, "protocol": "TCP"}]
+    assert objs[("PodDisruptionBudget", NAME)]["spec"]["maxUnavailable"] == 1
+    helm_test = next(d for d in docs if d["metadata"]["name"] == "gpufleet-test-metrics")
+    urls = helm_test["spec"]["containers"][0]["command"]
+    assert f"http://{NAME}-metrics:29443/metrics" in urls
+    # One replica: a budget of one would hold every drain of its node; none is made.
+    single = _objects(render("gpufleet", *ON, "--set", "podScheduler.replicas=1"))
+    assert ("PodDisruptionBudget", NAME) not in single
