@@ -255,3 +255,29 @@ LABEL_EVIDENCE_NODE = "gpufleet.io/node"
 ANNOTATION_IMAGE_VERSION = "gpufleet.io/image-version"
 """Node annotation, set by the lifecycle controller when a MaintenancePlan's reimage of
 the node was verified: the image version the plan asked for (domain.maintenance)."""
+
+# --- Slurm schedules Kubernetes pods (gpufleet pod-scheduler, decision 0257) ---
+
+POD_SCHEDULER_NAME = "gpufleet-slurm"
+"""The ``spec.schedulerName`` of pods that Slurm schedules: kube-scheduler leaves them
+alone, ``gpufleet pod-scheduler`` submits one Slurm job per pod group and binds them."""
+LABEL_POD_GROUP = "gpufleet.io/pod-group"
+"""Pod label, set by the user: the name of an explicit pod group (one Slurm job); it
+needs :data:`ANNOTATION_POD_GROUP_SIZE` and wins over the owners' labels."""
+ANNOTATION_POD_GROUP_SIZE = "gpufleet.io/pod-group-size"
+"""Pod annotation, set by the user beside :data:`LABEL_POD_GROUP`: how many pods the
+group has (a positive integer; the group is submitted when that many are pending)."""
+ANNOTATION_SLURM_JOB = "gpufleet.io/slurm-job"
+"""Pod annotation, set by the pod scheduler before it binds the pod: the id of the
+Slurm job whose allocation the pod runs in (the plan; a restarted scheduler reads it)."""
+ANNOTATION_SLURM_NODE = "gpufleet.io/slurm-node"
+"""Pod annotation, set by the pod scheduler with :data:`ANNOTATION_SLURM_JOB`: the node
+of that allocation the pod is bound to."""
+SLURM_POD_ANNOTATION_PREFIX = "slurm.gpufleet.io/"
+"""Prefix of the pod (else namespace) annotations, set by the user, that say how the
+pod group's Slurm job is submitted: ``partition``, ``account``, ``qos``, ``priority``,
+``time-limit`` (minutes) and ``gpu-type`` (the GRES type)."""
+POD_JOB_COMMENT_PREFIX = "gpufleet-pods:"
+"""The start of the comment of every Slurm job the pod scheduler submits, followed by
+the pod group's key (domain.pod_groups.GroupKey.tag): the only jobs it cancels or
+requeues."""
