@@ -7,6 +7,8 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from gpufleet.domain import pod_groups as pg
 from gpufleet.domain import well_known as wk
@@ -760,3 +762,158 @@ def test_two_jobs_for_one_key_with_no_plan_cancel_the_newer() -> None:
 def test_pods_bound_by_someone_else_are_never_evicted() -> None:
     mine = Member("train-0", phase="Running", node="n5", namespace=NS, index=0)
     assert run({KEY: [mine]}, [SlurmJob(7, KEY, "CANCELLED")]) == []
+
+
+def test_a_gang_missing_a_pod_waits_with_its_allocation() -> None:
+    # the owner has not (re)made one pod yet: binding the others would start a gang short
+    job = SlurmJob(7, KEY, "RUNNING", ("n1", "n2", "n3"))
+    assert run({KEY: gang(3)[:2]}, [job], fit("n1", "n2", "n3")) == []
+    running = gang(3, phase="Running", nodes=["n1", "n2", "n3"], job=7)
+    assert run({KEY: running[:1] + gang(3)[2:]}, [job], fit("n1", "n2", "n3")) == []
+
+
+def test_a_job_of_a_group_with_an_unknown_size_binds_nobody() -> None:
+    job_key = GroupKey(NS, "job", "t", "u")
+    members = [Member("t-0", namespace=NS)]
+    job = SlurmJob(7, job_key, "RUNNING", ("n1",))
+    sizes: dict[GroupKey, int | str] = {job_key: "Job team/t was not found"}
+    actions = pg.plan({job_key: members}, sizes, dict(sizes), [job], fit("n1"), {}, 0.0)
+    assert actions == []
+
+
+# -- plan: properties over any state ------------------------------------------------------
+
+STATES = ["PENDING", "RUNNING", "RUNNING", "RUNNING", "REQUEUED", "SUSPENDED", "CANCELLED"]
+PHASES = ["Pending", "Pending", "Pending", "Running", "Succeeded", "Failed"]
+MOSTLY_NOT = [False, False, False, True]
+NODES = ["n1", "n2", "n3", "n4"]
+
+
+@st.composite
+def states(
+    draw: st.DrawFn,
+) -> tuple[list[Member], list[SlurmJob], dict[str, NodeFit], dict[int, float]]:
+    size = draw(st.integers(1, 3))
+    members = []
+    for i in range(draw(st.integers(0, 4))):
+        node = draw(st.sampled_from([None, None, *NODES]))
+        job = draw(st.none() | st.sampled_from([7, 8, 9]))
+        members.append(
+            Member(
+                f"p{i}",
+                phase=draw(st.sampled_from(PHASES)),
+                node=node,
+                deleting=draw(st.sampled_from(MOSTLY_NOT)),
+                index=i,
+                planned_job=job,
+                planned_node=draw(st.none() | st.sampled_from(NODES)) if job else None,
+                annotations={wk.ANNOTATION_POD_GROUP_SIZE: str(size)},
+                labels={wk.LABEL_POD_GROUP: "train"},
+                namespace=NS,
+            )
+        )
+    jobs = [
+        SlurmJob(
+            jid,
+            KEY,
+            draw(st.sampled_from(STATES)),
+            tuple(draw(st.lists(st.sampled_from(NODES), min_size=1, max_size=4, unique=True))),
+        )
+        for jid in draw(st.lists(st.sampled_from([7, 8, 9]), max_size=2, unique=True))
+    ]
+    nodes = {n: NodeFit(n, not draw(st.sampled_from(MOSTLY_NOT)), "x") for n in NODES}
+    absent = {
+        jid: draw(st.sampled_from([0.0, 990.0]))
+        for jid in draw(st.sets(st.sampled_from([7, 8, 9])))
+    }
+    return members, jobs, nodes, absent
+
+
+@st.composite
+def running_gangs(
+    draw: st.DrawFn,
+) -> tuple[list[Member], list[SlurmJob], dict[str, NodeFit], dict[int, float]]:
+    """A gang whose job runs, caught at any point: pods waiting, planned and not bound
+    (a crash), bound, or lost and replaced by their owner."""
+    size = draw(st.integers(1, 4))
+    allocation = draw(st.lists(st.sampled_from(NODES), min_size=size, max_size=size, unique=True))
+    ann = {wk.ANNOTATION_POD_GROUP_SIZE: str(size)}
+    labels = {wk.LABEL_POD_GROUP: "train"}
+    members = []
+    for i, n in enumerate(sorted(allocation)):
+        how = draw(st.sampled_from(["waiting", "planned", "bound", "lost"]))
+        planned = 7 if how != "waiting" else None
+        phase = "Running" if how == "bound" else "Failed" if how == "lost" else "Pending"
+        node = n if how in ("bound", "lost") else None
+        members.append(
+            Member(
+                f"p{i}",
+                phase=phase,
+                node=node,
+                index=i,
+                planned_job=planned,
+                planned_node=n if planned else None,
+                annotations=ann,
+                labels=labels,
+                namespace=NS,
+            )
+        )
+        if how == "lost" and draw(st.booleans()):
+            members.append(Member(f"p{i}b", index=i, annotations=ann, labels=labels, namespace=NS))
+    nodes = {n: NodeFit(n, not draw(st.sampled_from(MOSTLY_NOT)), "x") for n in NODES}
+    return members, [SlurmJob(7, KEY, "RUNNING", tuple(allocation))], nodes, {}
+
+
+@settings(max_examples=400, deadline=None)
+@given(states() | running_gangs())
+def test_plan_keeps_its_promises_in_any_state(
+    state: tuple[list[Member], list[SlurmJob], dict[str, NodeFit], dict[int, float]],
+) -> None:
+    members, jobs, nodes, absent = state
+    actions = run({KEY: members} if members else {}, jobs, nodes, absent, now=1000.0)
+    event(" ".join(sorted({type(a).__name__ for a in actions})) or "nothing")
+    by_name = {f"{NS}/{m.name}": m for m in members}
+    listed = {j.job_id: j for j in jobs}
+    binds = [a for a in actions if isinstance(a, Bind)]
+    stopped = {a.job_id for a in actions if isinstance(a, Cancel | Requeue)}
+    cancelled = {a.job_id for a in actions if isinstance(a, Cancel)}
+    assert not cancelled & {a.job_id for a in actions if isinstance(a, Requeue)}
+    # only jobs that are listed and not ended are cancelled or requeued
+    assert all(jid in listed and not listed[jid].ended for jid in stopped)
+    # never a second job for a key whose job is not ended
+    if any(not j.ended for j in jobs):
+        assert not any(isinstance(a, Submit) for a in actions)
+    # never a job for a group that may still have one (a planned job missing once)
+    for m in members:
+        missing = m.planned_job is not None and m.planned_job not in listed
+        if m.live and missing and absent.get(m.planned_job or 0, 1e9) > 1000 - pg.ABSENT_GRACE_S:
+            assert not any(isinstance(a, Submit) for a in actions)
+    # evictions: only live pods bound under a plan of ours
+    for a in actions:
+        if isinstance(a, Evict):
+            m = by_name[a.pod]
+            assert m.live and m.bound and m.planned_job is not None
+    if binds:
+        (job,) = {j for j in jobs if j.word == "RUNNING" and j.job_id not in stopped}
+        waiting = {f"{NS}/{m.name}" for m in members if m.live and not m.bound}
+        # all or none: every waiting pod of the group is bound in the same pass
+        assert {b.pod for b in binds} == waiting
+        # each onto its own fit node of the allocation that no pod of the group holds
+        held = {m.node for m in members if m.node and (m.live or m.deleting)}
+        targets = [b.node for b in binds]
+        assert len(set(targets)) == len(targets)
+        assert all(n in job.nodes and nodes[n].fit and n not in held for n in targets)
+        # and the plan is written first when any pod lacks it
+        first = actions.index(binds[0])
+        plans = [a for a in actions[:first] if isinstance(a, Plan)]
+        if any(
+            by_name[b.pod].planned_job != job.job_id or by_name[b.pod].planned_node != b.node
+            for b in binds
+        ):
+            assert plans and set(plans[-1].assignments) == {(b.pod, b.node) for b in binds}
+        # a gang never starts short
+        size = int(members[0].annotations[wk.ANNOTATION_POD_GROUP_SIZE])
+        running = sum(
+            1 for m in members if m.live and m.planned_job == job.job_id and m.node in job.nodes
+        )
+        assert running + len(binds) >= size

@@ -767,7 +767,7 @@ def _group(
             maybe_alive = maybe_alive or t is None or now - t < ABSENT_GRACE_S
     if kept is not None:
         if kept.word == RUNNING:
-            _place(key, kept, members, nodes, out)
+            _place(key, kept, members, sizes.get(key), nodes, out)
         return
     if maybe_alive:
         return
@@ -818,10 +818,12 @@ def _place(
     key: GroupKey,
     job: SlurmJob,
     members: Sequence[Member],
+    size: int | str | None,
     nodes: Mapping[str, NodeFit],
     out: _Out,
 ) -> None:
-    """Give the group's unbound pods the running job's free nodes, all or none."""
+    """Give the group's unbound pods the running job's free nodes, all or none: only
+    when they make the group whole (with its pods already running under the job)."""
     allocation = sorted(set(job.nodes))
     if not allocation:
         return
@@ -830,6 +832,11 @@ def _place(
     waiting = ordered(m for m in members if m.live and not m.bound)
     if not waiting or len(waiting) > len(free):
         return  # nothing to bind, or a pod still leaving its node: wait
+    running = sum(
+        1 for m in members if m.live and m.planned_job == job.job_id and m.node in allocation
+    )
+    if not isinstance(size, int) or running + len(waiting) < size:
+        return  # a gang never starts short: wait for the owner's missing pods
     fit = [n for n in free if nodes.get(n, NodeFit(n, False)).fit]
     if len(fit) < len(waiting):
         unfit = [n for n in free if n not in fit]
