@@ -24,7 +24,9 @@ A group is read from the labels the owners already put on their pods, first matc
 The key never names a pod, so a Slurm job outlives the pods it was submitted for: the
 owner's replacement pods find the job (requeued or still running) by its comment.
 
-Rules of :func:`plan`, per group (all pod names in actions are ``namespace/name``):
+The request asks, on every node, for the largest member's GPUs, CPUs and memory
+(decision 0258). Rules of :func:`plan`, per group (all pod names in actions are
+``namespace/name``; decision 0259 says why a running gang is refilled or requeued):
 
 * **Duplicates**: two Slurm jobs that are not ended for one key: the one most pods are
   planned for is kept (else the oldest), the others are cancelled.
@@ -36,9 +38,12 @@ Rules of :func:`plan`, per group (all pod names in actions are ``namespace/name`
   only changes nothing.
 * **Running**: the pods not yet bound are given the job's free nodes (a pod keeps the
   node its plan annotation names, the others in index order onto the nodes in sorted
-  order); every node must be fit (:func:`node_fit`), else the job is requeued and nobody
-  is bound. The plan is written (:class:`Plan`) before the pods are bound
-  (:class:`Bind`); the caller must not bind a group whose plan it could not write.
+  order), only when they make the group whole with its pods already running; every node
+  they need must be fit (:func:`node_fit`), else the job is requeued and nobody is bound.
+  A node that turns unfit under a running pod changes nothing here (the fault path drains
+  it; the pod's replacement then needs the node and the job is requeued). The plan is
+  written (:class:`Plan`) before the pods are bound (:class:`Bind`); the caller must not
+  bind a group whose plan it could not write.
 * **No job**: a group with exactly its size of pending unbound pods is submitted
   (highest pod priority first, at most ``submit_limit`` a pass); a group with a bad size
   or annotation, or more pending pods than its size, is rejected (``InvalidPodGroup``).
