@@ -584,6 +584,7 @@ def test_an_unfit_node_at_allocation_time_binds_nobody_and_requeues() -> None:
     actions = run({KEY: gang(2)}, [job], nodes)
     assert len(actions) == 1 and isinstance(actions[0], Requeue)
     assert actions[0].job_id == 7 and "n2: the node is cordoned" in actions[0].why
+    assert actions[0].unfit == ("n2",)
     missing = run({KEY: gang(2)}, [job], fit("n1"))
     assert isinstance(missing[0], Requeue) and "n2: not found" in missing[0].why
 
@@ -614,7 +615,7 @@ def test_a_lost_member_on_an_unfit_node_requeues_the_whole_group() -> None:
     nodes = {"n1": NodeFit("n1", True), "n2": NodeFit("n2", False, "gpufleet has it in triage")}
     actions = run({KEY: [members[0], replacement]}, [job], nodes)
     assert actions == [
-        Requeue(7, "nodes of the allocation are not fit (n2: gpufleet has it in triage)")
+        Requeue(7, "nodes of the allocation are not fit (n2: gpufleet has it in triage)", ("n2",))
     ]
 
 

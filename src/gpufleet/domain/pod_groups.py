@@ -653,8 +653,13 @@ class Bind:
 
 @dataclass(frozen=True)
 class Requeue:
+    """Requeue the whole job (``scontrol requeue``): nobody of its group is bound now."""
+
     job_id: int
     why: str
+    unfit: tuple[str, ...] = ()
+    """The nodes of the allocation found unfit: Slurm may not know (a Kubernetes cordon
+    or taint is not a Slurm drain), so the caller may keep the requeued job off them."""
 
 
 @dataclass(frozen=True)
@@ -846,7 +851,8 @@ def _place(
     if len(fit) < len(waiting):
         unfit = [n for n in free if n not in fit]
         whys = "; ".join(f"{n}: {nodes[n].why if n in nodes else 'not found'}" for n in unfit)
-        out.stops.append(Requeue(job.job_id, f"nodes of the allocation are not fit ({whys})"))
+        why = f"nodes of the allocation are not fit ({whys})"
+        out.stops.append(Requeue(job.job_id, why, tuple(unfit)))
         return
     assigned: dict[str, str] = {}
     taken: set[str] = set()
