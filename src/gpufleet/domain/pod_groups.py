@@ -95,8 +95,11 @@ SLURM_ANNOTATIONS = (PARTITION, ACCOUNT, QOS, PRIORITY, TIME_LIMIT, GPU_TYPE)
 
 SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 """What a partition, account, QOS or GRES type may be called (Slurm names)."""
-MAX_PRIORITY = 2**32 - 2
-"""Slurm's largest job priority (``NO_VAL - 1``... 0xfffffffe)."""
+MIN_PRIORITY = 1
+"""Priority 0 is how Slurm holds a job (``scontrol hold``): a group never runs at 0."""
+MAX_PRIORITY = 2**32 - 3
+"""Slurm's largest job priority (what ``--priority=TOP`` sets): ``NO_VAL`` (2**32 - 2)
+would read as no priority given."""
 MAX_TIME_MINUTES = 365 * 24 * 60
 """A time limit above a year is a typo, not a request."""
 JOB_NAME_MAX = 120
@@ -563,8 +566,8 @@ def _invalid(name: str, value: str) -> str:
     """Why one slurm.gpufleet.io/ annotation's value is invalid ('' when it is valid)."""
     if name == PRIORITY:
         n = _int(value)
-        if n is None or not 0 <= n <= MAX_PRIORITY:
-            return f"is not an integer in 0..{MAX_PRIORITY}"
+        if n is None or not MIN_PRIORITY <= n <= MAX_PRIORITY:
+            return f"is not an integer in {MIN_PRIORITY}..{MAX_PRIORITY} (0 holds a Slurm job)"
         return ""
     if name == TIME_LIMIT:
         n = _int(value)
