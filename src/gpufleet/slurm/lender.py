@@ -2,7 +2,11 @@
 
 A Pod qualifies when its ``spec.priority`` is at least the syncer's
 ``preempt_priority``, it requests ``nvidia.com/gpu``, and kube-scheduler has
-marked it ``Unschedulable`` (no free node without Slurm's taint). Then, with
+marked it ``Unschedulable`` (no free node without Slurm's taint). A Pod that Slurm
+schedules itself (``spec.schedulerName`` :data:`~gpufleet.domain.well_known.POD_SCHEDULER_NAME`,
+``gpufleet pod-scheduler``) never qualifies: it is Slurm's work already, waiting in
+Slurm's queue under Slurm's priorities, and a node taken from Slurm for it would
+preempt Slurm's jobs behind that queue's back. Then, with
 every step recorded on the Node so a restarted syncer carries on:
 
 1. **choose** a node with :func:`gpufleet.domain.slurm_sync.choose_lendable`
@@ -135,6 +139,8 @@ def bind_refusal(
         return f"the pod is {kn.pod_key(pod)}, not {key}"
     if meta.get("deletionTimestamp"):
         return "the pod is being deleted"
+    if slurm_schedules(pod):
+        return "the pod is Slurm's work (its scheduler is gpufleet pod-scheduler)"
     priority = spec.get("priority")
     if not isinstance(priority, int) or priority < threshold:
         return f"the pod's priority {priority} is below {threshold}"
@@ -159,6 +165,11 @@ def bind_refusal(
     return None
 
 
+def slurm_schedules(pod: Mapping[str, Any]) -> bool:
+    """Whether Slurm schedules ``pod`` itself (decision 0257): never lent a node."""
+    return (pod.get("spec") or {}).get("schedulerName") == well_known.POD_SCHEDULER_NAME
+
+
 class Lender:
     def __init__(self, syncer: SyncerPort) -> None:
         self.syncer = syncer
@@ -179,6 +190,7 @@ class Lender:
             and priority >= self.threshold
             and kn.pod_gpus(pod) > 0
             and kn.pod_unschedulable(pod)
+            and not slurm_schedules(pod)
         )
 
     def lent_nodes(self) -> dict[str, str]:
