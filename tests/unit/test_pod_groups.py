@@ -694,6 +694,18 @@ def test_pods_of_an_ended_job_are_evicted_with_why(state: str) -> None:
     ]
 
 
+def test_a_completing_job_evicts_its_pods_and_is_not_submitted_again() -> None:
+    # Slurm shows a job being requeued as COMPLETING while its epilog runs: it may come back
+    members = gang(2, phase="Running", nodes=["n1", "n2"], job=7)
+    job = SlurmJob(7, KEY, "COMPLETING", ("n1", "n2"))
+    actions = run({KEY: members}, [job], fit("n1", "n2"))
+    assert actions == [
+        Evict("team/train-0", "Slurm job 7 is COMPLETING: its allocation is ending"),
+        Evict("team/train-1", "Slurm job 7 is COMPLETING: its allocation is ending"),
+    ]
+    assert run({KEY: gang(2)}, [job], fit("n1", "n2")) == []
+
+
 def test_pods_of_a_requeued_job_are_evicted_and_nothing_is_submitted() -> None:
     members = gang(2, phase="Running", nodes=["n1", "n2"], job=7)
     actions = run({KEY: members}, [SlurmJob(7, KEY, "PENDING", reason="BeginTime")])
@@ -701,16 +713,13 @@ def test_pods_of_a_requeued_job_are_evicted_and_nothing_is_submitted() -> None:
     assert isinstance(actions[0], Evict) and "requeued" in actions[0].why
 
 
-def test_a_job_absent_from_one_listing_changes_nothing() -> None:
-    members = gang(2, phase="Running", nodes=["n1", "n2"], job=7)
-    assert run({KEY: members}, [], fit("n1", "n2")) == []
-    assert run({KEY: members}, [], fit("n1", "n2"), absent={7: 980.0}, now=1000.0) == []
-    # the pending pods of a group whose job may still exist are not submitted again
-    pending = [
+def unbound(members: list[Member]) -> list[Member]:
+    """The same pods planned under their job but not bound (the plan written, no bind yet)."""
+    return [
         Member(
             m.name,
             index=m.index,
-            planned_job=7,
+            planned_job=m.planned_job,
             planned_node=m.node,
             namespace=NS,
             annotations=m.annotations,
@@ -718,6 +727,14 @@ def test_a_job_absent_from_one_listing_changes_nothing() -> None:
         )
         for m in members
     ]
+
+
+def test_a_job_absent_from_one_listing_changes_nothing() -> None:
+    members = gang(2, phase="Running", nodes=["n1", "n2"], job=7)
+    assert run({KEY: members}, [], fit("n1", "n2")) == []
+    assert run({KEY: members}, [], fit("n1", "n2"), absent={7: 980.0}, now=1000.0) == []
+    # the pending pods of a group whose job may still exist are not submitted again
+    pending = unbound(members)
     assert run({KEY: pending}, [], absent={7: 980.0}, now=1000.0) == []
 
 
@@ -726,18 +743,7 @@ def test_a_job_absent_from_two_listings_30_s_apart_has_ended() -> None:
     actions = run({KEY: members}, [], fit("n1", "n2"), absent={7: 970.0}, now=1000.0)
     assert [type(a) for a in actions] == [Evict, Evict]
     assert isinstance(actions[0], Evict) and "two listings 30 s apart" in actions[0].why
-    pending = [
-        Member(
-            m.name,
-            index=m.index,
-            planned_job=7,
-            planned_node=m.node,
-            namespace=NS,
-            annotations=m.annotations,
-            labels=m.labels,
-        )
-        for m in members
-    ]
+    pending = unbound(members)
     assert [type(a) for a in run({KEY: pending}, [], absent={7: 970.0}, now=1000.0)] == [Submit]
 
 
@@ -785,7 +791,7 @@ def test_a_job_of_a_group_with_an_unknown_size_binds_nobody() -> None:
 
 # -- plan: properties over any state ------------------------------------------------------
 
-STATES = ["PENDING", "RUNNING", "RUNNING", "RUNNING", "REQUEUED", "SUSPENDED", "CANCELLED"]
+STATES = ["PENDING", "RUNNING", "RUNNING", "RUNNING", "REQUEUED", "COMPLETING", "CANCELLED"]
 PHASES = ["Pending", "Pending", "Pending", "Running", "Succeeded", "Failed"]
 MOSTLY_NOT = [False, False, False, True]
 NODES = ["n1", "n2", "n3", "n4"]

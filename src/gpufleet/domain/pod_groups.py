@@ -34,8 +34,9 @@ The request asks, on every node, for the largest member's GPUs, CPUs and memory
   owner may be replacing it): its job is cancelled.
 * **Ended**: a live pod bound under a job that ended (a terminal state, or absent from
   two successful listings at least :data:`ABSENT_GRACE_S` apart), was requeued (pending
-  again) or no longer holds the pod's node, is evicted. A job absent from one listing
-  only changes nothing.
+  again), is COMPLETING (a job being requeued shows so too: no second job is submitted
+  until Slurm says which) or no longer holds the pod's node, is evicted. A job absent
+  from one listing only changes nothing.
 * **Running**: the pods not yet bound are given the job's free nodes (a pod keeps the
   node its plan annotation names, the others in index order onto the nodes in sorted
   order), only when they make the group whole with its pods already running; every node
@@ -109,7 +110,6 @@ ENDED_STATES = frozenset(
         "BOOT_FAIL",
         "CANCELLED",
         "COMPLETED",
-        "COMPLETING",
         "DEADLINE",
         "FAILED",
         "NODE_FAIL",
@@ -119,9 +119,13 @@ ENDED_STATES = frozenset(
         "TIMEOUT",
     }
 )
-"""Slurm job states after which the allocation is gone (or going): its live pods are
-evicted. Every other state (PENDING, REQUEUED, CONFIGURING, SUSPENDED, held...) is a
-job that may still run."""
+"""Slurm job states after which the job never runs again: its live pods are evicted and
+its group's pending pods may be submitted anew. Every other state (PENDING, REQUEUED,
+CONFIGURING, SUSPENDED, held, COMPLETING...) is a job that may still run."""
+LEAVING_STATES = frozenset({"COMPLETING"})
+"""The allocation is ending, but the job may be on its way back to the queue (Slurm shows
+a job being requeued as COMPLETING while its epilog runs): its pods are evicted, and no
+second job is submitted until Slurm says which."""
 RUNNING = "RUNNING"
 ABSENT_GRACE_S = 30.0
 """A known job missing from Slurm's listings counts as ended only when two successful
@@ -815,6 +819,8 @@ def _gone(
         return f"Slurm job {jid} ended: {job.word}{reason}"
     if kept is not None and job.job_id != kept.job_id:
         return ""  # a duplicate being cancelled: its pods are evicted once it has ended
+    if job.word in LEAVING_STATES:
+        return f"Slurm job {jid} is {job.word}: its allocation is ending"
     if m.node not in job.nodes:
         if not job.nodes:
             return f"Slurm job {jid} is {job.word} again (requeued): its allocation is gone"
