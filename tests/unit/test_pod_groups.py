@@ -704,6 +704,7 @@ def test_a_completing_job_evicts_its_pods_and_is_not_submitted_again() -> None:
         Evict("team/train-1", "Slurm job 7 is COMPLETING: its allocation is ending"),
     ]
     assert run({KEY: gang(2)}, [job], fit("n1", "n2")) == []
+    assert run({}, [job]) == []  # already on its way out: no cancel to refuse
 
 
 def test_pods_of_a_requeued_job_are_evicted_and_nothing_is_submitted() -> None:

@@ -770,7 +770,8 @@ def _group(
             held = kept.job_id if kept is not None else "?"
             out.stops.append(Cancel(j.job_id, f"a duplicate of job {held} for {key.tag}"))
     if not live:
-        if kept is not None and not any(m.deleting for m in members):
+        leaving = kept is not None and kept.word in LEAVING_STATES
+        if kept is not None and not leaving and not any(m.deleting for m in members):
             out.stops.append(Cancel(kept.job_id, f"no pod of {key.tag} is pending or running"))
         return
     maybe_alive = False
