@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -154,29 +153,6 @@ def test_only_our_comments_name_a_group() -> None:
     assert pg.key_from_comment("gpufleet-pods:team/job/x/u") == GroupKey(NS, "job", "x", "u")
 
 
-@pytest.mark.parametrize(
-    ("raw", "value"),
-    [
-        ("500m", Fraction(1, 2)),
-        ("2", Fraction(2)),
-        ("4Gi", Fraction(4 * 2**30)),
-        ("1G", Fraction(10**9)),
-        ("1e3", Fraction(1000)),
-        ("1.5", Fraction(3, 2)),
-        ("100k", Fraction(100_000)),
-        (".5Mi", Fraction(2**19)),
-        (3, Fraction(3)),
-        ("4gb", None),
-        ("", None),
-        ("Gi", None),
-        (None, None),
-        (True, None),
-    ],
-)
-def test_quantities_read_as_kubernetes_writes_them(raw: object, value: Fraction | None) -> None:
-    assert pg.quantity(raw) == value
-
-
 # -- one pod -----------------------------------------------------------------------
 
 
@@ -227,25 +203,6 @@ def test_live_is_pending_or_running_and_not_deleting(
     phase: str, deleting: bool, live: bool
 ) -> None:
     assert pg.member(pod("p", phase=phase, deleting=deleting)).live is live
-
-
-def test_requests_sum_containers_and_sidecars_and_take_the_largest_init_container() -> None:
-    spec = {
-        "containers": [
-            {"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
-            {"resources": {"limits": {"cpu": "500m", pg.GPU_RESOURCE: "4"}}},
-        ],
-        "initContainers": [
-            {"restartPolicy": "Always", "resources": {"requests": {"cpu": "250m"}}},
-            {"resources": {"requests": {"cpu": "3", "memory": "512Mi"}}},
-        ],
-        "overhead": {"cpu": "100m"},
-    }
-    asked = pg.pod_requests(spec)
-    # containers 1.5 + sidecar 0.25 = 1.75 < init 3 + sidecar 0.25; then the overhead
-    assert asked["cpu"] == Fraction(3) + Fraction(1, 4) + Fraction(1, 10)
-    assert asked["memory"] == 2**30
-    assert asked[pg.GPU_RESOURCE] == 4
 
 
 def test_a_malformed_plan_annotation_is_no_plan() -> None:
