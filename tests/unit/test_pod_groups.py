@@ -664,6 +664,18 @@ def test_a_completing_job_evicts_its_pods_and_is_not_submitted_again() -> None:
     assert run({}, [job]) == []  # already on its way out: no cancel to refuse
 
 
+def test_pods_of_a_suspended_job_are_evicted_and_wait_for_it_to_resume() -> None:
+    members = gang(2, phase="Running", nodes=["n1", "n2"], job=7)
+    job = SlurmJob(7, KEY, "SUSPENDED", ("n1", "n2"))
+    actions = run({KEY: members}, [job], fit("n1", "n2"))
+    assert [type(a) for a in actions] == [Evict, Evict]
+    assert isinstance(actions[0], Evict) and "SUSPENDED" in actions[0].why
+    # the owner's new pods wait (no second job) and are bound when the job runs again
+    assert run({KEY: gang(2)}, [job], fit("n1", "n2")) == []
+    resumed = SlurmJob(7, KEY, "RUNNING", ("n1", "n2"))
+    assert [type(a) for a in run({KEY: gang(2)}, [resumed], fit("n1", "n2"))] == [Plan, Bind, Bind]
+
+
 def test_pods_of_a_requeued_job_are_evicted_and_nothing_is_submitted() -> None:
     members = gang(2, phase="Running", nodes=["n1", "n2"], job=7)
     actions = run({KEY: members}, [SlurmJob(7, KEY, "PENDING", reason="BeginTime")])
@@ -749,7 +761,7 @@ def test_a_job_of_a_group_with_an_unknown_size_binds_nobody() -> None:
 
 # -- plan: properties over any state ------------------------------------------------------
 
-STATES = ["PENDING", "RUNNING", "RUNNING", "RUNNING", "REQUEUED", "COMPLETING", "CANCELLED"]
+STATES = ["PENDING", "RUNNING", "RUNNING", "RUNNING", "SUSPENDED", "COMPLETING", "CANCELLED"]
 PHASES = ["Pending", "Pending", "Pending", "Running", "Succeeded", "Failed"]
 MOSTLY_NOT = [False, False, False, True]
 NODES = ["n1", "n2", "n3", "n4"]

@@ -35,7 +35,8 @@ The request asks, on every node, for the largest member's GPUs, CPUs and memory
 * **Ended**: a live pod bound under a job that ended (a terminal state, or absent from
   two successful listings at least :data:`ABSENT_GRACE_S` apart), was requeued (pending
   again), is COMPLETING (a job being requeued shows so too: no second job is submitted
-  until Slurm says which) or no longer holds the pod's node, is evicted. A job absent
+  until Slurm says which), is SUSPENDED (a pod cannot be) or no longer holds the pod's
+  node, is evicted. A job absent
   from one listing only changes nothing.
 * **Running**: the pods not yet bound are given the job's free nodes (a pod keeps the
   node its plan annotation names, the others in index order onto the nodes in sorted
@@ -127,6 +128,9 @@ LEAVING_STATES = frozenset({"COMPLETING"})
 """The allocation is ending, but the job may be on its way back to the queue (Slurm shows
 a job being requeued as COMPLETING while its epilog runs): its pods are evicted, and no
 second job is submitted until Slurm says which."""
+SUSPENDED = "SUSPENDED"
+"""A suspended job keeps its allocation but runs nothing (preemption by suspension gives
+its nodes to another job): its pods, which cannot be suspended, are evicted."""
 RUNNING = "RUNNING"
 ABSENT_GRACE_S = 30.0
 """A known job missing from Slurm's listings counts as ended only when two successful
@@ -733,6 +737,8 @@ def _gone(
         return ""  # a duplicate being cancelled: its pods are evicted once it has ended
     if job.word in LEAVING_STATES:
         return f"Slurm job {jid} is {job.word}: its allocation is ending"
+    if job.word == SUSPENDED:
+        return f"Slurm job {jid} is SUSPENDED (preempted or held by an administrator)"
     if m.node not in job.nodes:
         if not job.nodes:
             return f"Slurm job {jid} is {job.word} again (requeued): its allocation is gone"
