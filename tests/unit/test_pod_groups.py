@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -611,6 +613,28 @@ def test_a_replacement_waits_while_the_lost_pod_still_leaves_its_node() -> None:
     assert run({KEY: [members[0], leaving, replacement]}, [job], fit("n1", "n2")) == []
 
 
+def test_a_node_where_another_groups_pod_still_stands_is_not_free() -> None:
+    # Slurm gave n1 to this job as soon as the other group's job was requeued; that group's
+    # pod is still terminating there: this group waits for it to leave
+    other = GroupKey(NS, "group", "other")
+    leaving = Member(
+        "other-0",
+        phase="Running",
+        node="n1",
+        deleting=True,
+        planned_job=5,
+        planned_node="n1",
+        namespace=NS,
+        labels={wk.LABEL_POD_GROUP: "other"},
+        annotations={wk.ANNOTATION_POD_GROUP_SIZE: "1"},
+    )
+    job = SlurmJob(7, KEY, "RUNNING", ("n1", "n2"))
+    others = [SlurmJob(5, other, "PENDING")]
+    assert run({KEY: gang(2), other: [leaving]}, [job, *others], fit("n1", "n2")) == []
+    actions = run({KEY: gang(2), other: []}, [job, *others], fit("n1", "n2"))
+    assert [type(a) for a in actions] == [Cancel, Plan, Bind, Bind]
+
+
 # -- plan: ends that follow each other ------------------------------------------------
 
 
@@ -895,3 +919,155 @@ def test_plan_keeps_its_promises_in_any_state(
             1 for m in members if m.live and m.planned_job == job.job_id and m.node in job.nodes
         )
         assert running + len(binds) >= size
+
+
+# -- plan: many passes against a small Slurm, with crashes, faults and outages ------------------
+
+
+class World:
+    """A few nodes, pod groups whose owner remakes an evicted pod, a Slurm that places pending
+    jobs on the nodes it thinks free, and a scheduler that may die in the middle of a pass."""
+
+    def __init__(self, rng: Any, sizes: tuple[int, ...]) -> None:
+        self.rng = rng
+        self.fit = {f"n{i}": True for i in range(5)}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.sizes = {GroupKey(NS, "group", f"g{i}"): n for i, n in enumerate(sizes)}
+        self.jobs: dict[int, SlurmJob] = {}
+        self.next_id = 100
+        self.made = 0
+        for key, n in self.sizes.items():
+            for i in range(n):
+                self.make(key, i)
+
+    def make(self, key: GroupKey, index: int) -> None:
+        self.made += 1
+        name = f"{key.name}-{index}-{self.made}"
+        self.pods[name] = {"key": key, "index": index, "node": None, "job": None, "planned": None}
+
+    def members(self) -> dict[GroupKey, list[Member]]:
+        out: dict[GroupKey, list[Member]] = {k: [] for k in self.sizes}
+        for name, p in self.pods.items():
+            out[p["key"]].append(
+                Member(
+                    name,
+                    phase="Running" if p["node"] else "Pending",
+                    node=p["node"],
+                    index=p["index"],
+                    planned_job=p["job"],
+                    planned_node=p["planned"],
+                    namespace=NS,
+                    labels={wk.LABEL_POD_GROUP: p["key"].name},
+                    annotations={wk.ANNOTATION_POD_GROUP_SIZE: str(self.sizes[p["key"]])},
+                )
+            )
+        return out
+
+    def evict(self, name: str) -> None:
+        p = self.pods.pop(name)
+        self.make(p["key"], p["index"])  # the owner's restart policy
+
+    def one_pass(self, crash: bool) -> list[pg.Action]:
+        groups = self.members()
+        jobs = list(self.jobs.values())
+        nodes = {n: NodeFit(n, ok, "" if ok else "faulty") for n, ok in self.fit.items()}
+        actions = run(groups, jobs, nodes)
+        if crash:
+            actions = actions[: self.rng.randrange(len(actions) + 1)]
+        for a in actions:
+            if isinstance(a, Submit):
+                self.jobs[self.next_id] = SlurmJob(self.next_id, a.request.key, "PENDING")
+                self.next_id += 1
+            elif isinstance(a, Plan):
+                for pod_name, n in a.assignments:
+                    p = self.pods[pod_name.split("/", 1)[1]]
+                    p["job"], p["planned"] = a.job_id, n
+            elif isinstance(a, Bind):
+                assert self.fit[a.node], f"{a.pod} bound to unfit {a.node}"
+                p = self.pods[a.pod.split("/", 1)[1]]
+                assert p["planned"] == a.node, "bound before its plan was written"
+                p["node"] = a.node
+            elif isinstance(a, Requeue):
+                self.jobs[a.job_id] = replace(self.jobs[a.job_id], state="PENDING", nodes=())
+            elif isinstance(a, Cancel):
+                self.jobs[a.job_id] = replace(self.jobs[a.job_id], state="CANCELLED")
+            elif isinstance(a, Evict):
+                self.evict(a.pod.split("/", 1)[1])
+        return actions
+
+    def slurm_tick(self) -> None:
+        busy = {n for j in self.jobs.values() if j.word == "RUNNING" for n in j.nodes}
+        for jid in sorted(self.jobs):
+            job = self.jobs[jid]
+            if job.word != "PENDING":
+                continue
+            # Slurm knows of a fault only some of the time (its drain comes later)
+            free = [
+                n
+                for n in sorted(self.fit)
+                if n not in busy and (self.fit[n] or self.rng.random() < 0.5)
+            ]
+            size = self.sizes[job.key]
+            if len(free) >= size:
+                chosen = tuple(self.rng.sample(free, size))
+                busy |= set(chosen)
+                self.jobs[jid] = replace(job, state="RUNNING", nodes=chosen)
+
+    def fault(self) -> None:
+        n = self.rng.choice(sorted(self.fit))
+        self.fit[n] = False
+        for name, p in list(self.pods.items()):
+            if p["node"] == n:
+                self.evict(name)  # the controller drains the node
+
+    def check(self, after_pass: bool) -> None:
+        live_jobs: dict[GroupKey, int] = {}
+        for j in self.jobs.values():
+            if not j.ended:
+                live_jobs[j.key] = live_jobs.get(j.key, 0) + 1
+        assert all(n <= 1 for n in live_jobs.values()), f"two jobs for one group: {live_jobs}"
+        on = [p["node"] for p in self.pods.values() if p["node"]]
+        assert len(on) == len(set(on)), "two pods on one node"
+        for p in self.pods.values():
+            if p["node"] and after_pass:
+                # Slurm may have moved a requeued job on; a whole pass has evicted its pods
+                job = self.jobs[p["job"]]
+                assert p["node"] in job.nodes or job.word != "RUNNING"
+
+    def settled(self) -> bool:
+        for key, n in self.sizes.items():
+            pods = [p for p in self.pods.values() if p["key"] == key]
+            jobs = {p["job"] for p in pods}
+            if len(pods) != n or not all(p["node"] for p in pods) or len(jobs) != 1:
+                return False
+            (jid,) = jobs
+            if self.jobs[jid].word != "RUNNING":
+                return False
+        return True
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_passes_with_crashes_faults_and_outages_keep_one_job_per_group_and_settle(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    world = World(rng, (rng.choice([1, 2]), rng.choice([1, 2, 3])))  # both fit on 5 nodes
+    for _ in range(80):
+        event = rng.random()
+        crash = rng.random() < 0.3
+        if event < 0.45:
+            world.one_pass(crash)
+        elif event < 0.8:
+            world.slurm_tick()
+        elif event < 0.9:
+            world.fault()
+        else:
+            world.fit[rng.choice(sorted(world.fit))] = True  # repaired
+        world.check(after_pass=event < 0.45 and not crash)
+    # faults stop and every node is repaired: every group runs whole, under one job
+    world.fit = dict.fromkeys(world.fit, True)
+    for _ in range(12):
+        world.one_pass(crash=False)
+        world.check(after_pass=True)
+        world.slurm_tick()
+    assert world.settled(), (world.pods, world.jobs)

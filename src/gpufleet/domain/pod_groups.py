@@ -36,12 +36,13 @@ The request asks, on every node, for the largest member's GPUs, CPUs and memory
   two successful listings at least :data:`ABSENT_GRACE_S` apart), was requeued (pending
   again), is COMPLETING (a job being requeued shows so too: no second job is submitted
   until Slurm says which), is SUSPENDED (a pod cannot be) or no longer holds the pod's
-  node, is evicted. A job absent
-  from one listing only changes nothing.
-* **Running**: the pods not yet bound are given the job's free nodes (a pod keeps the
-  node its plan annotation names, the others in index order onto the nodes in sorted
-  order), only when they make the group whole with its pods already running; every node
-  they need must be fit (:func:`node_fit`), else the job is requeued and nobody is bound.
+  node, is evicted. A job absent from one listing only changes nothing.
+* **Running**: the pods not yet bound are given the job's free nodes (no pod of any group
+  stands there, running or terminating: Slurm frees a requeued job's nodes before its pods
+  have left them), a pod keeping the node its plan annotation names, the others in index
+  order onto the nodes in sorted order, only when they make the group whole with its pods
+  already running; every node they need must be fit (:func:`node_fit`), else the job is
+  requeued and nobody is bound.
   A node that turns unfit under a running pod changes nothing here (the fault path drains
   it; the pod's replacement then needs the node and the job is requeued). The plan is
   written (:class:`Plan`) before the pods are bound (:class:`Bind`); the caller must not
@@ -625,7 +626,18 @@ def absent_jobs(
 
 
 @dataclass
-class _Out:
+class _Pass:
+    """What one pass reads, and the actions it collects in the order they are carried out."""
+
+    jobs: Mapping[int, SlurmJob]
+    nodes: Mapping[str, NodeFit]
+    sizes: Mapping[GroupKey, int | str]
+    requests: Mapping[GroupKey, JobRequest | str]
+    absent_since: Mapping[int, float]
+    now: float
+    held: frozenset[str]
+    """Nodes a pod of any group still stands on (running, or terminating after an
+    eviction): nobody else is bound there until it is gone, whatever Slurm says."""
     stops: list[Action] = field(default_factory=list)
     evicts: list[Action] = field(default_factory=list)
     binds: list[Action] = field(default_factory=list)
@@ -650,61 +662,49 @@ def plan(
     each followed by its group's binds, rejections, then submissions (highest pod
     priority first). A node missing from ``nodes`` is unfit.
     """
-    by_id = {j.job_id: j for j in jobs}
     by_key: dict[GroupKey, list[SlurmJob]] = {}
     for j in jobs:
         by_key.setdefault(j.key, []).append(j)
-    out = _Out()
+    held = frozenset(
+        m.node for ms in groups.values() for m in ms if m.node and (m.live or m.deleting)
+    )
+    p = _Pass({j.job_id: j for j in jobs}, nodes, sizes, requests, absent_since, now, held)
     for key in sorted(set(groups) | set(by_key)):
-        members = list(groups.get(key, ()))
-        _group(
-            key, members, by_key.get(key, []), by_id, out, nodes, sizes, requests, absent_since, now
-        )
-    out.submits.sort(key=lambda s: (-s[0], s[1]))
-    submits = [s for _, _, s in out.submits[: max(submit_limit, 0)]]
-    return [*out.stops, *out.evicts, *out.binds, *out.rejects, *submits]
+        _group(p, key, list(groups.get(key, ())), by_key.get(key, []))
+    p.submits.sort(key=lambda s: (-s[0], s[1]))
+    submits = [s for _, _, s in p.submits[: max(submit_limit, 0)]]
+    return [*p.stops, *p.evicts, *p.binds, *p.rejects, *submits]
 
 
-def _group(
-    key: GroupKey,
-    members: list[Member],
-    jobs: list[SlurmJob],
-    by_id: Mapping[int, SlurmJob],
-    out: _Out,
-    nodes: Mapping[str, NodeFit],
-    sizes: Mapping[GroupKey, int | str],
-    requests: Mapping[GroupKey, JobRequest | str],
-    absent_since: Mapping[int, float],
-    now: float,
-) -> None:
+def _group(p: _Pass, key: GroupKey, members: list[Member], jobs: list[SlurmJob]) -> None:
     live = [m for m in members if m.live]
     active = [j for j in jobs if not j.ended]
     kept = _keep(active, members)
     for j in active:
         if j is not kept:
-            held = kept.job_id if kept is not None else "?"
-            out.stops.append(Cancel(j.job_id, f"a duplicate of job {held} for {key.tag}"))
+            other = kept.job_id if kept is not None else "?"
+            p.stops.append(Cancel(j.job_id, f"a duplicate of job {other} for {key.tag}"))
     if not live:
         leaving = kept is not None and kept.word in LEAVING_STATES
         if kept is not None and not leaving and not any(m.deleting for m in members):
-            out.stops.append(Cancel(kept.job_id, f"no pod of {key.tag} is pending or running"))
+            p.stops.append(Cancel(kept.job_id, f"no pod of {key.tag} is pending or running"))
         return
     maybe_alive = False
     for m in live:
         if m.bound and m.planned_job is not None:
-            why = _gone(m, by_id.get(m.planned_job), kept, absent_since, now)
+            why = _gone(m, p.jobs.get(m.planned_job), kept, p.absent_since, p.now)
             if why:
-                out.evicts.append(Evict(_pod(key, m), why))
-        if m.planned_job is not None and m.planned_job not in by_id:
-            t = absent_since.get(m.planned_job)
-            maybe_alive = maybe_alive or t is None or now - t < ABSENT_GRACE_S
+                p.evicts.append(Evict(_pod(key, m), why))
+        if m.planned_job is not None and m.planned_job not in p.jobs:
+            t = p.absent_since.get(m.planned_job)
+            maybe_alive = maybe_alive or t is None or p.now - t < ABSENT_GRACE_S
     if kept is not None:
         if kept.word == RUNNING:
-            _place(key, kept, members, sizes.get(key), nodes, out)
+            _place(p, key, kept, members)
         return
     if maybe_alive:
         return
-    _submit(key, live, sizes.get(key), requests.get(key), out)
+    _submit(p, key, live)
 
 
 def _keep(active: list[SlurmJob], members: Sequence[Member]) -> SlurmJob | None:
@@ -751,35 +751,28 @@ def _pod(key: GroupKey, m: Member) -> str:
     return f"{key.namespace}/{m.name}"
 
 
-def _place(
-    key: GroupKey,
-    job: SlurmJob,
-    members: Sequence[Member],
-    size: int | str | None,
-    nodes: Mapping[str, NodeFit],
-    out: _Out,
-) -> None:
+def _place(p: _Pass, key: GroupKey, job: SlurmJob, members: Sequence[Member]) -> None:
     """Give the group's unbound pods the running job's free nodes, all or none: only
     when they make the group whole (with its pods already running under the job)."""
     allocation = sorted(set(job.nodes))
     if not allocation:
         return
-    occupied = {m.node for m in members if m.node in allocation and (m.live or m.deleting)}
-    free = [n for n in allocation if n not in occupied]
+    free = [n for n in allocation if n not in p.held]
     waiting = ordered(m for m in members if m.live and not m.bound)
     if not waiting or len(waiting) > len(free):
         return  # nothing to bind, or a pod still leaving its node: wait
     running = sum(
         1 for m in members if m.live and m.planned_job == job.job_id and m.node in allocation
     )
+    size = p.sizes.get(key)
     if not isinstance(size, int) or running + len(waiting) < size:
         return  # a gang never starts short: wait for the owner's missing pods
-    fit = [n for n in free if nodes.get(n, NodeFit(n, False)).fit]
+    fit = [n for n in free if p.nodes.get(n, NodeFit(n, False)).fit]
     if len(fit) < len(waiting):
         unfit = [n for n in free if n not in fit]
-        whys = "; ".join(f"{n}: {nodes[n].why if n in nodes else 'not found'}" for n in unfit)
+        whys = "; ".join(f"{n}: {p.nodes[n].why if n in p.nodes else 'not found'}" for n in unfit)
         why = f"nodes of the allocation are not fit ({whys})"
-        out.stops.append(Requeue(job.job_id, why, tuple(unfit)))
+        p.stops.append(Requeue(job.job_id, why, tuple(unfit)))
         return
     assigned: dict[str, str] = {}
     taken: set[str] = set()
@@ -793,32 +786,27 @@ def _place(
             assigned[m.name] = next(rest)
     pairs = tuple((_pod(key, m), assigned[m.name]) for m in waiting)
     if any(m.planned_job != job.job_id or m.planned_node != assigned[m.name] for m in waiting):
-        out.binds.append(Plan(job.job_id, pairs))
-    out.binds.extend(Bind(pod, node) for pod, node in pairs)
+        p.binds.append(Plan(job.job_id, pairs))
+    p.binds.extend(Bind(pod, node) for pod, node in pairs)
 
 
-def _submit(
-    key: GroupKey,
-    live: Sequence[Member],
-    size: int | str | None,
-    req: JobRequest | str | None,
-    out: _Out,
-) -> None:
+def _submit(p: _Pass, key: GroupKey, live: Sequence[Member]) -> None:
     waiting = ordered(m for m in live if not m.bound)
+    size, req = p.sizes.get(key), p.requests.get(key)
     if not waiting or size is None or req is None:
         return
     pods = tuple(_pod(key, m) for m in waiting)
     if isinstance(size, str):
-        out.rejects.append(Reject(pods, INVALID, size))
+        p.rejects.append(Reject(pods, INVALID, size))
         return
     if isinstance(req, str):
-        out.rejects.append(Reject(pods, INVALID, req))
+        p.rejects.append(Reject(pods, INVALID, req))
         return
     if len(waiting) > size:
-        out.rejects.append(
+        p.rejects.append(
             Reject(pods, INVALID, f"{len(waiting)} pods are pending in a group of {size}")
         )
         return
     if len(waiting) < size:
         return  # the owner has not made every pod yet
-    out.submits.append((max(m.priority for m in waiting), key.tag, Submit(req)))
+    p.submits.append((max(m.priority for m in waiting), key.tag, Submit(req)))
