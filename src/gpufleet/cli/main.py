@@ -69,6 +69,11 @@ COMMANDS: dict[str, Entry] = {
         "syncer_app",
         "The Kubernetes <-> Slurm syncer (drains, resumes, requeues, lends nodes).",
     ),
+    "pod-scheduler": Entry(
+        "pod_scheduler_cmd",
+        "pod_scheduler",
+        "Let Slurm schedule the pods whose spec.schedulerName is gpufleet-slurm.",
+    ),
     "sim": Entry(
         "sim_cmd", "sim", "Simulate a fleet running one large training job under a policy."
     ),
