@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from test_chart_quality import containers, key, render, render_fails
 
+from gpufleet.cli.main import command_tree
+
 pytestmark = pytest.mark.integration
 
 ON = ("--set", "podScheduler.enabled=true")
@@ -94,6 +96,10 @@ def test_the_deployment_runs_the_command_with_its_own_flags_and_a_lease() -> Non
     assert flags["--slurm-conf"] == "/etc/slurm/slurm.conf"
     # /metrics for the kubelet's probes and Prometheus, so on the pod's address.
     assert (flags["--metrics-port"], flags["--metrics-address"]) == ("29443", "0.0.0.0")
+    # Every flag the chart passes is one `gpufleet pod-scheduler` takes.
+    command = command_tree().commands["pod-scheduler"]
+    known = {o for p in command.params for o in getattr(p, "opts", ())}
+    assert set(flags) <= known, set(flags) - known
     env = {e["name"]: e for e in c["env"]}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     dry = _container(
