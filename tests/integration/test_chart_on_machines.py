@@ -701,7 +701,18 @@ def reimage_after_xid_79(info: ClusterInfo, api: Api, tokens: TokenWatch) -> Non
     console = Path(info.machines[GPU].console_log)
     console_before = console.stat().st_size
     inject = f"{info.machines[GPU].inject_url}/inject"  # the agent pod's hostPort, via qemu
-    r = httpx.post(inject, json={"fault": "xid=79,gpu=3"}, timeout=30)
+
+    def injected() -> httpx.Response | None:
+        # qemu's user network accepts the connection for the guest and resets it while
+        # nothing listens on the hostPort (the agent pod starting again after the node's
+        # last change): asked again until the agent answers. A second XID 79 is the same
+        # fault.
+        try:
+            return httpx.post(inject, json={"fault": "xid=79,gpu=3"}, timeout=30)
+        except httpx.TransportError:
+            return None
+
+    r = wait_for("the agent pod answering on its hostPort", injected, POD_TIMEOUT)
     assert r.status_code == 200, r.text
     wait_for("the GPU node taken out", lambda: state(api, GPU) != "production", 300)
     wait_for(
