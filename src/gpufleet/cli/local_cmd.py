@@ -62,6 +62,12 @@ def _print_usage(info: ClusterInfo, name_args: str) -> None:
             "JWT: slurm_jwt in cluster.json)",
             highlight=False,
         )
+    if info.pod_scheduler_metrics_url is not None:
+        out.print(
+            "  pods:        schedulerName gpufleet-slurm -> one Slurm job per pod group "
+            f"(gpufleet pod-scheduler; {info.logs_dir / 'pod-scheduler.log'})",
+            highlight=False,
+        )
     if info.bmcs:
         first = next(iter(info.bmcs.values()))
         out.print(
@@ -161,6 +167,13 @@ def up(
         max=18,
         help="With --nvl72-domains: the trays of each domain (a real NVL72 has 18).",
     ),
+    pod_scheduler: bool = typer.Option(
+        True,
+        "--pod-scheduler/--no-pod-scheduler",
+        help="With Slurm: run `gpufleet pod-scheduler`, so a Pod with schedulerName "
+        "gpufleet-slurm is scheduled by Slurm (docs/pod-scheduler.md). --no-pod-scheduler for "
+        "a test that runs its own (GPUFLEET_TEST_CLUSTER).",
+    ),
     no_bmcs: bool = typer.Option(False, "--no-bmcs", help="Do not start the Redfish BMCs."),
     machines: int = typer.Option(
         0,
@@ -231,6 +244,12 @@ def up(
 
         gpufleet local up --nodes 2 --slurm 24.11
 
+    Slurm schedules a Pod that asks for it (the pod scheduler runs unless --no-pod-scheduler;
+    docs/pod-scheduler.md), then `squeue` shows its job under the Pod's name:
+
+        kubectl run train --image=busybox --restart=Never \
+            --overrides='{"spec": {"schedulerName": "gpufleet-slurm"}}' -- sleep 600
+
     With Slurm accounting (MariaDB and slurmdbd; then `sacct -o JobID,State,AllocTRES`):
 
         gpufleet local up --nodes 2 --slurm 24.11 --slurm-accounting
@@ -280,6 +299,7 @@ def up(
         machine_pools=_machine_pools(machine_pools),
         machine_agent=not no_machine_agent,
         host_node=host_node,
+        pod_scheduler=pod_scheduler and not no_slurm,
     )
     cluster = local_cluster.LocalCluster(spec, progress=lambda msg: console.print(f"  {msg}"))
     console.print(f"Starting a local cluster with {nodes} nodes x {gpus_per_node} GPUs ...")

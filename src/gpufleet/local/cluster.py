@@ -149,6 +149,11 @@ class ClusterSpec:
     in namespaces of their own, on the machines' fabric. The chart's controllers and Slurm
     control plane then run at native speed while the GPU machines stay emulated
     (decision 0138)."""
+    pod_scheduler: bool = False
+    """With Slurm: ``gpufleet pod-scheduler`` runs beside it (component ``pod-scheduler``),
+    so a Pod with ``schedulerName: gpufleet-slurm`` is scheduled by Slurm
+    (docs/pod-scheduler.md). ``gpufleet local up`` turns it on; the tests and the demo
+    start their own when they need one."""
 
     def node_names(self) -> tuple[str, ...]:
         return tuple(f"{self.node_prefix}{i:04d}" for i in range(self.nodes))
@@ -221,6 +226,8 @@ class ClusterInfo:
     """The machines' registry, from the host (``GET /v2/...``)."""
     host_node: str | None = None
     """The Node name of the system node run on the host (``ClusterSpec.host_node``)."""
+    pod_scheduler_metrics_url: str | None = None
+    """``/metrics`` of the pod scheduler (``ClusterSpec.pod_scheduler``); None: none runs."""
 
     @property
     def logs_dir(self) -> Path:
@@ -485,6 +492,8 @@ class LocalCluster:
                     errors.append(exc)
             if errors:
                 raise errors[0]
+        if spec.pod_scheduler and spec.slurm:
+            self._pod_scheduler_lane()
         if kl.joinable:
             self._join_lane(kl)
         if vms:
@@ -897,6 +906,22 @@ class LocalCluster:
         restd.wait_ready(lambda: slurm.restd_ok(sl, token), timeout=timeout)
         self._ready("slurmrestd")
 
+    def _pod_scheduler_lane(self) -> None:
+        """``gpufleet pod-scheduler`` once the apiserver and Slurm answer: it is ready when
+        its metrics count a pass (it listed the pods, the nodes and Slurm's jobs)."""
+        assert self.info is not None
+        port = processes.free_ports(1)[0]
+        proc = self._launch(pod_scheduler_process(self.info, port))
+        url = f"http://127.0.0.1:{port}/metrics"
+        with httpx.Client(timeout=2) as http:
+            proc.wait_ready(
+                lambda: PASSES_METRIC in http.get(url).text,
+                timeout=self.spec.ready_timeout_s,
+                what="through its first pass",
+            )
+        self.info.pod_scheduler_metrics_url = url
+        self._ready("pod-scheduler")
+
     def _redfish_lane(self, run_dir: Path, password: str, python: str, vms: dict[str, Any]) -> None:
         assert self.info is not None
         config = {
@@ -981,6 +1006,35 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+PASSES_METRIC = 'gpufleet_pod_scheduler_passes_total{result="done"}'
+"""A pass of the pod scheduler that read the pods, the nodes and Slurm's jobs."""
+
+
+def pod_scheduler_process(
+    info: ClusterInfo, port: int, *, log: Path | None = None, interval_s: float = 2.0
+) -> ManagedProcess:
+    """``gpufleet pod-scheduler`` against the cluster ``info`` describes: the apiserver as
+    its admin, Slurm through ``slurm.conf`` (the munge socket it names) and, with the 24.11
+    root, that release's commands; ``/metrics`` on ``port``. One process, so no Lease; its
+    log is ``logs/pod-scheduler.log`` unless ``log`` says otherwise."""
+    if info.slurm_conf is None:
+        raise ComponentError("pod-scheduler", None, "this cluster was started without Slurm")
+    bin_dir = info.slurm_bin_dir
+    argv = [
+        sys.executable,
+        "-m",
+        "gpufleet.cli.main",
+        "pod-scheduler",
+        f"--kubeconfig={info.kubeconfig}",
+        f"--slurm-conf={info.slurm_conf}",
+        *([f"--slurm-bin-dir={bin_dir}"] if bin_dir is not None else []),
+        "--no-leader-election",
+        f"--interval={interval_s:g}",
+        f"--metrics-port={port}",
+    ]
+    return ManagedProcess("pod-scheduler", argv, log or info.logs_dir / "pod-scheduler.log")
 
 
 def _stop_in_order(records: list[ProcessRecord]) -> None:

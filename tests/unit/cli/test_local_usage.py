@@ -127,3 +127,33 @@ def test_the_host_node_and_where_its_logs_are_are_printed(
     assert str(tmp_path / "host-node" / "logs") in out
     local_cmd._print_usage(info(tmp_path), "")
     assert "host node" not in capsys.readouterr().out
+
+
+def test_local_up_runs_the_pod_scheduler_with_slurm_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpufleet local up` starts the pod scheduler beside Slurm (a Pod with schedulerName
+    gpufleet-slurm is Slurm's); a test that runs its own asks for none."""
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.main import app
+    from gpufleet.local.processes import ComponentError
+
+    seen = []
+
+    class Stop(local_cluster.LocalCluster):
+        def start(self) -> ClusterInfo:
+            seen.append(self.spec.pod_scheduler)
+            raise ComponentError("slurmctld", None, "stopped by the test")
+
+    monkeypatch.setattr(local_cluster, "LocalCluster", Stop)
+    for extra in ([], ["--no-pod-scheduler"], ["--no-slurm"]):
+        result = CliRunner().invoke(app, ["local", "up", "--run-dir", str(tmp_path), *extra])
+        assert result.exit_code == 1, result.output
+    assert seen == [True, False, False]
+    assert not local_cluster.ClusterSpec().pod_scheduler  # the tests' and the demo's clusters
+    url = "http://127.0.0.1:1/metrics"
+    local_cmd._print_usage(info(tmp_path, pod_scheduler_metrics_url=url), "")
+    out = capsys.readouterr().out
+    assert "schedulerName gpufleet-slurm -> one Slurm job per pod group" in out
+    assert str(tmp_path / "logs" / "pod-scheduler.log") in out
