@@ -2,7 +2,8 @@
 on a Deployment of `gpufleet pod-scheduler` with leader election, Slurm reached through a
 munged sidecar and the release's slurm.conf, and RBAC for exactly what it does to Pods.
 
-Render only (helm template, scripts/build-helm.sh): no cluster is used.
+Rendered by helm (scripts/build-helm.sh); the objects pass a strict server-side dry run on the
+session's real apiserver, as in test_slurm_chart.py.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 from test_chart_quality import containers, key, render, render_fails
+from test_slurm_chart import CHART, helm_binary, run
 
 from gpufleet.cli.main import command_tree
+from gpufleet.local.cluster import ClusterInfo
 
 pytestmark = pytest.mark.integration
 
@@ -171,3 +175,19 @@ def test_metrics_service_policy_monitor_and_budget() -> None:
     # One replica: a budget of one would hold every drain of its node; none is made.
     single = _objects(render("gpufleet", *ON, "--set", "podScheduler.replicas=1"))
     assert ("PodDisruptionBudget", NAME) not in single
+
+
+def test_the_objects_pass_a_strict_server_side_dry_run(local_cluster: ClusterInfo) -> None:
+    helm = helm_binary()
+    assert helm is not None, "helm is not built: run scripts/build-helm.sh (scripts/test does)"
+    text = run(
+        helm, "template", "gpufleet", str(CHART), "--namespace", "default", *ON,
+        "--set", "networkPolicy.enabled=true",
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(text) if d and "pod-scheduler" in d["metadata"]["name"]]
+    assert {d["kind"] for d in docs} >= {"Deployment", "ClusterRole", "NetworkPolicy"}
+    out = run(
+        str(local_cluster.kubectl), "apply", "--dry-run=server", "--validate=strict", "-f", "-",
+        env=local_cluster.kube_env(), stdin=yaml.safe_dump_all(docs),
+    )  # fmt: skip
+    assert out.count("(server dry run)") == len(docs), out
