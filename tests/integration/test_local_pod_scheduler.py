@@ -8,7 +8,9 @@ and Slurm commands, the default scheduler name, no Lease) and is ready as the cl
 it (a pass done). The Pod takes its time limit from its Namespace's annotation; Slurm shows
 its job under the Pod's name with the default comment prefix, and deleting the Pod ends the
 job. The other pod scheduler tests run under names of their own, so this is the one that
-serves the name users write.
+serves the name users write. Against a cluster of ``gpufleet local up``
+(``GPUFLEET_TEST_CLUSTER``), start that cluster with ``--no-pod-scheduler``: its own scheduler
+serves the same name.
 """
 
 from __future__ import annotations
