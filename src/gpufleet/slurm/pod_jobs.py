@@ -50,6 +50,37 @@ TRANSIENT = (
 """Words of an sbatch failure that say slurmctld did not answer, not that it refused."""
 
 
+NEVER_STARTS = frozenset(
+    {
+        "BadConstraints",
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "PartitionConfig",
+        "InvalidAccount",
+        "InvalidQOS",
+        "QOSMaxNodePerJobLimit",
+        "QOSMaxGRESPerJob",
+        "QOSMaxCpuPerJobLimit",
+        "QOSMaxMemoryPerJob",
+        "QOSMaxWallDurationPerJobLimit",
+        "AssocMaxNodesPerJobLimit",
+        "AssocMaxGRESPerJob",
+        "AssocMaxCpuPerJobLimit",
+        "AssocMaxMemPerJob",
+        "AssocMaxWallDurationPerJobLimit",
+    }
+)
+"""Pending reasons that say the job will never start as it was asked (bigger than its
+partition, more than a per-job limit): Slurm 22.05 accepts a job of more nodes than its
+partition has and keeps it pending with ``PartitionNodeLimit`` where 24.11 refuses it at
+``sbatch``. Any other reason (Resources, Priority, BeginTime, a held job...) can pass."""
+
+
+def never_starts(job: SlurmJob) -> bool:
+    """Whether a pending job waits for something that will not come."""
+    return job.word == "PENDING" and job.reason in NEVER_STARTS
+
+
 class SubmitRefused(SlurmError):
     """Slurm refused the job (unknown partition, account or QOS, a group too big for the
     partition, a bad option): waiting does not help; ``message`` is Slurm's own."""

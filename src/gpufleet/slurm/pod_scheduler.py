@@ -49,7 +49,7 @@ from gpufleet.kubeapi import NODES, PODS, ApiError, Gone, KubePort, NotFound, Pa
 from gpufleet.kubeapi.events import EventRecorder, event_body
 from gpufleet.kubeapi.resources import NAMESPACES
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError
-from gpufleet.slurm.pod_jobs import PodJobPort, SubmitRefused
+from gpufleet.slurm.pod_jobs import PodJobPort, SubmitRefused, never_starts
 
 log = logging.getLogger("gpufleet.slurm.pod_scheduler")
 
@@ -326,6 +326,7 @@ class PodScheduler:
         actions += pg.plan(
             view.groups, sizes, requests, view.jobs, view.nodes, dict(self.absent_since), now
         )
+        stuck = self._stuck(view, actions)
         self._count_groups(view)
         result = PassResult(actions=actions)
         blocked: set[str] = set()
@@ -333,9 +334,53 @@ class PodScheduler:
         for action in actions:
             if not self.may_act():
                 log.info("no longer acting: the rest of this pass waits for the next holder")
-                break
+                return result
             await self._carry_out(action, view, result, blocked)
+        for job in stuck:
+            if not self.may_act():
+                break
+            await self._refuse_stuck(job, view, result)
         return result
+
+    def _stuck(self, view: View, actions: Sequence[pg.Action]) -> list[pg.SlurmJob]:
+        """This pass's pending jobs that will never start as asked (:func:`never_starts`),
+        of a group that waits and that the plan left alone."""
+        touched = {a.job_id for a in actions if isinstance(a, pg.Cancel | pg.Requeue)}
+        return [
+            j
+            for j in view.jobs
+            if never_starts(j)
+            and j.job_id not in touched
+            and any(m.live and not m.bound for m in view.groups.get(j.key, ()))
+        ]
+
+    async def _refuse_stuck(self, job: pg.SlurmJob, view: View, result: PassResult) -> None:
+        """A job Slurm accepted but will never start is a refusal like sbatch's: it is
+        cancelled (the group may be fixed and submitted again), its pods say why, and it is
+        not submitted again until they or their namespace change."""
+        message = f"Slurm cannot start job {job.job_id} as asked: {job.reason}"
+        if self.settings.dry_run:
+            log.info("dry run, would cancel job %d and reject its pods: %s", job.job_id, message)
+            return
+        key = job.key
+        members = view.groups.get(key, [])
+        try:
+            await self.slurm.cancel(job.job_id)
+        except SlurmCommandFailed as e:
+            log.warning("job=%d cancel refused: %s", job.job_id, e)
+            return
+        log.warning("group=%s: %s (cancelled)", key.job_name, message)
+        self._refused[key] = (
+            fingerprint(members, view.namespaces.get(key.namespace, {})),
+            self.clock.monotonic(),
+            message,
+        )
+        self.metrics.actions.labels("cancel").inc()
+        pods = tuple(m.qualified for m in members if m.live and not m.bound)
+        try:
+            await self._reject(pods, pg.SLURM_REJECTED, message, view)
+        except ApiError as e:
+            result.failed.append(f"reject {', '.join(pods)}: {e}")
 
     def _count_groups(self, view: View) -> None:
         waiting = bound = 0

@@ -1,5 +1,6 @@
-"""The pod scheduler's Slurm port: sbatch's arguments, squeue's and sbatch's text read in
-one codec, and the tools run as processes (stand-in scripts that answer as Slurm does)."""
+"""The pod scheduler's Slurm port: sbatch's arguments, squeue's and sbatch's text as Slurm
+22.05 and 24.11 print it (captured from the local cluster's daemons) read in one codec, and
+the tools run as processes (stand-in scripts that answer as Slurm does)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gpufleet.slurm.pod_jobs import (
     PodJobsConfig,
     SubmitRefused,
     comment_prefix,
+    never_starts,
     parse_jobs,
     parse_submitted,
     refusal,
@@ -25,6 +27,43 @@ from gpufleet.slurm.pod_jobs import (
 
 PREFIX = well_known.POD_JOB_COMMENT_PREFIX
 KEY = pg.GroupKey("team", "job", "train", "0f4c")
+
+
+SQUEUE_24_11 = (
+    "1|CANCELLED|gpu-node-0000|None|gpufleet-pods:team/pod/solo/uid-solo\n"
+    "5|FAILED||BadConstraints|gpufleet-pods:team/group/huge/uid-huge\n"
+    "6|FAILED||BadConstraints|gpufleet-pods:team/pod/greedy/uid-greedy\n"
+    "3|PENDING||Resources|gpufleet-pods:team/group/big/uid-big\n"
+    "2|RUNNING|gpu-node-[0000-0001]|None|gpufleet-pods:team/job/train/uid-train\n"
+    "4|RUNNING|gpu-node-0000|None|(null)\n"
+    "7|RUNNING|gpu-node-0000|None|gpufleet-pods:team/pod/q/uid-q\n"
+)
+"""``squeue -h --states=all -o '%i|%T|%N|%r|%k'`` of Slurm 24.11.5 on the local cluster: jobs
+of ours running (one node; two), pending (Resources), cancelled, failed at submission (a
+group too big, too many GPUs: 24.11 keeps the refused job, FAILED), and someone else's."""
+
+SQUEUE_22_05 = (
+    "1|CANCELLED|gpu-node-0000|None|gpufleet-pods:team/pod/solo/uid-solo\n"
+    "6|FAILED||BadConstraints|gpufleet-pods:team/pod/greedy/uid-greedy\n"
+    "3|PENDING||Resources|gpufleet-pods:team/group/big/uid-big\n"
+    "5|PENDING||PartitionNodeLimit|gpufleet-pods:team/group/huge/uid-huge\n"
+    "2|RUNNING|gpu-node-[0000-0001]|None|gpufleet-pods:team/job/train/uid-train\n"
+    "4|RUNNING|gpu-node-0000|None|(null)\n"
+    "7|RUNNING|gpu-node-0000|None|gpufleet-pods:team/pod/q/uid-q\n"
+)
+"""The same on Slurm 22.05.8: a group too big is accepted and waits (PartitionNodeLimit)."""
+
+SQUEUE_REQUEUED = "2|PENDING||BeginTime|gpufleet-pods:team/job/train/uid-train\n"
+"""Slurm 24.11 right after ``scontrol requeue`` of the running job 2."""
+
+REFUSED_PARTITION = (
+    "sbatch: error: invalid partition specified: no-such-partition\n"
+    "sbatch: error: Batch job submission failed: Invalid partition name specified\n"
+)
+REFUSED_TOO_BIG = (
+    "sbatch: error: Batch job submission failed: Requested node configuration is not available\n"
+)
+"""sbatch's standard error, Slurm 24.11 (22.05 says the same for the partition)."""
 
 
 def request(**kw: object) -> pg.JobRequest:
@@ -159,3 +198,36 @@ def test_a_requeued_job_is_kept_off_the_nodes_found_unfit(tmp_path: Path) -> Non
         "update JobId=12 ExcNodeList=gpu-node-[0001,0003]",
         "requeue 13",
     ]
+
+
+def test_squeue_of_slurm_24_11_and_22_05_read_into_the_jobs_of_ours() -> None:
+    def seen(text: str) -> dict[int, tuple[str, str, tuple[str, ...], str, str]]:
+        return {
+            j.job_id: (j.key.name, j.state, j.nodes, j.reason, j.key.kind)
+            for j in parse_jobs(text, PREFIX)
+        }
+
+    new = seen(SQUEUE_24_11)
+    assert new[2] == ("train", "RUNNING", ("gpu-node-0000", "gpu-node-0001"), "", "job")
+    assert new[3] == ("big", "PENDING", (), "Resources", "group")
+    assert new[1] == ("solo", "CANCELLED", ("gpu-node-0000",), "", "pod")
+    assert new[5][1:4] == ("FAILED", (), "BadConstraints")
+    assert 4 not in new  # someone else's job (no comment)
+    old = seen(SQUEUE_22_05)
+    assert old[5] == ("huge", "PENDING", (), "PartitionNodeLimit", "group")
+    assert old[2] == new[2] and 4 not in old
+    (requeued,) = parse_jobs(SQUEUE_REQUEUED, PREFIX)
+    assert (requeued.state, requeued.nodes, requeued.reason) == ("PENDING", (), "BeginTime")
+
+
+def test_what_a_pending_job_waits_for_tells_whether_it_ever_starts() -> None:
+    jobs = {j.key.name: j for j in parse_jobs(SQUEUE_22_05, PREFIX)}
+    assert never_starts(jobs["huge"])  # 22.05: more nodes than the partition has
+    assert not never_starts(jobs["big"])  # waits for resources
+    assert not never_starts(jobs["train"])  # running
+    assert not any(never_starts(j) for j in parse_jobs(SQUEUE_24_11, PREFIX))  # FAILED: ended
+
+
+def test_slurms_refusals_read_as_it_printed_them() -> None:
+    assert refusal(REFUSED_PARTITION) == "Invalid partition name specified"
+    assert refusal(REFUSED_TOO_BIG) == "Requested node configuration is not available"

@@ -463,3 +463,28 @@ def test_slurm_refusing_a_cancel_is_logged_and_the_pass_goes_on() -> None:
     slurm.run(102, "node-a")
     result = run(s.run_pass())
     assert result.failed and kube.bound == [("team/next", "node-a")]
+
+
+def test_a_job_slurm_accepted_but_will_never_start_is_cancelled_and_its_pods_told_why() -> None:
+    kube, slurm = Cluster(), Slurm()
+    kube.add(
+        *(
+            pod(
+                f"huge-{i}",
+                labels={well_known.LABEL_POD_GROUP: "huge"},
+                annotations={well_known.ANNOTATION_POD_GROUP_SIZE: "5"},
+            )
+            for i in range(5)
+        )
+    )
+    s = scheduler(kube, slurm)
+    run(s.run_pass())
+    # Slurm 22.05 accepts more nodes than the partition has, and keeps the job pending
+    slurm.listed[101] = replace(slurm.listed[101], reason="PartitionNodeLimit")
+    run(s.run_pass())
+    assert slurm.cancelled == [101] and not kube.bound
+    cond = kube.pods["team/huge-0"]["status"]["conditions"][0]
+    assert cond["reason"] == "SlurmRejected" and "PartitionNodeLimit" in cond["message"]
+    writes = kube.writes
+    run(s.run_pass())  # refused like an sbatch refusal: not submitted again, nothing rewritten
+    assert len(slurm.requests) == 1 and kube.writes == writes
