@@ -6,6 +6,7 @@ import pytest
 
 from gpufleet.demo.job import JobShape
 from gpufleet.demo.runner import Demo, ScenarioResult
+from gpufleet.domain import hostlist
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -112,6 +113,31 @@ def test_inference_pod_takes_a_node_from_slurm_and_the_job_completes(demo: Demo)
     assert kinds(r, "job-requeued")
     assert r.figures["pod_running_s"] < 30
     job_completed_with_bounded_loss(r)
+
+
+def test_an_sbatch_job_and_a_kubernetes_gang_share_one_queue_by_priority(demo: Demo) -> None:
+    r = demo.run("shared-queue")
+    f = r.figures
+    gang, sbatch = f["gang"], f["sbatch"]
+    # The gang's job came first, the sbatch job has the higher priority: Slurm ran it first
+    # while every pod of the gang stayed Pending, then gave the gang its nodes.
+    assert f["gang_job"] < f["sbatch_job"]
+    assert sbatch.priority > gang.priority
+    assert f["gang_waited"] is True
+    assert sbatch.end != "Unknown" and gang.start >= sbatch.end, (sbatch, gang)
+    done = next(e for e in r.entries if e.kind == "train-done")
+    placed = [
+        e
+        for e in r.entries
+        if e.kind in ("pod", "pod-running") and e.node and str(e.data["pod"]).startswith("gang-")
+    ]
+    assert placed and all(e.latest >= done.earliest for e in placed), placed
+    # All at once, one pod per node of the one Slurm job.
+    nodes = demo.fleet.info.node_names
+    assert len(f["gang_nodes"]) == len(nodes)
+    assert not gang.nodes or sorted(hostlist.expand(gang.nodes)) == f["gang_nodes"]
+    work = f["work"]
+    assert work is not None and work.steps == SHAPE.steps and work.restarts == 0
 
 
 def test_a_slurm_health_check_drain_is_repaired_and_an_admin_drain_is_left_alone(

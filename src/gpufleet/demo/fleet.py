@@ -8,7 +8,8 @@ node's BMC is told to call its agent's ``/recover`` when the node boots, so a
 reboot or power cycle clears the simulated fault as it would on a real server.
 
 A scenario in which a new machine joins starts ``gpufleet provision serve`` and a
-BMC for that machine the same way, when it first needs them.
+BMC for that machine the same way, when it first needs them; one in which Slurm
+schedules Kubernetes pods starts ``gpufleet pod-scheduler`` when it first needs it.
 """
 
 from __future__ import annotations
@@ -31,16 +32,19 @@ from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local import processes
 from gpufleet.local.cluster import (
     DEFAULT_BMC_USER,
+    PASSES_METRIC,
     BmcEndpoint,
     ClusterInfo,
     ClusterSpec,
     LocalCluster,
+    pod_scheduler_process,
 )
 from gpufleet.local.processes import ComponentError, ManagedProcess
 
 CLI = (sys.executable, "-m", "gpufleet.cli.main")
 AGENT_INTERVAL_S = 0.5
 SYNC_POLL_S = 0.5
+POD_SCHEDULER_INTERVAL_S = 0.5
 CONTROLLER_TICK_S = 0.5
 BOOT_SECONDS = 8.0
 """How long the demo's servers take to boot after a BMC reset (real ones: minutes)."""
@@ -80,6 +84,7 @@ class Fleet:
     active_every_s: float = 0.0
     provision: ManagedProcess | None = None
     provision_url: str = ""
+    pod_scheduler: ManagedProcess | None = None
     new_bmcs: dict[str, tuple[ManagedProcess, BmcEndpoint]] = field(default_factory=dict)
     """BMCs of machines that are not part of the cluster yet (they join in a scenario)."""
     joining: set[str] = field(default_factory=set)
@@ -316,6 +321,25 @@ class Fleet:
         self.syncer = self.cluster.launch(ManagedProcess("syncer", argv, self._log("syncer")))
         return self.syncer
 
+    def start_pod_scheduler(self, timeout: float = 60.0) -> ManagedProcess:
+        """``gpufleet pod-scheduler`` (once): Slurm schedules the pods whose
+        ``schedulerName`` is ``gpufleet-slurm``, one Slurm job per pod group."""
+        if self.pod_scheduler is not None and self.pod_scheduler.poll() is None:
+            return self.pod_scheduler
+        port = processes.free_ports(1)[0]
+        proc = self.cluster.launch(
+            pod_scheduler_process(self.info, port, interval_s=POD_SCHEDULER_INTERVAL_S)
+        )
+        url = f"http://127.0.0.1:{port}/metrics"
+        with httpx.Client(timeout=2) as http:
+            proc.wait_ready(
+                lambda: PASSES_METRIC in http.get(url).text,
+                timeout=timeout,
+                what="through its first pass",
+            )
+        self.pod_scheduler = proc
+        return proc
+
     def wait_ready(self, timeout: float = 90.0) -> None:
         """Agents answer on their injection API, the controller serves metrics with a
         valid policy, every Node carries a state and the Slurm hold taint."""
@@ -375,6 +399,7 @@ class Fleet:
             self.controller,
             self.syncer,
             self.provision,
+            self.pod_scheduler,
             *(p for p, _ in self.new_bmcs.values()),
         ]
         for p in procs:

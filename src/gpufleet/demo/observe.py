@@ -343,6 +343,8 @@ class Observer:
             state = str(j.get("job_state", "")).upper()
             nodes = sorted(hostlist.expand(j.get("nodes") or "")) if state == "RUNNING" else []
             restarts = int(j.get("restart_cnt") or 0)
+            name = str(j.get("name") or "")
+            label = f"job {jid} ({name})" if name else f"job {jid}"
             was = self.jobs.get(jid)
             self.jobs[jid] = {"state": state, "nodes": nodes, "restarts": restarts}
             if was is None:
@@ -352,8 +354,8 @@ class Observer:
                             now,
                             "job-running",
                             None,
-                            f"job {jid}: RUNNING on {', '.join(nodes)}",
-                            {"job": jid, "nodes": nodes},
+                            f"{label}: RUNNING on {', '.join(nodes)}",
+                            {"job": jid, "nodes": nodes, "name": name},
                         )
                     )
                 continue
@@ -363,8 +365,8 @@ class Observer:
                         now,
                         "job-requeued",
                         None,
-                        f"job {jid}: requeued by Slurm (restart {restarts})",
-                        {"job": jid},
+                        f"{label}: requeued by Slurm (restart {restarts})",
+                        {"job": jid, "name": name},
                     )
                 )
             if state != was["state"] or (state == "RUNNING" and nodes != was["nodes"]):
@@ -374,7 +376,11 @@ class Observer:
                 where = f" on {', '.join(nodes)}" if nodes else ""
                 out.append(
                     Entry(
-                        now, kind, None, f"job {jid}: {state}{where}", {"job": jid, "nodes": nodes}
+                        now,
+                        kind,
+                        None,
+                        f"{label}: {state}{where}",
+                        {"job": jid, "nodes": nodes, "name": name},
                     )
                 )
         return out

@@ -162,6 +162,9 @@ def print_summary(console: Console, r: ScenarioResult) -> None:
     add("time to recover the job (-> resumed from checkpoint)", "job_back_s")
     add("time to recover the node (-> production, resumed in Slurm)", "node_back_s")
     add("Pod pending -> Running on a node taken from Slurm", "pod_running_s")
+    add("gang created -> the higher-priority sbatch job running", "sbatch_running_s")
+    add("gang created -> every pod bound (it waited its turn)", "gang_bound_s")
+    add("sbatch job COMPLETED -> every pod of the gang bound", "gang_after_sbatch_s")
     add("BMC resets on the faulty node", "power_cycles", "{}")
     add("straggler reports (Events) before the node was taken out", "reports", "{}")
     add("job pace while the straggler was in it", "slow_step_s", "{:.2f} s per step")
@@ -169,6 +172,15 @@ def print_summary(console: Console, r: ScenarioResult) -> None:
     add("power-on -> burn-in (hardware matches the Machine)", "burn_in_s")
     add("power-on -> production (burn-in checks passed)", "production_s")
     add("XID 79 -> reimage through the BMC -> production", "reimage_to_production_s")
+    for key in ("sbatch", "gang"):
+        q = f.get(key)
+        if q is not None:
+            ended = f", ended {q.end}" if q.state not in ("PENDING", "RUNNING") else ""
+            table.add_row(
+                f"Slurm: {key} job",
+                f"{q.job_id} {q.name} {q.state}, priority {q.priority}, "
+                f"started {q.start}{ended}, nodes {q.nodes}",
+            )
     if "console" in f:
         table.add_row("machine console", str(f["console"]))
     if "out" in f:

@@ -17,6 +17,7 @@ NAMES = (
     "straggler",
     "slurm-health-drain",
     "preemption-by-inference-pod",
+    "shared-queue",
     "new-machine",
     "real-machine",
     "maintenance",

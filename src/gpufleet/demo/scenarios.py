@@ -455,16 +455,21 @@ ADMIN_REASON = "maintenance by alice: reseat the PSU"
 """A person's hold: no pattern of the policy knows it, so it is ``admin``."""
 
 
-def _scontrol(ctx: Ctx, *args: str) -> str:
+def _slurm(ctx: Ctx, *argv: str, check: bool = True) -> str:
+    """A Slurm command's output (``sbatch``, ``squeue``, ``scontrol``) on the fleet's Slurm."""
     out = subprocess.run(
-        ["scontrol", *args],
+        argv,
         env=ctx.fleet.info.slurm_env(),
         capture_output=True,
         text=True,
-        timeout=15,
-        check=True,
+        timeout=30,
+        check=check,
     )
     return out.stdout
+
+
+def _scontrol(ctx: Ctx, *args: str) -> str:
+    return _slurm(ctx, "scontrol", *args)
 
 
 def _drain_reason(ctx: Ctx, node: str) -> str | None:
@@ -857,6 +862,189 @@ def _until_long(
         time.sleep(0.5)
 
 
+GANG = "gang"
+"""The Kubernetes Indexed Job of the shared-queue scenario (its Slurm job: default/gang)."""
+GANG_PRIORITY = 100
+SBATCH_PRIORITY = 200
+EARLIER_S = 8
+"""How long the earlier job holds every node, so both newcomers wait in the queue."""
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """One line of ``squeue -o`` :data:`QUEUE_FORMAT` (times as Slurm prints them)."""
+
+    job_id: int
+    name: str
+    state: str
+    priority: int
+    start: str
+    end: str
+    nodes: str
+
+
+QUEUE_FORMAT = "%i|%j|%T|%Q|%S|%e|%N"
+
+
+def queued(ctx: Ctx, *job_ids: int) -> dict[int, QueuedJob]:
+    """What Slurm says of these jobs now, in any state it still lists."""
+    ids = ",".join(map(str, job_ids))
+    out = _slurm(ctx, "squeue", "-h", "--states=all", "-j", ids, "-o", QUEUE_FORMAT, check=False)
+    found: dict[int, QueuedJob] = {}
+    for line in out.splitlines():
+        f = line.split("|")
+        if len(f) == 7 and f[0].isdigit():
+            found[int(f[0])] = QueuedJob(int(f[0]), f[1], f[2], int(f[3] or 0), *f[4:])
+    return found
+
+
+def gang_job(nodes: int) -> dict[str, Any]:
+    """An Indexed Job of ``nodes`` pods, 8 GPUs each, that Slurm schedules as one job."""
+    container = {
+        "name": "train",
+        "image": "example.invalid/trainer:1",
+        "resources": {"limits": {"nvidia.com/gpu": "8"}},
+    }
+    pod = {
+        "metadata": {
+            "annotations": {f"{well_known.SLURM_POD_ANNOTATION_PREFIX}priority": str(GANG_PRIORITY)}
+        },
+        "spec": {
+            "schedulerName": well_known.POD_SCHEDULER_NAME,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [container],
+        },
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": GANG, "namespace": "default"},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": nodes,
+            "parallelism": nodes,
+            "backoffLimit": 0,
+            "template": pod,
+        },
+    }
+
+
+def _gang_pods(ctx: Ctx) -> dict[str, str]:
+    """The gang's pods -> their node ('' while unbound)."""
+    items = (
+        ctx.fleet.api.get(
+            "/api/v1/namespaces/default/pods", params={"labelSelector": f"job-name={GANG}"}
+        ).get("items")
+        or []
+    )
+    return {p["metadata"]["name"]: p["spec"].get("nodeName") or "" for p in items}
+
+
+def shared_queue(ctx: Ctx) -> None:
+    """An sbatch job and a Kubernetes gang wait in one Slurm queue; priority decides."""
+    fleet, info = ctx.fleet, ctx.fleet.info
+    n = len(info.node_names)
+    fleet.start_pod_scheduler()
+    ctx.tl.note(
+        "demo",
+        "gpufleet pod-scheduler running (Slurm schedules schedulerName "
+        f"{well_known.POD_SCHEDULER_NAME})",
+    )
+    earlier = _slurm(
+        ctx, "sbatch", "--parsable", f"--nodes={n}", "--gres=gpu:8", "--time=1",
+        "--job-name=earlier-work", "--output=/dev/null", "--wrap", f"sleep {EARLIER_S}",
+    ).strip().split(";")[0]  # fmt: skip
+    ctx.tl.note("demo", f"sbatch earlier-work -> job {earlier} (every node, {EARLIER_S} s)")
+    ctx.wait(
+        "job-running",
+        "the earlier job running",
+        "slurmctld",
+        30,
+        match=lambda e: str(e.data.get("job")) == earlier,
+    )
+    api = fleet.api
+    jobs = "/apis/batch/v1/namespaces/default/jobs"
+    try:
+        api.create(jobs, gang_job(n), exist_ok=False)
+        created = ctx.tl.note(
+            "demo",
+            f"Job {GANG} created: Indexed, {n} pods x 8 GPUs, schedulerName "
+            f"{well_known.POD_SCHEDULER_NAME}, Slurm priority {GANG_PRIORITY}",
+        )
+        gang_id = 0
+
+        def gang_submitted() -> bool:
+            nonlocal gang_id
+            out = _slurm(
+                ctx,
+                *("squeue", "-h", "--states=all", f"--name=default/{GANG}", "-o", "%i"),
+                check=False,
+            ).split()
+            gang_id = int(out[0]) if out else 0
+            return bool(gang_id)
+
+        _until(ctx, gang_submitted, f"the Slurm job of Job {GANG} submitted", "pod-scheduler")
+        ctx.tl.note("demo", f"job {gang_id} (default/{GANG}) submitted by the pod scheduler")
+        sbatch_id = ctx.start_job(f"--priority={SBATCH_PRIORITY}")
+        ctx.tl.note(
+            "demo",
+            f"job {sbatch_id} is sbatch's, priority {SBATCH_PRIORITY}: "
+            f"submitted after job {gang_id}",
+        )
+        both = queued(ctx, gang_id, sbatch_id)
+        for j in sorted(both.values(), key=lambda j: -j.priority):
+            ctx.tl.note(
+                "demo", f"squeue: job {j.job_id} ({j.name}) {j.state}, priority {j.priority}"
+            )
+        running = ctx.wait(
+            "job-running",
+            "the sbatch job running first",
+            "slurmctld",
+            60,
+            match=lambda e: e.data.get("job") == sbatch_id,
+        )
+        waiting = queued(ctx, gang_id)[gang_id]
+        unbound = [p for p, node in _gang_pods(ctx).items() if not node]
+        ctx.tl.note(
+            "demo",
+            f"job {gang_id} (default/{GANG}) {waiting.state}; "
+            f"{len(unbound)} of its pods Pending, none bound",
+        )
+        ctx.figures["gang_waited"] = waiting.state == "PENDING" and len(unbound) == n
+        ctx.finish_job()
+        ended = ctx.wait(
+            "job-completed",
+            "Slurm reporting the sbatch job COMPLETED",
+            "slurmctld",
+            30,
+            match=lambda e: e.data.get("job") == sbatch_id,
+        )
+        _until(
+            ctx,
+            lambda: all(_gang_pods(ctx).values()) and len(_gang_pods(ctx)) == n,
+            f"every pod of Job {GANG} bound",
+            "pod-scheduler",
+        )
+        bound = ctx.tl.note(
+            "demo", f"every pod of Job {GANG} bound: {sorted(set(_gang_pods(ctx).values()))}"
+        )
+        final = queued(ctx, gang_id, sbatch_id)
+        ctx.figures.update(
+            gang_job=gang_id,
+            sbatch_job=sbatch_id,
+            gang=final.get(gang_id),
+            sbatch=final.get(sbatch_id),
+            gang_nodes=sorted(set(_gang_pods(ctx).values())),
+            gang_bound_s=bound.t - created.t,
+            sbatch_running_s=running.t - created.t,
+            gang_after_sbatch_s=bound.t - ended.t,
+        )
+        ctx.tl.idle(3)  # the pods finish (KWOK); the pod scheduler ends their Slurm job
+    finally:
+        api.delete(f"{jobs}/{GANG}?propagationPolicy=Background")
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -1019,6 +1207,13 @@ SCENARIOS: dict[str, Scenario] = {
             "a high-priority inference Pod takes a node from a running Slurm job, which is "
             "requeued and resumes from its checkpoint when the Pod is gone",
             preemption,
+        ),
+        Scenario(
+            "shared-queue",
+            "an sbatch job and a Kubernetes Indexed Job (schedulerName gpufleet-slurm) wait in "
+            "one Slurm queue: the sbatch job has the higher priority and runs first although "
+            "it came later; the gang's pods stay Pending, then are bound all at once",
+            shared_queue,
         ),
         Scenario(
             "new-machine",
