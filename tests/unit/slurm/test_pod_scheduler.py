@@ -85,6 +85,12 @@ def job_pods(job: str, n: int, *, ns: str = "team") -> list[Json]:
     ]
 
 
+def train(kube: Cluster, pods: int, *, parallelism: int | None = None) -> None:
+    """A Job ``train`` of ``parallelism`` (default: ``pods``) and its first ``pods`` pods."""
+    kube.jobs["team/train"] = {"spec": {"parallelism": parallelism or pods}, "status": {}}
+    kube.add(*job_pods("train", pods))
+
+
 def node(name: str, **spec: Any) -> Json:
     return {"metadata": {"name": name, "labels": {}}, "spec": dict(spec)}
 
@@ -273,8 +279,7 @@ def test_a_single_pod_is_submitted_then_bound_where_slurm_runs_its_job() -> None
 
 def test_a_jobs_pods_are_one_slurm_job_bound_all_at_once_in_index_order() -> None:
     kube, slurm = Cluster(), Slurm()
-    kube.jobs["team/train"] = {"spec": {"parallelism": 2, "completions": 2}, "status": {}}
-    kube.add(*job_pods("train", 2))
+    train(kube, 2)
     s = scheduler(kube, slurm)
     run(s.run_pass())
     (req,) = slurm.requests
@@ -286,16 +291,14 @@ def test_a_jobs_pods_are_one_slurm_job_bound_all_at_once_in_index_order() -> Non
 
 def test_a_group_waits_for_every_pod_its_job_runs_at_once() -> None:
     kube, slurm = Cluster(), Slurm()
-    kube.jobs["team/train"] = {"spec": {"parallelism": 3}, "status": {}}
-    kube.add(*job_pods("train", 2))
+    train(kube, 2, parallelism=3)
     run(scheduler(kube, slurm).run_pass())
     assert not slurm.requests
 
 
 def test_a_plan_that_cannot_be_written_binds_nobody_of_the_group() -> None:
     kube, slurm = Cluster(), Slurm()
-    kube.jobs["team/train"] = {"spec": {"parallelism": 2}, "status": {}}
-    kube.add(*job_pods("train", 2))
+    train(kube, 2)
     s = scheduler(kube, slurm)
     run(s.run_pass())
     slurm.run(101, "node-a", "node-b")
@@ -438,8 +441,7 @@ def test_only_pods_of_this_schedulers_name_are_read() -> None:
 
 def test_an_unfit_node_in_the_allocation_requeues_the_job_and_binds_nobody() -> None:
     kube, slurm = Cluster(), Slurm()
-    kube.jobs["team/train"] = {"spec": {"parallelism": 2}, "status": {}}
-    kube.add(*job_pods("train", 2))
+    train(kube, 2)
     kube.nodes["node-b"]["spec"]["unschedulable"] = True
     s = scheduler(kube, slurm)
     run(s.run_pass())
