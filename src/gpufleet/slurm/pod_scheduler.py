@@ -15,9 +15,10 @@ Each pass reads everything a decision needs and changes nothing until it has all
 A read that fails (the apiserver, or slurmctld down or restarting) skips the pass:
 nothing is decided on half a picture, bound pods keep running, pending ones wait, and
 the next try comes after a backoff (doubling up to ``max_backoff_s``). A pass is run
-when a pod of this scheduler changes (a watch) and every ``interval_s``; right after a
-pass that submitted, another follows at once so a job Slurm started on submission is
-bound without waiting for the interval. Only the holder of the Lease acts
+when a pod of this scheduler changes (a watch) and every ``interval_s``; for a few seconds
+after a submission the passes follow each other every ``follow_up_s``, so a job Slurm
+starts at submission or at its next scheduling cycle is bound without waiting out the
+interval. Only the holder of the Lease acts
 (:class:`gpufleet.kubeapi.leadership.Leadership`); ``dry_run`` logs every action
 instead of doing it.
 
@@ -68,8 +69,11 @@ class SchedulerSettings:
     interval_s: float = 2.0
     dry_run: bool = False
     max_backoff_s: float = 30.0
-    follow_up_s: float = 0.2
-    """Pause before the pass that follows a pass that submitted."""
+    follow_up_s: float = 0.25
+    """Pause between passes while a job submitted lately may start (Slurm starts a job at
+    submission or at its next scheduling cycle, a second or so later)."""
+    follow_up_window_s: float = 5.0
+    """How long after a submission the passes follow each other at ``follow_up_s``."""
     min_gap_s: float = 0.1
     """Least pause between two passes (the scheduler's own writes wake the watch too)."""
     retry_refused_s: float = 600.0
@@ -229,6 +233,8 @@ class PodScheduler:
         """Of the last pod listing: where the watch continues."""
         self.absent_since: dict[int, float] = {}
         """When each job a pod's plan names was first missing from Slurm's listing."""
+        self._submitted_at = float("-inf")
+        """When this scheduler last submitted a job (monotonic)."""
         self._refused: dict[pg.GroupKey, tuple[str, float, str]] = {}
         """Group -> (fingerprint, when, Slurm's message) of its last refused submission."""
 
@@ -490,6 +496,7 @@ class PodScheduler:
             await self._reject(pods, "SlurmRejected", f"Slurm refused the job: {e.message}", view)
             return
         result.submitted += 1
+        self._submitted_at = self.clock.monotonic()
         self._refused.pop(key, None)
         created = [
             c for m in members if (c := _created(view.pods.get(m.qualified, {}))) is not None
@@ -661,7 +668,8 @@ class PodScheduler:
             self.metrics.passes.labels("done").inc()
             done += 1
             await asyncio.sleep(s.min_gap_s)
-            await self._wait(s.follow_up_s if result.submitted else s.interval_s)
+            recent = self.clock.monotonic() - self._submitted_at < s.follow_up_window_s
+            await self._wait(s.follow_up_s if recent or result.submitted else s.interval_s)
 
     async def _wait(self, seconds: float) -> None:
         """Until the watch says a pod changed, or ``seconds``."""
