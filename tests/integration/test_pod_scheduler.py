@@ -1,6 +1,6 @@
-"""Slurm schedules Kubernetes pods, on real components: the session's apiserver and KWOK
-nodes, its real Slurm daemons, and ``gpufleet pod-scheduler`` as a process holding its
-Lease (decision 0257).
+"""Slurm schedules Kubernetes pods, on real components: the shared test cluster's apiserver
+and KWOK nodes, its real Slurm daemons, and ``gpufleet pod-scheduler`` as a process holding
+its Lease (decision 0257).
 
 - a single pod is bound to the node where Slurm runs its job, and ``squeue`` shows that
   job under the pod's own name; ``scancel`` of the job evicts the pod, with an Event;
