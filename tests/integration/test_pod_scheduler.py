@@ -265,3 +265,21 @@ def test_a_partition_slurm_lacks_is_a_condition_and_an_event_never_a_crash(env: 
         lambda: env.metric("gpufleet_pod_scheduler_passes_total") >= passes + 3,
     )
     assert not env.pod("lost")["spec"].get("nodeName")
+
+
+def test_a_node_cordoned_in_kubernetes_gets_no_pod_the_job_is_requeued_off_it(
+    env: Env,
+) -> None:
+    # Slurm gives an idle cluster's first node first; Kubernetes has it cordoned, which Slurm
+    # does not know: the job is requeued, kept off it, and the pod bound where it lands next.
+    first = env.info.node_names[0]
+    env.api.patch(f"/api/v1/nodes/{first}", {"spec": {"unschedulable": True}})
+    try:
+        env.api.create(f"/api/v1/namespaces/{NS}/pods", bare_pod("careful"))
+        node = wait_for("the pod bound", lambda: env.pod("careful")["spec"].get("nodeName"))
+        assert node != first
+        job_id = int(env.pod("careful")["metadata"]["annotations"][well_known.ANNOTATION_SLURM_JOB])
+        shown = env.slurm.run("scontrol", "-o", "show", "job", str(job_id))
+        assert f"ExcNodeList={first}" in shown and f" NodeList={node}" in shown
+    finally:
+        env.api.patch(f"/api/v1/nodes/{first}", {"spec": {"unschedulable": None}})
