@@ -581,15 +581,7 @@ def test_a_lost_member_on_an_unfit_node_requeues_the_whole_group() -> None:
 
 def test_a_lost_member_on_a_fit_node_is_replaced_in_the_same_allocation() -> None:
     members = gang(2, phase="Running", nodes=["n1", "n2"], job=7)
-    failed = Member(
-        "train-1",
-        phase="Failed",
-        node="n2",
-        index=1,
-        planned_job=7,
-        planned_node="n2",
-        namespace=NS,
-    )
+    failed = replace(members[1], phase="Failed")
     replacement = Member("train-1b", index=1, namespace=NS)
     job = SlurmJob(7, KEY, "RUNNING", ("n1", "n2"))
     actions = run({KEY: [members[0], failed, replacement]}, [job], fit("n1", "n2"))
@@ -598,16 +590,7 @@ def test_a_lost_member_on_a_fit_node_is_replaced_in_the_same_allocation() -> Non
 
 def test_a_replacement_waits_while_the_lost_pod_still_leaves_its_node() -> None:
     members = gang(2, phase="Running", nodes=["n1", "n2"], job=7)
-    leaving = Member(
-        "train-1",
-        phase="Running",
-        node="n2",
-        deleting=True,
-        index=1,
-        planned_job=7,
-        planned_node="n2",
-        namespace=NS,
-    )
+    leaving = replace(members[1], deleting=True)
     replacement = Member("train-1b", index=1, namespace=NS)
     job = SlurmJob(7, KEY, "RUNNING", ("n1", "n2"))
     assert run({KEY: [members[0], leaving, replacement]}, [job], fit("n1", "n2")) == []
