@@ -392,6 +392,12 @@ class Fleet:
         if self.controller is not None:
             self.controller.stop(grace=5)
 
+    def stop_pod_scheduler(self) -> None:
+        """Stop it: the scenarios that do not need it run without its passes."""
+        if self.pod_scheduler is not None:
+            self.pod_scheduler.stop(grace=5)
+            self.pod_scheduler = None
+
     def dead_component(self) -> ManagedProcess | None:
         """A gpufleet process that exited although it should be running."""
         procs = [

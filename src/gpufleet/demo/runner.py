@@ -83,6 +83,8 @@ class Demo:
             spec["checks"]["verificationTimeoutSeconds"] = 1800
             for entry in spec["ladder"]:
                 entry["timeoutSeconds"] = 1800
+        if not scenario.pod_scheduler:
+            fleet.stop_pod_scheduler()
         if not self.dirty and not scenario.rule_actions and not scenario.active_every_s:
             return
         job.cancel_all(fleet.info)

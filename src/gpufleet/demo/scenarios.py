@@ -1054,6 +1054,8 @@ class Scenario:
     active_every_s: float = 0.0
     machines: int = 0
     """Real machines the fleet needs (qemu VMs; ``gpufleet local up --machines``)."""
+    pod_scheduler: bool = False
+    """The scenario starts ``gpufleet pod-scheduler``; the others run without it."""
 
 
 MAINTENANCE_PLAN = "demo-driver-rollout"
@@ -1214,6 +1216,7 @@ SCENARIOS: dict[str, Scenario] = {
             "one Slurm queue: the sbatch job has the higher priority and runs first although "
             "it came later; the gang's pods stay Pending, then are bound all at once",
             shared_queue,
+            pod_scheduler=True,
         ),
         Scenario(
             "new-machine",
