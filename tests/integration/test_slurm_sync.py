@@ -26,11 +26,11 @@ OURS = well_known.SLURM_REASON_PREFIX
 def metrics_url() -> Iterator[tuple[SyncerMetrics, str]]:
     """The module's syncer's metrics, served on a free loopback port."""
     metrics = SyncerMetrics()
-    port = metrics.serve(0, "127.0.0.1")
+    port = metrics.endpoint.serve(0, "127.0.0.1")
     try:
         yield metrics, f"http://127.0.0.1:{port}/metrics"
     finally:
-        metrics.stop()
+        metrics.endpoint.stop()
 
 
 def scrape(url: str) -> dict[str, float]:

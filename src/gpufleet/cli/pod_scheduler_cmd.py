@@ -140,7 +140,7 @@ async def _run(
     )
     metrics = SchedulerMetrics()
     if metrics_port:
-        port = metrics.serve(metrics_port, metrics_address)
+        port = metrics.endpoint.serve(metrics_port, metrics_address)
         log.info("metrics on http://%s:%d/metrics", metrics_address, port)
     scheduler = PodScheduler(
         kube,
@@ -182,5 +182,5 @@ async def _run(
         for task in [*tasks, waiter]:
             task.cancel()
         await asyncio.gather(*tasks, waiter, return_exceptions=True)
-        metrics.stop()
+        metrics.endpoint.stop()
     log.info("stopped")

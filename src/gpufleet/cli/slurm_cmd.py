@@ -140,7 +140,7 @@ def run_syncer(
 
     metrics = SyncerMetrics()
     if metrics_port:
-        port = metrics.serve(metrics_port, metrics_address)
+        port = metrics.endpoint.serve(metrics_port, metrics_address)
         logging.getLogger("gpufleet.slurm.syncer").info(
             "metrics on http://%s:%d/metrics", metrics_address, port
         )
@@ -162,7 +162,7 @@ def run_syncer(
     try:
         asyncio.run(main())
     finally:
-        metrics.stop()
+        metrics.endpoint.stop()
 
 
 @app.command("operator")

@@ -34,11 +34,35 @@ ERROR_OPS = ("poll", "read", "drain", "resume", "requeue")
 """``op`` label values of ``gpufleet_syncer_slurm_errors_total``."""
 
 
+class Endpoint:
+    """One registry's /metrics on a port of its own: the syncer's and the pod scheduler's
+    metrics hold one each (``serve`` then ``stop``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._server: Any = None
+
+    def serve(self, port: int, address: str = "127.0.0.1") -> int:
+        """Serve /metrics; returns the bound port (0 picks a free one)."""
+        server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        self._server = server
+        bound: int = server.server_address[1]
+        return bound
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
 class SyncerMetrics:
     """Every metric the syncer exports."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.endpoint = Endpoint(self.registry)
+        """Its /metrics (``serve``, ``stop``)."""
         r = self.registry
         self.slurm_up = Gauge(
             "gpufleet_syncer_slurm_up",
@@ -155,7 +179,6 @@ class SyncerMetrics:
         for verb in (slurm_sync.Verb.DRAIN, slurm_sync.Verb.RESUME):
             self.sync_latency.labels(verb=verb.value)
         self._states: set[str] = set()
-        self._server: Any = None
 
     def set_slurm_states(self, views: Iterable[slurm_sync.SlurmView] | None) -> None:
         """Managed nodes per Slurm state; None (view unknown) removes the series."""
@@ -169,16 +192,3 @@ class SyncerMetrics:
         for state in (*SLURM_STATES, *sorted(set(counts) - set(SLURM_STATES))):
             self.slurm_nodes.labels(state=state).set(counts.get(state, 0))
         self._states = set(counts)
-
-    def serve(self, port: int, address: str = "127.0.0.1") -> int:
-        """Serve /metrics; returns the bound port (0 picks a free one)."""
-        server, _thread = start_http_server(port, addr=address, registry=self.registry)
-        self._server = server
-        bound: int = server.server_address[1]
-        return bound
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None

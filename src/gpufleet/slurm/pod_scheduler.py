@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.domain import pod_groups as pg
@@ -50,6 +50,7 @@ from gpufleet.kubeapi import NODES, PODS, ApiError, Gone, KubePort, NotFound, Pa
 from gpufleet.kubeapi.events import EventRecorder, event_body
 from gpufleet.kubeapi.resources import NAMESPACES
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError
+from gpufleet.slurm.metrics import Endpoint
 from gpufleet.slurm.pod_jobs import PodJobPort, SubmitRefused, never_starts
 
 log = logging.getLogger("gpufleet.slurm.pod_scheduler")
@@ -89,6 +90,8 @@ class SchedulerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.endpoint = Endpoint(self.registry)
+        """Its /metrics (``serve``, ``stop``)."""
         r = self.registry
         self.groups = Gauge(
             "gpufleet_pod_scheduler_groups",
@@ -125,20 +128,6 @@ class SchedulerMetrics:
         self.leader = Gauge(
             "gpufleet_pod_scheduler_leader", "1 while this replica acts.", registry=r
         )
-        self._server: Any = None
-
-    def serve(self, port: int, address: str = "127.0.0.1") -> int:
-        """Serve /metrics; returns the bound port (0 picks a free one)."""
-        server, _thread = start_http_server(port, addr=address, registry=self.registry)
-        self._server = server
-        bound: int = server.server_address[1]
-        return bound
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
 
 @dataclass

@@ -355,16 +355,16 @@ def test_serve_exposes_the_registry_on_loopback_and_stops() -> None:
     m = SyncerMetrics()
     m.drains.inc(3)
     m.slurm_up.set(1)
-    port = m.serve(0, "127.0.0.1")
+    port = m.endpoint.serve(0, "127.0.0.1")
     try:
         assert port > 0
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             text = r.read().decode()
     finally:
-        m.stop()
+        m.endpoint.stop()
     assert "gpufleet_syncer_drains_total 3.0" in text
     assert "gpufleet_syncer_slurm_up 1.0" in text
-    m.stop()  # twice is fine
+    m.endpoint.stop()  # twice is fine
 
 
 def test_the_cli_has_the_metrics_flags() -> None:
