@@ -29,9 +29,11 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,6 +42,9 @@ from gpufleet.domain import well_known
 from gpufleet.kubeapi.sync import SyncKube
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, running
 from procstat import process_cpu_seconds  # bench/, the script's directory
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+import pod_scheduler_support
 
 NS = "bench-pod-scheduling"
 SCHEDULER = well_known.POD_SCHEDULER_NAME
@@ -59,31 +64,10 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float, step: float 
 
 
 def pod(name: str, group: str, size: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "labels": {well_known.LABEL_POD_GROUP: group},
-            "annotations": {well_known.ANNOTATION_POD_GROUP_SIZE: str(size)},
-        },
-        "spec": {
-            "schedulerName": SCHEDULER,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "train",
-                    "image": "example.invalid/train:1",
-                    "resources": {
-                        "requests": {"cpu": "1", "memory": "1Gi"},
-                        "limits": {"nvidia.com/gpu": "8"},
-                    },
-                }
-            ],
-        },
-    }
+    """A member of an explicit group of ``size``, asking for a whole node's GPUs."""
+    return pod_scheduler_support.pod(
+        name, NS, SCHEDULER, group=group, size=size, gpus="8", memory="1Gi"
+    )
 
 
 class BoundWatch:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pod_scheduler_support
 import pytest
 from slurm_support import Slurm
 from waiting import wait_for
@@ -148,31 +149,12 @@ class Env:
         ]
 
 
-def pod_spec(**resources: str) -> dict[str, Any]:
-    return {
-        "schedulerName": SCHEDULER,
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 0,
-        "containers": [
-            {
-                "name": "train",
-                "image": "example.invalid/train:1",
-                "resources": {
-                    "requests": {"cpu": "1", "memory": "256Mi", **resources},
-                    "limits": {"nvidia.com/gpu": "1"},
-                },
-            }
-        ],
-    }
+def pod_spec() -> dict[str, Any]:
+    return pod_scheduler_support.pod_spec(SCHEDULER)
 
 
 def bare_pod(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}},
-        "spec": pod_spec(),
-    }
+    return pod_scheduler_support.pod(name, NS, SCHEDULER, annotations=annotations)
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pod_scheduler_support
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from slurm_support import Kube, Slurm
@@ -159,30 +160,17 @@ def pod(
     annotations: dict[str, str] | None = None,
     gpus: str = GPUS,
 ) -> dict[str, Any]:
-    labels = {well_known.LABEL_POD_GROUP: group} if group else {}
-    notes = dict(annotations or {})
-    if size is not None:
-        notes[well_known.ANNOTATION_POD_GROUP_SIZE] = str(size)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": labels, "annotations": notes},
-        "spec": {
-            "schedulerName": SCHEDULER,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "train",
-                    "image": "example.invalid/train:1",
-                    "resources": {
-                        "requests": {"cpu": "1", "memory": "1Gi"},
-                        "limits": {"nvidia.com/gpu": gpus},
-                    },
-                }
-            ],
-        },
-    }
+    """A pod of this module's scheduler, asking for a whole node's GPUs unless told."""
+    return pod_scheduler_support.pod(
+        name,
+        NS,
+        SCHEDULER,
+        group=group,
+        size=size,
+        annotations=annotations,
+        gpus=gpus,
+        memory="1Gi",
+    )
 
 
 @dataclass(frozen=True)
