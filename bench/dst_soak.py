@@ -6,7 +6,7 @@ first seed of every category is shrunk and its replayable spec written to ``--ou
 (one JSON file per category), with the shrunk run's story.
 
     .venv/bin/python bench/dst_soak.py --seeds 200 [--start 0] [--duration 900]
-        [--weights forge=0,replica=4] [--breaker-min-nodes 4] [--slurmd-roll]
+        [--weights forge=0,replica=4] [--breaker-min-nodes 4] [--slurmd-roll] [--pod-scheduler]
         [--shrink --out /tmp/dst]
 
 Replay one: ``.venv/bin/python bench/dst_soak.py --replay /tmp/dst/1_after-step-timeout.json``.
@@ -24,7 +24,7 @@ import time
 from dataclasses import replace
 
 from gpufleet.dst.runner import Result, Spec, describe, ensure_hash_seed, run, shrink
-from gpufleet.dst.scenario import Config, with_roll
+from gpufleet.dst.scenario import Config, with_pod_scheduler, with_roll
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -33,6 +33,8 @@ def _config(args: argparse.Namespace) -> Config:
         base = with_roll(base)
     if args.domain_plan:
         base = replace(base, domains=True, domain_plan=True)
+    if args.pod_scheduler:
+        base = with_pod_scheduler(base)
     weights = dict(base.weights)
     for item in filter(None, args.weights.split(",")):
         kind, _, value = item.partition("=")
@@ -76,6 +78,12 @@ def main() -> int:
         action="store_true",
         help="nodes in two NVLink domains and a MaintenancePlan of scope nvlinkDomain that "
         "empties each in turn (invariant 12)",
+    )
+    ap.add_argument(
+        "--pod-scheduler",
+        action="store_true",
+        help="gpufleet pod-scheduler's loop and pod groups for it, with its events (pod-group, "
+        "pod-kill; invariants 14-16)",
     )
     ap.add_argument("--shrink", action="store_true")
     ap.add_argument("--shrink-runs", type=int, default=150)
@@ -139,6 +147,7 @@ def main() -> int:
                     "weights": args.weights,
                     "slurmd_roll": cfg.slurmd_roll,
                     "domain_plan": cfg.domain_plan,
+                    "pod_scheduler": cfg.pod_scheduler,
                 },
             },
             indent=1,

@@ -26,6 +26,9 @@ Numbers follow the safety rules gpufleet promises (docs/reliability.md):
 8. **a domain burnt in as a unit**: a tray that waited for its NVLink domain's burn-in
    (its record's ``domainWait``) enters production only with a passed verdict of that
    domain on its Node, kept after the wait began (decision 0247).
+
+14-16, the pod scheduler's (a fit node, one live job per group, only its own pods and
+jobs), are :class:`gpufleet.dst.pods.PodChecks`.
 """
 
 from __future__ import annotations
@@ -155,7 +158,8 @@ class Invariants:
     """(time, node, message) of the controller's Notice Events (posted before the write
     that drops the fault they tell of, or after it)."""
     pod_born: dict[str, float] = field(default_factory=dict)
-    """namespace/name -> loop time the pod was created."""
+    """namespace/name -> loop time the pod came onto its node (created with ``nodeName``,
+    or bound: the pod scheduler's pods)."""
     in_flight: list[tuple[float, str]] = field(default_factory=list)
     """(time, node) of acts that work reached while their request was on its way."""
     lease: tuple[str, float, float] | None = None
@@ -418,7 +422,8 @@ class Invariants:
             self._event_write(w)
         elif w.resource == str(POLICIES) and w.identity == well_known.CONTROLLER:
             self._breaker_write(w)
-        elif w.resource == str(PODS) and w.verb == "create" and w.after is not None:
+        elif w.resource == str(PODS) and w.verb in ("create", "bind") and w.after is not None:
+            # a pod arrives on its node when created with nodeName or when bound
             self.pod_born[f"{w.namespace}/{w.name}"] = w.at
         elif w.resource == str(LEASES):
             holder = str(((w.after or {}).get("spec") or {}).get("holderIdentity") or "")
@@ -439,8 +444,15 @@ class Invariants:
         holder, since, renewed = self.lease
         if self.world.loop.time() - renewed > CONTROLLER_SETTINGS.lease_duration_s:
             return None  # not renewed (a partition): its holder has stopped acting
-        alive = any(p.alive and p.label == holder for p in self.world.procs.values())
-        return since if alive else None
+        proc = next((p for p in self.world.procs.values() if p.alive and p.label == holder), None)
+        if proc is None:
+            return None
+        # A holder cut from the apiserver still holds the Lease until it lapses, but none
+        # of its writes lands: it leads again from the end of its partition.
+        cut_until = self.world.partitions.get(proc.name)
+        if cut_until is not None and cut_until > since:
+            return None if self.world.partitioned(proc) else cut_until
+        return since
 
     def _node_write(self, w: Write) -> None:
         before, after = w.before or {}, w.after or {}

@@ -27,6 +27,7 @@ from gpufleet.domain.operator import OperatorRequest
 from gpufleet.domain.policy import Policy, load_policy
 from gpufleet.domain.records import Incident, NodeRecord, StepAttempt, record_to_json
 from gpufleet.domain.states import NodeState, Transition, Trigger
+from gpufleet.dst import pods
 from gpufleet.dst.bmc import BmcModel
 from gpufleet.dst.domain_faults import KINDS
 from gpufleet.dst.domain_faults import inject as inject_fabric_fault
@@ -197,6 +198,10 @@ class Config:
     """The FleetPolicy quarantines one GPU for the faults that allow it and repairs it a
     minute later (:mod:`gpufleet.dst.quarantine`, invariant 9); off by default, so a
     recorded seed replays the same story."""
+    pod_scheduler: bool = False
+    """The pod scheduler runs and the environment makes pod groups for it
+    (:mod:`gpufleet.dst.pods`, invariants 14-16); off by default, so a recorded seed
+    replays the same story."""
     device_taints: bool = False
     """The controllers keep one DRA DeviceTaintRule per quarantined GPU (with
     ``quarantine``; :mod:`gpufleet.dst.dra_checks`, invariant 13); off by default, so a
@@ -227,8 +232,21 @@ class Config:
             "roll-kill": 0,
             "domain-burn-in": 0,
             "domain-fault": 0,  # with_domain_faults (dst.domain_faults)
+            "pod-group": 0,  # with_pod_scheduler (dst.pods)
+            "pod-kill": 0,
         }
     )
+
+
+POD_WEIGHTS = {"pod-group": 10, "pod-kill": 2}
+"""A run with ``pod_scheduler`` (:func:`with_pod_scheduler`): a pod group for the pod
+scheduler, the pod scheduler killed."""
+
+
+def with_pod_scheduler(cfg: Config | None = None, **weights: int) -> Config:
+    """``cfg`` with the pod scheduler and its pod groups (``weights`` override them)."""
+    base = cfg or Config()
+    return replace(base, pod_scheduler=True, weights={**base.weights, **POD_WEIGHTS, **weights})
 
 
 ROLL_WEIGHTS = {"upgrade": 4, "roll-pause": 2, "roll-dry-run": 1, "roll-kill": 2}
@@ -343,6 +361,12 @@ def generate(seed: int, cfg: Config) -> list[Env]:
             ev = Env(t, kind, (nvlink_domain_of(rng.randrange(2)), verdict, node))
         elif kind == "upgrade":
             ev = Env(t, kind, ())
+        elif kind == "pod-group":
+            ev = Env(
+                t, kind, (rng.choice([1, 1, 2]), rng.random() < 0.7, round(rng.uniform(20, 300)))
+            )
+        elif kind == "pod-kill":
+            ev = Env(t, kind, (round(rng.choice([2, 10, 40])),))
         else:
             ev = Env(t, kind, (node,))
         out.append(replace(ev, at=round(ev.at, 3)))
@@ -420,6 +444,8 @@ def build(world: World, cfg: Config, seed: int) -> Policy:
     world.start("ctl-1")
     if cfg.slurmd_roll:
         SlurmdFleet(world).install()
+    if cfg.pod_scheduler:
+        pods.install(world)
     return policy
 
 
@@ -748,10 +774,13 @@ _HANDLERS: dict[str, Any] = {
     "lease": _lease,
     "domain-burn-in": _domain_burn_in,
     "domain-fault": _domain_fault,
+    "pod-group": lambda world, *args: pods.pod_group(world, *args),
+    "pod-kill": lambda world, down_s: _kill(world, pods.PROC, down_s),
     **{k: functools.partial(_roll, what=k) for k in ROLL_WEIGHTS},
 }
 
 __all__ = [
+    "POD_WEIGHTS",
     "ROLL_WEIGHTS",
     "Config",
     "Env",
@@ -760,5 +789,6 @@ __all__ = [
     "build",
     "dst_policy",
     "generate",
+    "with_pod_scheduler",
     "with_roll",
 ]

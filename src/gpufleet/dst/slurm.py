@@ -51,6 +51,12 @@ class Job:
     """False: the job is still in its prolog (no GPU process yet)."""
     started: float = 0.0
     """Wall time it was allocated."""
+    also: tuple[str, ...] = ()
+    """The allocation's other nodes (a pod group's job, :mod:`gpufleet.dst.pods`)."""
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (self.node, *self.also)
 
 
 class SlurmModel:
@@ -71,6 +77,10 @@ class SlurmModel:
         """Node -> when an administrator last resumed it (wall time)."""
         self.on_write: list[Callable[[str, str, str | None], None]] = []
         """Called before a port's drain or undrain changes a node: (verb, node, reason)."""
+        self.on_end: list[Callable[[int, str], None]] = []
+        """Called as a node's stop ends a job: (job id, the state it ends in)."""
+        self.on_requeue: list[Callable[[int], None]] = []
+        """Called as ``scontrol requeue`` takes a running job off its nodes."""
         self.reason_at: dict[str, float] = {}
         """Node -> when its drain reason was last set (wall time)."""
         self.release: str = "22.05"
@@ -99,7 +109,7 @@ class SlurmModel:
         n = self.nodes[name]
         if n.booting or (n.state == "down" and not n.slurmd):
             return
-        busy = any(j.node == name for j in self.jobs.values())
+        busy = any(name in j.nodes for j in self.jobs.values())
         n.state = "allocated" if busy else "idle"
 
     def view(self, name: str) -> slurm_sync.SlurmView:
@@ -109,7 +119,7 @@ class SlurmModel:
         )
 
     def jobs_on(self, name: str) -> list[Job]:
-        return [j for j in self.jobs.values() if j.node == name]
+        return [j for j in self.jobs.values() if name in j.nodes]
 
     def candidates(self) -> list[str]:
         """Nodes a new job can start on: idle, not drained, not down."""
@@ -119,13 +129,39 @@ class SlurmModel:
             if n.state == "idle" and not n.flags & {"DRAIN", "NOT_RESPONDING"} and not n.booting
         ]
 
+    def _lose(self, name: str) -> list[Job]:
+        """The jobs on a node that stops: gone, their other nodes freed."""
+        lost = self.jobs_on(name)
+        for j in lost:
+            del self.jobs[j.id]
+            for other in j.nodes:
+                if other != name:
+                    self._settle(other)
+            for hook in self.on_end:
+                hook(j.id, "NODE_FAIL")
+        return lost
+
     # ------------------------------------------------------- the scheduler
 
-    def start_job(self, node: str, *, requeueable: bool = True, uses_gpu: bool = True) -> Job:
+    def new_id(self) -> int:
         self._next_id += 1
-        job = Job(self._next_id, node, requeueable, uses_gpu, self._now())
+        return self._next_id
+
+    def start_job(
+        self,
+        node: str,
+        *,
+        requeueable: bool = True,
+        uses_gpu: bool = True,
+        job_id: int | None = None,
+        also: tuple[str, ...] = (),
+    ) -> Job:
+        """Allocate a job (``job_id``: a pending one's, keeping its id) onto its nodes."""
+        jid = self.new_id() if job_id is None else job_id
+        job = Job(jid, node, requeueable, uses_gpu, self._now(), also)
         self.jobs[job.id] = job
-        self._settle(node)
+        for name in job.nodes:
+            self._settle(name)
         self._touch_nodes()
         self._touch_jobs()
         return job
@@ -133,16 +169,15 @@ class SlurmModel:
     def end_job(self, job_id: int) -> Job | None:
         job = self.jobs.pop(job_id, None)
         if job is not None:
-            self._settle(job.node)
+            for name in job.nodes:
+                self._settle(name)
             self._touch_nodes()
             self._touch_jobs()
         return job
 
     def reboot(self, name: str) -> list[Job]:
         """The node goes down (its jobs are lost); :meth:`booted` brings it back."""
-        lost = self.jobs_on(name)
-        for j in lost:
-            del self.jobs[j.id]
+        lost = self._lose(name)
         n = self.nodes[name]
         n.booting = True
         n.state = "down"
@@ -164,9 +199,7 @@ class SlurmModel:
     def slurmd_stopped(self, name: str) -> list[Job]:
         """The node's slurmd pod is being deleted: slurmd and its job steps (in the pod's
         cgroup) end; slurmctld stops hearing from the node."""
-        lost = self.jobs_on(name)
-        for j in lost:
-            del self.jobs[j.id]
+        lost = self._lose(name)
         n = self.nodes[name]
         n.slurmd = False
         n.flags.add("NOT_RESPONDING")
@@ -254,10 +287,12 @@ class SlurmModel:
             if not job.requeueable:
                 raise SlurmCommandFailed(["scontrol", "requeue"], 1, "Requeue of job disabled")
             self.end_job(jid)
+            for hook in self.on_requeue:
+                hook(jid)
 
     def job_views(self) -> list[slurm_sync.JobView]:
         return [
-            slurm_sync.JobView(j.id, 100, j.requeueable, frozenset({j.node}))
+            slurm_sync.JobView(j.id, 100, j.requeueable, frozenset(j.nodes))
             for j in self.jobs.values()
         ]
 
