@@ -340,20 +340,19 @@ def install(world: World) -> PodChecks:
     return checks
 
 
+def _phase(world: World, namespace: str, name: str, phase: str) -> None:
+    world.api.patch(
+        "kubelet", PODS, name, {"status": {"phase": phase}}, namespace=namespace, status=True
+    )
+
+
 def _running(world: World, namespace: str, name: str) -> None:
     """The kubelet starts a bound pod's containers."""
     pod = world.api.find(PODS, name, namespace)
     if pod is None or pod["metadata"].get("deletionTimestamp"):
         return
     if (pod.get("status") or {}).get("phase", "Pending") == "Pending":
-        world.api.patch(
-            "kubelet",
-            PODS,
-            name,
-            {"status": {"phase": "Running"}},
-            namespace=namespace,
-            status=True,
-        )
+        _phase(world, namespace, name, "Running")
 
 
 def pod_group(world: World, size: int, gpu: bool, lifetime: float) -> str:
@@ -394,14 +393,7 @@ def pod_group(world: World, size: int, gpu: bool, lifetime: float) -> str:
             if pod is None or pod["metadata"].get("deletionTimestamp"):
                 continue
             if (pod.get("spec") or {}).get("nodeName"):
-                world.api.patch(
-                    "kubelet",
-                    PODS,
-                    name,
-                    {"status": {"phase": "Succeeded"}},
-                    namespace=WORK_NS,
-                    status=True,
-                )
+                _phase(world, WORK_NS, name, "Succeeded")
             else:
                 world.api.delete("owner", PODS, name, WORK_NS)
         world.trace.add("env", f"pod group {group}", "ended", key=True)
