@@ -322,6 +322,11 @@ def test_the_agent_may_write_only_its_own_nodes_slice(api: Api, local_cluster: C
         r = agent.request("DELETE", f"{SLICES}/dra-probe-other")
         assert r.status_code == 403, r.text  # RBAC: the agent deletes no slice at all
     finally:
+        # The probe pod goes at once and is waited for: it sits on a session node, and a
+        # later module's `kubectl drain` of that node refuses a pod with no controller.
+        probe = f"/api/v1/namespaces/{RBAC_NS}/pods/agent-probe"
+        api.delete(f"{probe}?gracePeriodSeconds=0")
+        wait_for("the probe pod gone", lambda: api.http.get(probe).status_code == 404, 60)
         for name in (
             "dra-probe-other",
             "dra-probe-own",
