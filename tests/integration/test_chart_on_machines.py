@@ -224,6 +224,14 @@ def values(info: ClusterInfo, **extra: Any) -> dict[str, Any]:
             "injectPort": INJECT_PORT,
             "nodeSelector": {**pool, "nvidia.com/gpu.present": None},
         },
+        # Slurm schedules pods too (docs/pod-scheduler.md): two replicas, one acting, on the
+        # system node; a pass every 5 s for the same reason as the syncer's.
+        "podScheduler": {
+            "enabled": True,
+            "interval": 5.0,
+            "nodeSelector": system,
+            "resources": SMALL,
+        },
     }
 
 
@@ -616,6 +624,82 @@ def test_an_expired_token_is_refused_by_real_kubeadm(chart: Any) -> None:
         assert_refused_at_discovery(info, token)
     finally:
         api.delete(f"{GV}/machines/expiry-probe")
+
+
+def test_a_pod_for_gpufleet_slurm_waits_in_slurms_queue_and_is_accounted(chart: Any) -> None:
+    """The chart's pod scheduler on a real kubelet: its two replicas Ready beside their munged
+    sidecar, one holding its Lease; a Pod for ``gpufleet-slurm`` becomes a Slurm job (sbatch
+    as the scheduler's user, through the sidecar's munge socket), is bound to the GPU machine
+    where Slurm ran it and runs there; deleting it ends the job, which slurmdbd accounts
+    under the Pod's name. Before alice's jobs: the GPU machine has one Slurm CPU."""
+    info, api = chart
+    image = info.images["gpufleet"]
+    replicas = wait_for(
+        "2 pod-scheduler replicas Ready",
+        lambda: all_ready(api, "pod-scheduler", 2, image),
+        POD_TIMEOUT,
+    )
+    assert {p["spec"]["nodeName"] for p in replicas} == {SYSTEM}
+    lease = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{RELEASE}-pod-scheduler"
+    holder = wait_for(
+        "a pod-scheduler replica holds its Lease",
+        lambda: (api.http.get(lease).json().get("spec") or {}).get("holderIdentity"),
+        300,
+    )
+    assert any(holder.startswith(p["metadata"]["name"]) for p in replicas), holder
+    wait_for("the GPU node in production", lambda: state(api, GPU) == "production", BOOT_TIMEOUT)
+    name = "queued-train"
+    path = f"/api/v1/namespaces/{NS}/pods"
+    api.post(
+        path,
+        {
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "schedulerName": well_known.POD_SCHEDULER_NAME,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "train",
+                        "image": info.images["slurm"],  # already on the GPU machine
+                        "command": ["sleep", "3600"],
+                        "resources": {"requests": {"cpu": "100m"}},
+                    }
+                ],
+            },
+        },
+    )
+    try:
+        try:
+            pod = wait_for(
+                "the Pod bound by the pod scheduler and running",
+                lambda: (p := api.get(f"{path}/{name}"))["status"].get("phase") == "Running" and p,
+                POD_TIMEOUT,
+            )
+        except AssertionError as e:  # its conditions carry a refusal (SlurmRejected ...)
+            raise AssertionError(f"{e}; {pod_story(api, name, NS)}") from e
+        assert pod["spec"]["nodeName"] == GPU
+        job = pod["metadata"]["annotations"][well_known.ANNOTATION_SLURM_JOB]
+        shown = slurm_client(
+            info, api, "slurm-client-queued", f"squeue -h -j {job} -o '%j|%T|%N'", node=SYSTEM
+        )
+        assert f"{NS}/{name}|RUNNING|{GPU}" in shown, shown
+    finally:
+        api.delete(f"{path}/{name}?gracePeriodSeconds=0")
+    wait_for("the Pod gone", lambda: api.http.get(f"{path}/{name}").status_code == 404, 300)
+    query = f"sacct -a -X -n -P -j {job} -o JobName,State,NodeList"
+    accounted = slurm_client(
+        info,
+        api,
+        "slurm-client-queued-sacct",
+        f"for i in $(seq 60); do {query} | grep -q '^{NS}/{name}|CANCELLED' && break;"
+        f" sleep 2; done; echo accounted:; {query}",
+        node=SYSTEM,
+    )
+    rows = accounted.split("accounted:", 1)[1].splitlines()
+    assert any(r.startswith(f"{NS}/{name}|CANCELLED") and r.endswith(f"|{GPU}") for r in rows), (
+        accounted
+    )
 
 
 def test_a_users_jobs_run_through_slurm_in_pods(chart: Any) -> None:
