@@ -21,6 +21,9 @@ containerd pulls the images from the registry. The test checks what an operator 
   and leaves the system node, where it runs, alone;
 - pods get addresses of their node's pod subnet and reach each other across the nodes
   by Service name, and the API through the ``kubernetes`` Service;
+- the pod scheduler (two replicas, one holding its Lease): a Pod for ``gpufleet-slurm``
+  waits in Slurm's queue, runs on the GPU machine where Slurm ran its job, and is accounted
+  by slurmdbd under its name;
 - an XID 79 on the GPU node, reported by the agent's pod: cordon, drain, a power cycle
   through the BMC, a network boot with a new single-use join token, the images pulled
   again, verification, production;
