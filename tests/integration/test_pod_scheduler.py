@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +32,7 @@ from waiting import wait_for
 
 from gpufleet.domain import hostlist, pod_groups, well_known
 from gpufleet.kubeapi.sync import SyncKube
-from gpufleet.local.cluster import ClusterInfo
+from gpufleet.local.cluster import ClusterInfo, pod_scheduler_process
 from gpufleet.local.processes import free_ports
 from gpufleet.slurm.pod_jobs import comment_prefix
 
@@ -57,20 +56,9 @@ class Env:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        bin_dir = [f"--slurm-bin-dir={self.info.slurm_bin_dir}"] if self.info.slurm_bin_dir else []
-        argv = [
-            sys.executable,
-            "-m",
-            "gpufleet.cli.main",
-            "pod-scheduler",
-            f"--kubeconfig={self.info.kubeconfig}",
-            f"--slurm-conf={self.info.slurm_conf}",
-            *bin_dir,
-            f"--scheduler-name={SCHEDULER}",
-            "--interval=0.5",
-            f"--lease-namespace={NS}",
-            f"--metrics-port={self.port}",
-        ]
+        argv = pod_scheduler_process(
+            self.info, self.port, interval_s=0.5, scheduler_name=SCHEDULER, lease_namespace=NS
+        ).argv
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 argv,

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from waiting import wait_for
 
 from gpufleet.domain import hostlist, well_known
 from gpufleet.kubeapi.sync import SyncKube
-from gpufleet.local.cluster import ClusterInfo
+from gpufleet.local.cluster import ClusterInfo, pod_scheduler_process
 from gpufleet.local.processes import free_ports
 from gpufleet.slurm.pod_jobs import comment_prefix
 
@@ -73,25 +72,9 @@ class Scheduler:
 
     def start(self) -> Scheduler:
         self.port = free_ports(1)[0]
-        bin_dir = str(self.info.slurm_bin_dir) if self.info.slurm_bin_dir else ""
-        args = [
-            sys.executable,
-            "-m",
-            "gpufleet.cli.main",
-            "pod-scheduler",
-            "--kubeconfig",
-            str(self.info.kubeconfig),
-            "--slurm-conf",
-            str(self.info.slurm_conf),
-            *(["--slurm-bin-dir", bin_dir] if bin_dir else []),
-            "--scheduler-name",
-            SCHEDULER,
-            "--interval",
-            str(INTERVAL_S),
-            "--no-leader-election",
-            "--metrics-port",
-            str(self.port),
-        ]
+        args = pod_scheduler_process(
+            self.info, self.port, interval_s=INTERVAL_S, scheduler_name=SCHEDULER
+        ).argv
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)

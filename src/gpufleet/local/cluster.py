@@ -1013,15 +1013,27 @@ PASSES_METRIC = 'gpufleet_pod_scheduler_passes_total{result="done"}'
 
 
 def pod_scheduler_process(
-    info: ClusterInfo, port: int, *, log: Path | None = None, interval_s: float = 2.0
+    info: ClusterInfo,
+    port: int,
+    *,
+    log: Path | None = None,
+    interval_s: float = 2.0,
+    scheduler_name: str | None = None,
+    lease_namespace: str | None = None,
 ) -> ManagedProcess:
     """``gpufleet pod-scheduler`` against the cluster ``info`` describes: the apiserver as
     its admin, Slurm through ``slurm.conf`` (the munge socket it names) and, with the 24.11
-    root, that release's commands; ``/metrics`` on ``port``. One process, so no Lease; its
-    log is ``logs/pod-scheduler.log`` unless ``log`` says otherwise."""
+    root, that release's commands; ``/metrics`` on ``port``. One process, so no Lease unless
+    ``lease_namespace`` names where to hold it; ``scheduler_name`` serves Pods of another name
+    (a test's own). Its log is ``logs/pod-scheduler.log`` unless ``log`` says otherwise."""
     if info.slurm_conf is None:
         raise ComponentError("pod-scheduler", None, "this cluster was started without Slurm")
     bin_dir = info.slurm_bin_dir
+    lease = (
+        ["--leader-election", f"--lease-namespace={lease_namespace}"]
+        if lease_namespace is not None
+        else ["--no-leader-election"]
+    )
     argv = [
         sys.executable,
         "-m",
@@ -1030,7 +1042,8 @@ def pod_scheduler_process(
         f"--kubeconfig={info.kubeconfig}",
         f"--slurm-conf={info.slurm_conf}",
         *([f"--slurm-bin-dir={bin_dir}"] if bin_dir is not None else []),
-        "--no-leader-election",
+        *([f"--scheduler-name={scheduler_name}"] if scheduler_name is not None else []),
+        *lease,
         f"--interval={interval_s:g}",
         f"--metrics-port={port}",
     ]
