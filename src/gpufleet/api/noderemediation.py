@@ -91,6 +91,23 @@ STATUS_SCHEMA: Json = {
             null=True,
         ),
         "nodeState": _field("string", "The Node's gpufleet.io/state when last written."),
+        "goodput": {
+            **_field(
+                "object",
+                "What the incident cost the trainings, written by `gpufleet goodput "
+                "--write-status` once it closed (docs/goodput.md); absent: not charged.",
+            ),
+            "properties": {
+                "lostGpuSeconds": {
+                    **_field("object", "GPU-seconds lost, per ledger category."),
+                    "additionalProperties": {"type": "number"},
+                },
+                "trainings": {
+                    **_field("array", "The trainings it cost something."),
+                    "items": {"type": "string"},
+                },
+            },
+        },
         "conditions": CONDITIONS,
     },
 }

@@ -77,6 +77,11 @@ COMMANDS: dict[str, Entry] = {
     "sim": Entry(
         "sim_cmd", "sim", "Simulate a fleet running one large training job under a policy."
     ),
+    "goodput": Entry(
+        "goodput_cmd",
+        "goodput",
+        "The goodput ledger: every GPU-second a training lost, per incident and category.",
+    ),
     "health": Entry("health_cmd", "app", "Run node health checks and inject simulated faults."),
     "agent": Entry(
         "agent_cmd",

@@ -38,6 +38,11 @@ class FleetStatus:
     domains: list[tuple[str, bool, int, int, str]] = field(default_factory=list)
     """NVLink domains judged faulty or held (``status.domainFaults``, decision 0240):
     (domain, faulty now, trays held, trays, why)."""
+    goodput_lost: dict[str, float] = field(default_factory=dict)
+    """GPU-seconds lost per ledger category, summed over the NodeRemediations whose
+    ``status.goodput`` the ledger wrote (docs/goodput.md); empty: no ledger runs."""
+    goodput_charged: int = 0
+    """NodeRemediations the ledger charged."""
 
 
 def _ago(stamp: str | None, now: float) -> str:
@@ -148,6 +153,7 @@ def summarize(
             node = str((item.get("spec") or {}).get("node", "?"))
             st.not_ours.append((item["metadata"]["name"], node, why))
             continue
+        _add_goodput(st, s.get("goodput"))
         if finished:
             continue
         st.remediations.append(
@@ -176,6 +182,26 @@ def summarize(
     for item in slurm_clusters or []:
         st.partitions.append(_slurm_cluster_row(item))
     return st
+
+
+def _add_goodput(st: FleetStatus, goodput: object) -> None:
+    """Add one NodeRemediation's ``status.goodput`` to the fleet's sums."""
+    if not isinstance(goodput, dict) or not isinstance(goodput.get("lostGpuSeconds"), dict):
+        return
+    st.goodput_charged += 1
+    for category, seconds in goodput["lostGpuSeconds"].items():
+        if isinstance(seconds, (int, float)):
+            st.goodput_lost[str(category)] = st.goodput_lost.get(str(category), 0.0) + seconds
+
+
+def goodput_line(st: FleetStatus) -> str:
+    """One line: what the ledger charged to the incidents, in GPU-hours per category."""
+    lost = sum(st.goodput_lost.values())
+    parts = ", ".join(f"{k} {v / 3600:.2f}" for k, v in st.goodput_lost.items())
+    return (
+        f"{lost / 3600:.2f} GPU-h lost in {st.goodput_charged} incident(s) "
+        f"({parts}; gpufleet goodput for the trainings' goodput)"
+    )
 
 
 def _slurm_cluster_row(item: Json) -> tuple[str, str, str]:
@@ -223,6 +249,7 @@ def to_data(st: FleetStatus) -> dict[str, object]:
             {"domain": d, "faulty": faulty, "held": held, "size": size, "why": why}
             for d, faulty, held, size, why in st.domains
         ],
+        "goodput": {"incidents": st.goodput_charged, "lostGpuSeconds": st.goodput_lost},
     }
 
 
@@ -273,6 +300,11 @@ def render(st: FleetStatus, *, wide: bool = False) -> Group:
         *(
             [Panel(doms, title="NVLink domains held as one", title_align="left")]
             if st.domains
+            else []
+        ),
+        *(
+            [Panel(goodput_line(st), title="goodput ledger", title_align="left")]
+            if st.goodput_charged
             else []
         ),
         Panel(parts if st.partitions else "no Slurm", title="Slurm", title_align="left"),

@@ -1,5 +1,6 @@
-"""Every metric the Grafana dashboard queries is one the agent, the controller or the
-Slurm syncer exports, and no name is exported by two components."""
+"""Every metric the Grafana dashboard queries is one the agent, the controller, the
+Slurm syncer, provisioning or the goodput ledger exports, and no name is exported by two
+components."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from gpufleet.health.metrics import AgentMetrics
+from gpufleet.lifecycle.goodput import Metrics as GoodputMetrics
 from gpufleet.lifecycle.metrics import Metrics
 from gpufleet.provision.issuer import ProvisionMetrics
 from gpufleet.slurm.metrics import SyncerMetrics
@@ -26,6 +28,7 @@ def registries() -> dict[str, CollectorRegistry]:
         "controller": Metrics().registry,
         "syncer": SyncerMetrics().registry,
         "provisioning": ProvisionMetrics().registry,
+        "goodput": GoodputMetrics().registry,
     }
 
 
@@ -87,3 +90,9 @@ def test_the_dashboard_covers_the_rma_hand_off() -> None:
     titles = [p.get("title", "") for p in doc["panels"]]
     assert "RMA hand-off (lifecycle controller)" in titles
     assert "gpufleet_rma_ticket_calls_total" in queried()
+
+
+def test_the_dashboard_covers_the_goodput_ledger() -> None:
+    q = queried()
+    assert "gpufleet_goodput_lost_gpu_seconds" in q
+    assert "gpufleet_goodput_productive_gpu_seconds" in q
