@@ -19,6 +19,22 @@ run, usually on other nodes. ``compute_s`` is the rank's own work in the step,
 measured before the collective (with CUDA: synchronize, or use events, around
 forward and backward). ``examples/slurm-ddp/train.py`` writes it.
 
+**Replica groups** (a job of several groups that hold the same weights, such as
+torchft's) add optional fields, which older readers ignore::
+
+    {..., "group": "g1", "fingerprint": "0f3a5c9e12ab77d0", "loss": 2.31,
+     "grad_norm": 0.87, "gpu": 6}
+
+``group`` is the replica group (``[A-Za-z0-9_-]{1,64}``); ``fingerprint`` is 16
+lowercase hex digits, ``blake2b(digest_size=8)`` over the bytes of every parameter
+(float32, C order, in ``named_parameters()`` order) right after the step's
+optimizer update, written every few steps only; ``loss`` and ``grad_norm`` are the
+step's (a non-finite value is kept: it is a signal, not a bad line); ``gpu`` is the
+local GPU index the rank ran on. All groups of one training share ``<job>``, ``run``
+is 0 and ranks are unique over the training. :mod:`gpufleet.domain.sdc_vote`
+compares the groups' fingerprints (silent data corruption). A field that is present
+but malformed makes the whole line rejected, never a crash.
+
 The node is in the file name so that a node's agent can find its own ranks
 and a bounded sample of its peers (:func:`peers_to_read`) without reading
 every rank of a 1,000-node job.
@@ -55,6 +71,12 @@ RANK_FILE = re.compile(
 )
 """Name of one rank's telemetry file: ``rank-<rank>.<node>.jsonl``."""
 
+GROUP = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""A replica group's id."""
+
+FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
+"""A weights fingerprint: 8 bytes of blake2b, lowercase hex."""
+
 PEERS_READ = 16
 """Peer nodes whose ranks an agent reads: the median of 16 peers is close to
 the median of all of them, and reading stays bounded in a 1,000-node job."""
@@ -71,6 +93,14 @@ class StepSample:
     step: int
     compute_s: float
     at: float
+    group: str | None = None
+    """The replica group (replica-group jobs only)."""
+    fingerprint: str | None = None
+    """The weights' fingerprint after this step's update (every few steps only)."""
+    loss: float | None = None
+    grad_norm: float | None = None
+    gpu: int | None = None
+    """The local GPU index the rank ran on, when the job knows it."""
 
     @property
     def run_id(self) -> str:
@@ -136,21 +166,27 @@ def peers_to_read(node: str, nodes: Iterable[str], limit: int = PEERS_READ) -> l
     return sorted(others, key=lambda peer: zlib.crc32(f"{node}/{peer}".encode()))[:limit]
 
 
+_OPTIONAL = ("group", "fingerprint", "loss", "grad_norm", "gpu")
+
+
 def sample_line(sample: StepSample) -> str:
-    """The JSON line a rank writes for ``sample`` (without the newline)."""
-    return json.dumps(
-        {
-            "v": TELEMETRY_VERSION,
-            "job": sample.job,
-            "run": sample.run,
-            "rank": sample.rank,
-            "node": sample.node,
-            "step": sample.step,
-            "compute_s": sample.compute_s,
-            "t": sample.at,
-        },
-        separators=(",", ":"),
-    )
+    """The JSON line a rank writes for ``sample`` (without the newline; optional
+    fields only when set)."""
+    doc: dict[str, object] = {
+        "v": TELEMETRY_VERSION,
+        "job": sample.job,
+        "run": sample.run,
+        "rank": sample.rank,
+        "node": sample.node,
+        "step": sample.step,
+        "compute_s": sample.compute_s,
+        "t": sample.at,
+    }
+    for name in _OPTIONAL:
+        value = getattr(sample, name)
+        if value is not None:
+            doc[name] = value
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def parse_sample(line: str) -> StepSample | None:
@@ -171,6 +207,11 @@ def parse_sample(line: str) -> StepSample | None:
             step=int(doc["step"]),
             compute_s=float(doc["compute_s"]),
             at=float(doc["t"]),
+            group=_text(doc, "group", GROUP),
+            fingerprint=_text(doc, "fingerprint", FINGERPRINT),
+            loss=_number(doc, "loss"),
+            grad_norm=_number(doc, "grad_norm"),
+            gpu=_index(doc, "gpu"),
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -179,6 +220,36 @@ def parse_sample(line: str) -> StepSample | None:
     if not math.isfinite(sample.compute_s) or sample.compute_s < 0:
         return None
     return sample
+
+
+def _text(doc: Mapping[str, object], key: str, pattern: re.Pattern[str]) -> str | None:
+    """An optional string field; ValueError when present and not matching ``pattern``."""
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ValueError(f"{key}: {value!r}")
+    return value
+
+
+def _number(doc: Mapping[str, object], key: str) -> float | None:
+    """An optional number (NaN and infinities kept: a diverged loss is news)."""
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{key}: {value!r}")
+    return float(value)
+
+
+def _index(doc: Mapping[str, object], key: str) -> int | None:
+    """An optional non-negative whole number."""
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key}: {value!r}")
+    return value
 
 
 def compare_nodes(samples: Iterable[StepSample], window_steps: int) -> list[NodePace]:

@@ -10,7 +10,10 @@ written when they change (and re-asserted every ``resync`` seconds), in the
 format of :mod:`gpufleet.domain.conditions`.
 
 Active checks run on a schedule only while the node is idle, and stop
-(between checks) when a workload appears.
+(between checks) when a workload appears. One exception: when the job telemetry
+suspects silent data corruption on this node (replica groups whose weights
+disagree with no majority, or a group's loss standing out), the ``sdc`` check runs
+at once, beside the job (decision 0275); its result reports or clears.
 
 The policy is the FleetPolicy the lifecycle controller obeys, followed through
 the API (:mod:`gpufleet.health.fleet_policy`); until one was read the agent
@@ -207,6 +210,8 @@ class Agent:
         """Faults found by scheduled active checks (another thread), for the next poll."""
         self._found_lock = threading.Lock()
         """Recent occurrences with their evidence, to replay a repeat to the controller."""
+        self._suspected: list[str] = []
+        """Why job telemetry asks for the ``sdc`` check now (run by :meth:`check_suspected`)."""
         self._requests: asyncio.Queue[conditions.AgentRequest] | None = None
         self._handled: set[str] = set()
         self._retry_at: dict[str, float] = {}
@@ -535,6 +540,8 @@ class Agent:
             self._policy_metrics()
             self._retry_due(now)
             await self._serve_requests()
+            if self._suspected:
+                await asyncio.to_thread(self.check_suspected, self.clock())
             if self._active_due(now):
                 await asyncio.to_thread(self.run_active, now)
             try:  # noqa: SIM105
@@ -745,6 +752,7 @@ class Agent:
             return
         self._last_telemetry = now
         found = self.telemetry.poll(now)
+        self._suspected.extend(self.telemetry.take_suspicions())
         if self.metrics is not None:
             self.metrics.job_slowdown.labels(self.node).set(self.telemetry.slowdown())
         with self._found_lock:
@@ -763,6 +771,31 @@ class Agent:
         for sub, entry in self.subs.items():
             if sub not in snap.observations and entry.state.problem:
                 snap.observations[sub] = debounce.Observation(at=now)
+
+    def check_suspected(self, now: float) -> list[Any]:
+        """Run the ``sdc`` check now because job telemetry suspects this node (decision
+        0275): not held back by the job's GPU processes (the suspicion comes from that
+        job; the check computes, it disrupts nothing). Its faults are reported on the
+        next poll with the suspicion in their message; a pass reports nothing."""
+        why, self._suspected = "; ".join(self._suspected), []
+        log.info("node=%s running the sdc check: %s", self.node, why)
+        results = checks.run_checks(
+            self.hw, self.profile, ("sdc",), node=self.node, clock=self.clock
+        )
+        if self.metrics is not None:
+            for r in results:
+                self.metrics.check(r, self.clock())
+        faults = [
+            replace(f, evidence=replace(f.evidence, message=f"{f.evidence.message} ({why})"))
+            for r in results
+            for f in r.faults
+        ]
+        for r in results:
+            log.info("node=%s sdc check %s: %s", self.node, r.status.label, r.reason)
+        with self._found_lock:
+            self._found.extend(faults)
+        self.last_results = results
+        return results
 
     def run_active(self, now: float) -> list[Any]:
         """Run the scheduled active checks; each asks the idle guard first, so a

@@ -17,7 +17,11 @@ publishes its speed: with ``publish_dir``, every change writes
 speed 1.0 = nominal; the node's speed is its slowest GPU's, as a data-parallel
 step waits for it). ``examples/slurm-ddp/train.py`` scales its simulated
 compute by it (``GPUFLEET_SIM_GPUS``), which is how a slow GPU becomes a
-straggler in the demo's training job.
+straggler in the demo's training job. A silent corruption injected with
+``sdc-silent,gpu=G,step=K`` adds ``"sdc_flip_at_step": K`` (to the file and to the
+GPU's entry): a job rank on the node flips one bit of one weight right after step
+K's update and trains on, so the replica groups' fingerprints disagree
+(:mod:`gpufleet.domain.sdc_vote`); the GPU's own SDC check fails from then on too.
 """
 
 from __future__ import annotations
@@ -70,12 +74,14 @@ RECOVERY_TEXT = {
     "drain-p2p": "0x3 (Drain P2P)",
     "drain-and-reset": "0x4 (Drain and Reset)",
 }
-EXTRA_FAULTS = ("kmsg-garbage", "busy", "hang", "crash", "nic-down")
+EXTRA_FAULTS = ("kmsg-garbage", "busy", "hang", "crash", "nic-down", "sdc-silent")
 """Injectable conditions that are not fault kinds: malformed log lines, a running
 workload, two failures of the check program itself, with which the bounds of
 ``gpufleet health check --slurm`` are tested (``hang``: the next hardware read
 never returns, as NVML does on a wedged GPU; ``crash``: the check code raises),
-and ``nic-down``: the node never joins a job's gang preflight (a broken NIC)."""
+``nic-down``: the node never joins a job's gang preflight (a broken NIC), and
+``sdc-silent,gpu=G,step=K``: the GPU corrupts silently, seen by a job's weights from
+step K (the published file) and by the SDC check, never by a counter or the kernel log."""
 
 
 NVLINK5_DEFAULT = {
@@ -165,6 +171,8 @@ class SimGpu:
     gemm_factor: float = 1.0
     hbm_factor: float = 1.0
     sdc: bool = False
+    sdc_flip_at_step: int | None = None
+    """``sdc-silent``: the training step after which a job on this GPU flips a weight."""
     dcgm_fail: bool = False
     fabric_state: int = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
     fabric_status: int | str = 0  # NVML_SUCCESS
@@ -603,6 +611,14 @@ class SimulatedHardware(Hardware):
             self._kernel.append("NVRM: Xid (PCI:zz:zz): seventy-nine")
         elif k == "hang":
             self._hang = True
+        elif k == "sdc-silent":
+            if "step" not in spec.params:
+                raise InjectionError("give the step after which a job flips a weight: step=K")
+            step = spec.int("step", 0)
+            if step < 0:
+                raise InjectionError(f"step={step}: give a training step, 0 or more")
+            g = self._gpu(spec)
+            g.sdc, g.sdc_flip_at_step = True, step
         elif k == "nic-down":
             pass  # seen by the gang preflight (gpufleet.health.preflight), not by a check
         elif k == "crash":
@@ -623,13 +639,16 @@ class SimulatedHardware(Hardware):
         if self.publish_dir is None:
             return
         speeds = self.speeds()
-        doc = {
-            "node": self.node,
-            "speed": min(speeds, default=1.0),
-            "gpus": [
-                {"index": g.index, "speed": v} for g, v in zip(self._gpus, speeds, strict=True)
-            ],
-        }
+        gpus: list[dict[str, Any]] = []
+        for g, v in zip(self._gpus, speeds, strict=True):
+            entry: dict[str, Any] = {"index": g.index, "speed": v}
+            if g.sdc_flip_at_step is not None:
+                entry["sdc_flip_at_step"] = g.sdc_flip_at_step
+            gpus.append(entry)
+        doc: dict[str, Any] = {"node": self.node, "speed": min(speeds, default=1.0), "gpus": gpus}
+        flips = [g.sdc_flip_at_step for g in self._gpus if g.sdc_flip_at_step is not None]
+        if flips:
+            doc["sdc_flip_at_step"] = min(flips)
         self.publish_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.publish_dir / f".{self.node}.json.tmp"
         tmp.write_text(json.dumps(doc))

@@ -15,6 +15,15 @@ agent
    straggler and a report is due, returns a ``straggler`` fault for the agent
    to judge with the policy like any other.
 
+4. in replica-group trainings (lines with ``group``), votes on the groups' weights
+   fingerprints at the newest step every live rank it reads has written
+   (:mod:`gpufleet.domain.sdc_vote`): when the majority names this node, it
+   returns an ``sdc-mismatch`` fault (at most every :attr:`JobTelemetry.sdc_report_every_s`
+   per run); when no majority vouches for it, or its group's loss or gradient
+   norm stands out, it asks the agent to run the active SDC check now
+   (:meth:`JobTelemetry.take_suspicions`: once per run and step, at most every
+   :attr:`JobTelemetry.check_every_s`), whose result reports or clears.
+
 Each agent judges only itself, so it is the only writer of its own condition.
 A run whose files have not grown for :attr:`JobTelemetry.idle_s` has ended:
 its samples are dropped (its read offsets kept, so nothing old is read
@@ -31,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.domain import stragglers
+from gpufleet.domain import sdc_vote, stragglers
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
 from gpufleet.domain.policy import Stragglers
 
@@ -57,16 +66,40 @@ class _Run:
     ranks: dict[Path, _Rank] = field(default_factory=dict)
     grew_at: float = 0.0
     last_report: float | None = None
+    voted_step: int = -1
+    """The newest step whose fingerprints were voted on (each step is judged once)."""
+    sdc_report: float | None = None
+    loss_step: int = -1
+    """The newest step at which this node's group stood out (each is judged once)."""
+    check_asked: float | None = None
 
 
 class JobTelemetry:
     """Straggler detection for one node from the job telemetry under ``root``."""
 
-    def __init__(self, root: Path, node: str, config: Stragglers, *, idle_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        node: str,
+        config: Stragglers,
+        *,
+        idle_s: float = 600.0,
+        sdc_report_every_s: float = 600.0,
+        check_every_s: float = 300.0,
+        loss_rule: sdc_vote.LossRule | None = None,
+    ) -> None:
         self.root = Path(root)
         self.node = node
         self.config = config
         self.idle_s = idle_s
+        self.sdc_report_every_s = sdc_report_every_s
+        """While the vote keeps naming this node in a run, one report per this many seconds
+        (the first takes the node out under the default policy; repeats are only news)."""
+        self.check_every_s = check_every_s
+        """At most one active SDC check per run per this many seconds (a suspicion that
+        persists over steps does not run the check at every step)."""
+        self.loss_rule = loss_rule or sdc_vote.LossRule()
+        self._suspicions: list[str] = []
         self._runs: dict[str, _Run] = {}
         self._first_poll = True
         self.paces: dict[str, stragglers.NodePace] = {}
@@ -95,6 +128,9 @@ class JobTelemetry:
                 continue
             if self._read(run, now):
                 fault = self._judge(entry.name, run, now)
+                if fault is not None:
+                    faults.append(fault)
+                fault = self._judge_sdc(run, now)
                 if fault is not None:
                     faults.append(fault)
         for name, run in list(self._runs.items()):
@@ -190,6 +226,71 @@ class JobTelemetry:
                 message=mine.describe(),
             ),
         )
+
+    def take_suspicions(self) -> list[str]:
+        """Why the active SDC check should run now (empty: no reason); each reason once."""
+        found, self._suspicions = self._suspicions, []
+        return found
+
+    def _judge_sdc(self, run: _Run, now: float) -> FaultEvent | None:
+        """The replica groups' vote at the newest step they all wrote, and their losses:
+        an ``sdc-mismatch`` fault when the vote names this node; a suspicion (the check
+        runs) when no majority vouches for it or its group's loss stands out."""
+        samples = [s for r in run.ranks.values() for s in r.samples if s.group is not None]
+        if not samples or now - max(s.at for s in samples) > self.idle_s:
+            return None
+        fault = None
+        step = sdc_vote.vote_step(samples)
+        if step is not None and step > run.voted_step:
+            run.voted_step = step
+            verdict = sdc_vote.vote(step, samples)
+            mine = verdict.suspect(self.node)
+            if mine is not None and stragglers.due(run.sdc_report, now, self.sdc_report_every_s):
+                run.sdc_report = now
+                fault = _mismatch(self.node, samples[0].job, step, mine, now)
+            elif mine is None and self.node in verdict.to_check:
+                self._suspect(
+                    run,
+                    now,
+                    f"training {samples[0].job} step {step}: {verdict.groups} replica groups "
+                    "hold different weights and no majority of them agrees",
+                )
+        for out in sdc_vote.loss_outliers(samples, self.loss_rule):
+            if self.node in out.nodes and out.last_step > run.loss_step:
+                run.loss_step = out.last_step
+                self._suspect(
+                    run,
+                    now,
+                    f"training {samples[0].job}: group {out.group}'s {out.metric} stood out "
+                    f"at {out.steps} step(s), {out.value:.4g} vs. the other groups' "
+                    f"{out.others:.4g} at step {out.last_step}",
+                )
+        return fault
+
+    def _suspect(self, run: _Run, now: float, why: str) -> None:
+        if stragglers.due(run.check_asked, now, self.check_every_s):
+            run.check_asked = now
+            self._suspicions.append(why)
+
+
+def _mismatch(node: str, training: str, step: int, s: sdc_vote.Suspect, now: float) -> FaultEvent:
+    """The ``sdc-mismatch`` fault of a node the vote named."""
+    witnesses = "ranks of its own group" if s.within_group else "replica groups"
+    gpus = ", ".join(str(g) for g in s.gpus) or "not reported"
+    return FaultEvent(
+        FaultKind.SDC_MISMATCH,
+        node,
+        now,
+        evidence=Evidence(
+            gpu_index=s.gpus[0] if len(s.gpus) == 1 else None,
+            counters={"step": step, "agreeing": s.agreeing, "witnesses": s.witnesses},
+            message=(
+                f"training {training} step {step}: group {s.group} holds weights "
+                f"{s.fingerprint}, {s.agreeing} of {s.witnesses} {witnesses} hold "
+                f"{s.expected}; GPU {gpus}"
+            ),
+        ),
+    )
 
 
 def _new_rank(path: Path, keep: int, history: bool) -> _Rank:

@@ -183,23 +183,29 @@ def test_no_telemetry_directory_is_not_an_error(tmp_path: Path) -> None:
     assert JobTelemetry(tmp_path / "missing", "a", CONFIG).poll(1.0) == []
 
 
-def test_the_agent_judges_straggler_reports_with_the_policy(tmp_path: Path) -> None:
-    """Default rule: each report is an Event; the third within a day reboots the node."""
-    hw = SimulatedHardware(node="b")
+def telemetry_agent(hw: SimulatedHardware, telemetry: JobTelemetry) -> tuple[Agent, ListReporter]:
+    """An agent of ``hw``'s node that reads ``telemetry`` every poll, reporting to a list."""
     policy = default_policy().model_copy(
-        update={"detection": Detection(clear_after_seconds=2, stragglers=CONFIG)}
+        update={"detection": Detection(clear_after_seconds=2, stragglers=telemetry.config)}
     )
     rep = ListReporter()
     agent = Agent(
         hw,
         bundled().get("h100-sxm"),
         policy,
-        node="b",
+        node=hw.node,
         reporter=rep,
-        metrics=AgentMetrics("b"),
+        metrics=AgentMetrics(hw.node),
         settings=AgentSettings(telemetry_every_s=1.0),
-        telemetry=started(tmp_path, "b"),
+        telemetry=telemetry,
     )
+    return agent, rep
+
+
+def test_the_agent_judges_straggler_reports_with_the_policy(tmp_path: Path) -> None:
+    """Default rule: each report is an Event; the third within a day reboots the node."""
+    hw = SimulatedHardware(node="b")
+    agent, rep = telemetry_agent(hw, started(tmp_path, "b"))
     try:
         t = 1000.0
         for report in range(3):
