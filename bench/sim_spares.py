@@ -52,7 +52,7 @@ def main() -> None:
             rs = runs(percent, fast, args.gpus, args.days, args.runs)
             s = summarize(rs)
             e = s["ettr"]
-            wait = s["breakdown"]["waiting"]["mean"] * 100
+            wait = sum(r.waiting_hours * 3600 / r.wall for r in rs) / len(rs) * 100
             hot = sum(r.hot_spares for r in rs) / len(rs)
             promo = sum(r.spare_promotions for r in rs) / len(rs)
             stack = "default + fast recovery + SDC in 1 h" if fast else "default"

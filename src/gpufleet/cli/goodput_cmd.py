@@ -114,10 +114,7 @@ async def _from_cluster(
     metrics = live.Metrics()
     port = metrics.serve(serve, address)
     typer.echo(f"gpufleet goodput: /metrics on port {port}", err=True)
-    try:
-        return await live.run(client, telemetry, every=every, metrics=metrics, write=write)
-    finally:
-        metrics.stop()
+    return await live.run(client, telemetry, every=every, metrics=metrics, write=write)
 
 
 def _gpu_h(seconds: float) -> str:

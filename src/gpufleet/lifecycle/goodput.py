@@ -139,7 +139,6 @@ class Metrics:
         )
         for c in CATEGORIES:
             self.lost.labels(category=c).set(0)
-        self._server: Any = None
 
     def update(self, led: Ledger, now: float) -> None:
         for c, v in led.lost.items():
@@ -149,18 +148,11 @@ class Metrics:
         self.trainings.set(len(led.trainings))
         self.passes.set(now)
 
-    def serve(self, port: int, address: str = "0.0.0.0") -> int:
-        """Serve /metrics; returns the bound port (0 picks a free one)."""
+    def serve(self, port: int, address: str) -> int:
+        """Serve /metrics for the life of the process; the bound port (0 picks a free one)."""
         server, _thread = start_http_server(port, addr=address, registry=self.registry)
-        self._server = server
         bound: int = server.server_address[1]
         return bound
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
 
 def compute(telemetry: Path, docs: Sequence[Mapping[str, Any]]) -> Ledger:

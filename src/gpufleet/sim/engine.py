@@ -68,6 +68,7 @@ class _Ev(IntEnum):
     JOB_DETECTED = 18
     JOB_STARTED = 19
     SAMPLE = 20
+    GROUP_BACK = 21  # a replica group trains again (replacement rejoined, or restarted in place)
 
 
 class _Phase(IntEnum):
@@ -81,8 +82,8 @@ class _Phase(IntEnum):
 _PHASE_BUCKET = {
     _Phase.DETECT: "detection",
     _Phase.DIAGNOSE: "detection",
-    _Phase.RESTART: "restart",
-    _Phase.WAIT: "waiting",
+    _Phase.RESTART: "recovery",
+    _Phase.WAIT: "recovery",
 }
 
 
@@ -209,6 +210,20 @@ class Simulator:
             "running": [],
         }
         self.job = _Job()
+        self.waited = 0.0
+        rg = model.job.replica_groups
+        self.replica = rg if rg.enabled else None
+        self.share = min(1.0, rg.nodes_per_group / self.job_nodes)
+        """The fraction of the job one replica group is."""
+        self.group_out: dict[int, tuple[float, float]] = {}
+        """Job nodes whose group is out (fault): (since, the report's delay)."""
+        self.missing: list[float] = []
+        """Groups out with no replacement yet: since when each is out."""
+        self.rejoining: dict[int, float] = {}
+        """Replacement (or restarting) node -> since when its group is out."""
+        self.sdc_onset: dict[int, float] = {}
+        self.pending: dict[str, dict[str, float]] = {"degraded": {}, "useful": {}}
+        """Replica charges, moved at settlement out of the bucket they were counted in."""
 
     # ------------------------------------------------------------ scheduling
 
@@ -280,6 +295,7 @@ class Simulator:
             _Ev.JOB_DETECTED: self._on_job_detected,
             _Ev.JOB_STARTED: self._on_job_started,
             _Ev.SAMPLE: self._on_sample,
+            _Ev.GROUP_BACK: lambda i, g, d: self._on_group_back(i, d),
         }
 
     def _gen_guard(self, fn: Callable[[int, object], None]) -> Callable[[int, int, object], None]:
@@ -381,6 +397,9 @@ class Simulator:
             self._promote_spares(f"{self.records[i].name} left production")
             if i in self.job.nodes:
                 self._job_release(i)
+            elif i in self.rejoining:  # the replacement's node failed: another one
+                self.missing.append(self.rejoining.pop(i))
+                self._regroup()
 
     def _promote_spares(self, why: str) -> None:
         """The controller's rule: the spares the pool must give up now step in."""
@@ -405,6 +424,8 @@ class Simulator:
                 self._silent_watch(i)
             if self.job.phase is _Phase.WAIT:
                 self._job_try_start()
+            elif self.missing:
+                self._regroup()
         elif state is S.TRIAGE:
             self._at(
                 self.now + self.rng.expovariate(1.0 / rem.human.response_seconds), _Ev.TRIAGE, i, g
@@ -456,6 +477,8 @@ class Simulator:
         if cat.effect.silent:
             self.silent.add(i)
             if in_job:
+                if cat.effect is Effect.SDC:
+                    self.sdc_onset[i] = self.now
                 if cat.effect is Effect.SDC and self.job.phase is _Phase.RUNNING:
                     self.sdc_mark[i] = self._committed_at(self.now)
                 elif cat.effect is Effect.SDC:
@@ -475,6 +498,11 @@ class Simulator:
                 delay = det.hang_timeout_seconds
             else:
                 delay = det.passive_seconds if det.passive else 0.0
+            if self.replica is not None and self.job.phase is _Phase.RUNNING:
+                self._group_lost(i, delay)
+                if not cat.attributed and self.fault[i] >= 0:
+                    self._start_diagnosis(i, delay)  # nobody names the node: a person
+                return
             self._job_fail(delay)
             if not det.passive and self.fault[i] >= 0:
                 self._start_diagnosis(i, delay)
@@ -528,6 +556,8 @@ class Simulator:
         self.evidence.pop(i, None)
         self.broken.discard(i)
         self.crashes[i] = 0
+        if i in self.group_out:  # fixed in place (a job restart): the group starts again
+            self._group_restarts(i)
         if i in self.silent:
             self.silent.discard(i)
             self.sdc_mark.pop(i, None)
@@ -602,13 +632,21 @@ class Simulator:
     def _sdc_rollback(self, i: int) -> None:
         """Checkpoints written since the corruption began are bad: roll back past them."""
         mark = self.sdc_mark.pop(i, None)
+        if mark is not None and self.replica is not None and self.job.phase is _Phase.RUNNING:
+            # The fingerprint vote names the group: its steps since the flip are discarded,
+            # the other groups hold good weights (no rollback); the group leaves.
+            since = self.sdc_onset.pop(i, self.now)
+            self._charge("useful", "redone", self.share * (self.now - since))
+            self.rolled_back += self.share * (self.now - since)
+            self._group_lost(i, 0.0, step=False)
+            return
         if mark is not None:
             if self.job.phase is _Phase.RUNNING:  # stop, and restart from an older checkpoint
                 self._job_interrupted(self.fault[i])
                 self._job_fail(0.0)
             back = max(0.0, self.buckets["useful"] - mark)
             self.buckets["useful"] -= back
-            self.buckets["lost"] += back
+            self.buckets["redone"] += back
             self.rolled_back += back
 
     # --------------------------------------------------------------- people
@@ -712,7 +750,10 @@ class Simulator:
         delay = det.passive_seconds if det.passive else 0.0
         if det.passive and self.cats[c].attributed:
             self._at(self.now + det.passive_seconds, _Ev.REPORT, i, c, self._fault_event(i, c))
-        self._job_fail(delay)
+        if self.replica is not None:
+            self._group_lost(i, delay)
+        else:
+            self._job_fail(delay)
         if not det.passive or self.crashes[i] >= self.model.remediation.human.after_crashes:
             self._start_diagnosis(i, delay)
 
@@ -737,6 +778,8 @@ class Simulator:
                 spent -= saved
                 j.save_extra = 0.0
             self.buckets[_PHASE_BUCKET[j.phase]] += spent
+            if j.phase is _Phase.WAIT:
+                self.waited += spent
         j.phase = phase
         j.since = self.now
         j.gen += 1
@@ -756,16 +799,20 @@ class Simulator:
         if failed:
             kept = k * self.interval
             b["checkpoint"] += k * self.ckpt_cost
-            b["lost"] += rest
+            b["redone"] += rest
         else:  # a graceful stop: the partial interval is saved on demand
             kept = k * self.interval + min(rest, self.interval)
             b["checkpoint"] += k * self.ckpt_cost + max(0.0, rest - self.interval)
         b["useful"] += kept * avg
         b["degraded"] += kept * (1.0 - avg)
+        self._apply_charges()
 
     def _job_rate(self) -> float:
         j = self.job
         rate = len(j.nodes) / self.job_nodes
+        if self.replica is not None:  # a node missing takes its whole group out
+            missing = self.job_nodes - len(j.nodes) + len(self.group_out)
+            rate = max(0.0, 1.0 - missing * self.share)
         for i in self.silent:
             if i in j.nodes:
                 c = self.fault[i]
@@ -804,6 +851,9 @@ class Simulator:
         """A node of the job leaves production."""
         j = self.job
         j.nodes.discard(i)
+        if j.phase is _Phase.RUNNING and self.replica is not None:
+            self._group_released(i)
+            return
         if j.phase is _Phase.RUNNING:
             # Drained on purpose while the job runs: save, then restart without it.
             self._settle(failed=False)
@@ -880,8 +930,126 @@ class Simulator:
             if c >= 0 and self.cats[c].effect is Effect.SDC:
                 self.sdc_mark.setdefault(i, self.buckets["useful"])
 
+    # ---------------------------------------------------------- replica groups
+
+    def _charge(self, source: str, category: str, seconds: float) -> None:
+        """Move ``seconds`` (of the whole job) from ``source`` to ``category`` at settlement."""
+        if seconds > 0:
+            pending = self.pending[source]
+            pending[category] = pending.get(category, 0.0) + seconds
+
+    def _apply_charges(self) -> None:
+        b = self.buckets
+        for source, pending in self.pending.items():
+            total = sum(pending.values())
+            if total <= 0:
+                continue
+            scale = min(1.0, b[source] / total)
+            for category, seconds in pending.items():
+                b[category] += seconds * scale
+                b[source] -= seconds * scale
+            pending.clear()
+
+    def _charge_out(self, since: float, delay: float) -> None:
+        """A fault's group outage up to now: detection until the report, then isolation."""
+        spent = self.now - since
+        found = min(delay, spent)
+        self._charge("degraded", "detection", self.share * found)
+        self._charge("degraded", "isolation", self.share * (spent - found))
+
+    def _group_lost(self, i: int, delay: float, *, step: bool = True) -> None:
+        """Node ``i``'s group stops; the others lose at most the step in progress."""
+        rg = self.replica
+        assert rg is not None
+        if step:
+            self._charge("useful", "redone", rg.step_seconds * (1.0 - self.share))
+        if i in self.group_out or i in self.rejoining:
+            return
+        if self.fault[i] < 0 and i not in self.silent:
+            # An application fault (cured by a restart): the group restarts in place.
+            self.job.nodes.discard(i)
+            self.rejoining[i] = self.now + delay
+            self._charge("degraded", "detection", self.share * delay)
+            self._at(self.now + delay + rg.rejoin_seconds, _Ev.GROUP_BACK, i)
+        else:
+            # Out until the node leaves production; if it stays (the policy waits for
+            # more evidence), the group restarts on it after its report and a rejoin.
+            self.group_out[i] = (self.now, delay)
+            self._at(self.now + delay + rg.rejoin_seconds, _Ev.GROUP_BACK, i, 0, self.now)
+        self._update_rate()
+
+    def _group_restarts(self, i: int) -> None:
+        """The fault on node ``i`` was cured while it stayed in production: its group restarts."""
+        rg = self.replica
+        assert rg is not None
+        self._charge_out(*self.group_out.pop(i))
+        self.job.nodes.discard(i)
+        self.rejoining[i] = self.now
+        self._at(self.now + rg.rejoin_seconds, _Ev.GROUP_BACK, i)
+        self._update_rate()
+
+    def _group_released(self, i: int) -> None:
+        """Node ``i`` left production while in the job: its group is (or goes) out."""
+        rg = self.replica
+        assert rg is not None
+        out = self.group_out.pop(i, None)
+        if out is not None:
+            self._charge_out(*out)
+            self.missing.append(self.now)
+        else:  # drained on purpose: the notice, the group finishes its step and leaves
+            self._charge("degraded", "isolation", self.share * rg.depart_seconds)
+            self.missing.append(self.now + rg.depart_seconds)
+        self._regroup()
+        self._update_rate()
+
+    def _regroup(self) -> None:
+        """Start a replacement group on each free node (a promoted spare first)."""
+        rg = self.replica
+        if rg is None or self.job.phase is not _Phase.RUNNING:
+            return
+        while self.missing:
+            ready = sorted(
+                i for i in self.idle if not self.records[i].spare and i not in self.diag_pending
+            )
+            if not ready:
+                return
+            i = ready[0]
+            self.idle.discard(i)
+            self.rejoining[i] = self.missing.pop(0)
+            self._at(self.now + rg.rejoin_seconds, _Ev.GROUP_BACK, i)
+
+    def _on_group_back(self, i: int, retry: object = None) -> None:
+        if isinstance(retry, float):  # a group out on a node still in production
+            out = self.group_out.get(i)
+            if out is None or out[0] != retry or i not in self.job.nodes:
+                return
+            self._charge_out(*self.group_out.pop(i))
+            self._update_rate()
+            if self.fault[i] >= 0 and i in self.broken:
+                mean = self.model.remediation.recrash_seconds
+                c = self.fault[i]
+                self._at(self.now + self.rng.expovariate(1.0 / mean), _Ev.RECRASH, i, c)
+            return
+        since = self.rejoining.pop(i, None)
+        if since is None or self.job.phase is not _Phase.RUNNING:
+            return
+        if self.records[i].state is not S.PRODUCTION:
+            self.missing.append(since)
+            self._regroup()
+            return
+        self.job.nodes.add(i)
+        self._charge("degraded", "recovery", self.share * (self.now - since))
+        self._update_rate()
+
     def _settle_end(self) -> None:
         j = self.job
+        if self.replica is not None and j.phase is _Phase.RUNNING:
+            # Outages still going on at the horizon, charged as far as they got.
+            for since, delay in self.group_out.values():
+                self._charge_out(since, delay)
+            for since in self.rejoining.values():
+                self._charge("degraded", "recovery", self.share * (self.now - since))
+            # self.missing: no replacement yet, degraded until the end (left where it is).
         if j.phase is _Phase.RUNNING:
             self._settle(failed=False)
             j.phase = _Phase.WAIT  # nothing more to account
@@ -927,6 +1095,7 @@ class Simulator:
             lemons_replaced=self.lemons_replaced,
             replaced=self.replaced,
             sdc_rollback_hours=self.rolled_back / 3600.0,
+            waiting_hours=self.waited / 3600.0,
             decisions=self.decisions,
             held=self.held,
             human_actions=self.human_actions,

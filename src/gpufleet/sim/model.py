@@ -262,10 +262,34 @@ class Checkpoint(_Model):
     """Training stall per save [PTDCP async: 6-14 s; KOK sync: 5 min]."""
 
 
+class ReplicaGroups(_Model):
+    """The job as torchft replica groups that recover by themselves (decision 0269).
+
+    A node fault costs the surviving groups at most one step; the job never stops. The
+    group on the node is out of the training from the fault; gpufleet reports it,
+    the group leaves (or is drained), and a replacement group on a spare rejoins by
+    copying the weights from a live peer. Silent corruption is found by the groups'
+    fingerprint vote within ``sdcDetectSeconds`` and costs the bad group's steps since
+    it began, not a rollback."""
+
+    enabled: bool = False
+    nodes_per_group: int = Field(default=1, ge=1)
+    """Nodes of one replica group (a node lost takes its whole group out)."""
+    step_seconds: float = Field(default=5.0, gt=0)
+    """One training step: what a group lost costs the survivors, at most."""
+    depart_seconds: float = Field(default=5.0, ge=0)
+    """Departure notice to the group out of the quorum (it finishes its step)."""
+    rejoin_seconds: float = Field(default=120.0, ge=0)
+    """The group out to its replacement training again (requeue, start, weight copy)."""
+    sdc_detect_seconds: float = Field(default=300.0, gt=0)
+    """Silent corruption to the fingerprint vote naming the group's node."""
+
+
 class Job(_Model):
     """The large synchronous training job."""
 
     checkpoint: Checkpoint = Checkpoint()
+    replica_groups: ReplicaGroups = ReplicaGroups()
     restart_seconds: float = Field(default=300.0, ge=0)
     """Scheduling, NCCL init and checkpoint load [KOK u0 5-20 min; MS < 30 s init]."""
     requeue_seconds: float = Field(default=60.0, ge=0)

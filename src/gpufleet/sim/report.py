@@ -18,11 +18,11 @@ from gpufleet.sim.result import BUCKETS, RunResult
 
 _COLORS = {
     "useful": "#2e7d32",
-    "lost": "#c62828",
-    "checkpoint": "#6a1b9a",
+    "checkpoint": "#6d4c41",
     "detection": "#ef6c00",
-    "restart": "#1565c0",
-    "waiting": "#6d4c41",
+    "isolation": "#c62828",
+    "recovery": "#1565c0",
+    "redone": "#6a1b9a",
     "degraded": "#9e9d24",
 }
 

@@ -1,16 +1,22 @@
 """What a simulation reports: ETTR, where the time went, incidents, availability.
 
-The job's wall-clock time is split into buckets that add up to the whole:
+The job's wall-clock time is split into buckets that add up to the whole. Beside
+``useful`` and ``checkpoint`` they are the goodput ledger's categories
+(:mod:`gpufleet.domain.goodput`, docs/goodput.md), in whole-job seconds:
 
 * ``useful`` — training progress that was kept (ETTR = useful / wall time);
-* ``lost`` — work redone because it was done after the last good checkpoint;
-* ``checkpoint`` — training stalled by checkpoint saves;
-* ``detection`` — the job was dead or hung and nobody knew yet (including a
-  person searching for the bad node when no monitor named it);
-* ``restart`` — requeue, initialisation and checkpoint load;
-* ``waiting`` — too few healthy nodes to start;
-* ``degraded`` — running slower than full speed: a straggler in the job, or
-  the job shrunk to fewer nodes.
+* ``checkpoint`` — training stalled by checkpoint saves (the ledger counts a save as
+  a slow, productive step);
+* ``detection`` — the job (or a replica group) was dead or hung and nobody knew yet
+  (including a person searching for the bad node when no monitor named it);
+* ``isolation`` — reported, the node not yet out of the job (a replica group's
+  departure; a stopped job is out at once);
+* ``recovery`` — requeue, initialisation and checkpoint load, waiting for enough
+  healthy nodes to start (``waiting_hours`` of it), a replacement group rejoining;
+* ``redone`` — work computed again: after the last good checkpoint, an SDC rollback,
+  the step the surviving replica groups lose;
+* ``degraded`` — running slower than full speed: a straggler in the job, the job
+  shrunk to fewer nodes, a replica group missing with no replacement.
 """
 
 from __future__ import annotations
@@ -22,11 +28,11 @@ from typing import Any
 
 BUCKETS: tuple[str, ...] = (
     "useful",
-    "lost",
     "checkpoint",
     "detection",
-    "restart",
-    "waiting",
+    "isolation",
+    "recovery",
+    "redone",
     "degraded",
 )
 
@@ -85,7 +91,7 @@ class RunResult:
     replaced: int
     """Nodes whose hardware was replaced."""
     sdc_rollback_hours: float
-    """Of the lost work, how much was kept and then discarded because of SDC."""
+    """Of the redone work, how much was kept and then discarded because of SDC."""
     decisions: int
     held: int
     """Decisions a safety rail held back (retried later)."""
@@ -95,6 +101,8 @@ class RunResult:
     """Hot spares in the pool at the end (the policy's ``spares``; domain.spares)."""
     spare_promotions: int = 0
     """Times a hot spare was promoted because a node left production."""
+    waiting_hours: float = 0.0
+    """Of ``recovery``, the hours the job waited for enough healthy nodes to start."""
 
     @property
     def wall(self) -> float:

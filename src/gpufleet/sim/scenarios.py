@@ -128,4 +128,52 @@ FAST = Scenario(
     },
 )
 
-SCENARIOS: tuple[Scenario, ...] = (REACTIVE, PASSIVE, FULL, FAST)
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """A number the replica-group scenario takes from a measurement, and where it came from."""
+
+    value: float
+    source: str
+
+
+PLACEHOLDER = "placeholder, not yet measured"
+"""The source of a value the torchft example has not measured yet (docs/sim-comparison.md)."""
+
+REPLICA_GROUP_FIGURES: dict[str, Measured] = {
+    "job.replica_groups.nodes_per_group": Measured(
+        8.0, "assumed: 64 GPUs per replica group (the model's shards inside a group)"
+    ),
+    "job.replica_groups.step_seconds": Measured(
+        5.0, f"{PLACEHOLDER}: a step of a large training, what a lost group costs the others"
+    ),
+    "job.replica_groups.depart_seconds": Measured(
+        5.0, f"{PLACEHOLDER}: the departure notice to out of the quorum (one step)"
+    ),
+    "job.replica_groups.rejoin_seconds": Measured(
+        120.0, f"{PLACEHOLDER}: requeue, start and weight copy of a replacement group"
+    ),
+    "job.checkpoint.blocking_seconds": Measured(
+        1.0, f"{PLACEHOLDER}: the asynchronous save's blocking part"
+    ),
+    "failures.categories.sdc.symptom_mean_seconds": Measured(
+        60.0, f"{PLACEHOLDER}: SDC to the fingerprint vote (every 5 steps) naming the node"
+    ),
+}
+"""Every number of ``full+replica-groups`` that is not the default model's, with its source."""
+
+REPLICA_GROUPS = Scenario(
+    "full+replica-groups",
+    "full, with the job as torchft replica groups: a node fault costs the other groups at "
+    "most one step, the group is replaced from a spare while the others train, SDC is "
+    "found by the fingerprint vote (no rollback), asynchronous checkpoints",
+    {
+        "job.replica_groups.enabled": True,
+        **{
+            k: int(m.value) if k.endswith("per_group") else m.value
+            for k, m in REPLICA_GROUP_FIGURES.items()
+        },
+    },
+)
+
+SCENARIOS: tuple[Scenario, ...] = (REACTIVE, PASSIVE, FULL, FAST, REPLICA_GROUPS)

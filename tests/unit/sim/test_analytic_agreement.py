@@ -45,7 +45,7 @@ def test_simulated_ettr_matches_first_order_formula(
     runs = [
         simulate(model, default_policy(), gpus=nodes * 8, days=DAYS, seed=s) for s in range(RUNS)
     ]
-    assert all(r.buckets["waiting"] == 0.0 for r in runs), "spares must absorb every repair"
+    assert all(r.waiting_hours == 0.0 for r in runs), "spares must absorb every repair"
     assert sum(sum(r.interruptions.values()) for r in runs) > 300, "too few failures to test"
 
     ettrs = [r.ettr for r in runs]
@@ -72,7 +72,7 @@ def test_every_failure_costs_detection_and_restart_time() -> None:
     assert failures > 30
     # A failure during a restart restarts it, so restart time is at least R per failure.
     assert r.buckets["detection"] == pytest.approx(45.0 * failures, rel=0.02)
-    assert r.buckets["restart"] >= 240.0 * failures * 0.99
+    assert r.buckets["recovery"] >= 240.0 * failures * 0.99
 
 
 def test_daly_interval_reproduces_the_published_examples() -> None:
