@@ -27,11 +27,11 @@ hash alike, and a single flipped bit changes the hash.
 
 **The second signal**: over the last ``window_steps`` steps at which at least three
 groups reported, a group whose loss (or gradient norm) is more than ``factor`` robust
-standard deviations (1.4826 x the median absolute deviation of the other groups'
-values from their per-step median) and more than ``min_deviation`` of it away from the
-others' median at ``min_steps`` of those steps (a non-finite value always) is an
-outlier: its nodes are to be checked, never named (a group's batches differ, so its
-loss differs too; only the check can say the GPU is wrong).
+standard deviations (1.4826 x the median absolute deviation of the groups' values from
+their per-step median) and more than ``min_deviation`` of it away from that median at
+``min_steps`` of those steps (a non-finite value always) is an outlier: its nodes
+are to be checked, never named (a group's batches differ, so its loss differs too;
+only the check can say the GPU is wrong).
 Decision 0274 says why these settings are not in the FleetPolicy.
 
 Pure: no I/O, no clock.
@@ -108,13 +108,13 @@ class LossRule:
     """When a group's loss or gradient norm stands out from the other groups'."""
 
     factor: float = 6.0
-    """Robust standard deviations (of the other groups' spread) from their median."""
+    """Robust standard deviations (of the groups' spread) from the groups' median."""
     window_steps: int = 20
     """Newest steps (with at least three groups reporting) looked at."""
     min_steps: int = 3
     """Steps of the window at which the group must stand out (one odd batch is not enough)."""
     min_deviation: float = 0.05
-    """A value within this fraction of the others' median never stands out (groups whose
+    """A value within this fraction of the groups' median never stands out (groups whose
     values hardly differ have a spread near 0, which alone would flag any difference)."""
 
 
@@ -131,8 +131,8 @@ class Outlier:
     last_step: int
     value: float
     """Its value at the newest of those steps."""
-    others: float
-    """The other groups' median there."""
+    median: float
+    """Every group's median there."""
 
 
 def fingerprint(parameters: Iterable[bytes | memoryview]) -> str:
@@ -238,7 +238,7 @@ def loss_outliers(samples: Iterable[StepSample], rule: LossRule) -> list[Outlier
         for group in sorted(nodes):
             found = _stands_out(group, per_group, rule)
             if len(found) >= rule.min_steps:
-                last_step, value, others = found[-1]
+                last_step, value, median = found[-1]
                 out.append(
                     Outlier(
                         group,
@@ -247,7 +247,7 @@ def loss_outliers(samples: Iterable[StepSample], rule: LossRule) -> list[Outlier
                         len(found),
                         last_step,
                         value,
-                        others,
+                        median,
                     )
                 )
     return out
@@ -256,15 +256,18 @@ def loss_outliers(samples: Iterable[StepSample], rule: LossRule) -> list[Outlier
 def _stands_out(
     group: str, per_step: dict[int, dict[str, float]], rule: LossRule
 ) -> list[tuple[int, float, float]]:
-    """(step, the group's value, the others' median) at each step it stands out."""
+    """(step, the group's value, all groups' median) at each step it stands out.
+
+    The centre is the median of every group's value (with three groups, the middle one:
+    one outlier does not move it, as it would move the median of the other two)."""
     deviations: list[float] = []
     centre: dict[int, float] = {}
     for step, vals in per_step.items():
-        others = [v for g, v in vals.items() if g != group and math.isfinite(v)]
-        if group not in vals or len(others) < 2:
+        finite = [v for v in vals.values() if math.isfinite(v)]
+        if group not in vals or len(finite) < 2:
             continue
-        centre[step] = statistics.median(others)
-        deviations.extend(abs(v - centre[step]) for v in others)
+        centre[step] = statistics.median(finite)
+        deviations.extend(abs(v - centre[step]) for v in finite)
     if not deviations:
         return []
     scale = MAD_TO_SIGMA * statistics.median(deviations)

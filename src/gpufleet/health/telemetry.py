@@ -255,15 +255,17 @@ class JobTelemetry:
                     f"training {samples[0].job} step {step}: {verdict.groups} replica groups "
                     "hold different weights and no majority of them agrees",
                 )
-        for out in sdc_vote.loss_outliers(samples, self.loss_rule):
+        newest = max(s.step for s in samples)
+        recent = [s for s in samples if s.step > newest - 2 * self.loss_rule.window_steps]
+        for out in sdc_vote.loss_outliers(recent, self.loss_rule):
             if self.node in out.nodes and out.last_step > run.loss_step:
                 run.loss_step = out.last_step
                 self._suspect(
                     run,
                     now,
                     f"training {samples[0].job}: group {out.group}'s {out.metric} stood out "
-                    f"at {out.steps} step(s), {out.value:.4g} vs. the other groups' "
-                    f"{out.others:.4g} at step {out.last_step}",
+                    f"at {out.steps} step(s), {out.value:.4g} vs. the groups' median "
+                    f"{out.median:.4g} at step {out.last_step}",
                 )
         return fault
 

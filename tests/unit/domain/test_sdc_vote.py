@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -174,7 +175,7 @@ def test_a_loss_spike_of_one_group_makes_its_nodes_to_be_checked() -> None:
         4,
         10,
     )
-    assert out.value == 8.0 and 2.2 < out.others < 2.3
+    assert out.value == 8.0 and 2.2 < out.median < 2.3
 
 
 def test_one_odd_step_or_two_groups_are_not_an_outlier() -> None:
@@ -226,3 +227,14 @@ def test_a_malformed_replica_group_field_rejects_the_line(field: dict[str, objec
     doc = json.loads(sample_line(StepSample("t", 0, 0, "n", 1, 0.1, 1.0, group="g0")))
     assert parse_sample(json.dumps(doc)) is not None
     assert parse_sample(json.dumps({**doc, **field})) is None
+
+
+def test_a_gradient_norm_that_stands_out_is_found_too() -> None:
+    rule = LossRule(factor=6.0, window_steps=10, min_steps=3)
+    samples = []
+    for i, group in enumerate(("g0", "g1", "g2")):
+        for step, v in enumerate(NOISE, start=1):
+            norm = 40.0 if group == "g0" and step > 6 else v / 4 + 0.002 * i
+            samples.append(replace(fp(group, f"n{i}", step, None, rank=i, loss=v), grad_norm=norm))
+    (out,) = loss_outliers(samples, rule)
+    assert (out.group, out.metric, out.steps, out.value) == ("g0", "grad_norm", 4, 40.0)
