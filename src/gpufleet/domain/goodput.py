@@ -189,8 +189,9 @@ def progress_of(line: str) -> Progress | None:
     sample = parse_sample(line)
     if sample is None:
         return None
-    group = getattr(sample, "group", None) or ""
-    return Progress(sample.job, sample.rank, sample.node, sample.step, sample.at, group)
+    return Progress(
+        sample.job, sample.rank, sample.node, sample.step, sample.at, sample.group or ""
+    )
 
 
 def _time(value: Any) -> float | None:

@@ -95,7 +95,7 @@ def test_goodput_charges_a_replaced_group_from_files(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)
     (t,) = data["trainings"]
-    assert t["ranks"] == 2 and t["allocatedGpuSeconds"] == 200.0
+    assert t["ranks"] == 2 and t["groups"] == 2 and t["allocatedGpuSeconds"] == 200.0
     assert t["lostGpuSeconds"] == {
         "detection": 10.0,
         "isolation": 5.0,

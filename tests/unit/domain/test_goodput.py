@@ -131,6 +131,8 @@ def test_progress_of_reads_a_line_through_the_telemetry_codec() -> None:
     p = goodput.progress_of(json.dumps({**base, "t": 5.0, "loss": 1.0}))
     assert p is not None
     assert (p.training, p.rank, p.node, p.step, p.at) == ("tr", 3, "n1", 7, 5.0)
+    grouped = goodput.progress_of(json.dumps({**base, "t": 6.0, "group": "g-1"}))
+    assert grouped is not None and grouped.group == "g-1" and p.group == ""
     assert goodput.progress_of("{half") is None
     assert goodput.progress_of(json.dumps({**base, "t": "later"})) is None
 
