@@ -215,6 +215,28 @@ class Topology(_Model):
     scheduler_labels: SchedulerLabels = Field(default_factory=SchedulerLabels)
 
 
+class Isolation(_Model):
+    """What one Slurm user sees of another's work, and each job's private /tmp
+    (docs/tenants.md, Isolation; decision 0286)."""
+
+    private_data: list[Literal["accounts", "jobs", "usage", "users"]] = Field(
+        default_factory=lambda: ["accounts", "jobs", "usage", "users"],
+        description="PrivateData: what each user sees only of their own in squeue, sacct, "
+        "sreport and sacctmgr (root and SlurmUser see all). Empty: everyone sees everything.",
+    )
+    job_tmpfs: bool = Field(
+        default=False,
+        description="JobContainerType=job_container/tmpfs (with PrologFlags=Contain): each "
+        "job its own /tmp and /dev/shm, removed when it ends.",
+    )
+    job_tmpfs_base_path: str = Field(
+        default="/var/spool/slurmd/job-tmp",
+        pattern=r"^/[A-Za-z0-9_./-]*$",
+        max_length=256,
+        description="Where jobs' private /tmp directories live on each node (made by slurmd).",
+    )
+
+
 class HealthChecks(_Model):
     """``gpufleet health check`` as Slurm's HealthCheckProgram, Prolog and Epilog
     (docs/slurm.md, "Slurm's own health checks"): the slurmd image needs gpufleet."""
@@ -306,6 +328,7 @@ class SlurmClusterSpec(_Model):
     preemption: Preemption = Field(default_factory=Preemption)
     accounting: Accounting = Field(default_factory=Accounting)
     topology: Topology = Field(default_factory=Topology)
+    isolation: Isolation = Field(default_factory=Isolation)
     health_checks: HealthChecks = Field(
         default_factory=HealthChecks,
         description="gpufleet health check as Slurm's HealthCheckProgram, Prolog and Epilog "

@@ -43,7 +43,7 @@ from gpufleet.api.slurmcluster import (
     Partition,
     SlurmClusterSpec,
 )
-from gpufleet.domain import hostlist, slurm_accounting, slurm_hooks, topology
+from gpufleet.domain import hostlist, slurm_accounting, slurm_hooks, slurm_isolation, topology
 
 HOOK_DIR = "/etc/slurm"
 """Where slurmd sees the ConfigMap (the chart mounts it executable, for the hooks)."""
@@ -257,12 +257,19 @@ def render_slurm_conf(
         else None
     )
     lines += slurm_accounting.slurm_conf_lines(accounting_host, spec.accounting.port)
+    lines += slurm_isolation.slurm_conf_lines(
+        private_data=spec.isolation.private_data, job_tmpfs=spec.isolation.job_tmpfs
+    )
     if spec.topology.enabled and spec.topology.file == "topology.conf":
         lines.append(f"TopologyPlugin=topology/{spec.topology.plugin}")
     hooks = hook_config(spec)
     if hooks is not None:
         lines.append(f"SchedulerParameters={','.join(slurm_hooks.scheduler_parameters([]))}")
         lines += slurm_hooks.conf_lines(hooks, hook_paths())
+    # One PrologFlags line: the hooks' Alloc and the job container's Contain together.
+    lines = slurm_isolation.merge_prolog_flags(
+        lines, [slurm_isolation.CONTAIN] if spec.isolation.job_tmpfs else []
+    )
     by_name = {p.name: p for p in spec.node_pools}
     for pool_name, members in pools.items():
         pool = by_name[pool_name]
@@ -447,6 +454,10 @@ def render_all(
         "gres.conf": render_gres_conf(spec, pools),
         "cgroup.conf": CGROUP_CONF,
     }
+    if spec.isolation.job_tmpfs:
+        data["job_container.conf"] = slurm_isolation.job_container_conf(
+            _safe("spec.isolation.jobTmpfsBasePath", spec.isolation.job_tmpfs_base_path, VALUE)
+        )
     if spec.topology.enabled:
         fabric = fabric if fabric is not None else fabric_of(spec, selected)
         if spec.topology.file == "topology.yaml":
