@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpufleet.domain.sdc_vote import LossRule, Outcome, loss_outliers, vote, vote_step
 from gpufleet.domain.stragglers import StepSample, parse_sample, sample_line
@@ -238,3 +241,28 @@ def test_a_gradient_norm_that_stands_out_is_found_too() -> None:
             samples.append(replace(fp(group, f"n{i}", step, None, rank=i, loss=v), grad_norm=norm))
     (out,) = loss_outliers(samples, rule)
     assert (out.group, out.metric, out.steps, out.value) == ("g0", "grad_norm", 4, 40.0)
+
+
+@given(
+    agreeing=st.integers(min_value=2, max_value=8),
+    ranks=st.integers(min_value=1, max_value=3),
+    odd_rank=st.integers(min_value=0, max_value=2),
+    seed=st.randoms(use_true_random=False),
+)
+def test_one_odd_rank_among_agreeing_groups_is_named_whatever_the_order(
+    agreeing: int, ranks: int, odd_rank: int, seed: random.Random
+) -> None:
+    """Groups of ``ranks`` ranks, each rank on its own node; one rank of the last group
+    holds other weights: exactly its node is named, in any order of the lines."""
+    samples = [
+        fp(f"g{g}", f"n{g}-{r}", 10, GOOD, rank=g * ranks + r)
+        for g in range(agreeing + 1)
+        for r in range(ranks)
+    ]
+    odd = agreeing * ranks + min(odd_rank, ranks - 1)
+    samples[odd] = replace(samples[odd], fingerprint=BAD)
+    seed.shuffle(samples)
+    verdict = vote(10, samples)
+    (bad,) = [s for s in samples if s.fingerprint == BAD]
+    assert [s.node for s in verdict.named] == [bad.node]
+    assert verdict.to_check == () and verdict.groups == agreeing + 1
