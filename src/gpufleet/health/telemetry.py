@@ -140,6 +140,7 @@ class JobTelemetry:
             elif now - run.grew_at > self.idle_s:  # ended: keep the offsets, not the samples
                 for rank in run.ranks.values():
                     rank.samples.clear()
+                run.voted_step = run.loss_step = -1  # a training of that name may start again
                 self.paces.pop(name, None)
         return faults
 

@@ -26,7 +26,13 @@ CONFIG = Stragglers(slower_than=1.5, window_steps=5, report_every_seconds=60)
 
 
 def write(
-    root: Path, group: int, node: str, steps: range, fp: dict[int, str], **extra: float
+    root: Path,
+    group: int,
+    node: str,
+    steps: range,
+    fp: dict[int, str],
+    at: float = 1000.0,
+    **extra: float,
 ) -> None:
     """Group ``g<group>`` (one rank, on ``node``) writes ``steps``; a fingerprint at the
     steps in ``fp``."""
@@ -41,7 +47,7 @@ def write(
                 node,
                 step,
                 0.1,
-                1000.0 + step,
+                at + step,
                 group=f"g{group}",
                 fingerprint=fp.get(step),
                 gpu=3,
@@ -158,3 +164,19 @@ def test_sdc_silent_publishes_the_flip_step_and_fails_the_check(tmp_path: Path) 
         assert "sdc_flip_at_step" not in json.loads((tmp_path / "n1.json").read_text())
     finally:
         hw.close()
+
+
+def test_a_training_started_again_under_its_name_is_voted_on_from_its_first_step(
+    tmp_path: Path,
+) -> None:
+    """Replica-group trainings are run 0 whatever happens: after the training went quiet,
+    one of the same name starts at step 1 again and is judged from there."""
+    r = started(tmp_path, "n1")
+    for g in range(3):
+        write(tmp_path, g, f"n{g}", range(1, 31), {30: GOOD})
+    assert r.poll(1031.0) == []
+    assert r.poll(1700.0) == []  # idle for more than 600 s: ended
+    for g, value in enumerate((GOOD, BAD, GOOD)):
+        write(tmp_path, g, f"n{g}", range(1, 11), {10: value}, at=2000.0)
+    (fault,) = r.poll(2011.0)
+    assert fault.evidence.counters["step"] == 10
