@@ -166,11 +166,16 @@ set -- $(cat "${CONF_DIR:-/etc/slurm}"/*.conf | sha256sum); echo "$1"
 - {name: slurm-users, mountPath: /etc/slurm-users}
 {{- end -}}
 {{- define "gpufleet.slurmAccountVolumes" -}}
+{{- include "gpufleet.slurmAccountVolumesOf" (dict "configMap" (printf "%s-slurm-users" (include "gpufleet.fullname" .))) }}
+{{- end -}}
+{{- /* The accounts volumes from one users ConfigMap: the release's (every user, for
+     slurmctld and slurmd) or one tenant's (its login pod: its users only). */ -}}
+{{- define "gpufleet.slurmAccountVolumesOf" -}}
 - name: accounts
   emptyDir: {sizeLimit: 16Mi}
 - name: slurm-users
   configMap:
-    name: {{ include "gpufleet.fullname" . }}-slurm-users
+    name: {{ .configMap }}
 {{- end -}}
 {{- define "gpufleet.slurmTolerations" -}}
 # Slurm pods stay on nodes gpufleet holds, lends or takes out: Slurm's drain
