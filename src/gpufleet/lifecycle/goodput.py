@@ -55,11 +55,21 @@ def read_progress(root: Path) -> Iterator[Progress]:
 
 
 def documents_from_file(path: Path) -> list[Mapping[str, Any]]:
-    """NodeRemediation objects from ``kubectl get nrem -o json`` (or yaml), or a list of them."""
-    data = yaml.safe_load(path.read_text())
+    """NodeRemediation objects from ``kubectl get nrem -o json`` (or yaml), or a list of them.
+
+    Raises OSError (unreadable) or ValueError (not YAML, not a list or a List of objects)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "cannot be parsed"
+        raise ValueError(f"not valid YAML or JSON{where}: {problem}") from None
     if isinstance(data, Mapping):
         data = data.get("items", [data])
-    return [d for d in data or [] if isinstance(d, Mapping)]
+    if not isinstance(data, list):
+        raise ValueError("not a list of NodeRemediations (kubectl get nrem -o json)")
+    return [d for d in data if isinstance(d, Mapping)]
 
 
 def ours(doc: Mapping[str, Any]) -> bool:

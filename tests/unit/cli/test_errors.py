@@ -196,6 +196,18 @@ def _cases(e: Env) -> dict[str, Case]:
             "invalid SlurmClusterSpec",
             hint=None,
         ),
+        "goodput, apiserver down": Case(
+            ["goodput", "--telemetry", str(e.down.parent), *down], EXIT_NO_ANSWER, unreachable
+        ),
+        "goodput, no telemetry directory": Case(
+            ["goodput", "--telemetry", str(e.missing)], EXIT_INPUT, "no such directory"
+        ),
+        "goodput, remediations not YAML": Case(
+            ["goodput", "--telemetry", str(e.down.parent), "--remediations", str(e.not_yaml)],
+            EXIT_INPUT,
+            "not valid YAML",
+            hint=None,
+        ),
         "slurm crd -o wide": Case(["slurm", "crd", "-o", "wide"], EXIT_INPUT, "yaml or json"),
         "unknown command": Case(["nodez"], EXIT_INPUT, "No such command"),
         "unknown option": Case(["nodes", "--bogus"], EXIT_INPUT, "No such option"),
