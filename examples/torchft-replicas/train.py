@@ -182,6 +182,29 @@ class Transport(HTTPTransport[dict[str, Any]]):
         return f"http://{self.host}:{port}/checkpoint/"
 
 
+class FaultTolerantDDP(DistributedDataParallel):
+    """torchft's DDP, with a comm hook that survives a peer dying during the all-reduce.
+
+    torchft 0.2.0's hook asserts on the failed all-reduce's missing future, and the
+    assertion kills this group too. Here the gradient is left as it was: the manager
+    has recorded the error, so the quorum does not commit the step and the next
+    step's quorum leaves the dead peer out.
+    """
+
+    @staticmethod
+    def _comm_hook(state, bucket):  # type: ignore[no-untyped-def]
+        # No annotations: DDP checks them against the classes themselves, and this
+        # module's are strings (postponed evaluation).
+        work = state.allreduce(bucket.buffer())
+        work.wait()
+        fut = getattr(work.get_future(), "_fut", None)
+        if fut is None:
+            done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+        return fut
+
+
 class AsyncCheckpointer:
     """Copies the state to memory (blocking) and writes it from a thread."""
 
@@ -312,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         hostname=a.host,
         checkpoint_transport=Transport(a.host, timeout),
     )
-    ddp = DistributedDataParallel(manager, model)
+    ddp = FaultTolerantDDP(manager, model)
     optimizer = OptimizerWrapper(manager, inner)
     ckpt = AsyncCheckpointer(a.ckpt_dir, events) if a.ckpt_dir else None
     origin = "init"
@@ -330,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"group {group} on {a.node}: training {a.training} to step {a.steps}", flush=True)
 
     while manager.current_step() < a.steps and not leaving:
-        began = time.perf_counter()
         optimizer.zero_grad()  # quorum; a late group copies a peer's state here
+        began = time.perf_counter()  # the group's own work: not the quorum's wait
         if not started:
             started = True
             if "from" in recovered:
@@ -341,10 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         step = manager.current_step() + 1
         x, y = batch(step, manager.participating_rank() or 0)
         loss = nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
         gpu = sim_gpu(sim_root, a.node)
-        time.sleep(a.step_time / sim_speed(gpu))
-        compute_s = time.perf_counter() - began
+        time.sleep(a.step_time / sim_speed(gpu))  # the simulated GPU's work
+        compute_s = time.perf_counter() - began  # before backward's gradient all-reduce
+        loss.backward()
         grad_norm = float(
             torch.nn.utils.get_total_norm(
                 [p.grad for p in model.parameters() if p.grad is not None]

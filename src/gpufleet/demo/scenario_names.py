@@ -15,6 +15,8 @@ NAMES = (
     "fault-storm",
     "sdc-found-by-active-check",
     "straggler",
+    "replica-groups",
+    "silent-corruption",
     "slurm-health-drain",
     "preemption-by-inference-pod",
     "shared-queue",

@@ -20,7 +20,7 @@ import httpx
 import yaml
 
 from gpufleet.api import nodedata
-from gpufleet.demo import job, kube, policy
+from gpufleet.demo import job, kube, policy, replica_scenarios
 from gpufleet.demo.fleet import Fleet
 from gpufleet.demo.observe import Entry
 from gpufleet.demo.timeline import StepMissed, Timeline
@@ -1195,6 +1195,21 @@ SCENARIOS: dict[str, Scenario] = {
             "compute per step in the job's telemetry, report the slow node, and the third "
             "report takes it out; the job resumes on healthy nodes at full speed",
             straggler,
+        ),
+        Scenario(
+            "replica-groups",
+            "a torchft training of three replica groups (one Slurm job each): XID 79 under one "
+            "group's node; the node is drained, the group leaves at a step boundary and is "
+            "requeued, the other two keep training; the requeued group starts on the idle "
+            "fourth node and copies the weights from a live peer; the training never stops",
+            replica_scenarios.replica_groups,
+        ),
+        Scenario(
+            "silent-corruption",
+            "one bit of one replica group's weights flips on its node's GPU, silently: the "
+            "node's agent compares the groups' weight fingerprints in the job telemetry and "
+            "reports sdc-mismatch on that node",
+            replica_scenarios.silent_corruption,
         ),
         Scenario(
             "slurm-health-drain",
