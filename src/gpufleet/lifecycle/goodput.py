@@ -33,25 +33,56 @@ syncer 29442, provisioning 29443; decision 0099)."""
 REMEDIATIONS = custom("noderemediations")
 
 
-def read_progress(root: Path) -> Iterator[Progress]:
-    """Every step line under ``root`` (``<job>.<run>/rank-<rank>.<node>.jsonl``)."""
-    if not root.is_dir():
-        return
-    for run in sorted(root.iterdir()):
-        if not run.is_dir() or not RUN_DIR.match(run.name):
-            continue
-        for rank in sorted(run.iterdir()):
-            if not RANK_FILE.match(rank.name):
-                continue
-            try:
-                text = rank.read_text(errors="replace")
-            except OSError as exc:  # a file being rotated away: read at the next pass
-                log.warning("telemetry %s not read: %s", rank, exc)
-                continue
-            for line in text.splitlines():
-                p = goodput.progress_of(line)
-                if p is not None:
-                    yield p
+class TelemetryReader:
+    """The step lines under a telemetry directory, each parsed once across passes.
+
+    A rank's file only grows (one line per step), so each pass reads the bytes after
+    what it read before, up to the last complete line (a half-written line waits for
+    the next pass). A file that got shorter was replaced: it is read again from its
+    start. The parse is most of a pass's cost (docs/goodput.md, "What a pass costs")."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._files: dict[Path, tuple[int, list[Progress]]] = {}
+
+    def progress(self) -> list[Progress]:
+        """Every step line now under the directory."""
+        seen: set[Path] = set()
+        out: list[Progress] = []
+        for path in self._rank_files():
+            seen.add(path)
+            out.extend(self._read(path))
+        for gone in set(self._files) - seen:
+            del self._files[gone]
+        return out
+
+    def _rank_files(self) -> Iterator[Path]:
+        if not self.root.is_dir():
+            return
+        for run in sorted(self.root.iterdir()):
+            if run.is_dir() and RUN_DIR.match(run.name):
+                yield from (f for f in sorted(run.iterdir()) if RANK_FILE.match(f.name))
+
+    def _read(self, path: Path) -> list[Progress]:
+        offset, lines = self._files.get(path, (0, []))
+        try:
+            size = path.stat().st_size
+            if size < offset:  # replaced by a shorter file: from its start
+                offset, lines = 0, []
+            if size > offset:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    chunk = f.read(size - offset)
+                end = chunk.rfind(b"\n") + 1
+                for line in chunk[:end].decode(errors="replace").splitlines():
+                    p = goodput.progress_of(line)
+                    if p is not None:
+                        lines.append(p)
+                offset += end
+        except OSError as exc:  # a file being rotated away: read at the next pass
+            log.warning("telemetry %s not read: %s", path, exc)
+        self._files[path] = (offset, lines)
+        return lines
 
 
 def documents_from_file(path: Path) -> list[Mapping[str, Any]]:
@@ -165,9 +196,10 @@ class Metrics:
         return bound
 
 
-def compute(telemetry: Path, docs: Sequence[Mapping[str, Any]]) -> Ledger:
+def compute(telemetry: Path | TelemetryReader, docs: Sequence[Mapping[str, Any]]) -> Ledger:
     """The ledger of everything in ``telemetry`` against the NodeRemediations ``docs``."""
-    return goodput.ledger(read_progress(telemetry), incidents(docs))
+    reader = telemetry if isinstance(telemetry, TelemetryReader) else TelemetryReader(telemetry)
+    return goodput.ledger(reader.progress(), incidents(docs))
 
 
 async def run(
@@ -183,9 +215,10 @@ async def run(
     import time
 
     done = 0
+    reader = TelemetryReader(telemetry)
     while True:
         docs = await list_remediations(client)
-        led = compute(telemetry, docs)
+        led = compute(reader, docs)
         if metrics is not None:
             metrics.update(led, time.time())
         if write:
