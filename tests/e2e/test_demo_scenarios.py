@@ -267,3 +267,24 @@ def test_a_maintenance_plan_rolls_over_the_fleet_in_batches_around_a_slurm_job(
     )
     assert first[nodes[1]] > back and first[nodes[3]] > back
     assert first[nodes[2]] < first[nodes[0]]
+
+
+def test_replica_groups_train_on_while_one_group_is_replaced_from_a_peer(demo: Demo) -> None:
+    r = demo.run("replica-groups")
+    f = r.figures
+    node = f["faulty"]
+    order(
+        r,
+        ("fault", node),
+        ("condition", node),
+        ("cordon", node),
+        ("slurm-drain", node),
+        ("job-requeued", None),
+        ("slurm-resume", node),
+    )
+    # The group left at a step boundary; the two others lost no step while it was replaced.
+    assert f["departed_at_step_boundary"]
+    assert f["survivors_steps_lost"] == 0
+    # The requeued group ran elsewhere and copied the weights from a live peer.
+    assert f["replacement_node"] != node
+    assert f["recovered_from"] in {"peer g0", "peer g2"}

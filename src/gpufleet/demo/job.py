@@ -40,24 +40,24 @@ def submit(
     """
     ckpt.mkdir(parents=True, exist_ok=True)
     env = {
-        **info.slurm_env(),
         **(env or {}),
         "CKPT_DIR": str(ckpt),
-        "PYTHON": sys.executable,
         "TRAIN_PY": str(EXAMPLE / "train.py"),
         "STEPS": str(shape.steps),
         "EVERY": str(shape.every),
         "STEP_TIME": str(shape.step_time_s),
     }
+    return sbatch(info, EXAMPLE / "train.sbatch", ckpt, env, *extra)
+
+
+def sbatch(
+    info: ClusterInfo, script: Path, output_dir: Path, env: dict[str, str], *extra: str
+) -> int:
+    """``sbatch script`` with ``env`` added to the cluster's (and this Python as ``PYTHON``),
+    its output in ``output_dir/slurm-<id>.out``; the job id."""
     out = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--output={ckpt}/slurm-%j.out",
-            *extra,
-            str(EXAMPLE / "train.sbatch"),
-        ],
-        env=env,
+        ["sbatch", "--parsable", f"--output={output_dir}/slurm-%j.out", *extra, str(script)],
+        env={**info.slurm_env(), "PYTHON": sys.executable, **env},
         capture_output=True,
         text=True,
         timeout=30,

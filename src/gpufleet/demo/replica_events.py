@@ -16,6 +16,7 @@ import itertools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 KINDS = frozenset(
     {"start", "step", "step-discarded", "checkpoint", "checkpoint-saved", "departed", "done"}
@@ -58,6 +59,14 @@ def parse_events(text: str) -> list[ReplicaEvent]:
         except (ValueError, KeyError, TypeError):
             continue
     return out
+
+
+def read_events(path: Path) -> list[ReplicaEvent]:
+    """The events in the file at ``path`` (none before the first group wrote one)."""
+    try:
+        return parse_events(path.read_text())
+    except FileNotFoundError:
+        return []
 
 
 def of(events: Iterable[ReplicaEvent], kind: str, group: str | None = None) -> list[ReplicaEvent]:

@@ -16,20 +16,20 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpufleet.demo import job
 from gpufleet.demo.replica_events import (
     ReplicaEvent,
     checkpoint_blocking,
     first_step_in_quorum,
     last_step,
     of,
-    parse_events,
+    read_events,
     survivor_gap,
 )
 from gpufleet.demo.replicas import EXAMPLE, TRAIN_PY, Lighthouse
@@ -57,46 +57,32 @@ class ReplicaRun:
         self.events_path = self.ctx.workdir / "events.jsonl"
 
     def submit(self, index: int) -> int:
-        info, workdir = self.ctx.fleet.info, self.ctx.workdir
+        workdir = self.ctx.workdir
         env = {
-            **info.slurm_env(),
             **self.ctx.fleet.job_env(),
             "TORCHFT_LIGHTHOUSE": self.lighthouse.address,
             "GPUFLEET_TRAINING": TRAINING,
             "GPUFLEET_REPLICA_HOST": "127.0.0.1",
             "EVENTS": str(self.events_path),
             "GROUP": str(index),
-            "PYTHON": sys.executable,
             "TRAIN_PY": str(TRAIN_PY),
             "STEPS": "100000",
             "STEP_TIME": str(STEP_TIME_S),
             "CKPT_DIR": str(workdir / "ckpt"),
             "CKPT_EVERY": str(CKPT_EVERY),
         }
-        out = subprocess.run(
-            [
-                "sbatch",
-                "--parsable",
-                f"--job-name={TRAINING}",
-                f"--output={workdir}/slurm-%j.out",
-                str(EXAMPLE / "train.sbatch"),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=30,
+        job_id = job.sbatch(
+            self.ctx.fleet.info,
+            EXAMPLE / "train.sbatch",
+            workdir,
+            env,
+            f"--job-name={TRAINING}",
         )
-        if out.returncode != 0:
-            raise RuntimeError(f"sbatch failed: {out.stderr.strip()}")
-        job_id = int(out.stdout.strip().split(";")[0])
         self.jobs[f"g{index}"] = job_id
         return job_id
 
     def events(self) -> list[ReplicaEvent]:
-        try:
-            return parse_events(self.events_path.read_text())
-        except FileNotFoundError:
-            return []
+        return read_events(self.events_path)
 
     def until(
         self, what: str, cond: Callable[[list[ReplicaEvent]], bool], timeout: float
@@ -217,15 +203,8 @@ def silent_corruption(ctx: Ctx) -> None:
             f"GPU 0 will flip one bit of group {victim}'s weights after step {flip_at} "
             "(silent: no error anywhere)",
         )
-        name, agent_log = ctx.agent(node)
-        cond = ctx.tl.wait(
-            "condition",
-            what=f"the agent finding {victim}'s weights diverged on {node}",
-            timeout=90,
-            component=name,
-            log=agent_log,
-            node=node,
-            after=fault.t,
+        cond = ctx.agent_condition(
+            node, f"the agent finding {victim}'s weights diverged on {node}", fault.t, 90
         )
         events = run.events()
         reported_at = max(

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.demo.replica_events import ReplicaEvent, parse_events
+from gpufleet.demo.replica_events import ReplicaEvent, read_events
 from gpufleet.local.processes import free_ports
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "torchft-replicas"
@@ -132,10 +132,7 @@ class Groups:
         return proc
 
     def events(self) -> list[ReplicaEvent]:
-        try:
-            return parse_events(self.events_path.read_text())
-        except FileNotFoundError:
-            return []
+        return read_events(self.events_path)
 
     def wait_for(
         self, what: str, cond: Callable[[list[ReplicaEvent]], bool], timeout_s: float = 60

@@ -101,6 +101,19 @@ class Ctx:
     def agent(self, node: str) -> tuple[str, Path]:
         return f"agent-{node}", self.log(f"agent-{node}")
 
+    def agent_condition(self, node: str, what: str, after: float, timeout: float) -> Entry:
+        """The problem condition ``node``'s agent raises after ``after``."""
+        name, agent_log = self.agent(node)
+        return self.tl.wait(
+            "condition",
+            what=what,
+            timeout=timeout,
+            component=name,
+            log=agent_log,
+            node=node,
+            after=after,
+        )
+
     def wait(self, kind: str, what: str, component: str, timeout: float = 30, **kw: Any) -> Entry:
         return self.tl.wait(
             kind, what=what, timeout=timeout, component=component, log=self.log(component), **kw
@@ -379,15 +392,8 @@ def sdc_found_by_active_check(ctx: Ctx) -> None:
         "sdc-mismatch,gpu=6",
         "GPU 6 computes wrong results (silent: nothing in the kernel log, no ECC error)",
     )
-    name, agent_log = ctx.agent(node)
-    cond = ctx.tl.wait(
-        "condition",
-        what=f"the idle-time active check (GEMM vs. reference) finding it on {node}",
-        timeout=45,
-        component=name,
-        log=agent_log,
-        node=node,
-        after=fault.t,
+    cond = ctx.agent_condition(
+        node, f"the idle-time active check (GEMM vs. reference) finding it on {node}", fault.t, 45
     )
     cordon = ctx.wait("cordon", f"{node} cordoned and tainted", "controller", 15, node=node)
     drain = ctx.wait("slurm-drain", f"{node} drained in Slurm", "syncer", 15, node=node)
