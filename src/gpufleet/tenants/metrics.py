@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpufleet.domain.tenancy import Split, Tenant, Usage
+from gpufleet.domain.tenancy import Split, Usage
 
 SCHEDULERS = ("kubernetes", "slurm")
 
@@ -59,17 +59,22 @@ class TenantMetrics:
         self._conditions: dict[str, set[str]] = {}
 
     def observe(
-        self, tenant: Tenant, usage: Usage, limits: Split, conditions: Mapping[str, bool]
+        self,
+        name: str,
+        quota: int | None,
+        usage: Usage | None,
+        limits: Split | None,
+        conditions: Mapping[str, bool],
     ) -> None:
-        """Set the tenant's series from this reconcile's usage, limits and conditions."""
-        name = tenant.name
-        self.quota.labels(name).set(-1 if tenant.gpu_quota is None else tenant.gpu_quota)
-        used = {"kubernetes": usage.kubernetes_gpus, "slurm": usage.slurm_gpus}
-        limit = {"kubernetes": limits.kubernetes_gpus, "slurm": limits.slurm_gpus}
-        for s in SCHEDULERS:
-            self.in_use.labels(name, s).set(used[s])
-            cap = limit[s]
-            self.limit.labels(name, s).set(-1 if cap is None else cap)
+        """Set the tenant's series from this reconcile (usage or limits None: not known this
+        time, e.g. an invalid or contested tenant: those series are left as they were)."""
+        self.quota.labels(name).set(-1 if quota is None else quota)
+        if usage is not None:
+            self.in_use.labels(name, "kubernetes").set(usage.kubernetes_gpus)
+            self.in_use.labels(name, "slurm").set(usage.slurm_gpus)
+        if limits is not None:
+            for s, cap in (("kubernetes", limits.kubernetes_gpus), ("slurm", limits.slurm_gpus)):
+                self.limit.labels(name, s).set(-1 if cap is None else cap)
         for cond, on in conditions.items():
             self.condition.labels(name, cond).set(1 if on else 0)
         self._conditions.setdefault(name, set()).update(conditions)

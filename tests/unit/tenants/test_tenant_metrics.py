@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from gpufleet.domain.tenancy import Split, Tenant, Usage, split
+from gpufleet.domain.tenancy import Split, Usage, split
 from gpufleet.tenants.metrics import TenantMetrics
 
 
@@ -15,9 +15,8 @@ def _value(r: CollectorRegistry, name: str, **labels: str) -> float | None:
 def test_quota_use_split_and_conditions_per_tenant() -> None:
     r = CollectorRegistry()
     m = TenantMetrics(r)
-    vision = Tenant(name="vision", created="", namespaces=("vision",), gpu_quota=16)
     usage = Usage(namespaces={"vision": 4}, slurm_gpus=8)
-    m.observe(vision, usage, split(16, usage), {"Ready": True, "QuotaBelowUse": False})
+    m.observe("vision", 16, usage, split(16, usage), {"Ready": True, "QuotaBelowUse": False})
     assert _value(r, "gpufleet_tenant_gpu_quota", tenant="vision") == 16
     assert _value(r, "gpufleet_tenant_gpus_in_use", tenant="vision", scheduler="slurm") == 8
     assert _value(r, "gpufleet_tenant_gpus_in_use", tenant="vision", scheduler="kubernetes") == 4
@@ -26,17 +25,19 @@ def test_quota_use_split_and_conditions_per_tenant() -> None:
     assert _value(r, "gpufleet_tenant_gpu_limit", tenant="vision", scheduler="slurm") == 12
     assert _value(r, "gpufleet_tenant_condition", tenant="vision", condition="Ready") == 1
     assert _value(r, "gpufleet_tenant_condition", tenant="vision", condition="QuotaBelowUse") == 0
-    free = Tenant(name="free", created="")
-    m.observe(free, Usage({}, 0), Split(None, None, {}), {})
+    m.observe("free", None, Usage({}, 0), Split(None, None, {}), {})
     assert _value(r, "gpufleet_tenant_gpu_quota", tenant="free") == -1
     assert _value(r, "gpufleet_tenant_gpu_limit", tenant="free", scheduler="slurm") == -1
+    # A contested tenant's pass knows no split: its last one stays.
+    m.observe("vision", 16, None, None, {"Conflict": True})
+    assert _value(r, "gpufleet_tenant_gpu_limit", tenant="vision", scheduler="slurm") == 12
+    assert _value(r, "gpufleet_tenant_condition", tenant="vision", condition="Conflict") == 1
 
 
 def test_a_deleted_tenant_leaves_no_series() -> None:
     r = CollectorRegistry()
     m = TenantMetrics(r)
-    t = Tenant(name="gone", created="", gpu_quota=2)
-    m.observe(t, Usage({}, 1), split(2, Usage({}, 1)), {"Deleting": True})
+    m.observe("gone", 2, Usage({}, 1), split(2, Usage({}, 1)), {"Deleting": True})
     m.count_events("gone", 2)
     assert _value(r, "gpufleet_tenant_node_events_total", tenant="gone") == 2
     m.forget("gone")
