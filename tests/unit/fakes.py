@@ -126,6 +126,12 @@ class FakeSlurm(SlurmRestPort, ScontrolPort):
         self.requeued.extend(job_ids)
         self.jobs = [j for j in self.jobs if j.job_id not in job_ids]
 
+    async def signal_steps(self, job_id: int, signal: str) -> None:
+        self._up()
+        self.calls.append(("signal", str(job_id), signal))
+        if job_id in self.refuse_requeue:
+            raise SlurmCommandFailed(["scancel"], 1, "Job/step already completing or completed")
+
     async def reconfigure(self) -> None:
         self._up()
         self.calls.append(("reconfigure",))

@@ -94,6 +94,12 @@ def run_syncer(
         help="Seconds between passes over the holder jobs that keep quarantined GPUs out of "
         "Slurm's scheduling (0: off).",
     ),
+    notice_grace: float = typer.Option(
+        30.0,
+        help="Seconds a job whose comment holds gpufleet.io/notice has, after SIGUSR1 on its "
+        "steps, to leave a node gpufleet takes before it is requeued all the same (0: no "
+        "notices, every job requeued at once).",
+    ),
     policy_file: Path | None = typer.Option(
         None,
         "--policy",
@@ -115,7 +121,7 @@ def run_syncer(
 
         gpufleet syncer run --slurmrestd-url http://127.0.0.1:6820 \\
             --jwt-key-file /etc/slurm/jwt/jwt_hs256.key --slurm-conf /etc/slurm/slurm.conf \\
-            --preempt-priority 1000000 --metrics-port 29442
+            --preempt-priority 1000000 --metrics-port 29442 --notice-grace 30
     """
     import asyncio
 
@@ -135,6 +141,7 @@ def run_syncer(
         dry_run=dry_run,
         reservation_interval_s=reservation_interval,
         gpu_hold_interval_s=gpu_hold_interval,
+        notice_grace_s=notice_grace,
         reasons=load_or_exit(policy_file).slurm,
     )
 

@@ -309,6 +309,9 @@ class JobView:
     priority: int
     requeueable: bool
     nodes: frozenset[str]
+    wants_notice: bool = False
+    """Its comment asks for a departure notice before its node is taken
+    (``gpufleet.io/notice``, :mod:`gpufleet.domain.departure`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -187,6 +187,10 @@ lent to (preemption); removed, and the node returned to Slurm, when the Pod is g
 ANNOTATION_SLURM_STUCK_JOBS = "gpufleet.io/slurm-unrequeueable"
 """Node annotation, set by the Slurm syncer: ids of jobs that had to leave the
 node but cannot be requeued (``--no-requeue``); they are reported, never killed."""
+ANNOTATION_SLURM_NOTICES = "gpufleet.io/slurm-notices"
+"""Node annotation, set by the Slurm syncer before it sends a departure notice:
+``<job>=<epoch seconds>,...``, the jobs noticed and when (domain.departure); an
+entry goes once its job is requeued, or forgotten once the node need not be emptied."""
 LABEL_SLURM_CLUSTER = "gpufleet.io/slurm-cluster"
 """Node label, set by the SlurmCluster operator: ``<namespace>.<name>`` of the
 SlurmCluster whose slurmd runs on the node."""

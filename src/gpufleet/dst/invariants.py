@@ -27,6 +27,8 @@ Numbers follow the safety rules gpufleet promises (docs/reliability.md):
    (its record's ``domainWait``) enters production only with a passed verdict of that
    domain on its Node, kept after the wait began (decision 0247).
 
+17, a noticed job that left is requeued, is :mod:`gpufleet.dst.notices`'.
+
 14-16, the pod scheduler's (a fit node, one live job per group, only its own pods and
 jobs), are :class:`gpufleet.dst.pods.PodChecks`.
 """
@@ -53,6 +55,7 @@ from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import DomainBudget, Policy
 from gpufleet.domain.records import NodeRecord, record_from_json
 from gpufleet.domain.states import OUT_OF_SERVICE, NodeState
+from gpufleet.dst import notices
 from gpufleet.dst.domain_faults import DomainFaultChecks
 from gpufleet.dst.dra_checks import DeviceTaintChecks
 from gpufleet.dst.kube import Write
@@ -797,7 +800,9 @@ class Invariants:
     # -------------------------------------------------------------- the end
 
     def check_end(self) -> None:
-        """3b: every fault an agent raised is in the controller's watermark."""
+        """3b: every fault an agent raised is in the controller's watermark; 17: every job
+        that left after a departure notice was requeued (dst.notices)."""
+        notices.check_end(self.world, self._fail)
         for (node, ctype, at), key in sorted(self.raised.items()):
             obj = self.world.api.find(NODES, node)
             ann = ((obj or {}).get("metadata") or {}).get("annotations") or {}

@@ -27,7 +27,7 @@ from gpufleet.domain.operator import OperatorRequest
 from gpufleet.domain.policy import Policy, load_policy
 from gpufleet.domain.records import Incident, NodeRecord, StepAttempt, record_to_json
 from gpufleet.domain.states import NodeState, Transition, Trigger
-from gpufleet.dst import pods
+from gpufleet.dst import notices, pods
 from gpufleet.dst.bmc import BmcModel
 from gpufleet.dst.domain_faults import KINDS
 from gpufleet.dst.domain_faults import inject as inject_fabric_fault
@@ -446,6 +446,7 @@ def build(world: World, cfg: Config, seed: int) -> Policy:
         SlurmdFleet(world).install()
     if cfg.pod_scheduler:
         pods.install(world)
+    notices.install(world)
     return policy
 
 
@@ -504,14 +505,21 @@ def _job(world: World, pick: int, uses_gpu: bool, requeueable: bool, lifetime: f
     if not candidates:
         return "no idle undrained node: stays pending"
     node = candidates[pick % len(candidates)]
-    job = world.slurm.start_job(node, requeueable=requeueable, uses_gpu=uses_gpu)
+    # A third of the requeueable jobs ask for a departure notice (dst.notices): most leave
+    # 1-12 s after it, one in nine ignores it. Drawn from ``pick``: seeds stay as they were.
+    notice = requeueable and pick % 3 == 0
+    depart_s = None if pick % 9 == 0 else float(1 + pick % 12)
+    job = world.slurm.start_job(
+        node, requeueable=requeueable, uses_gpu=uses_gpu, notice=notice, depart_s=depart_s
+    )
 
     def done() -> None:
         if world.slurm.end_job(job.id) is not None:
             world.trace.add("slurmctld", f"job {job.id} on {node}", "completed", key=True)
 
     world.loop.call_later(lifetime, done)
-    return f"job {job.id} started on {node} (gpu={uses_gpu}, requeueable={requeueable})"
+    asks = ", notice" if notice else ""
+    return f"job {job.id} started on {node} (gpu={uses_gpu}, requeueable={requeueable}{asks})"
 
 
 def _resume(world: World, node: str) -> str:

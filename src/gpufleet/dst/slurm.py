@@ -3,11 +3,14 @@
 slurmctld's part that matters to gpufleet's safety: nodes with a base state, flags
 and a drain reason; running jobs allocated onto idle, undrained nodes at times the
 scenario picks (so a job can land between the syncer's read and its DRAIN);
-requeue; an administrator's drain and ``scontrol update state=resume`` (which
-clears any drain, gpufleet's included); a node that reboots (down, its jobs lost,
-then idle again with its drain kept); slurmctld or slurmrestd down; each node's
-slurmd, which stops with its pod (its jobs lost, the node not responding) and
-registers again with a new start time (:mod:`gpufleet.dst.slurmd`).
+requeue (also of a job that finished after a departure notice: Slurm requeues a
+finished batch job); ``scancel --signal`` (the departure notice, which a job that
+asks for one answers by leaving after a while, or ignores: :mod:`gpufleet.dst.notices`);
+an administrator's drain and ``scontrol update state=resume`` (which clears any
+drain, gpufleet's included); a node that reboots (down, its jobs lost, then idle
+again with its drain kept); slurmctld or slurmrestd down; each node's slurmd, which
+stops with its pod (its jobs lost, the node not responding) and registers again
+with a new start time (:mod:`gpufleet.dst.slurmd`).
 
 :class:`SlurmRest` and :class:`Scontrol` are the syncer's clients for one process,
 every call a scheduling point of the run (:meth:`World.port_call`).
@@ -53,6 +56,11 @@ class Job:
     """Wall time it was allocated."""
     also: tuple[str, ...] = ()
     """The allocation's other nodes (a pod group's job, :mod:`gpufleet.dst.pods`)."""
+    notice: bool = False
+    """Its comment asks for a departure notice (``gpufleet.io/notice``)."""
+    depart_s: float | None = None
+    """Seconds after its first notice it leaves (its steps end, the batch script with
+    them); None: it ignores the notice."""
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -81,6 +89,15 @@ class SlurmModel:
         """Called as a node's stop ends a job: (job id, the state it ends in)."""
         self.on_requeue: list[Callable[[int], None]] = []
         """Called as ``scontrol requeue`` takes a running job off its nodes."""
+        self.on_signal: list[Callable[[Job], None]] = []
+        """Called as a job's steps get their first departure notice."""
+        self.signalled: dict[int, float] = {}
+        """Job -> when (wall time) its steps were first signalled."""
+        self.finished: dict[int, tuple[Job, float]] = {}
+        """Signalled jobs that ended by themselves (wall time), not requeued yet: Slurm
+        still requeues them (MinJobAge)."""
+        self.requeued_finished: set[int] = set()
+        """Finished jobs a ``scontrol requeue`` brought back."""
         self.reason_at: dict[str, float] = {}
         """Node -> when its drain reason was last set (wall time)."""
         self.release: str = "22.05"
@@ -155,10 +172,12 @@ class SlurmModel:
         uses_gpu: bool = True,
         job_id: int | None = None,
         also: tuple[str, ...] = (),
+        notice: bool = False,
+        depart_s: float | None = None,
     ) -> Job:
         """Allocate a job (``job_id``: a pending one's, keeping its id) onto its nodes."""
         jid = self.new_id() if job_id is None else job_id
-        job = Job(jid, node, requeueable, uses_gpu, self._now(), also)
+        job = Job(jid, node, requeueable, uses_gpu, self._now(), also, notice, depart_s)
         self.jobs[job.id] = job
         for name in job.nodes:
             self._settle(name)
@@ -166,9 +185,11 @@ class SlurmModel:
         self._touch_jobs()
         return job
 
-    def end_job(self, job_id: int) -> Job | None:
+    def end_job(self, job_id: int, *, by_itself: bool = True) -> Job | None:
         job = self.jobs.pop(job_id, None)
         if job is not None:
+            if by_itself and job_id in self.signalled:
+                self.finished[job_id] = (job, self._now())
             for name in job.nodes:
                 self._settle(name)
             self._touch_nodes()
@@ -282,17 +303,36 @@ class SlurmModel:
         self._ctld("scontrol requeue")
         for jid in job_ids:
             job = self.jobs.get(jid)
+            if job is None and jid in self.finished:
+                del self.finished[jid]
+                self.requeued_finished.add(jid)
+                self._touch_jobs()
+                for hook in self.on_requeue:
+                    hook(jid)
+                continue
             if job is None:
                 raise SlurmCommandFailed(["scontrol", "requeue"], 1, "Job is pending execution")
             if not job.requeueable:
                 raise SlurmCommandFailed(["scontrol", "requeue"], 1, "Requeue of job disabled")
-            self.end_job(jid)
+            self.end_job(jid, by_itself=False)
             for hook in self.on_requeue:
                 hook(jid)
 
+    def signal(self, job_id: int, signal: str) -> None:
+        """``scancel --signal``: the job's steps get it; a job that asks for a notice
+        leaves after its ``depart_s`` (:attr:`on_signal` schedules that)."""
+        self._ctld(f"scancel --signal={signal}")
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise SlurmCommandFailed(["scancel"], 1, "Job/step already completing or completed")
+        if job_id not in self.signalled:
+            self.signalled[job_id] = self._now()
+            for hook in self.on_signal:
+                hook(job)
+
     def job_views(self) -> list[slurm_sync.JobView]:
         return [
-            slurm_sync.JobView(j.id, 100, j.requeueable, frozenset(j.nodes))
+            slurm_sync.JobView(j.id, 100, j.requeueable, frozenset(j.nodes), wants_notice=j.notice)
             for j in self.jobs.values()
         ]
 
@@ -407,6 +447,11 @@ class Scontrol(ScontrolPort):
         ids = list(job_ids)
         await self._write(
             f"scontrol requeue {','.join(map(str, ids))}", lambda: self.model.requeue(ids)
+        )
+
+    async def signal_steps(self, job_id: int, signal: str) -> None:
+        await self._write(
+            f"scancel --signal={signal} {job_id}", lambda: self.model.signal(job_id, signal)
         )
 
     async def reconfigure(self) -> None:

@@ -14,10 +14,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from gpufleet.domain import slurm_sync
+from gpufleet.domain import departure, slurm_sync
 from gpufleet.slurm.operator import state_bucket
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1, 2, 5, 10, 30)
+_NOTICE_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 45, 60, 120, 300)
 _POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 SLURM_STATES = ("idle", "mixed", "allocated", "draining", "drained", "down", "unknown")
@@ -30,7 +31,7 @@ DEFAULT_PORT = 29442
 """The port the chart gives the syncer's /metrics (the agent's is 29440, the controller's
 29441; decision 0099). The syncer serves none unless ``--metrics-port`` is given."""
 
-ERROR_OPS = ("poll", "read", "drain", "resume", "requeue")
+ERROR_OPS = ("poll", "read", "drain", "resume", "requeue", "notice")
 """``op`` label values of ``gpufleet_syncer_slurm_errors_total``."""
 
 
@@ -107,7 +108,7 @@ class SyncerMetrics:
         )
         self.slurm_errors = Counter(
             "gpufleet_syncer_slurm_errors_total",
-            "Slurm calls that failed, by operation (poll, read, drain, resume, requeue).",
+            "Slurm calls that failed, by operation (poll, read, drain, resume, requeue, notice).",
             ["op"],
             registry=r,
         )
@@ -174,8 +175,24 @@ class SyncerMetrics:
             "requeued (left running, reported on the Node).",
             registry=r,
         )
+        self.notices = Counter(
+            "gpufleet_syncer_notices_total",
+            "Departure notices sent (SIGUSR1 to the steps of a job whose comment asks for "
+            "one, before its node is taken; a notice sent again after a restart counts).",
+            registry=r,
+        )
+        self.notice_seconds = Histogram(
+            "gpufleet_syncer_notice_seconds",
+            "From a job's first departure notice to its requeue, by outcome: left (the job "
+            "left the node within the grace) or grace_expired (it was requeued running).",
+            ["outcome"],
+            buckets=_NOTICE_BUCKETS,
+            registry=r,
+        )
         for op in ERROR_OPS:
             self.slurm_errors.labels(op=op)
+        for outcome in departure.Outcome:
+            self.notice_seconds.labels(outcome=outcome.value)
         for verb in (slurm_sync.Verb.DRAIN, slurm_sync.Verb.RESUME):
             self.sync_latency.labels(verb=verb.value)
         self._states: set[str] = set()

@@ -70,6 +70,11 @@ class ScontrolPort(Protocol):
 
     async def requeue(self, job_ids: Sequence[int]) -> None: ...
 
+    async def signal_steps(self, job_id: int, signal: str) -> None:
+        """Send ``signal`` (``USR1``) to the job's steps, not its batch shell
+        (``scancel --signal``: the departure notice, docs/decisions/0272)."""
+        ...
+
     async def reconfigure(self) -> None:
         """Make slurmctld and every slurmd reread the configuration."""
         ...

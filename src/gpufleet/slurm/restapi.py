@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from gpufleet.domain import hostlist, slurm_sync
+from gpufleet.domain import departure, hostlist, slurm_sync
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
 
 SUPPORTED_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38", "v0.0.37", "v0.0.36")
@@ -191,6 +191,7 @@ def job_view(raw: Mapping[str, Any]) -> slurm_sync.JobView:
         priority=number(raw.get("priority")) or 0,
         requeueable=bool(raw.get("requeue")),
         nodes=job_nodes(raw),
+        wants_notice=departure.wants_notice(str(raw.get("comment") or "")),
     )
 
 

@@ -5,6 +5,7 @@ Which writes and why (slurmrestd v0.0.36-v0.0.38, Slurm 22.05.8):
 ============================  ==================================================
 node drain / undrain          no node update endpoint in v0.0.38 -> scontrol
 job requeue                   ``POST /job/{id}`` cannot requeue -> scontrol
+departure notice (USR1)       ``scancel --signal``, steps only (docs/decisions/0272)
 reconfigure                   no endpoint -> scontrol
 reservations                  no create or update endpoint up to v0.0.42 -> scontrol
 ============================  ==================================================
@@ -67,6 +68,15 @@ class Scontrol:
     async def requeue(self, job_ids: Sequence[int]) -> None:
         if job_ids:
             await self.run("requeue", ",".join(str(j) for j in job_ids))
+
+    async def signal_steps(self, job_id: int, signal: str) -> None:
+        """``scancel --signal=<signal> <job>``: without ``--batch`` or ``--full`` Slurm
+        signals the job's steps only, so the batch shell lives on to see them exit."""
+        scancel = os.path.join(os.path.dirname(self.config.scontrol), "scancel")
+        async with self._slots:
+            await run_tool(
+                [scancel, f"--signal={signal}", str(job_id)], self.config.env, self.config.timeout_s
+            )
 
     async def reconfigure(self) -> None:
         await self.run("reconfigure")

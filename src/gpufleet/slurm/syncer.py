@@ -32,7 +32,10 @@ One reconcile of one node (:meth:`Syncer.reconcile`), in order:
    ``slurm-drain`` (condition ``SlurmHealthProblem``), for the lifecycle controller;
 4. keep our taint (``held`` / ``lent``) on the Node;
 5. requeue the running jobs of a node we drained, when its requeue mode is
-   ``now``; report jobs that cannot be requeued (never cancel them).
+   ``now``; report jobs that cannot be requeued (never cancel them). A job whose
+   comment asks for a departure notice (``gpufleet.io/notice``) is first sent
+   SIGUSR1 and requeued once it has left, or when ``notice_grace_s`` has passed
+   (:mod:`gpufleet.slurm.departures`).
 
 When slurmrestd does not answer, the Slurm view is unknown and step 1 decides
 nothing: the syncer fails closed (no drains, no resumes) until it answers.
@@ -47,17 +50,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.clock import SYSTEM_CLOCK, Clock
-from gpufleet.domain import emptiness, slurm_sync, well_known
+from gpufleet.domain import departure, emptiness, slurm_sync, well_known
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.policy import RequeueMode
 from gpufleet.domain.slurm_reasons import SlurmReasons
 from gpufleet.kubeapi import NODES, ApiError, KubePort, Patch
 from gpufleet.slurm import nodes as kn
+from gpufleet.slurm.departures import Departures
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
 from gpufleet.slurm.gpu_holds import GpuHoldPort, GpuHolds
 from gpufleet.slurm.lender import Lender
@@ -127,6 +131,10 @@ class SyncSettings:
     gpu_hold_interval_s: float = 5.0
     """Seconds between passes over the quarantined GPUs' holder jobs
     (:mod:`gpufleet.slurm.gpu_holds`); 0 turns them off."""
+    notice_grace_s: float = departure.DEFAULT_GRACE_S
+    """A job that asks for a departure notice (comment ``gpufleet.io/notice``) is sent
+    SIGUSR1 and requeued once it has left its node, or after this many seconds at the
+    latest (the most a notice delays a requeue); 0 turns notices off."""
     reasons: SlurmReasons = field(default_factory=SlurmReasons)
     """How drain reasons set by others are judged (the policy's ``slurm`` section):
     a hardware verdict is reported as fault ``slurm-drain`` and taken over once the
@@ -222,6 +230,16 @@ class Syncer:
         self.synced = asyncio.Event()
         """Set after the first complete pass over both views."""
         self.lender = Lender(self) if self.settings.preempt_priority is not None else None
+        self.departures = Departures(
+            nodes=lambda: self.nodes,
+            patch_node=self.patch_node,
+            scontrol=scontrol,
+            metrics=self.metrics,
+            clock=clock,
+            grace_s=self.settings.notice_grace_s,
+            dry_run=self.settings.dry_run,
+        )
+        """Departure notices before requeues (docs/decisions/0272, 0273)."""
         self.reservations = (
             MaintenanceReservations(
                 kube,
@@ -791,31 +809,21 @@ class Syncer:
     ) -> None:
         if not view.ours:
             await self._clear_stuck(name)
-            return
         if self.jobs is None:
             return
-        if slurm_sync.requeue_mode(kube) is not RequeueMode.NOW:
+        if not view.ours or slurm_sync.requeue_mode(kube) is not RequeueMode.NOW:
+            await self._settle_notices(name)
             return
+        # Jobs that ask for a notice get it first and are requeued once they left or
+        # their grace ended; every other job is in plan.requeue at once, as it always was.
+        # A job requeued within the cooldown may still show (COMPLETING): not noticed again.
         now = self.clock.monotonic()
-        plan = slurm_sync.plan_requeue([name], self.jobs_on(name))
-        fresh = [
-            j
-            for j in plan.requeue
-            if now - self._requeued.get(j, -1e9) > self.settings.requeue_cooldown_s
+        cooldown = self.settings.requeue_cooldown_s
+        jobs = [
+            j for j in self.jobs_on(name) if now - self._requeued.get(j.job_id, -1e9) > cooldown
         ]
-        if fresh and not self.settings.dry_run:
-            for job in fresh:
-                self._requeued[job] = now
-                try:
-                    await self.scontrol.requeue([job])
-                except SlurmError as e:
-                    self.metrics.slurm_errors.labels(op="requeue").inc()
-                    # Usually "already pending": the job left by itself meanwhile.
-                    log.info("node=%s job=%d requeue refused: %s", name, job, e)
-                    continue
-                self.stats.requeues += 1
-                self.metrics.requeues.inc()
-                log.info("node=%s job=%d requeued (node drained by gpufleet)", name, job)
+        plan = await self.departures.plan(name, jobs)
+        await self._requeue_jobs(name, plan.requeue)
         if self._stuck_reported.get(name) != plan.unrequeueable:
             self._stuck_reported[name] = plan.unrequeueable
             self._observe_stuck()
@@ -827,6 +835,49 @@ class Syncer:
                 )
             if not self.settings.dry_run:
                 await self.patch_node(name, kn.stuck_jobs_patch(plan.unrequeueable))
+
+    async def _settle_notices(self, name: str) -> None:
+        """The node need not be emptied now (our drain went, or its incident lets jobs
+        finish) but has notices on record: a noticed job that left is still requeued."""
+        if not self.departures.recorded(name):
+            return
+        owed, within = self.departures.owed(name, self.jobs_on(name))
+        done = await self._requeue_jobs(name, owed)
+        kept = [r.job_id for r in owed if r not in done]
+        await self.departures.forget(name, [*kept, *within])
+
+    async def _requeue_jobs(
+        self, name: str, jobs: Sequence[departure.Requeue]
+    ) -> list[departure.Requeue]:
+        """``scontrol requeue`` each job not requeued within the cooldown; returns those
+        that left the node's account (requeued, or refused: already pending or gone)."""
+        now = self.clock.monotonic()
+        fresh = [
+            r
+            for r in jobs
+            if now - self._requeued.get(r.job_id, -1e9) > self.settings.requeue_cooldown_s
+        ]
+        done: list[departure.Requeue] = []
+        if not fresh or self.settings.dry_run:
+            return done
+        for r in fresh:
+            job = r.job_id
+            self._requeued[job] = now
+            try:
+                await self.scontrol.requeue([job])
+            except SlurmError as e:
+                self.metrics.slurm_errors.labels(op="requeue").inc()
+                # Usually "already pending": the job left by itself meanwhile.
+                log.info("node=%s job=%d requeue refused: %s", name, job, e)
+                if isinstance(e, SlurmCommandFailed):
+                    done.append(r)
+                continue
+            done.append(r)
+            self.stats.requeues += 1
+            self.metrics.requeues.inc()
+            log.info("node=%s job=%d requeued (node drained by gpufleet)", name, job)
+        await self.departures.requeued(name, done)
+        return done
 
     async def _clear_stuck(self, name: str) -> None:
         """Once our drain is gone, so is the report of jobs it could not requeue

@@ -48,6 +48,9 @@ class SlurmWrites:
     async def requeue(self, job_ids: Sequence[int]) -> None:
         await self.scontrol.requeue(job_ids)
 
+    async def signal_steps(self, job_id: int, signal: str) -> None:
+        await self.scontrol.signal_steps(job_id, signal)
+
     async def reconfigure(self) -> None:
         if self.by_rest:
             await self.rest.reconfigure()
