@@ -654,6 +654,16 @@ def issue_join_token(info: Any, api: Api, name: str, mac: str, ttl_s: float) -> 
     return asyncio.run(issue())
 
 
+def gpufleet_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``gpufleet ARGS`` as a user runs it (a subprocess; stdout a real pipe), not checked."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpufleet.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def maintenance_cli(info: Any, *args: str) -> str:
     """``gpufleet maintenance ARGS`` against the test cluster; its output (it must succeed)."""
     command = [sys.executable, "-m", "gpufleet.cli.main", "maintenance", *args]

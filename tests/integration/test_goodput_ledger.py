@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 from controller_harness import CRDS, GV, Api, install
+from controller_harness import gpufleet_cli as gpufleet
 from waiting import wait_for
 
 from gpufleet.domain import well_known
@@ -30,15 +31,6 @@ PREFIX = "goodput-it"
 CLOSED = f"{PREFIX}-n1"
 OPEN = f"{PREFIX}-n5"
 FORGED = f"{PREFIX}-forged"
-
-
-def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpufleet.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def _current_crd(api: Api) -> None:
