@@ -215,12 +215,19 @@ class Topology(_Model):
     scheduler_labels: SchedulerLabels = Field(default_factory=SchedulerLabels)
 
 
+PrivateKind = Literal["accounts", "jobs", "usage", "users"]
+
+
+def _all_private() -> list[PrivateKind]:
+    return ["accounts", "jobs", "usage", "users"]
+
+
 class Isolation(_Model):
     """What one Slurm user sees of another's work, and each job's private /tmp
     (docs/tenants.md, Isolation; decision 0286)."""
 
-    private_data: list[Literal["accounts", "jobs", "usage", "users"]] = Field(
-        default_factory=lambda: ["accounts", "jobs", "usage", "users"],
+    private_data: list[PrivateKind] = Field(
+        default_factory=_all_private,
         description="PrivateData: what each user sees only of their own in squeue, sacct, "
         "sreport and sacctmgr (root and SlurmUser see all). Empty: everyone sees everything.",
     )
