@@ -55,6 +55,7 @@ def test_every_kind_is_listed_by_kubectl_get_gpufleet(api: Api) -> None:
         "Machine",
         "SlurmCluster",
         "MaintenancePlan",
+        "Tenant",
     }
 
 

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import yaml
 
-from gpufleet.api import fleetpolicy, machine, maintenanceplan, noderemediation, slurmcluster
+from gpufleet.api import (
+    fleetpolicy,
+    machine,
+    maintenanceplan,
+    noderemediation,
+    slurmcluster,
+    tenant,
+)
 from gpufleet.api.schema import Json
 
 DIRS = ("deploy/crds", "deploy/helm/gpufleet/crds")
@@ -35,7 +42,7 @@ def manifests() -> dict[str, Json]:
     """File name -> CRD manifest, for every custom resource."""
     return {
         f"{module.NAMES.plural}.yaml": module.crd_manifest()
-        for module in (fleetpolicy, noderemediation, machine, slurmcluster, maintenanceplan)
+        for module in (fleetpolicy, noderemediation, machine, slurmcluster, maintenanceplan, tenant)
     }
 
 

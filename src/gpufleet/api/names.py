@@ -47,5 +47,6 @@ SLURM_CLUSTER = Names(
 MAINTENANCE_PLAN = Names(
     "MaintenancePlan", "maintenanceplans", ("mplan",), categories=("gpufleet",)
 )
+TENANT = Names("Tenant", "tenants", ("tn",), categories=("gpufleet",))
 
-ALL = (FLEET_POLICY, NODE_REMEDIATION, MACHINE, SLURM_CLUSTER, MAINTENANCE_PLAN)
+ALL = (FLEET_POLICY, NODE_REMEDIATION, MACHINE, SLURM_CLUSTER, MAINTENANCE_PLAN, TENANT)

@@ -146,6 +146,16 @@ COMMANDS: dict[str, Entry] = {
         "drain-verify-return nodes in batches bounded by the disruption budget and failure "
         "domains.",
     ),
+    "tenant-controller": Entry(
+        "tenant_cmd",
+        "tenant_controller",
+        "Run the tenant controller: each Tenant's quota, bindings, policies and Slurm account.",
+    ),
+    "tenant": Entry(
+        "tenant_cmd",
+        "app",
+        "Tenants (Tenant objects): check a Tenant YAML offline before applying it.",
+    ),
     "provision": Entry(
         "provision_cmd",
         "app",

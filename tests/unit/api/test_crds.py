@@ -48,6 +48,7 @@ def test_one_file_per_kind() -> None:
         "Machine",
         "SlurmCluster",
         "MaintenancePlan",
+        "Tenant",
     }
 
 

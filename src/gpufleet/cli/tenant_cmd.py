@@ -1,0 +1,183 @@
+"""``gpufleet tenant-controller`` (the loop) and ``gpufleet tenant check FILE`` (offline)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpufleet.cli import logs
+from gpufleet.cli.errors import EXIT_NO, fail
+from gpufleet.cli.options import KubeconfigOpt, VerboseOpt, kubeconfig_arg
+
+log = logging.getLogger("gpufleet.tenants")
+
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Tenants (Tenant objects): check a Tenant YAML offline before applying it.",
+)
+
+
+@app.command("check")
+def check(
+    files: Annotated[list[Path], typer.Argument(help="Tenant YAML files (several documents each)")],
+) -> None:
+    """Validate Tenant YAML offline: every problem with its field, then the conflicts
+    among the tenants given (the older keeps a contested namespace, user, uid or account;
+    without creationTimestamp the file order decides).
+
+    Exit 0: valid; 1: problems found (printed one a line); 2: a file cannot be read.
+
+    Example:
+
+        gpufleet tenant check vision.yaml nlp.yaml
+    """
+    import yaml
+
+    from gpufleet.api import tenant as tenant_api
+    from gpufleet.domain import tenancy
+
+    found: list[str] = []
+    parsed: list[tenancy.Tenant] = []
+    for path in files:
+        try:
+            docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        except (OSError, yaml.YAMLError) as e:
+            fail(f"{path}: cannot read it: {e}")
+        for i, doc in enumerate(docs):
+            name = str(((doc or {}).get("metadata") or {}).get("name") or f"document {i + 1}")
+            if not isinstance(doc, dict):
+                found.append(f"{path}: {name}: not a YAML mapping")
+                continue
+            problems = tenant_api.problems(doc)
+            found.extend(f"{path}: {name}: {p}" for p in problems)
+            if not problems:
+                t = tenant_api.from_object(doc)
+                order = str(len(parsed)).zfill(6)
+                parsed.append(
+                    t if t.created else tenancy.Tenant(**{**t.__dict__, "created": order})
+                )
+    for name, why in tenancy.conflicts(parsed).items():
+        found.extend(f"tenant {name}: conflict: {w}" for w in why)
+    for line in found:
+        typer.echo(line)
+    if found:
+        raise typer.Exit(EXIT_NO)
+    typer.echo(f"{len(parsed)} tenant(s) valid")
+
+
+def tenant_controller(
+    kubeconfig: KubeconfigOpt = None,
+    interval: Annotated[
+        float,
+        typer.Option(min=0.5, help="Seconds between passes when nothing changes (reads Slurm)."),
+    ] = 10.0,
+    role: Annotated[
+        str, typer.Option(help="ClusterRole a tenant's users and groups get in its namespaces.")
+    ] = "edit",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Decide and log; write nothing but nothing else.")
+    ] = False,
+    leader_election: Annotated[
+        bool,
+        typer.Option(
+            "--leader-election/--no-leader-election",
+            help="Act only while holding the Lease gpufleet-tenant-controller.",
+        ),
+    ] = True,
+    lease_namespace: Annotated[
+        str,
+        typer.Option(envvar="POD_NAMESPACE", help="Namespace of the Lease; default: the pod's."),
+    ] = "default",
+    verbose: VerboseOpt = False,
+    log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
+) -> None:
+    """Run the tenant controller: each Tenant's quota, bindings, policies and Slurm account.
+
+    Writes each Tenant's ResourceQuota, RoleBinding and NetworkPolicy in its namespaces,
+    its GPU quota split between Kubernetes and Slurm,
+    its status (Ready, Conflict, QuotaBelowUse, Deleting) and, on deletion, quota 0 until
+    its work ends, then its objects removed. A limit below use blocks new work only.
+    Runs until interrupted (docs/tenants.md).
+
+    Example:
+
+        gpufleet tenant-controller --kubeconfig ~/.kube/config --lease-namespace gpufleet-system
+    """
+    import asyncio
+
+    logs.configure(verbose, log_format)
+    if dry_run:
+        log.info("dry run: nothing is written")
+    asyncio.run(
+        _run(
+            kubeconfig_arg(kubeconfig),
+            interval,
+            role,
+            dry_run,
+            lease_namespace if leader_election else None,
+        )
+    )
+
+
+async def _run(
+    kubeconfig: str | None,
+    interval: float,
+    role: str,
+    dry_run: bool,
+    lease_namespace: str | None,
+) -> None:
+    """The loop and (with a lease) the Lease holder, until SIGTERM or SIGINT."""
+    import asyncio
+    import signal
+
+    from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
+    from gpufleet.kubeapi.leadership import Leadership, default_identity
+    from gpufleet.tenants.controller import TenantController, TenantSettings
+
+    kube = await KubeApi.connect(kubeconfig, max_in_flight=SERVICE_IN_FLIGHT)
+    leadership = (
+        Leadership(
+            kube,
+            namespace=lease_namespace,
+            name="gpufleet-tenant-controller",
+            identity=default_identity(),
+        )
+        if lease_namespace is not None
+        else None
+    )
+    controller = TenantController(
+        kube,
+        None,
+        TenantSettings(interval_s=interval, role=role, dry_run=dry_run),
+        may_act=(lambda: leadership.leading) if leadership is not None else (lambda: True),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(controller.run())]
+    if leadership is not None:
+
+        async def on_lead() -> None:
+            controller.wake.set()
+
+        def on_lose(why: str) -> None:
+            log.warning("no longer acting: %s", why)
+
+        tasks.append(
+            asyncio.create_task(leadership.run(on_lead, on_lose, stopped=lambda: stop.is_set()))
+        )
+    waiter = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not waiter and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in [*tasks, waiter]:
+            task.cancel()
+        await asyncio.gather(*tasks, waiter, return_exceptions=True)
+    log.info("stopped")
