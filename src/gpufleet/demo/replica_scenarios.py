@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpufleet.demo import job
+from gpufleet.demo import job, kube
 from gpufleet.demo.replica_events import (
     ReplicaEvent,
     checkpoint_blocking,
@@ -34,6 +34,7 @@ from gpufleet.demo.replica_events import (
 )
 from gpufleet.demo.replicas import EXAMPLE, TRAIN_PY, Lighthouse
 from gpufleet.demo.timeline import StepMissed
+from gpufleet.lifecycle import goodput
 from gpufleet.local.processes import free_ports
 
 if TYPE_CHECKING:
@@ -190,6 +191,25 @@ def replica_groups(ctx: Ctx) -> None:
             f"{f['survivors_steps_lost']} steps (longest step gap {f['survivors_gap_s']:.1f} s)",
         )
         ctx.recovery(node, fault, reset="GracefulRestart", agent_step=None)
+        _ledger(ctx)
+
+
+def _ledger(ctx: Ctx) -> None:
+    """The goodput ledger of the training (docs/goodput.md): its telemetry against the
+    cluster's NodeRemediations."""
+    docs = ctx.fleet.api.get(f"{kube.GV}/noderemediations").get("items") or []
+    led = goodput.compute(ctx.fleet.telemetry_dir, docs)
+    row = next((t for t in led.trainings if t.training == TRAINING), None)
+    if row is None:
+        return
+    lost = {k: round(v, 1) for k, v in row.lost.items() if v > 0}
+    ctx.figures["goodput"] = row.goodput
+    ctx.figures["ledger_lost"] = lost
+    ctx.tl.note(
+        "demo",
+        f"goodput ledger: training {TRAINING} {row.goodput:.1%} of "
+        f"{row.allocated:.0f} GPU-seconds; lost {lost or 'nothing'}",
+    )
 
 
 def silent_corruption(ctx: Ctx) -> None:

@@ -135,7 +135,7 @@ class Groups:
         return read_events(self.events_path)
 
     def wait_for(
-        self, what: str, cond: Callable[[list[ReplicaEvent]], bool], timeout_s: float = 60
+        self, what: str, cond: Callable[[list[ReplicaEvent]], bool], timeout_s: float = 120
     ) -> list[ReplicaEvent]:
         """Poll the events until ``cond`` holds; fail naming ``what`` and the group logs."""
         deadline = time.monotonic() + timeout_s

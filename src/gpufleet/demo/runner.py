@@ -175,6 +175,8 @@ def print_summary(console: Console, r: ScenarioResult) -> None:
     add("replica groups: requeue -> replacement training in quorum", "rejoin_s")
     add("replica groups: checkpoint blocking (median)", "checkpoint_blocking_ms", "{:.2f} ms")
     add("silent corruption: steps from the bit flip to the report", "steps_to_report", "{}")
+    add("replica groups: goodput (the ledger, GPU-seconds)", "goodput", "{:.1%}")
+    add("replica groups: lost by category (GPU-seconds)", "ledger_lost", "{}")
     add("power-on -> Node registered", "node_s")
     add("power-on -> burn-in (hardware matches the Machine)", "burn_in_s")
     add("power-on -> production (burn-in checks passed)", "production_s")
