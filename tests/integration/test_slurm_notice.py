@@ -166,6 +166,11 @@ def test_notice_then_requeue_once_left_or_at_grace_and_no_token_at_once(
         assert s.metrics is not None
         assert s.metrics.registry.get_sample_value("gpufleet_syncer_notices_total") == 2
         wait_for("records cleared", lambda: kube.annotation(deaf, NOTICES) is None, 10)
+        print(
+            f"\nnotice -> USR1 in the step {seen['usr1'] - t_notice:.2f} s -> departed "
+            f"{seen['departed'] - t_notice:.2f} s -> requeue seen {t_requeue - t_notice:.2f} s; "
+            f"ignored: requeue seen {d_requeue - d_notice:.2f} s after its notice (grace {GRACE})"
+        )
     finally:
         s.stop()
         slurm.cancel_all()
