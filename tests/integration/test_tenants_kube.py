@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 from controller_harness import Api, install
+from prometheus_client import CollectorRegistry
 
 from gpufleet.domain import tenancy
 from gpufleet.kubeapi import ApiError, Forbidden, KubeApi, NotFound
 from gpufleet.kubeapi.resources import NAMESPACES, PODS
 from gpufleet.tenants.controller import RESOURCES, TENANTS, TenantController, TenantSettings
+from gpufleet.tenants.metrics import TenantMetrics
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +94,14 @@ def test_tenants_on_the_real_apiserver(api: Api, local_cluster: Any) -> None:
 
 async def _scenario(kubeconfig: str) -> None:
     kube = await KubeApi.connect(kubeconfig)
-    ctl = TenantController(kube, None, TenantSettings(interval_s=60.0))
+    registry = CollectorRegistry()
+    ctl = TenantController(
+        kube, None, TenantSettings(interval_s=60.0), metrics=TenantMetrics(registry)
+    )
+
+    def gauge(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
     try:
         for ns in NS:
             await kube.create(NAMESPACES, {"metadata": {"name": ns}})
@@ -149,6 +158,9 @@ async def _scenario(kubeconfig: str) -> None:
         alpha = await kube.get(TENANTS, "alpha")
         assert alpha["status"]["usage"] == {"kubernetesGpus": 3, "slurmGpus": 0}
         assert alpha["status"]["limits"] == {"kubernetesGpus": 4, "slurmGpus": 1}
+        assert gauge("gpufleet_tenant_gpus_in_use", tenant="alpha", scheduler="kubernetes") == 3
+        assert gauge("gpufleet_tenant_gpu_limit", tenant="alpha", scheduler="slurm") == 1
+        assert gauge("gpufleet_tenant_condition", tenant="beta", condition="Conflict") == 1
 
         async def quota_seen() -> bool:
             rq = await kube.get(RQ, "gpufleet-tenant-alpha", namespace="tn-a2")
@@ -202,6 +214,7 @@ async def _scenario(kubeconfig: str) -> None:
             for ns in ("tn-a1", "tn-a2"):
                 assert await _gone(kube, r, "gpufleet-tenant-alpha", ns)
         await until("alpha released", lambda: _gone(kube, TENANTS, "alpha", None))
+        assert gauge("gpufleet_tenant_gpu_quota", tenant="alpha") is None  # series dropped
         assert await kube.get(RB, "gpufleet-tenant-beta", namespace="tn-b1")
     finally:
         for name in ("alpha", "beta"):

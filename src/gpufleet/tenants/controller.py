@@ -27,6 +27,8 @@ from gpufleet.domain.tenancy import SlurmAccount, SlurmTenancy, Tenant
 from gpufleet.kubeapi import ApiError, Conflict, KubePort, NotFound, Resource, custom
 from gpufleet.kubeapi.events import event_body
 from gpufleet.kubeapi.resources import PODS
+from gpufleet.tenants.metrics import TenantMetrics
+from gpufleet.tenants.node_events import NodeEventCopier
 from gpufleet.tenants.ports import SlurmAssociations
 
 log = logging.getLogger("gpufleet.tenants")
@@ -61,8 +63,12 @@ class TenantController:
         *,
         may_act: Callable[[], bool] = lambda: True,
         now: Callable[[], float] = time.time,
+        metrics: TenantMetrics | None = None,
+        node_events: NodeEventCopier | None = None,
     ) -> None:
         self.kube = kube
+        self.metrics = metrics
+        self.node_events = node_events
         self.slurm = slurm
         self.settings = settings
         self.may_act = may_act
@@ -136,6 +142,8 @@ class TenantController:
                 log.info("Slurm associations: %s", ops)
                 if not self.settings.dry_run:
                     await self.slurm.apply(ops)
+        if self.node_events is not None and not self.settings.dry_run:
+            await self.node_events.copy(list(parsed.values()))
         self.passes += 1
 
     async def _owned(self) -> dict[str, dict[tuple[str, str, str], Any]]:
@@ -170,7 +178,7 @@ class TenantController:
         slurm_gpus = slurm.gpus_running.get(t.account, 0) if slurm is not None else 0
         usage = tenancy.Usage(per_ns, slurm_gpus)
         if conflict and not t.deleting:
-            await self._status(obj, usage=usage, conflict=conflict)
+            await self._status(obj, usage=usage, quota=t.gpu_quota, conflict=conflict)
             return None
         limits = tenancy.split(t.gpu_quota, usage, deleting=t.deleting)
         desired = [] if conflict else tenancy.desired_objects(t, limits, role=self.settings.role)
@@ -246,6 +254,8 @@ class TenantController:
             return
         await self._event(obj, "TenantRemoved", "Normal", "its work ended; its objects removed")
         await self._finalizers(obj, add=False)
+        if self.metrics is not None:
+            self.metrics.forget(t.name)
 
     async def _finalizers(self, obj: Mapping[str, Any], *, add: bool) -> None:
         meta = obj["metadata"]
@@ -347,6 +357,10 @@ class TenantController:
                 "slurmGpus": limits.slurm_gpus,
             }
         status["left"] = list(left)
+        if self.metrics is not None:
+            self.metrics.observe(
+                meta["name"], quota, usage, limits, {c["type"]: c["status"] == "True" for c in cs}
+            )
         if all(old.get(k) == v for k, v in status.items()):
             return
         newly = {c["type"] for c in cs if c["status"] == "True"} - {
