@@ -147,6 +147,14 @@ class Accounting(_Model):
         default="slurmdbd", pattern=HOST, max_length=253, description="slurmdbd's host name."
     )
     port: int = Field(default=6819, description="slurmdbd's port.")
+    enforce_limits: bool = Field(
+        default=False,
+        description=(
+            "Enforce associations, their limits and QOS (AccountingStorageEnforce="
+            "associations,limits,qos,safe): tenants' GPU quotas apply in Slurm; every user "
+            "who submits needs an association (an account)."
+        ),
+    )
 
 
 class SchedulerLabels(_Model):

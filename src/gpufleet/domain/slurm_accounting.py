@@ -23,10 +23,19 @@ DEFAULT_DBD_PORT = 6819
 """slurmdbd's registered port."""
 DEFAULT_DATABASE = "slurm_acct_db"
 """slurmdbd's default ``StorageLoc``: the database its MariaDB user needs rights on."""
+ENFORCE = "associations,limits,qos,safe"
+"""``AccountingStorageEnforce`` with limits on (decision 0283): a job runs only under an
+association (user, account) slurmdbd knows, within its account's limits (a tenant's
+``GrpTRES=gres/gpu=N``) and with a QOS its account may use; ``safe`` starts a job
+under a ``GrpTRESMins`` limit only if it can run to its end within it."""
 
 
 def slurm_conf_lines(
-    host: str | None, port: int = DEFAULT_DBD_PORT, *, munge_socket: str | None = None
+    host: str | None,
+    port: int = DEFAULT_DBD_PORT,
+    *,
+    munge_socket: str | None = None,
+    enforce_limits: bool = False,
 ) -> list[str]:
     """slurm.conf's accounting lines: through slurmdbd at ``host:port``, or none (None).
 
@@ -35,6 +44,9 @@ def slurm_conf_lines(
     ``munge_socket``: the munged that signs slurmdbd connections when it is not at
     munge's default socket. Slurm takes it from ``AccountingStoragePass``, not from
     ``AuthInfo`` (which covers slurmctld and slurmd only).
+    ``enforce_limits``: :data:`ENFORCE` (tenants' GPU quotas apply; every user who
+    submits needs an association). Off, slurmdbd records jobs and limits are not
+    checked.
     """
     if host is None:
         return [
@@ -47,6 +59,7 @@ def slurm_conf_lines(
         f"AccountingStoragePort={port}",
         f"AccountingStorageTRES={GPU_TRES}",
         *([f"AccountingStoragePass={munge_socket}"] if munge_socket else []),
+        *([f"AccountingStorageEnforce={ENFORCE}"] if enforce_limits else []),
         "JobAcctGatherType=jobacct_gather/linux",
     ]
 

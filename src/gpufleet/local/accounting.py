@@ -249,6 +249,18 @@ def slurmdbd(layout: AccountingLayout, slurmdbd_bin: Path, env: dict[str, str]) 
     return ManagedProcess("slurmdbd", [slurmdbd_bin, "-D"], layout.dbd_log, env=env)
 
 
+def deny_on_limit(sacctmgr: Path, env: dict[str, str], qos: str = "normal") -> None:
+    """``DenyOnLimit`` on ``qos`` (slurmdbd's default QOS, which every association gets):
+    slurmctld then refuses at submission a job that alone exceeds its account's
+    ``GrpTRES`` (``sbatch: error: AssocGrpGRES``) instead of queueing it forever
+    (decision 0284). A job that fits alone but not beside the account's running ones
+    still waits (reason ``AssocGrpGRES``)."""
+    subprocess.run(
+        [str(sacctmgr), "-i", "modify", "qos", qos, "set", "flags+=DenyOnLimit"],
+        env=env, capture_output=True, text=True, timeout=10, check=True,
+    )  # fmt: skip
+
+
 def slurmdbd_ok(sacctmgr: Path, env: dict[str, str]) -> bool:
     """slurmdbd answers a query (``sacctmgr list cluster`` goes through it to MariaDB)."""
     result = subprocess.run(

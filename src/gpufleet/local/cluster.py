@@ -96,6 +96,11 @@ class ClusterSpec:
     (24.11 only) also slurmdbd, slurmctld sending it every job; ``sacct`` reads them back.
     With ``images`` and no Slurm, MariaDB alone, reachable from the machines, for the
     chart's slurmdbd."""
+    slurm_enforce_limits: bool = False
+    """With ``slurm_accounting``: Slurm enforces associations and their limits (a
+    tenant's GPU quota as its account's ``GrpTRES``; every submitting user needs an
+    association, root has one), and its ``normal`` QOS refuses at submission a job
+    over a limit (``DenyOnLimit``) instead of leaving it pending."""
     redfish: bool = True
     ready_timeout_s: float = 120.0
     bmc_boot_hooks: Mapping[str, str] = field(default_factory=dict)
@@ -432,7 +437,9 @@ class LocalCluster:
         )
         acct = self._plan_accounting(sl)
         if acct is not None and acct.dbd is not None:
-            sl = dataclasses.replace(sl, accounting_port=acct.dbd.port)
+            sl = dataclasses.replace(
+                sl, accounting_port=acct.dbd.port, enforce_limits=spec.slurm_enforce_limits
+            )
         bmc_ports = ports[9 + spec.nodes : 9 + spec.nodes * 2]
         bmc_password = secrets.token_hex(8)
         self.info = ClusterInfo(
@@ -862,6 +869,8 @@ class LocalCluster:
             lambda: accounting.slurmdbd_ok(sl.bin_dir / "sacctmgr", sl.env()),
             timeout=self.spec.ready_timeout_s,
         )
+        if sl.enforce_limits:
+            accounting.deny_on_limit(sl.bin_dir / "sacctmgr", sl.env())
         self._ready("slurmdbd")
 
     def _slurm_lane(

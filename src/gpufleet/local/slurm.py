@@ -81,6 +81,9 @@ class SlurmLayout:
     """The port the nodes without slurmd name: nothing listens there (pings are refused)."""
     accounting_port: int | None = None
     """slurmdbd's port on 127.0.0.1 (:mod:`gpufleet.local.accounting`); None: no accounting."""
+    enforce_limits: bool = False
+    """With accounting: ``AccountingStorageEnforce`` (associations, their limits, QOS),
+    as a SlurmCluster with ``accounting.enforceLimits`` renders it."""
     backup_ctld: bool = False
     """Two slurmctlds, a primary and a backup (Slurm's ``SlurmctldHost`` failover, both
     on the one StateSaveLocation): each on its own loopback address
@@ -229,6 +232,7 @@ def render_slurm_conf(layout: SlurmLayout) -> str:
             None if layout.accounting_port is None else "127.0.0.1",
             layout.accounting_port or slurm_accounting.DEFAULT_DBD_PORT,
             munge_socket=str(layout.munge_socket),
+            enforce_limits=layout.enforce_limits,
         ),
         "JobCompType=jobcomp/none",
         "MpiDefault=none",

@@ -256,7 +256,9 @@ def render_slurm_conf(
         if spec.accounting.enabled
         else None
     )
-    lines += slurm_accounting.slurm_conf_lines(accounting_host, spec.accounting.port)
+    lines += slurm_accounting.slurm_conf_lines(
+        accounting_host, spec.accounting.port, enforce_limits=spec.accounting.enforce_limits
+    )
     lines += slurm_isolation.slurm_conf_lines(
         private_data=spec.isolation.private_data, job_tmpfs=spec.isolation.job_tmpfs
     )

@@ -22,6 +22,15 @@ def test_accounting_counts_gpus_and_names_a_private_munge_only_when_asked() -> N
     assert not [line for line in lines if line.startswith("AccountingStoragePass=")]
     private = acct.slurm_conf_lines("h", munge_socket="/run/x/munge.socket")
     assert "AccountingStoragePass=/run/x/munge.socket" in private
+    assert not [line for line in lines if line.startswith("AccountingStorageEnforce=")]
+
+
+def test_limits_are_enforced_only_when_asked_and_never_without_accounting() -> None:
+    lines = acct.slurm_conf_lines("h", enforce_limits=True)
+    assert "AccountingStorageEnforce=associations,limits,qos,safe" in lines
+    assert not [
+        line for line in acct.slurm_conf_lines(None, enforce_limits=True) if "Enforce" in line
+    ]
 
 
 def _config(**overrides: str) -> acct.DbdConfig:

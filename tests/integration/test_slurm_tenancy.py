@@ -1,0 +1,165 @@
+"""Tenants' Slurm accounts and GPU quota against real daemons: slurmctld and slurmdbd
+24.11, MariaDB, with ``AccountingStorageEnforce`` as a SlurmCluster with
+``accounting.enforceLimits`` renders it and the ``normal`` QOS refusing jobs over a limit.
+
+The tenant controller's Slurm port (:class:`gpufleet.slurm.associations.SacctmgrAssociations`)
+applies the pure plan (:func:`gpufleet.domain.tenancy.plan_associations`) and reads it
+back; sbatch then meets the quota: a job over it alone is refused at submission with
+Slurm's reason, one that fits alone but not beside the account's running jobs waits, and
+a limit lowered below what runs stops nothing. The tenant's user is root (the Slurm
+root's only login with a shell; which uid runs a job is the isolation tests' concern).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from waiting import wait_for
+
+from gpufleet.domain import slurm_accounting, tenancy
+from gpufleet.domain.tenancy import SlurmAccount, SlurmTenancy
+from gpufleet.local import processes
+from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
+from gpufleet.slurm.associations import SacctmgrAssociations
+
+pytestmark = pytest.mark.integration
+
+ACCOUNT = "vision"
+USERS = frozenset({"root", "daemon"})
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterInfo]:
+    spec = ClusterSpec(
+        nodes=2,
+        redfish=False,
+        slurm_version="24.11",
+        slurm_accounting=True,
+        slurm_enforce_limits=True,
+    )
+    with processes.terminate_on_signals(), LocalCluster(spec) as info:
+        yield info
+    assert not processes.processes_using(info.run_dir)
+
+
+@pytest.fixture(scope="module")
+def port(cluster: ClusterInfo) -> SacctmgrAssociations:
+    return SacctmgrAssociations(env=cluster.slurm_env(), cluster="gpufleet")
+
+
+def run(info: ClusterInfo, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, env=info.slurm_env(), capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def sbatch(info: ClusterInfo, gpus: int, seconds: int = 600) -> subprocess.CompletedProcess[str]:
+    return run(
+        info, "sbatch", "--parsable", "-A", ACCOUNT, f"--gres=gpu:{gpus}", "-N1",
+        "--wrap", f"sleep {seconds}",
+    )  # fmt: skip
+
+
+def job_state(info: ClusterInfo, job: str) -> str:
+    return run(info, "squeue", "-h", "-j", job, "-o", "%T|%r").stdout.strip()
+
+
+def want(gpu_limit: int | None, users: frozenset[str] = USERS) -> SlurmAccount:
+    return SlurmAccount(
+        name=ACCOUNT,
+        description=tenancy.managed_description("vision-team"),
+        users=users,
+        gpu_limit=gpu_limit,
+        qos=frozenset({"normal"}),
+        default_qos="normal",
+    )
+
+
+def converge(port: SacctmgrAssociations, desired: SlurmAccount | None) -> SlurmTenancy:
+    """Read, plan, apply, read again: what the tenant controller does each poll."""
+
+    async def once() -> SlurmTenancy:
+        current = await port.read()
+        await port.apply(tenancy.plan_associations({ACCOUNT: desired}, current))
+        return await port.read()
+
+    return asyncio.run(once())
+
+
+def test_the_port_writes_a_tenants_account_and_reads_it_back(
+    cluster: ClusterInfo, port: SacctmgrAssociations
+) -> None:
+    conf = cluster.slurm_conf.read_text() if cluster.slurm_conf else ""
+    assert f"AccountingStorageEnforce={slurm_accounting.ENFORCE}" in conf.splitlines()
+    before = asyncio.run(port.read())
+    assert "root" in before.accounts and ACCOUNT not in before.accounts
+    after = converge(port, want(4))
+    assert after.accounts[ACCOUNT] == want(4)
+    assert after.accounts["root"] == before.accounts["root"]  # not gpufleet's: untouched
+    # Converged: a second pass plans nothing.
+    assert tenancy.plan_associations({ACCOUNT: want(4)}, after) == []
+    # A user leaves the tenant: only that association goes.
+    fewer = converge(port, want(4, frozenset({"root"})))
+    assert fewer.accounts[ACCOUNT].users == {"root"}
+
+
+def test_sbatch_meets_the_quota(cluster: ClusterInfo, port: SacctmgrAssociations) -> None:
+    """Over the quota alone: refused at submission with Slurm's reason. Within it: runs,
+    and its GPUs are what the port reads. Beside it, more than is left: waits. The limit
+    lowered to 0 below what runs: the running job goes on, nothing new is taken."""
+    converge(port, want(4, frozenset({"root"})))
+    refused = sbatch(cluster, 6)
+    assert refused.returncode != 0
+    assert "AssocGrpGRES" in refused.stderr, refused.stderr
+    assert "Job violates accounting/QOS policy" in refused.stderr, refused.stderr
+
+    first = sbatch(cluster, 3).stdout.strip()
+    wait_for(f"job {first} running", lambda: job_state(cluster, first) == "RUNNING|None", 30)
+    assert asyncio.run(port.read()).gpus_running.get(ACCOUNT) == 3
+    second = sbatch(cluster, 3).stdout.strip()
+    wait_for(
+        f"job {second} waiting on the quota",
+        lambda: job_state(cluster, second) == "PENDING|AssocGrpGRES",
+        30,
+    )
+    after = converge(port, want(0, frozenset({"root"})))
+    assert after.accounts[ACCOUNT].gpu_limit == 0
+    assert job_state(cluster, first) == "RUNNING|None"  # a lower limit stops nothing
+    assert sbatch(cluster, 1).returncode != 0
+    run(cluster, "scancel", first, second)
+
+
+def test_a_deleted_tenants_account_goes_only_once_its_jobs_ended(
+    cluster: ClusterInfo, port: SacctmgrAssociations
+) -> None:
+    converge(port, want(2, frozenset({"root"})))
+    job = sbatch(cluster, 1).stdout.strip()
+    wait_for(f"job {job} running", lambda: job_state(cluster, job) == "RUNNING|None", 30)
+    kept = converge(port, None)
+    assert ACCOUNT in kept.accounts and kept.gpus_running[ACCOUNT] == 1
+    run(cluster, "scancel", job)
+    wait_for(f"job {job} ended", lambda: job_state(cluster, job) == "", 30)
+    gone = converge(port, None)
+    assert ACCOUNT not in gone.accounts and "root" in gone.accounts
+
+
+def test_an_account_gpufleet_did_not_add_is_never_changed(
+    cluster: ClusterInfo, port: SacctmgrAssociations
+) -> None:
+    added = run(
+        cluster, "sacctmgr", "-i", "add", "account", ACCOUNT, "description=physics lab",
+        "organization=physics",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    try:
+        current = asyncio.run(port.read())
+        assert tenancy.foreign_accounts({ACCOUNT: want(4)}, current) == [ACCOUNT]
+        after = converge(port, want(4))
+        assert after.accounts[ACCOUNT] == current.accounts[ACCOUNT]
+        assert after.accounts[ACCOUNT].gpu_limit is None and not after.accounts[ACCOUNT].users
+        assert ACCOUNT in converge(port, None).accounts  # nor removed
+    finally:
+        run(cluster, "sacctmgr", "-i", "remove", "account", ACCOUNT)
