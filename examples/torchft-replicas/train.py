@@ -64,7 +64,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed import TCPStore
-from torchft import Manager, ProcessGroupGloo
+from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.checkpointing.http_transport import HTTPTransport
 from torchft.ddp import DistributedDataParallel
 from torchft.optim import OptimizerWrapper
@@ -82,12 +82,14 @@ def build_model() -> nn.Module:
     )
 
 
-def batch(step: int, share: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(
+    step: int, share: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch of one step's share: every group computes the same sequence."""
     g = torch.Generator().manual_seed(step * 1009 + share)
     x = torch.randn(BATCH, DIM, generator=g)
     y = x[:, :4].sum(dim=1, keepdim=True).sin()
-    return x, y
+    return x.to(device), y.to(device)
 
 
 def fingerprint(model: nn.Module) -> str:
@@ -141,10 +143,12 @@ class Events:
 class Telemetry:
     """One rank's step telemetry with the replica-group fields (nothing without a dir)."""
 
-    def __init__(self, root: str | None, training: str, rank: int, node: str, group: str) -> None:
+    def __init__(
+        self, root: str | None, training: str, rank: int, node: str, group: str, gpu: int | None
+    ) -> None:
         self.head = {"v": 1, "job": training, "run": 0, "rank": rank, "node": node, "group": group}
-        if torch.cuda.is_available():
-            self.head["gpu"] = torch.cuda.current_device()
+        if gpu is not None:
+            self.head["gpu"] = gpu
         self.file = None
         if root:
             path = Path(root) / f"{training}.0" / f"rank-{rank}.{node}.jsonl"
@@ -282,6 +286,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds for collectives")
     p.add_argument(
+        "--backend",
+        choices=["auto", "gloo", "nccl"],
+        default="auto",
+        help="collectives between the groups (auto: NCCL when CUDA is there, else gloo)",
+    )
+    p.add_argument(
         "--quorum-retries",
         type=int,
         default=int(env.get("TORCHFT_QUORUM_RETRIES", "10")),
@@ -303,7 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, notice)
     signal.signal(signal.SIGTERM, notice)
 
-    model = build_model()
+    cuda = a.backend == "nccl" or (a.backend == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else None
+    if device is not None:
+        torch.cuda.set_device(device)
+    model = build_model().to(device)
     inner = torch.optim.AdamW(model.parameters(), lr=a.lr)
     recovered: dict[str, Any] = {}
 
@@ -318,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     timeout = timedelta(seconds=a.timeout)
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timeout),
+        pg=ProcessGroupNCCL(timeout=timeout) if cuda else ProcessGroupGloo(timeout=timeout),
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         min_replica_size=1,
@@ -345,7 +359,12 @@ def main(argv: list[str] | None = None) -> int:
         origin = f"checkpoint step {saved['torchft']['step']}"
         recovered.clear()
     telemetry = Telemetry(
-        os.environ.get("GPUFLEET_TELEMETRY_DIR"), a.training, a.group, a.node, group
+        os.environ.get("GPUFLEET_TELEMETRY_DIR"),
+        a.training,
+        a.group,
+        a.node,
+        group,
+        device.index if device is not None else None,
     )
     sim_root = os.environ.get("GPUFLEET_SIM_GPUS")
     flipped = False
@@ -362,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             events("start", step=manager.current_step(), recovered_from=origin, node=a.node)
             print(f"group {group}: starts at step {manager.current_step()} ({origin})", flush=True)
         step = manager.current_step() + 1
-        x, y = batch(step, manager.participating_rank() or 0)
+        x, y = batch(step, manager.participating_rank() or 0, device)
         loss = nn.functional.mse_loss(ddp(x), y)
         gpu = sim_gpu(sim_root, a.node)
         time.sleep(a.step_time / sim_speed(gpu))  # the simulated GPU's work
