@@ -28,7 +28,7 @@ from gpufleet.tenants.metrics import TenantMetrics
 
 pytestmark = pytest.mark.integration
 
-NS = ("tn-a1", "tn-a2", "tn-b1")
+NS = ("tn-a1", "tn-a2", "tn-b1", "tn-c1")
 RQ, RB, NP = RESOURCES["ResourceQuota"], RESOURCES["RoleBinding"], RESOURCES["NetworkPolicy"]
 
 
@@ -198,6 +198,23 @@ async def _scenario(kubeconfig: str) -> None:
         await kube.get(NP, "gpufleet-tenant-beta", namespace="tn-b1")
         assert (await kube.list(RQ, namespace="tn-b1")).items == []  # no quota: none
 
+        # gamma, applied, then made invalid (a default QOS not among its QOS: the CRD's schema
+        # accepts it, the controller does not): Ready=False Invalid; deleted like that, its
+        # objects go and it is released (its namespaces unknown, nothing is waited for).
+        await kube.create(TENANTS, tenant("gamma", ["tn-c1"], "carol", 20003, None))
+        await ctl.reconcile()
+        await kube.get(RB, "gpufleet-tenant-gamma", namespace="tn-c1")
+        bad = {"slurm": {"qos": ["normal"], "defaultQos": "high"}}
+        await kube.patch(TENANTS, "gamma", {"spec": bad})
+        await ctl.reconcile()
+        gamma = await kube.get(TENANTS, "gamma")
+        assert cond(gamma, "Ready")["reason"] == "Invalid"
+        assert "defaultQos 'high' is not one of qos" in cond(gamma, "Ready")["message"]
+        await kube.delete(TENANTS, "gamma")
+        await ctl.reconcile()
+        assert await _gone(kube, RB, "gpufleet-tenant-gamma", "tn-c1")
+        await until("gamma released", lambda: _gone(kube, TENANTS, "gamma", None))
+
         # Deleting alpha: quota 0, wait for its GPU pod, then remove and release.
         await kube.delete(TENANTS, "alpha")
         await ctl.reconcile()
@@ -217,7 +234,7 @@ async def _scenario(kubeconfig: str) -> None:
         assert gauge("gpufleet_tenant_gpu_quota", tenant="alpha") is None  # series dropped
         assert await kube.get(RB, "gpufleet-tenant-beta", namespace="tn-b1")
     finally:
-        for name in ("alpha", "beta"):
+        for name in ("alpha", "beta", "gamma"):
             with contextlib.suppress(ApiError):
                 await kube.patch(TENANTS, name, {"metadata": {"finalizers": []}})
                 await kube.delete(TENANTS, name)

@@ -132,6 +132,8 @@ class TenantController:
         for obj in objects:
             t = parsed.get(obj["metadata"]["name"])
             if t is None:
+                if obj["metadata"].get("deletionTimestamp"):
+                    await self._release_invalid(obj, owned.get(obj["metadata"]["name"], {}))
                 continue
             acct = await self._one(obj, t, conflicts.get(t.name, []), slurm, owned)
             if acct is not None:
@@ -223,6 +225,31 @@ class TenantController:
         )
         return (t.account, account) if account is not None and not slurm_note else None
 
+    async def _release_invalid(
+        self, obj: Mapping[str, Any], mine: Mapping[tuple[str, str, str], Any]
+    ) -> None:
+        """A deleted Tenant whose spec cannot be read: its namespaces and account are unknown,
+        so nothing is waited for; the objects labelled for it go (no pod or job stops for
+        that) and any Slurm account it had is left for people to remove."""
+        name = obj["metadata"]["name"]
+        if tenancy.FINALIZER not in (obj["metadata"].get("finalizers") or []):
+            return
+        if self.settings.dry_run:
+            log.info("dry run: would release invalid tenant %s", name)
+            return
+        ops = tenancy.plan_objects(name, [], mine)
+        await self._write(tenancy.Tenant(name=name, created=""), ops)
+        await self._event(
+            obj,
+            "TenantRemoved",
+            "Warning",
+            "deleted with a spec that cannot be read: its objects removed, its Slurm account "
+            "(if any) left in place",
+        )
+        await self._finalizers(obj, add=False)
+        if self.metrics is not None:
+            self.metrics.forget(name)
+
     async def _get(self, o: tenancy.KubeObject) -> Any:
         try:
             return await self.kube.get(RESOURCES[o.kind], o.name, namespace=o.namespace)
@@ -258,10 +285,17 @@ class TenantController:
             self.metrics.forget(t.name)
 
     async def _finalizers(self, obj: Mapping[str, Any], *, add: bool) -> None:
-        meta = obj["metadata"]
+        """Add or drop gpufleet's finalizer, guarded by the object's current resourceVersion
+        (read again: this pass may have written its status since it was listed)."""
+        if self.settings.dry_run:
+            return
+        try:
+            meta = (await self.kube.get(TENANTS, obj["metadata"]["name"]))["metadata"]
+        except NotFound:
+            return
         have = list(meta.get("finalizers") or [])
         want = [*have, tenancy.FINALIZER] if add else [f for f in have if f != tenancy.FINALIZER]
-        if want == have or self.settings.dry_run:
+        if want == have:
             return
         patch = {"metadata": {"finalizers": want, "resourceVersion": meta["resourceVersion"]}}
         with contextlib.suppress(Conflict, NotFound):  # changed meanwhile: the next pass
