@@ -91,6 +91,24 @@ def tenant_controller(
         str,
         typer.Option(envvar="POD_NAMESPACE", help="Namespace of the Lease; default: the pod's."),
     ] = "default",
+    lease_name: Annotated[
+        str, typer.Option(help="The Lease the replicas share (one per release).")
+    ] = "gpufleet-tenant-controller",
+    slurm_conf: Annotated[
+        Path | None,
+        typer.Option(
+            help="slurm.conf of the cluster (SLURM_CONF for sacctmgr and squeue): the tenants' "
+            "Slurm accounts, users, QOS and GPU limits are kept too; absent: Kubernetes only."
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int,
+        typer.Option(help="Port of the Prometheus /metrics endpoint; 0 (default) turns it off."),
+    ] = 0,
+    metrics_address: Annotated[
+        str,
+        typer.Option(help="Address /metrics listens on (0.0.0.0 for a Prometheus off the host)."),
+    ] = "127.0.0.1",
     verbose: VerboseOpt = False,
     log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
@@ -104,20 +122,21 @@ def tenant_controller(
 
     Example:
 
-        gpufleet tenant-controller --kubeconfig ~/.kube/config --lease-namespace gpufleet-system
+        gpufleet tenant-controller --kubeconfig ~/.kube/config --lease-namespace gpufleet-system \\
+            --slurm-conf /etc/slurm/slurm.conf --metrics-port 29445
     """
     import asyncio
 
     logs.configure(verbose, log_format)
-    if dry_run:
-        log.info("dry run: nothing is written")
     asyncio.run(
         _run(
             kubeconfig_arg(kubeconfig),
             interval,
             role,
             dry_run,
-            lease_namespace if leader_election else None,
+            (lease_namespace, lease_name) if leader_election else None,
+            slurm_conf,
+            (metrics_address, metrics_port),
         )
     )
 
@@ -127,32 +146,55 @@ async def _run(
     interval: float,
     role: str,
     dry_run: bool,
-    lease_namespace: str | None,
+    lease: tuple[str, str] | None,
+    slurm_conf: Path | None,
+    metrics_at: tuple[str, int],
 ) -> None:
     """The loop and (with a lease) the Lease holder, until SIGTERM or SIGINT."""
     import asyncio
     import signal
 
+    from prometheus_client import CollectorRegistry
+
     from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
     from gpufleet.kubeapi.leadership import Leadership, default_identity
+    from gpufleet.slurm.associations import SacctmgrAssociations
+    from gpufleet.slurm.metrics import Endpoint
     from gpufleet.tenants.controller import TenantController, TenantSettings
+    from gpufleet.tenants.metrics import TenantMetrics
+    from gpufleet.tenants.node_events import NodeEventCopier
 
     kube = await KubeApi.connect(kubeconfig, max_in_flight=SERVICE_IN_FLIGHT)
+    identity = default_identity()
     leadership = (
-        Leadership(
-            kube,
-            namespace=lease_namespace,
-            name="gpufleet-tenant-controller",
-            identity=default_identity(),
-        )
-        if lease_namespace is not None
+        Leadership(kube, namespace=lease[0], name=lease[1], identity=identity)
+        if lease is not None
         else None
+    )
+    registry = CollectorRegistry()
+    metrics = TenantMetrics(registry)
+    endpoint = Endpoint(registry)
+    address, port = metrics_at
+    if port:
+        log.info("metrics on http://%s:%d/metrics", address, endpoint.serve(port, address))
+    slurm = (
+        SacctmgrAssociations(env={"SLURM_CONF": str(slurm_conf)})
+        if slurm_conf is not None
+        else None
+    )
+    log.info(
+        "tenant controller (%s; %s%s)",
+        f"Slurm through {slurm_conf}" if slurm_conf is not None else "Kubernetes only",
+        f"lease {lease[0]}/{lease[1]} as {identity}" if lease else "no leader election",
+        ", dry run" if dry_run else "",
     )
     controller = TenantController(
         kube,
-        None,
+        slurm,
         TenantSettings(interval_s=interval, role=role, dry_run=dry_run),
         may_act=(lambda: leadership.leading) if leadership is not None else (lambda: True),
+        metrics=metrics,
+        node_events=NodeEventCopier(kube, instance=identity, metrics=metrics),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -180,4 +222,5 @@ async def _run(
         for task in [*tasks, waiter]:
             task.cancel()
         await asyncio.gather(*tasks, waiter, return_exceptions=True)
+        endpoint.stop()
     log.info("stopped")
