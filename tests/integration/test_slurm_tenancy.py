@@ -6,24 +6,32 @@ The tenant controller's Slurm port (:class:`gpufleet.slurm.associations.Sacctmgr
 applies the pure plan (:func:`gpufleet.domain.tenancy.plan_associations`) and reads it
 back; sbatch then meets the quota: a job over it alone is refused at submission with
 Slurm's reason, one that fits alone but not beside the account's running jobs waits, and
-a limit lowered below what runs stops nothing. The tenant's user is root (the Slurm
-root's only login with a shell; which uid runs a job is the isolation tests' concern).
+a limit lowered below what runs stops nothing. Then the tenant controller itself, with
+this port and the cluster's apiserver: one quota split between a pod and a Slurm job, and a
+deleted Tenant waiting for its job. The tenant's user is root (the one login of the Slurm
+root that submits here; which uid runs a job is the isolation tests' concern).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 from collections.abc import Iterator
 
 import pytest
+from controller_harness import Api, install
 from waiting import wait_for
 
 from gpufleet.domain import slurm_accounting, tenancy
+from gpufleet.domain.pod_groups import GPU_RESOURCE
 from gpufleet.domain.tenancy import SlurmAccount, SlurmTenancy
+from gpufleet.kubeapi import ApiError, KubeApi, NotFound
+from gpufleet.kubeapi.resources import NAMESPACES, PODS
 from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
 from gpufleet.slurm.associations import SacctmgrAssociations
+from gpufleet.tenants.controller import RESOURCES, TENANTS, TenantController, TenantSettings
 
 pytestmark = pytest.mark.integration
 
@@ -163,3 +171,87 @@ def test_an_account_gpufleet_did_not_add_is_never_changed(
         assert ACCOUNT in converge(port, None).accounts  # nor removed
     finally:
         run(cluster, "sacctmgr", "-i", "remove", "account", ACCOUNT)
+
+
+def test_the_tenant_controller_splits_one_quota_across_both_schedulers(
+    cluster: ClusterInfo, port: SacctmgrAssociations
+) -> None:
+    """The loop with this port on the cluster's apiserver: a Tenant of 4 GPUs whose pod
+    holds 2 leaves Slurm 2 (a 3-GPU job refused, a 2-GPU job runs), which leaves the
+    namespace 2; deleted, it sets Slurm's limit to 0, lists what still runs, and removes
+    the account and its finalizer only once the job and the pod are gone."""
+    install(Api(cluster))
+    asyncio.run(_loop_scenario(cluster, port))
+
+
+async def _loop_scenario(cluster: ClusterInfo, port: SacctmgrAssociations) -> None:
+    kube = await KubeApi.connect(str(cluster.kubeconfig))
+    ctl = TenantController(kube, port, TenantSettings(interval_s=60.0))
+    ns = "tn-slurm"
+    await kube.create(NAMESPACES, {"metadata": {"name": ns}})
+    # "root": the Slurm root's one login that can submit here (see the module docstring).
+    spec = {"namespaces": [ns], "users": [{"name": "root", "uid": 20001, "gid": 20001}]}
+    await kube.create(
+        TENANTS,
+        {
+            "apiVersion": "gpufleet.io/v1alpha1",
+            "kind": "Tenant",
+            "metadata": {"name": ACCOUNT},
+            "spec": {**spec, "gpuQuota": 4},
+        },
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "train"},
+        "spec": {
+            "nodeSelector": {"tn-test": "nowhere"},  # never scheduled: it only holds GPUs
+            "containers": [
+                {"name": "c", "image": "train", "resources": {"limits": {GPU_RESOURCE: "2"}}}
+            ],
+        },
+    }
+    await kube.create(PODS, pod, namespace=ns)
+    job = ""
+    try:
+        await ctl.reconcile()
+        assert (await port.read()).accounts[ACCOUNT].gpu_limit == 2
+        refused = sbatch(cluster, 3)
+        assert refused.returncode != 0 and "AssocGrpGRES" in refused.stderr, refused.stderr
+        job = sbatch(cluster, 2).stdout.strip()
+        wait_for(f"job {job} running", lambda: job_state(cluster, job) == "RUNNING|None", 30)
+        await ctl.reconcile()
+        status = (await kube.get(TENANTS, ACCOUNT))["status"]
+        assert status["usage"] == {"kubernetesGpus": 2, "slurmGpus": 2}
+        assert status["limits"] == {"kubernetesGpus": 2, "slurmGpus": 2}
+        quota = await kube.get(
+            RESOURCES["ResourceQuota"], f"gpufleet-tenant-{ACCOUNT}", namespace=ns
+        )
+        assert quota["spec"]["hard"] == {f"requests.{GPU_RESOURCE}": "2"}
+
+        await kube.delete(TENANTS, ACCOUNT)
+        await ctl.reconcile()
+        assert (await port.read()).accounts[ACCOUNT].gpu_limit == 0
+        assert job_state(cluster, job) == "RUNNING|None"
+        left = (await kube.get(TENANTS, ACCOUNT))["status"]["left"]
+        assert f"Slurm account {ACCOUNT}: running jobs hold 2 GPUs" in left, left
+        assert sbatch(cluster, 1).returncode != 0
+
+        run(cluster, "scancel", job)
+        await kube.delete(PODS, "train", namespace=ns)
+        wait_for(f"job {job} ended", lambda: job_state(cluster, job) == "", 30)
+        for _ in range(50):
+            await ctl.reconcile()
+            try:
+                await kube.get(TENANTS, ACCOUNT)
+            except NotFound:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("the deleted Tenant kept its finalizer")
+        assert ACCOUNT not in (await port.read()).accounts
+    finally:
+        if job:
+            run(cluster, "scancel", job)
+        with contextlib.suppress(ApiError):  # the cluster is this module's: only the finalizer
+            await kube.patch(TENANTS, ACCOUNT, {"metadata": {"finalizers": []}})
