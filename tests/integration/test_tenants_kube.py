@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import socket
+import subprocess
+import sys
 from typing import Any
 
+import httpx
 import pytest
-from controller_harness import Api, install
+from controller_harness import GV, Api, install
 from prometheus_client import CollectorRegistry
+from waiting import wait_for
 
 from gpufleet.domain import tenancy
 from gpufleet.kubeapi import ApiError, Forbidden, KubeApi, NotFound
@@ -258,3 +264,53 @@ async def _versions(kube: KubeApi, resource: Any) -> dict[str, str]:
         o = await kube.get(resource, "gpufleet-tenant-alpha", namespace=ns)
         out[ns] = str(o["metadata"].get("generation") or o["metadata"]["resourceVersion"])
     return out
+
+
+def test_the_command_acts_on_a_tenant_and_serves_its_series(api: Api, local_cluster: Any) -> None:
+    """``gpufleet tenant-controller`` as the chart runs it (its Lease, /metrics): a Tenant
+    applied, its series served, its deletion released; SIGTERM ends it with status 0."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    api.post("/api/v1/namespaces", {"metadata": {"name": "tn-d1"}}, ok=(201, 409))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet.cli.main",
+            "tenant-controller",
+            "--kubeconfig",
+            str(local_cluster.kubeconfig),
+            "--lease-namespace",
+            "default",
+            "--lease-name",
+            "tn-test",
+            "--metrics-port",
+            str(port),
+            "--interval",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    path = f"{GV}/tenants/delta"
+    try:
+        api.post(f"{GV}/tenants", tenant("delta", ["tn-d1"], "dave", 20004, 2))
+        wait_for("delta Ready", lambda: cond(api.get(path), "Ready").get("status") == "True")
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert 'gpufleet_tenant_gpu_quota{tenant="delta"} 2.0' in metrics
+        api.delete(path)
+        wait_for("delta released", lambda: api.http.get(path).status_code == 404)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        assert "wrote RoleBinding tn-d1/gpufleet-tenant-delta" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if api.http.get(path).status_code == 200:
+            api.patch(path, {"metadata": {"finalizers": []}})
+            api.delete(path)
+        api.delete("/api/v1/namespaces/tn-d1")
