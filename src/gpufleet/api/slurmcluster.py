@@ -251,6 +251,19 @@ class Isolation(_Model):
         description="Where jobs' private /tmp directories live on each node (made by slurmd).",
     )
 
+    @model_validator(mode="after")
+    def _base_path_outside_private_dirs(self) -> Self:
+        """Under /tmp the base path is hidden by the job's own /tmp as soon as it is
+        mounted: slurmstepd then fails every job on the node (seen with Slurm 24.11)."""
+        path = self.job_tmpfs_base_path.rstrip("/") + "/"
+        for private in ("/tmp/", "/dev/shm/"):
+            if path.startswith(private):
+                raise ValueError(
+                    f"jobTmpfsBasePath {self.job_tmpfs_base_path!r} is under {private}, which "
+                    "each job gets its own of: choose a node-local path elsewhere"
+                )
+        return self
+
 
 class HealthChecks(_Model):
     """``gpufleet health check`` as Slurm's HealthCheckProgram, Prolog and Epilog

@@ -63,6 +63,13 @@ def test_a_base_path_that_is_no_absolute_path_is_refused() -> None:
         spec(isolation={"jobTmpfs": True, "jobTmpfsBasePath": "tmp; rm -rf /"})
 
 
+@pytest.mark.parametrize("path", ["/tmp", "/tmp/jobs", "/dev/shm/x"])
+def test_a_base_path_under_a_private_dir_is_refused(path: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match="each job gets its own of"):
+        spec(isolation={"jobTmpfs": True, "jobTmpfsBasePath": path})
+    assert spec(isolation={"jobTmpfsBasePath": "/tmpfs-jobs"}).isolation.job_tmpfs is False
+
+
 def test_merge_prolog_flags_folds_every_line_into_the_first() -> None:
     lines = ["A=1", "PrologFlags=Alloc", "B=2", "PrologFlags=X11"]
     assert slurm_isolation.merge_prolog_flags(lines, ["Contain"]) == [
