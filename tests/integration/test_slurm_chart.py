@@ -83,6 +83,7 @@ def test_helm_lint(helm: str, extra: list[str]) -> None:
             "options",
             [
                 *("--set", "slurm.accounting.enabled=true"),
+                *("--set", "slurm.accounting.enforceLimits=true"),
                 *("--set", "agent.jobTelemetryDir=/shared/gpufleet-telemetry"),
                 *("--set", "agent.maintenanceCommandsDir=/etc/gpufleet/maintenance.d"),
                 *("--set", "controller.tickets.webhook=https://127.0.0.1:8443/tickets"),
@@ -111,7 +112,8 @@ def test_rendered_manifests_pass_server_side_dry_run(
     assert {"StatefulSet", "DaemonSet", "Deployment", "SlurmCluster"} <= kinds
     # The operator must accept what the chart renders (helm once printed 1000000 as 1e+06).
     for cluster in (d for d in docs if d["kind"] == "SlurmCluster"):
-        SlurmClusterSpec.model_validate(cluster["spec"])
+        spec = SlurmClusterSpec.model_validate(cluster["spec"])
+        assert spec.accounting.enforce_limits is (suffix == "options")
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     rest = [d for d in docs if d["kind"] != "CustomResourceDefinition"]
     # CRDs and the namespace for real (a dry run cannot create a type or a namespace
