@@ -122,9 +122,7 @@ async def _run(
 ) -> None:
     """The scheduler, its pod watch and (with a lease) the Lease holder, until SIGTERM or
     SIGINT; a held Lease is released on the way out so a standby takes over at once."""
-    import asyncio
-    import signal
-
+    from gpufleet.cli.service import run_until_signalled
     from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
     from gpufleet.kubeapi.leadership import Leadership, default_identity
     from gpufleet.slurm.pod_jobs import PodJobsCli, PodJobsConfig
@@ -156,31 +154,8 @@ async def _run(
         f"lease {lease[0]}/{lease[1]} as {identity}" if lease else "no leader election",
         ", dry run" if dry_run else "",
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    tasks = [asyncio.create_task(scheduler.run())]
-    if leadership is not None:
-
-        async def on_lead() -> None:
-            scheduler.wake.set()
-
-        def on_lose(why: str) -> None:
-            log.warning("no longer acting: %s", why)
-
-        tasks.append(
-            asyncio.create_task(leadership.run(on_lead, on_lose, stopped=lambda: stop.is_set()))
-        )
-    waiter = asyncio.create_task(stop.wait())
     try:
-        done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if task is not waiter and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+        await run_until_signalled(scheduler.run(), leadership, scheduler.wake, log)
     finally:
-        for task in [*tasks, waiter]:
-            task.cancel()
-        await asyncio.gather(*tasks, waiter, return_exceptions=True)
         metrics.endpoint.stop()
     log.info("stopped")

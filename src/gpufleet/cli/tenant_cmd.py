@@ -151,11 +151,9 @@ async def _run(
     metrics_at: tuple[str, int],
 ) -> None:
     """The loop and (with a lease) the Lease holder, until SIGTERM or SIGINT."""
-    import asyncio
-    import signal
-
     from prometheus_client import CollectorRegistry
 
+    from gpufleet.cli.service import run_until_signalled
     from gpufleet.kubeapi import SERVICE_IN_FLIGHT, KubeApi
     from gpufleet.kubeapi.leadership import Leadership, default_identity
     from gpufleet.slurm.associations import SacctmgrAssociations
@@ -196,31 +194,8 @@ async def _run(
         metrics=metrics,
         node_events=NodeEventCopier(kube, instance=identity, metrics=metrics),
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    tasks = [asyncio.create_task(controller.run())]
-    if leadership is not None:
-
-        async def on_lead() -> None:
-            controller.wake.set()
-
-        def on_lose(why: str) -> None:
-            log.warning("no longer acting: %s", why)
-
-        tasks.append(
-            asyncio.create_task(leadership.run(on_lead, on_lose, stopped=lambda: stop.is_set()))
-        )
-    waiter = asyncio.create_task(stop.wait())
     try:
-        done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if task is not waiter and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+        await run_until_signalled(controller.run(), leadership, controller.wake, log)
     finally:
-        for task in [*tasks, waiter]:
-            task.cancel()
-        await asyncio.gather(*tasks, waiter, return_exceptions=True)
         endpoint.stop()
     log.info("stopped")
