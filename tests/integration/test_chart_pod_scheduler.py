@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 import yaml
-from test_chart_quality import containers, key, render, render_fails
+from chart_workloads import assert_hardened, container, objects_of, unknown_flags
+from chart_workloads import flags as flag_values
+from test_chart_quality import render, render_fails
 from test_slurm_chart import CHART, helm_binary, run
 
-from gpufleet.cli.main import command_tree
 from gpufleet.local.cluster import ClusterInfo
 
 pytestmark = pytest.mark.integration
@@ -25,15 +26,14 @@ NAME = "gpufleet-pod-scheduler"
 
 
 def _objects(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(d["kind"], d["metadata"]["name"]): d for d in docs if "pod-scheduler" in str(key(d))}
+    return objects_of(docs, "pod-scheduler")
 
 
 def _deployment(*extra: str) -> dict[str, Any]:
     return _objects(render("gpufleet", *ON, *extra))[("Deployment", NAME)]
 
 
-def _container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(c for c in containers(deployment) if c["name"] == name)
+_container = container
 
 
 def test_off_by_default_and_refused_without_slurm() -> None:
@@ -93,7 +93,7 @@ def test_the_deployment_runs_the_command_with_its_own_flags_and_a_lease() -> Non
     c = _container(d, "pod-scheduler")
     args = c["args"]
     assert args[0] == "pod-scheduler"
-    flags = dict(a.split("=", 1) if "=" in a else (a, "") for a in args[1:])
+    flags = flag_values(args)
     assert flags["--lease-name"] == NAME
     assert flags["--lease-namespace"] == "gpufleet-chartq"
     assert "--leader-election" in flags and "--dry-run" not in flags
@@ -101,9 +101,7 @@ def test_the_deployment_runs_the_command_with_its_own_flags_and_a_lease() -> Non
     # /metrics for the kubelet's probes and Prometheus, so on the pod's address.
     assert (flags["--metrics-port"], flags["--metrics-address"]) == ("29443", "0.0.0.0")
     # Every flag the chart passes is one `gpufleet pod-scheduler` takes.
-    command = command_tree().commands["pod-scheduler"]
-    known = {o for p in command.params for o in getattr(p, "opts", ())}
-    assert set(flags) <= known, set(flags) - known
+    assert not unknown_flags("pod-scheduler", set(flags))
     env = {e["name"]: e for e in c["env"]}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     dry = _container(
@@ -142,14 +140,7 @@ def test_probes_security_and_placement_as_every_gpufleet_workload() -> None:
     assert spec["priorityClassName"] == "pc1"
     assert spec["imagePullSecrets"] == [{"name": "regcred"}]
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    c = _container(d, "pod-scheduler")
-    sc = c["securityContext"]
-    assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
-    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
-    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-        assert c[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
-    assert c["resources"]["limits"]["memory"]
-    assert c["ports"] == [{"name": "metrics", "containerPort": 29443}]
+    assert_hardened(_container(d, "pod-scheduler"), 29443)
 
 
 def test_metrics_service_policy_monitor_and_budget() -> None:
