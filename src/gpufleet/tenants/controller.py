@@ -50,6 +50,8 @@ class TenantSettings:
     interval_s: float = 10.0
     role: str = tenancy.DEFAULT_ROLE
     dry_run: bool = False
+    coalesce_s: float = 0.5
+    """After a wake, wait this long so that a burst of pod changes makes one pass."""
 
 
 class TenantController:
@@ -96,6 +98,7 @@ class TenantController:
                         log.exception("tenant pass failed, retried")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), self.settings.interval_s)
+                    await asyncio.sleep(self.settings.coalesce_s)
         finally:
             for w in watches:
                 w.cancel()
