@@ -7,7 +7,7 @@ as one namespace uses GPUs); a quota lowered below use only blocks new work; an 
 of the same name without gpufleet's labels is left alone; deleting a tenant sets
 quota 0, waits for its GPU pod to end, then removes what it wrote and the finalizer.
 The Slurm side (the same loop with a Slurm port) is tested with real daemons in
-tests/integration/test_slurm_accounting.py.
+tests/integration/test_slurm_tenancy.py.
 """
 
 from __future__ import annotations

@@ -101,6 +101,10 @@ def tenant_controller(
             "Slurm accounts, users, QOS and GPU limits are kept too; absent: Kubernetes only."
         ),
     ] = None,
+    slurm_bin_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where sacctmgr and squeue are; default: on PATH."),
+    ] = None,
     metrics_port: Annotated[
         int,
         typer.Option(help="Port of the Prometheus /metrics endpoint; 0 (default) turns it off."),
@@ -135,7 +139,7 @@ def tenant_controller(
             role,
             dry_run,
             (lease_namespace, lease_name) if leader_election else None,
-            slurm_conf,
+            (slurm_conf, slurm_bin_dir),
             (metrics_address, metrics_port),
         )
     )
@@ -147,7 +151,7 @@ async def _run(
     role: str,
     dry_run: bool,
     lease: tuple[str, str] | None,
-    slurm_conf: Path | None,
+    slurm_at: tuple[Path | None, Path | None],
     metrics_at: tuple[str, int],
 ) -> None:
     """The loop and (with a lease) the Lease holder, until SIGTERM or SIGINT."""
@@ -175,8 +179,9 @@ async def _run(
     address, port = metrics_at
     if port:
         log.info("metrics on http://%s:%d/metrics", address, endpoint.serve(port, address))
+    slurm_conf, slurm_bin_dir = slurm_at
     slurm = (
-        SacctmgrAssociations(env={"SLURM_CONF": str(slurm_conf)})
+        SacctmgrAssociations(bin_dir=slurm_bin_dir, env={"SLURM_CONF": str(slurm_conf)})
         if slurm_conf is not None
         else None
     )
