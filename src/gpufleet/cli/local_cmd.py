@@ -68,6 +68,12 @@ def _print_usage(info: ClusterInfo, name_args: str) -> None:
             f"(gpufleet pod-scheduler; {info.logs_dir / 'pod-scheduler.log'})",
             highlight=False,
         )
+    if info.tenant_controller_metrics_url is not None:
+        out.print(
+            "  tenants:     kubectl get tenants (gpufleet tenant-controller; "
+            f"{info.logs_dir / 'tenant-controller.log'})",
+            highlight=False,
+        )
     if info.bmcs:
         first = next(iter(info.bmcs.values()))
         out.print(
@@ -137,6 +143,13 @@ def up(
         "24.11 also slurmdbd, and `sacct` shows each job's GPUs (gres/gpu); with --images and "
         "--no-slurm, MariaDB alone at 10.0.2.100:PORT for the chart's slurm.accounting.",
     ),
+    slurm_enforce_limits: bool = typer.Option(
+        False,
+        "--slurm-enforce-limits",
+        help="With --slurm 24.11 --slurm-accounting: Slurm enforces associations and their "
+        "limits (a tenant's GPU quota as its account's GrpTRES) and refuses a job over one at "
+        "sbatch (docs/tenants.md).",
+    ),
     slurm_backup: bool = typer.Option(
         False,
         "--slurm-backup",
@@ -173,6 +186,12 @@ def up(
         help="With Slurm: run `gpufleet pod-scheduler`, so a Pod with schedulerName "
         "gpufleet-slurm is scheduled by Slurm (docs/pod-scheduler.md). --no-pod-scheduler for "
         "a test that runs its own (GPUFLEET_TEST_CLUSTER).",
+    ),
+    tenant_controller: bool = typer.Option(
+        True,
+        "--tenant-controller/--no-tenant-controller",
+        help="Run `gpufleet tenant-controller` (the gpufleet CRDs installed first), so a "
+        "Tenant gets its quota and access (docs/tenants.md).",
     ),
     no_bmcs: bool = typer.Option(False, "--no-bmcs", help="Do not start the Redfish BMCs."),
     machines: int = typer.Option(
@@ -285,6 +304,7 @@ def up(
         slurm=not no_slurm,
         slurm_version=slurm_version,
         slurm_accounting=slurm_accounting,
+        slurm_enforce_limits=slurm_enforce_limits,
         slurm_backup=slurm_backup,
         slurmctld_timeout_s=slurmctld_timeout,
         nvl72_domains=nvl72_domains,
@@ -300,6 +320,7 @@ def up(
         machine_agent=not no_machine_agent,
         host_node=host_node,
         pod_scheduler=pod_scheduler and not no_slurm,
+        tenant_controller=tenant_controller,
     )
     cluster = local_cluster.LocalCluster(spec, progress=lambda msg: console.print(f"  {msg}"))
     console.print(f"Starting a local cluster with {nodes} nodes x {gpus_per_node} GPUs ...")

@@ -159,6 +159,10 @@ class ClusterSpec:
     so a Pod with ``schedulerName: gpufleet-slurm`` is scheduled by Slurm
     (docs/pod-scheduler.md). ``gpufleet local up`` turns it on; the tests and the demo
     start their own when they need one."""
+    tenant_controller: bool = False
+    """``gpufleet tenant-controller`` runs beside it (component ``tenant-controller``, the
+    gpufleet CRDs installed first): Tenants get their quota, RoleBindings and NetworkPolicies
+    (docs/tenants.md). ``gpufleet local up`` turns it on; the tests start their own."""
 
     def node_names(self) -> tuple[str, ...]:
         return tuple(f"{self.node_prefix}{i:04d}" for i in range(self.nodes))
@@ -233,6 +237,9 @@ class ClusterInfo:
     """The Node name of the system node run on the host (``ClusterSpec.host_node``)."""
     pod_scheduler_metrics_url: str | None = None
     """``/metrics`` of the pod scheduler (``ClusterSpec.pod_scheduler``); None: none runs."""
+    tenant_controller_metrics_url: str | None = None
+    """``/metrics`` of the tenant controller (``ClusterSpec.tenant_controller``); None: none
+    runs."""
 
     @property
     def logs_dir(self) -> Path:
@@ -501,6 +508,8 @@ class LocalCluster:
                 raise errors[0]
         if spec.pod_scheduler and spec.slurm:
             self._pod_scheduler_lane()
+        if spec.tenant_controller:
+            self._tenant_controller_lane(kl)
         if kl.joinable:
             self._join_lane(kl)
         if vms:
@@ -931,6 +940,27 @@ class LocalCluster:
         self.info.pod_scheduler_metrics_url = url
         self._ready("pod-scheduler")
 
+    def _tenant_controller_lane(self, kl: kube.KubeLayout) -> None:
+        """The gpufleet CRDs (Tenant among them), then ``gpufleet tenant-controller``: ready
+        when its metrics answer."""
+        assert self.info is not None
+        api = kube.client(kl)
+        try:
+            machines.install_crds(api)
+        finally:
+            api.close()
+        port = processes.free_ports(1)[0]
+        proc = self._launch(tenant_controller_process(self.info, port))
+        url = f"http://127.0.0.1:{port}/metrics"
+        with httpx.Client(timeout=2) as http:
+            proc.wait_ready(
+                lambda: http.get(url).status_code == 200,
+                timeout=self.spec.ready_timeout_s,
+                what="serving its metrics",
+            )
+        self.info.tenant_controller_metrics_url = url
+        self._ready("tenant-controller")
+
     def _redfish_lane(self, run_dir: Path, password: str, python: str, vms: dict[str, Any]) -> None:
         assert self.info is not None
         config = {
@@ -1057,6 +1087,34 @@ def pod_scheduler_process(
         f"--metrics-port={port}",
     ]
     return ManagedProcess("pod-scheduler", argv, log or info.logs_dir / "pod-scheduler.log")
+
+
+def tenant_controller_process(
+    info: ClusterInfo, port: int, *, log: Path | None = None, interval_s: float = 5.0
+) -> ManagedProcess:
+    """``gpufleet tenant-controller`` against the cluster ``info`` describes, as its admin,
+    alone (no Lease); ``/metrics`` on ``port``. With Slurm accounting it keeps the tenants'
+    Slurm accounts too (``sacctmgr`` of the cluster's Slurm, found through its PATH);
+    without, Kubernetes only. Its log is ``logs/tenant-controller.log`` unless ``log`` says
+    otherwise."""
+    slurm = info.slurm_accounting and info.slurm_conf is not None
+    argv = [
+        sys.executable,
+        "-m",
+        "gpufleet.cli.main",
+        "tenant-controller",
+        f"--kubeconfig={info.kubeconfig}",
+        "--no-leader-election",
+        f"--interval={interval_s:g}",
+        f"--metrics-port={port}",
+        *([f"--slurm-conf={info.slurm_conf}"] if slurm else []),
+    ]
+    return ManagedProcess(
+        "tenant-controller",
+        argv,
+        log or info.logs_dir / "tenant-controller.log",
+        env=info.slurm_env() if slurm else None,
+    )
 
 
 def _stop_in_order(records: list[ProcessRecord]) -> None:
