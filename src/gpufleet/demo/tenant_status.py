@@ -203,9 +203,9 @@ def render(st: TenantStatus, *, wide: bool = False) -> Group:
     head.add_row("GPUs held", f"{k8s + slurm} of {quota} ({k8s} in pods, {slurm} in Slurm jobs)")
     if st.limits:
         head.add_row(
-            "may start",
-            f"pods up to {st.limits.get('kubernetesGpus', '-')} GPUs, "
-            f"Slurm jobs up to {st.limits.get('slurmGpus', '-')}",
+            "may hold",
+            f"{st.limits.get('kubernetesGpus', '-')} GPUs in pods, "
+            f"{st.limits.get('slurmGpus', '-')} in Slurm jobs (the split applied now)",
         )
     for t, s, m in st.conditions:
         if s == "True" or t == "Ready":

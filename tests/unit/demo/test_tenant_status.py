@@ -97,7 +97,7 @@ def test_nodes_gpus_incidents_and_their_goodput() -> None:
     console.print(ts.render(st))
     text = console.export_text()
     assert "12 of 16 (4 in pods, 8 in Slurm jobs)" in text
-    assert "pods up to 8 GPUs, Slurm jobs up to 12" in text and "3.00" in text
+    assert "8 GPUs in pods, 12 in Slurm jobs" in text and "3.00" in text
 
 
 def test_unreadable_nodes_and_remediations_still_show_the_pods_nodes() -> None:
