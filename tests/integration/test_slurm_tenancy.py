@@ -138,6 +138,8 @@ def test_sbatch_meets_the_quota(cluster: ClusterInfo, port: SacctmgrAssociations
     assert job_state(cluster, first) == "RUNNING|None"  # a lower limit stops nothing
     assert sbatch(cluster, 1).returncode != 0
     run(cluster, "scancel", first, second)
+    for job in (first, second):  # gone, not completing: the next test counts GPUs
+        wait_for(f"job {job} ended", lambda j=job: job_state(cluster, j) == "", 30)
 
 
 def test_a_deleted_tenants_account_goes_only_once_its_jobs_ended(
