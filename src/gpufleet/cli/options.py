@@ -176,6 +176,14 @@ EventNamespaceOpt = Annotated[
 
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
 
+MetricsPortOpt = Annotated[
+    int, typer.Option(help="Port of the Prometheus /metrics endpoint; 0 (default) turns it off.")
+]
+MetricsAddressOpt = Annotated[
+    str,
+    typer.Option(help="Address /metrics listens on (0.0.0.0 for a Prometheus off the host)."),
+]
+
 BmcCaBundleOpt = Annotated[
     Path | None,
     typer.Option(

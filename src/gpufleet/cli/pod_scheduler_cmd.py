@@ -9,7 +9,13 @@ from typing import Annotated
 import typer
 
 from gpufleet.cli import logs
-from gpufleet.cli.options import KubeconfigOpt, VerboseOpt, kubeconfig_arg
+from gpufleet.cli.options import (
+    KubeconfigOpt,
+    MetricsAddressOpt,
+    MetricsPortOpt,
+    VerboseOpt,
+    kubeconfig_arg,
+)
 from gpufleet.domain import well_known
 
 log = logging.getLogger("gpufleet.slurm.pod_scheduler")
@@ -59,14 +65,8 @@ def pod_scheduler(
     lease_name: Annotated[
         str, typer.Option(help="The Lease the replicas share; default: gpufleet-pod-scheduler.")
     ] = "",
-    metrics_port: Annotated[
-        int,
-        typer.Option(help="Port of the Prometheus /metrics endpoint; 0 (default) turns it off."),
-    ] = 0,
-    metrics_address: Annotated[
-        str,
-        typer.Option(help="Address /metrics listens on (0.0.0.0 for a Prometheus off the host)."),
-    ] = "127.0.0.1",
+    metrics_port: MetricsPortOpt = 0,
+    metrics_address: MetricsAddressOpt = "127.0.0.1",
     verbose: VerboseOpt = False,
     log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:

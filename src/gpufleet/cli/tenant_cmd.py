@@ -10,7 +10,13 @@ import typer
 
 from gpufleet.cli import logs
 from gpufleet.cli.errors import EXIT_NO, fail
-from gpufleet.cli.options import KubeconfigOpt, VerboseOpt, kubeconfig_arg
+from gpufleet.cli.options import (
+    KubeconfigOpt,
+    MetricsAddressOpt,
+    MetricsPortOpt,
+    VerboseOpt,
+    kubeconfig_arg,
+)
 
 log = logging.getLogger("gpufleet.tenants")
 
@@ -105,14 +111,8 @@ def tenant_controller(
         Path | None,
         typer.Option(help="Where sacctmgr and squeue are; default: on PATH."),
     ] = None,
-    metrics_port: Annotated[
-        int,
-        typer.Option(help="Port of the Prometheus /metrics endpoint; 0 (default) turns it off."),
-    ] = 0,
-    metrics_address: Annotated[
-        str,
-        typer.Option(help="Address /metrics listens on (0.0.0.0 for a Prometheus off the host)."),
-    ] = "127.0.0.1",
+    metrics_port: MetricsPortOpt = 0,
+    metrics_address: MetricsAddressOpt = "127.0.0.1",
     verbose: VerboseOpt = False,
     log_format: logs.LogFormatOpt = logs.LogFormat.TEXT,
 ) -> None:
