@@ -506,6 +506,8 @@ def plan_associations(
     an existing account whose description is not the tenant's managed description
     is never modified (:func:`foreign_accounts` names them); an account with
     running jobs is not removed (only its users and limit stay until they end).
+    A tenant naming no QOS leaves the account's QOS to Slurm (inherited from its
+    parent): it is compared only when the tenant names some.
     """
     ops: list[AssociationOp] = []
     for name in sorted(desired):
@@ -529,7 +531,7 @@ def plan_associations(
             continue
         if cur.description != want.description:
             continue
-        if want.qos != cur.qos or (want.qos and want.default_qos != cur.default_qos):
+        if want.qos and (want.qos != cur.qos or want.default_qos != cur.default_qos):
             ops.append(SetQos(name, want.qos, want.default_qos))
         if want.gpu_limit != cur.gpu_limit:
             ops.append(SetGpuLimit(name, want.gpu_limit))

@@ -180,6 +180,19 @@ def test_plan_associations_creates_updates_and_removes_only_managed() -> None:
     ]
 
 
+def test_no_qos_in_the_spec_leaves_slurms_qos_alone() -> None:
+    v = tenant("vision", users=(ALICE,))
+    inherited = SlurmAccount(
+        "vision", t.managed_description("vision"), frozenset({"alice"}), 2, frozenset({"normal"})
+    )
+    cur = SlurmTenancy({"vision": inherited}, {})
+    assert t.plan_associations({"vision": t.desired_account(v, 2)}, cur) == []
+    named = tenant("vision", users=(ALICE,), slurm=SlurmSettings("vision", ("high",), "high"))
+    assert t.plan_associations({"vision": t.desired_account(named, 2)}, cur) == [
+        SetQos("vision", frozenset({"high"}), "high")
+    ]
+
+
 def test_a_foreign_account_is_never_modified() -> None:
     v = tenant("vision", users=(ALICE,))
     hand = SlurmAccount("vision", "made by hand", frozenset(), None, frozenset())
