@@ -112,12 +112,14 @@ def test_rbac_is_exactly_what_the_tenant_controller_writes() -> None:
         *(("rbac.authorization.k8s.io", "rolebindings", v, "") for v in (*read, *write)),
         *(("networking.k8s.io", "networkpolicies", v, "") for v in (*read, *write)),
         *(("", r, v, "") for r in ("pods", "namespaces", "nodes") for v in read),
+        ("", "nodes", "patch", ""),  # the label and taint of a tenant's own nodes
         ("", "events", "create", ""),
         ("", "events", "patch", ""),
         ("rbac.authorization.k8s.io", "clusterroles", "bind", "edit"),
     }
-    # No namespace is ever created or deleted, no Secret read, no Node written.
-    assert not {g for g in rules if g[1] in ("namespaces", "nodes") and g[2] not in read}
+    # No namespace is ever created or deleted, no Secret read, no Node created or deleted.
+    assert not {g for g in rules if g[1] == "namespaces" and g[2] not in read}
+    assert not {g for g in rules if g[1] == "nodes" and g[2] not in (*read, "patch")}
     assert not {g for g in rules if g[1] == "secrets"}
     role = objs[("Role", f"{name}-lease")]
     assert role["metadata"]["namespace"] == NS

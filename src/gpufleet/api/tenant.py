@@ -181,6 +181,12 @@ STATUS_SCHEMA: Json = {
             "description": "The split applied now: each side may hold gpuQuota less what the "
             "other holds; null: no limit.",
         },
+        "nodes": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "The nodes it owns (spec.nodes.selector), labelled and tainted "
+            "gpufleet.io/tenant=<name>.",
+        },
         "left": {
             "type": "array",
             "items": {"type": "string"},

@@ -95,7 +95,12 @@ def summarize(
     for n in nodes:
         nname = str(n["metadata"]["name"])
         labels = n["metadata"].get("labels") or {}
-        owned = tenant_events.owns(scope, labels)
+        # What the controller applied (status.nodes) where it wrote it, else the selector.
+        owned = (
+            nname in status["nodes"]
+            if isinstance(status.get("nodes"), list)
+            else tenant_events.owns(scope, labels)
+        )
         if nname in held or owned:
             state = str(labels.get(well_known.LABEL_STATE) or "-")
             if (n.get("spec") or {}).get("unschedulable"):

@@ -14,19 +14,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.api import conditions as cond
 from gpufleet.api import tenant as tenant_api
 from gpufleet.api.names import API_VERSION
-from gpufleet.domain import tenancy, well_known
+from gpufleet.domain import tenancy, tenant_nodes, well_known
 from gpufleet.domain.enrollment import rfc3339
 from gpufleet.domain.tenancy import SlurmAccount, SlurmTenancy, Tenant
 from gpufleet.kubeapi import ApiError, Conflict, KubePort, NotFound, Resource, custom
 from gpufleet.kubeapi.events import event_body
-from gpufleet.kubeapi.resources import PODS
+from gpufleet.kubeapi.resources import NODES, PODS
 from gpufleet.tenants.metrics import TenantMetrics
 from gpufleet.tenants.node_events import NodeEventCopier
 from gpufleet.tenants.ports import SlurmAssociations
@@ -129,6 +129,7 @@ class TenantController:
             else:
                 parsed[name] = tenant_api.from_object(obj)
         conflicts = tenancy.conflicts(parsed.values())
+        nodes = await self._nodes(parsed.values(), conflicts)
         slurm = await self.slurm.read() if self.slurm is not None else None
         owned = await self._owned()
         desired_accounts: dict[str, SlurmAccount | None] = {}
@@ -138,7 +139,7 @@ class TenantController:
                 if obj["metadata"].get("deletionTimestamp"):
                     await self._release_invalid(obj, owned.get(obj["metadata"]["name"], {}))
                 continue
-            acct = await self._one(obj, t, conflicts.get(t.name, []), slurm, owned)
+            acct = await self._one(obj, t, conflicts.get(t.name, []), slurm, owned, nodes)
             if acct is not None:
                 desired_accounts[acct[0]] = acct[1]
         if slurm is not None and self.slurm is not None:
@@ -150,6 +151,37 @@ class TenantController:
         if self.node_events is not None and not self.settings.dry_run:
             await self.node_events.copy(list(parsed.values()))
         self.passes += 1
+
+    async def _nodes(
+        self, tenants: Iterable[Tenant], conflicts: dict[str, list[str]]
+    ) -> _TenantNodes | None:
+        """Mark the nodes each tenant owns (label and NoSchedule taint), release the others
+        gpufleet marked; adds node conflicts to ``conflicts``. None: the Nodes could not be
+        read, so nothing of them is written this pass (and no tenant's nodes are shown)."""
+        try:
+            listed = (await self.kube.list(NODES)).items
+        except ApiError as e:
+            log.warning("tenant nodes not read, none written this pass: %s", e)
+            return None
+        by_name = {str(n["metadata"]["name"]): n for n in listed}
+        applicable = [t for t in tenants if not t.deleting and not conflicts.get(t.name)]
+        own = tenant_nodes.ownership(
+            applicable, {n: o["metadata"].get("labels") or {} for n, o in by_name.items()}
+        )
+        for name, found in own.conflicts.items():
+            conflicts.setdefault(name, []).extend(found)
+        plan = tenant_nodes.plan_nodes(own, by_name)
+        for w in plan.writes:
+            what = f"tenant {w.tenant}" if w.tenant else "released"
+            if self.settings.dry_run:
+                log.info("dry run: would mark node %s: %s", w.node, what)
+                continue
+            try:
+                await self.kube.patch(NODES, w.node, dict(w.patch))
+                log.info("node %s: %s", w.node, what)
+            except (Conflict, NotFound):
+                log.info("node %s changed meanwhile: marked at the next pass", w.node)
+        return _TenantNodes(own, plan.foreign)
 
     async def _owned(self) -> dict[str, dict[tuple[str, str, str], Any]]:
         """Every object gpufleet wrote for a tenant, per tenant, by (kind, namespace, name)."""
@@ -168,6 +200,7 @@ class TenantController:
         conflict: list[str],
         slurm: SlurmTenancy | None,
         owned: Mapping[str, Mapping[tuple[str, str, str], Any]],
+        nodes: _TenantNodes | None = None,
     ) -> tuple[str, SlurmAccount | None] | None:
         """Reconcile one valid tenant; returns its Slurm account's desired state (or None:
         leave Slurm alone for it)."""
@@ -183,7 +216,13 @@ class TenantController:
         slurm_gpus = slurm.gpus_running.get(t.account, 0) if slurm is not None else 0
         usage = tenancy.Usage(per_ns, slurm_gpus)
         if conflict and not t.deleting:
-            await self._status(obj, usage=usage, quota=t.gpu_quota, conflict=conflict)
+            await self._status(
+                obj,
+                usage=usage,
+                quota=t.gpu_quota,
+                conflict=conflict,
+                nodes=[] if nodes is not None else None,
+            )
             return None
         limits = tenancy.split(t.gpu_quota, usage, deleting=t.deleting)
         desired = [] if conflict else tenancy.desired_objects(t, limits, role=self.settings.role)
@@ -203,6 +242,11 @@ class TenantController:
         foreign = [
             f"{k} {ns}/{n} exists and is not gpufleet's: left alone" for k, ns, n in ops.foreign
         ]
+        mine_nodes: list[str] | None = None
+        if nodes is not None and not t.deleting:
+            wanted = nodes.ownership.nodes_of(t.name)
+            foreign += [nodes.foreign[n] for n in wanted if n in nodes.foreign]
+            mine_nodes = [n for n in wanted if n not in nodes.foreign]
         account: SlurmAccount | None = None
         slurm_note: list[str] = []
         if gone:
@@ -225,6 +269,7 @@ class TenantController:
             left=left,
             notes=foreign + slurm_note,
             conflict=conflict,
+            nodes=mine_nodes,
         )
         return (t.account, account) if account is not None and not slurm_note else None
 
@@ -337,8 +382,10 @@ class TenantController:
         left: Sequence[str] = (),
         notes: Sequence[str] = (),
         conflict: Sequence[str] = (),
+        nodes: Sequence[str] | None = None,
     ) -> None:
-        """Write the status when it changed (conditions merged by type)."""
+        """Write the status when it changed (conditions merged by type); ``nodes``: those it
+        owns (None: not read this pass, the status keeps what it said)."""
         meta = obj["metadata"]
         old = dict(obj.get("status") or {})
         gen = int(meta.get("generation") or 0)
@@ -394,6 +441,8 @@ class TenantController:
                 "slurmGpus": limits.slurm_gpus,
             }
         status["left"] = list(left)
+        if nodes is not None:
+            status["nodes"] = list(nodes)
         if self.metrics is not None:
             self.metrics.observe(
                 meta["name"], quota, usage, limits, {c["type"]: c["status"] == "True" for c in cs}
@@ -413,6 +462,14 @@ class TenantController:
             invalid_now = c["type"] == "Ready" and c["reason"] == "Invalid"
             if invalid_now and c["message"] != _message(old, "Ready"):
                 await self._event(obj, "TenantInvalid", "Warning", c["message"])
+
+
+@dataclass(frozen=True)
+class _TenantNodes:
+    """This pass's node ownership and the nodes left alone (a label or taint not ours)."""
+
+    ownership: tenant_nodes.Ownership
+    foreign: Mapping[str, str]
 
 
 def _message(status: Mapping[str, Any], type_: str) -> str | None:

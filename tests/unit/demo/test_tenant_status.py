@@ -112,3 +112,9 @@ def test_a_refused_spec_is_shown_with_why() -> None:
     bad = {**TENANT, "spec": {**TENANT["spec"], "gpuQuota": -2}}
     st = ts.summarize(bad, [], [], [], [])
     assert any("gpuQuota" in p for p in st.problems)
+
+
+def test_owned_nodes_are_those_the_controller_applied_once_it_wrote_them() -> None:
+    applied = {**TENANT, "status": {**TENANT["status"], "nodes": ["n3"]}}
+    st = ts.summarize(applied, [_node("n2", pool="vision"), _node("n3")], [], [], [])
+    assert [(r.node, r.owned) for r in st.nodes] == [("n3", True)]

@@ -1,0 +1,141 @@
+"""A tenant's own nodes: which nodes each tenant owns, and the Node writes that mark them.
+
+A Tenant with ``spec.nodes.selector`` owns the Nodes whose labels match it. gpufleet
+marks an owned node with the label ``gpufleet.io/tenant=<tenant>`` and the taint
+``gpufleet.io/tenant=<tenant>:NoSchedule``: new pods of anyone else stay off it, while
+pods already running there are never evicted (NoSchedule, not NoExecute: the point
+is new work; docs/decisions/0290). The annotation ``gpufleet.io/tenant-set`` records
+what gpufleet set, so that only its own label and taint are ever changed or removed: a
+label or taint of that key set by someone else is left alone and reported.
+
+A node two tenants select belongs to the older one (``creationTimestamp``, then name:
+:func:`gpufleet.domain.tenancy.conflicts`' rule); the newer gets a conflict. A tenant
+being deleted, invalid or in conflict owns nothing, so its nodes are released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.domain.tenancy import LABEL_TENANT, Tenant
+from gpufleet.domain.tenant_events import owns as selects
+
+TAINT_KEY = LABEL_TENANT
+"""The taint's key: the same as the label's (``gpufleet.io/tenant``), effect NoSchedule."""
+ANNOTATION_SET = "gpufleet.io/tenant-set"
+"""On a Node: the tenant whose label and taint gpufleet set there (absent: none of ours)."""
+EFFECT = "NoSchedule"
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Which tenant owns each node, and what newer tenants claim of an older one's."""
+
+    owner: Mapping[str, str]
+    """Node name -> owning tenant."""
+    conflicts: Mapping[str, list[str]]
+    """Tenant -> the nodes an older tenant holds, one sentence each (empty: none)."""
+
+    def nodes_of(self, tenant: str) -> list[str]:
+        return sorted(n for n, t in self.owner.items() if t == tenant)
+
+
+def ownership(tenants: Iterable[Tenant], nodes: Mapping[str, Mapping[str, str]]) -> Ownership:
+    """From the tenants that may own nodes and every Node's labels, who owns what.
+
+    ``tenants``: only those to apply (valid, not deleting, not otherwise in conflict);
+    the oldest that selects a node owns it, the others get a conflict naming it. A
+    tenant in conflict owns no node at all (nothing of it is applied, as for any other
+    conflict), so the older never loses a node and the newer lets go of all of them.
+    """
+    owner: dict[str, str] = {}
+    found: dict[str, list[str]] = {}
+    for t in sorted(tenants, key=lambda x: x.order):
+        found[t.name] = []
+        for name in sorted(nodes):
+            if not selects(t, nodes[name]):
+                continue
+            held = owner.get(name)
+            if held is None:
+                owner[name] = t.name
+            elif held != t.name:
+                found[t.name].append(f"node {name} belongs to tenant {held}")
+    return Ownership({n: t for n, t in owner.items() if not found[t]}, found)
+
+
+def _taints(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list((node.get("spec") or {}).get("taints") or [])
+
+
+@dataclass(frozen=True)
+class NodeWrite:
+    """One Node's change: a merge patch (guarded by the Node's resourceVersion) and why."""
+
+    node: str
+    patch: Mapping[str, Any]
+    tenant: str | None
+    """The tenant it now belongs to (None: released)."""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    writes: tuple[NodeWrite, ...] = ()
+    foreign: Mapping[str, str] = field(default_factory=dict)
+    """Node -> why it was left alone (a label or taint of the key gpufleet did not set)."""
+
+
+def plan_nodes(ownership_: Ownership, nodes: Mapping[str, Mapping[str, Any]]) -> NodePlan:
+    """The Node writes that make the label and taint match the ownership.
+
+    ``nodes``: every Node by name (as read). A node is changed only where gpufleet set
+    what is there (its annotation) or where nothing of the key is there; a label or
+    taint of ``gpufleet.io/tenant`` it did not set is never touched (reported in
+    ``foreign`` when a tenant wants the node). Only the taint of that key is changed;
+    everyone else's taints are kept, and the patch carries the Node's resourceVersion
+    so that a taint added meanwhile is never written over (the write is refused: the
+    next pass reads again).
+    """
+    writes: list[NodeWrite] = []
+    foreign: dict[str, str] = {}
+    for name in sorted(nodes):
+        node = nodes[name]
+        meta = node.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        ours = (meta.get("annotations") or {}).get(ANNOTATION_SET)
+        taints = _taints(node)
+        key_taints = [t for t in taints if t.get("key") == TAINT_KEY]
+        want = ownership_.owner.get(name)
+        if ours is None:
+            if want is None:
+                continue
+            if LABEL_TENANT in labels or key_taints:
+                foreign[name] = (
+                    f"node {name} has a {LABEL_TENANT} label or taint gpufleet did not set: "
+                    "left alone"
+                )
+                continue
+        if want is not None and want == ours and _marked(labels, key_taints, want):
+            continue
+        others = [dict(t) for t in taints if t.get("key") != TAINT_KEY]
+        if want is not None:
+            others.append({"key": TAINT_KEY, "value": want, "effect": EFFECT})
+        patch: dict[str, Any] = {
+            "metadata": {
+                "labels": {LABEL_TENANT: want},
+                "annotations": {ANNOTATION_SET: want},
+            },
+            "spec": {"taints": others},
+        }
+        version = meta.get("resourceVersion")
+        if version:
+            patch["metadata"]["resourceVersion"] = version
+        writes.append(NodeWrite(name, patch, want))
+    return NodePlan(tuple(writes), foreign)
+
+
+def _marked(labels: Mapping[str, str], key_taints: list[Mapping[str, Any]], want: str) -> bool:
+    return labels.get(LABEL_TENANT) == want and key_taints == [
+        {"key": TAINT_KEY, "value": want, "effect": EFFECT}
+    ]
