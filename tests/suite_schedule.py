@@ -41,7 +41,7 @@ GROUPS: dict[str, str] = {
 
 EXPECTED_S: dict[str, float] = {
     "host-ground": 1980.0,
-    "demo": 615.0,
+    "demo": 650.0,
     "tests/integration/test_safety_gate.py": 210.0,
     "tests/integration/test_slurm_health.py": 140.0,
     "tests/integration/test_scale_burst.py": 110.0,

@@ -47,6 +47,9 @@ def demo(
     timeouts (every ladder step {ladder}s, verification {verify}s, drain
     {drain}s, a condition clears {clear}s after the fault stops).
 
+    two-tenants starts instead Slurm 24.11 with accounting (slurmdbd, MariaDB) enforcing
+    the tenants' limits and the tenant controller, with no agent, controller or syncer.
+
     Example:
 
         gpufleet demo --scenario controller-crash-mid-remediation --keep
@@ -69,8 +72,13 @@ def demo(
     ok = False
     try:
         with terminate_on_signals():
+            chosen = SCENARIOS[scenario]
             demo_ = Demo.start(
-                nodes=nodes, run_dir=path, console=out, machines=SCENARIOS[scenario].machines
+                nodes=nodes,
+                run_dir=path,
+                console=out,
+                machines=chosen.machines,
+                tenants=chosen.tenants,
             )
             ready = time.monotonic()
             demo_.run(scenario)

@@ -89,6 +89,8 @@ class Fleet:
     """BMCs of machines that are not part of the cluster yet (they join in a scenario)."""
     joining: set[str] = field(default_factory=set)
     """Machines added by a scenario; :meth:`remove_joining` takes them out again."""
+    tenants: bool = False
+    """Started for tenants (:meth:`start`): no agents, controller or syncer run on it."""
 
     # ------------------------------------------------------------ start-up
 
@@ -100,7 +102,10 @@ class Fleet:
         run_dir: Path,
         progress: Callable[[str], None],
         machines: int = 0,
+        tenants: bool = False,
     ) -> Fleet:
+        """``tenants``: Slurm 24.11 with accounting enforcing associations' limits, and
+        the tenant controller (the ``two-tenants`` scenario; decision 0289)."""
         spec = ClusterSpec(nodes=nodes, run_dir=run_dir)
         ports = Ports.pick(spec.node_names())
         hooks = {n: f"http://127.0.0.1:{p}/recover" for n, p in ports.inject.items()}
@@ -112,6 +117,13 @@ class Fleet:
             # A scenario powers its machines on through their BMCs.
             machines=machines,
             machine_power_on=False,
+            # Without the syncer to lend nodes, Slurm keeps the first half and pods get
+            # the rest (tenant_scenarios.kubernetes_nodes).
+            slurmd_nodes=nodes // 2 if tenants else None,
+            slurm_version="24.11" if tenants else ClusterSpec.slurm_version,
+            slurm_accounting=tenants,
+            slurm_enforce_limits=tenants,
+            tenant_controller=tenants,
         )
         cluster = LocalCluster(spec, progress=progress)
         info = cluster.start()
@@ -122,6 +134,7 @@ class Fleet:
                 info=info,
                 ports=ports,
                 api=api,
+                tenants=tenants,
             )
             (info.run_dir / "slurm-jwt").write_text(info.slurm_jwt or "")
             (info.run_dir / "slurm-jwt").chmod(0o600)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gpufleet.demo import job, kube, policy
@@ -39,9 +40,21 @@ class Demo:
         """Whether a scenario ran since start-up (the next one needs a reset)."""
 
     @classmethod
-    def start(cls, *, nodes: int, run_dir: Path, console: Console, machines: int = 0) -> Demo:
+    def start(
+        cls,
+        *,
+        nodes: int,
+        run_dir: Path,
+        console: Console,
+        machines: int = 0,
+        tenants: bool = False,
+    ) -> Demo:
+        """The fleet; with ``tenants`` the one the tenants' scenario needs (Slurm 24.11
+        with accounting enforcing limits, the tenant controller; no agents, controller
+        or syncer: decision 0289)."""
         t0 = time.monotonic()
         extra = f" and {machines} real machine(s)" if machines else ""
+        extra += ", Slurm 24.11 with accounting enforcing limits" if tenants else ""
         console.print(
             f"[bold]Starting the local cluster[/bold] ({nodes} GPU nodes{extra}) in {run_dir}"
         )
@@ -50,8 +63,14 @@ class Demo:
             run_dir=run_dir,
             progress=lambda m: console.print(f"  {m}"),
             machines=machines,
+            tenants=tenants,
         )
         demo = cls(fleet, console)
+        if tenants:
+            console.print(
+                f"  tenant controller running (set-up took {time.monotonic() - t0:.1f} s)"
+            )
+            return demo
         try:
             fleet.apply_policy(policy.demo_policy_spec())
             fleet.start_agents()
@@ -109,6 +128,11 @@ class Demo:
 
     def run(self, name: str) -> ScenarioResult:
         scenario = SCENARIOS[name]
+        if scenario.tenants != self.fleet.tenants:
+            raise ValueError(
+                f"scenario {name} needs a fleet started with tenants={scenario.tenants}"
+                " (Demo.start): the tenants' fleet runs another Slurm and no agents"
+            )
         self.prepare(scenario)
         self.dirty = True
         workdir = self.fleet.info.run_dir / "demo" / name
@@ -181,6 +205,14 @@ def print_summary(console: Console, r: ScenarioResult) -> None:
     add("power-on -> burn-in (hardware matches the Machine)", "burn_in_s")
     add("power-on -> production (burn-in checks passed)", "production_s")
     add("XID 79 -> reimage through the BMC -> production", "reimage_to_production_s")
+    add("Tenants applied -> Ready, Slurm accounts and limits written", "ready_s")
+    for label, key in (
+        ("pod over the quota", "pod_refused"),
+        ("sbatch over the quota", "sbatch_refused"),
+        ("what the refused sbatch means", "sbatch_meaning"),
+    ):
+        if key in f:
+            table.add_row(label, escape(str(f[key])))
     for key in ("sbatch", "gang"):
         q = f.get(key)
         if q is not None:

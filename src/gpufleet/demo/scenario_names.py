@@ -23,4 +23,5 @@ NAMES = (
     "new-machine",
     "real-machine",
     "maintenance",
+    "two-tenants",
 )

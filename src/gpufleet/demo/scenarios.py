@@ -20,7 +20,7 @@ import httpx
 import yaml
 
 from gpufleet.api import nodedata
-from gpufleet.demo import job, kube, policy, replica_scenarios
+from gpufleet.demo import job, kube, policy, replica_scenarios, tenant_scenarios
 from gpufleet.demo.fleet import Fleet
 from gpufleet.demo.observe import Entry
 from gpufleet.demo.timeline import StepMissed, Timeline
@@ -1062,6 +1062,10 @@ class Scenario:
     """Real machines the fleet needs (qemu VMs; ``gpufleet local up --machines``)."""
     pod_scheduler: bool = False
     """The scenario starts ``gpufleet pod-scheduler``; the others run without it."""
+    tenants: bool = False
+    """The scenario needs a fleet of its own: Slurm 24.11 with accounting enforcing
+    limits and the tenant controller, without the agents, controller and syncer
+    (decision 0289)."""
 
 
 MAINTENANCE_PLAN = "demo-driver-rollout"
@@ -1260,6 +1264,15 @@ SCENARIOS: dict[str, Scenario] = {
             "a running Slurm job's node is drained and waits for the job; each batch is "
             "verified before the next",
             maintenance,
+        ),
+        Scenario(
+            "two-tenants",
+            "two tenants share the fleet, vision with a quota of 8 GPUs and speech with 16: "
+            "vision holds 4 in a pod and 4 in a Slurm job, then asks for more from kubectl "
+            "and from sbatch and is refused by each with the reason; speech runs within its "
+            "quota from both, unaffected",
+            tenant_scenarios.two_tenants,
+            tenants=True,
         ),
     )
 }
