@@ -18,8 +18,10 @@ in the local demo).
 
 Departure notice: on SIGUSR1 or SIGTERM the group finishes the step it is in,
 leaves the quorum (its manager stops heartbeating to the lighthouse), writes a
-``departed`` event and exits 0, so that the batch script ends and a requeue
-starts it again elsewhere.
+``departed`` event and exits 75 (``EX_TEMPFAIL``, "try again later"), so that the
+batch script ends with that code and gpufleet requeues it to start again elsewhere.
+A group that reaches ``--steps`` exits 0: its work is done, and a job that ended
+with 0 after a notice is not run again (docs/decisions/0279).
 
 Checkpoints that do not stall: every ``--ckpt-every`` steps the group in quorum
 position 0 copies its state to memory (the only blocking part, recorded as
@@ -72,6 +74,9 @@ from torchft.optim import OptimizerWrapper
 DIM = 32
 BATCH = 64
 SDC_BIT = 20
+DEPARTED_EXIT_CODE = 75
+"""The exit code of a group that left on a notice and wants to come back (EX_TEMPFAIL;
+gpufleet requeues only such a job, gpufleet.domain.departure.DEPARTED_EXIT_CODE)."""
 
 
 def build_model() -> nn.Module:
@@ -418,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         events("done", step=manager.current_step(), loss=float(loss))
         print(f"group {group}: done at step {manager.current_step()}", flush=True)
-    return 0
+    return DEPARTED_EXIT_CODE if leaving else 0
 
 
 if __name__ == "__main__":

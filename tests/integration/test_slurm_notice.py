@@ -2,11 +2,13 @@
 ``gpufleet.io/notice`` gets SIGUSR1 on its step before its node is taken and is requeued
 once it left; one that ignores it is requeued when the grace ends; one without the token
 is requeued at once, as before; a syncer stopped between notice and requeue does not
-lose the requeue (the record is on the Node).
+lose the requeue (the record is on the Node); a noticed job that finishes its work
+(exit 0) within the grace is not run again (docs/decisions/0279).
 
 Each job is one step (``srun``) of a small shell loop: a "training step" every 0.2 s,
 a marker line for each, for the SIGUSR1 it saw, and for its departure (it finishes the
-step it is in and exits 0, so the batch script ends and the job completes)."""
+step it is in and exits 75, so the batch script ends and the job fails with that code:
+it wants to come back; or exits 0: its work is done)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ GRACE = 10.0
 NOTICES = well_known.ANNOTATION_SLURM_NOTICES
 
 STEP = """\
-out="$1"; mode="$2"; linger="$3"; leave=0
+out="$1"; mode="$2"; linger="$3"; code="$4"; leave=0
 if [ "$mode" = ignore ]; then
   trap 'echo "usr1 $(date +%s.%N)" >> "$out"' USR1
 else
@@ -42,7 +44,7 @@ while true; do
   if [ "$leave" = 1 ]; then
     sleep "$linger"
     echo "departed $i $(date +%s.%N)" >> "$out"
-    exit 0
+    exit "$code"
   fi
 done
 """
@@ -68,14 +70,22 @@ def syncer(info: ClusterInfo) -> RunningSyncer:
     return RunningSyncer(info, settings, SyncerMetrics()).start()
 
 
-def submit(slurm: Slurm, tmp: Path, node: str, mode: str, comment: str, linger: float = 0) -> int:
+def submit(
+    slurm: Slurm,
+    tmp: Path,
+    node: str,
+    mode: str,
+    comment: str,
+    linger: float = 0,
+    code: int = departure.DEPARTED_EXIT_CODE,
+) -> int:
     step = tmp / "step.sh"
     step.write_text(STEP)
     out = tmp / f"{mode}-{node}.log"
     args = ["sbatch", "--parsable", "--requeue", f"--nodelist={node}", "--output=/dev/null"]
     if comment:
         args.append(f"--comment={comment}")
-    wrap = f"srun bash {step} {out} {mode} {linger}"
+    wrap = f"srun bash {step} {out} {mode} {linger} {code}"
     job_id = int(slurm.run(*args, f"--wrap={wrap}").strip().split(";")[0])
     wait_for(f"job {job_id} stepping", lambda: out.exists() and "step 2" in out.read_text(), 30)
     return job_id
@@ -155,14 +165,14 @@ def test_notice_then_requeue_once_left_or_at_grace_and_no_token_at_once(
         seen = marks(tmp_path, "leave", told)
         assert t_notice <= seen["usr1"] <= seen["departed"] <= t_requeue
         # Requeued because it left, not at the grace.
-        assert outcome(s, "left") == {"left": 1, "grace_expired": 0}
+        assert outcome(s, "left") == {"left": 1, "grace_expired": 0, "ended": 0}
 
         # The token, ignored: requeued when the grace ended, not before.
         d_notice = noticed_at(kube, deaf, j_deaf)
         d_requeue = requeued_at(slurm, j_deaf, GRACE + 10)
         assert "usr1" in marks(tmp_path, "ignore", deaf)
         assert d_requeue >= d_notice + GRACE
-        assert outcome(s, "grace_expired") == {"left": 1, "grace_expired": 1}
+        assert outcome(s, "grace_expired") == {"left": 1, "grace_expired": 1, "ended": 0}
         assert s.metrics is not None
         assert s.metrics.registry.get_sample_value("gpufleet_syncer_notices_total") == 2
         wait_for("records cleared", lambda: kube.annotation(deaf, NOTICES) is None, 10)
@@ -193,15 +203,40 @@ def test_a_syncer_stopped_between_notice_and_requeue_still_requeues(
         noticed_at(kube, node, job_id)
         wait_for("the step saw the notice", lambda: "usr1" in marks(tmp_path, "leave", node), 10)
         first.stop()  # its memory (what it signalled) is gone; the Node keeps the record
-        wait_for("job left", lambda: show(slurm, job_id)["JobState"] == "COMPLETED", 15)
+        wait_for("job left", lambda: show(slurm, job_id)["JobState"] == "FAILED", 15)
+        assert show(slurm, job_id)["ExitCode"] == "75:0"  # it departed: it wants to come back
         assert show(slurm, job_id)["Restarts"] == "0"
         restarted = syncer(local_cluster)
         requeued_at(slurm, job_id, 10)
-        assert outcome(restarted, "left") == {"left": 1, "grace_expired": 0}
+        assert outcome(restarted, "left") == {"left": 1, "grace_expired": 0, "ended": 0}
         wait_for("record cleared", lambda: kube.annotation(node, NOTICES) is None, 10)
     finally:
         if restarted is not None:
             restarted.stop()
+        slurm.cancel_all()
+        kube.set_condition(node, "GpuProblem", "False", "Healthy")
+        slurm.undrain_all()
+
+
+def test_a_noticed_job_that_finishes_its_work_within_the_grace_is_not_run_again(
+    env, local_cluster: ClusterInfo, tmp_path: Path
+) -> None:
+    kube, slurm = env
+    node = local_cluster.node_names[3]
+    s = syncer(local_cluster)
+    try:
+        # On its notice it finishes the step it is in and exits 0: its work is done.
+        job_id = submit(slurm, tmp_path, node, "leave", "gpufleet.io/notice", code=0)
+        kube.set_condition(node, "GpuProblem", "True", "Xid79")
+        noticed_at(kube, node, job_id)
+        wait_for("job done", lambda: show(slurm, job_id)["JobState"] == "COMPLETED", 10)
+        assert outcome(s, "ended") == {"left": 0, "grace_expired": 0, "ended": 1}
+        wait_for("record cleared", lambda: kube.annotation(node, NOTICES) is None, 10)
+        time.sleep(1.5)  # three more polls: still not requeued
+        job = show(slurm, job_id)
+        assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "0")
+    finally:
+        s.stop()
         slurm.cancel_all()
         kube.set_condition(node, "GpuProblem", "False", "Healthy")
         slurm.undrain_all()

@@ -29,6 +29,7 @@ from gpufleet.demo.replica_events import (
     survivor_gap,
 )
 from gpufleet.demo.replicas import Groups, Lighthouse, lighthouse
+from gpufleet.domain.departure import DEPARTED_EXIT_CODE
 
 pytestmark = [pytest.mark.integration, pytest.mark.steps]
 
@@ -91,7 +92,7 @@ def test_a_group_given_notice_leaves_at_a_step_boundary_and_the_others_lose_no_s
     groups = training.groups
     noticed = time.time()
     groups.signal("g2", signal.SIGUSR1)
-    assert groups.procs["g2"].wait(30) == 0
+    assert groups.procs["g2"].wait(30) == DEPARTED_EXIT_CODE  # it wants to come back
     events = groups.wait_for(
         "the survivors' five steps after the departure",
         lambda ev: steps_after(ev, ("g0", "g1"), noticed, 5),
@@ -198,6 +199,6 @@ def test_the_groups_wait_out_a_lighthouse_restart_and_go_on(training: Training) 
     for g in ("g0", "g2"):
         assert survivor_gap(events, g, down, time.time()).steps_lost <= 1
     codes = groups.stop()
-    assert codes["g0"] == codes["g2"] == 0
+    assert codes["g0"] == codes["g2"] == DEPARTED_EXIT_CODE
     events = groups.events()
     assert {e.group for e in of(events, "departed") if e.t > down} == {"g0", "g2"}

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from gpufleet.domain import hostlist, slurm_sync
+from gpufleet.domain import departure, hostlist, slurm_sync
 from gpufleet.kubeapi import Json, KubePort, ObjectList, Patch, Resource, WatchEvent
 from gpufleet.remediate.evidence import ResetEvidence
 from gpufleet.remediate.identity import BmcIdentity
@@ -53,6 +53,8 @@ class FakeSlurm(SlurmRestPort, ScontrolPort):
         """Node names read one by one; ``*`` for a read of every node."""
         self.unchanged = False
         """Answer reads "changed since" with "nothing changed" (slurmrestd's 304)."""
+        self.ended_jobs: Mapping[int, departure.Ended] = {}
+        """Ended jobs that asked for a departure notice (their state and exit code)."""
         self.since: list[float] = []
         """The ``since`` of every "changed since" read of the nodes."""
         self.calls: list[tuple[str, ...]] = []

@@ -153,7 +153,8 @@ class Groups:
         self.procs[group].send_signal(sig)
 
     def stop(self, timeout_s: float = 30) -> dict[str, int | None]:
-        """SIGTERM every group still running (each leaves at a step boundary); exit codes."""
+        """SIGTERM every group still running (each leaves at a step boundary and exits 75,
+        docs/decisions/0279); exit codes."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -18,6 +18,12 @@ same notice), and requeues at the same deadline, or at once a job that left
 while it was away (docs/decisions/0273). A noticed job that left is requeued even
 if the node came back meanwhile (:func:`after_drain`): the notice made it exit.
 
+A job that leaves because of its notice says so by its exit code,
+:data:`DEPARTED_EXIT_CODE` (75, ``EX_TEMPFAIL``: try again later); only such a job
+is requeued once it left. A noticed job that ended any other way (exit 0: its work is
+done; cancelled by its owner; another failure) or whose record Slurm no longer has is
+not run again: its notice is dropped (docs/decisions/0279).
+
 Pure: :func:`plan_departure` decides; the syncer carries it out.
 """
 
@@ -38,6 +44,10 @@ NOTICE_TOKEN = "gpufleet.io/notice"
 DEFAULT_GRACE_S = 30.0
 """Seconds a noticed job has to leave before it is requeued all the same."""
 
+DEPARTED_EXIT_CODE = 75
+"""The exit code of a job that left because of its notice and wants to come back
+(``EX_TEMPFAIL``); exit 0 means its work is done."""
+
 _TOKEN = re.compile(r"(?<![\w./-])" + re.escape(NOTICE_TOKEN) + r"(?![\w./-])")
 
 
@@ -55,15 +65,49 @@ class Outcome(StrEnum):
     """It left the node (its steps ended) before the grace was over."""
     GRACE_EXPIRED = "grace_expired"
     """It was still running when the grace ended."""
+    ENDED = "ended"
+    """It ended on its own (done, cancelled, failed) or Slurm no longer knows it: not
+    requeued, its notice dropped."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """Slurm's record of a job that holds no node any more (``/jobs`` keeps it for
+    MinJobAge): its base state and, if it exited, its exit code (None: killed by a
+    signal, or not given)."""
+
+    state: str
+    exit_code: int | None = None
+
+    @property
+    def departed(self) -> bool:
+        """It left because of its notice: it failed with :data:`DEPARTED_EXIT_CODE`."""
+        return self.state == "FAILED" and self.exit_code == DEPARTED_EXIT_CODE
+
+
+def _left(job_id: int, at: float, ended: Mapping[int, Ended]) -> Requeue:
+    """A noticed job no longer running: requeued (LEFT) if it departed, else dropped
+    (ENDED: its work done, cancelled, failed otherwise, or purged from Slurm's records;
+    a requeue would run finished work again, docs/decisions/0279)."""
+    record = ended.get(job_id)
+    if record is not None and record.departed:
+        return Requeue(job_id, Outcome.LEFT, at)
+    return Requeue(job_id, Outcome.ENDED, at)
 
 
 @dataclass(frozen=True, slots=True)
 class Requeue:
-    """A job to requeue now; ``outcome`` None: it wanted no notice (requeued at once)."""
+    """A job to requeue now; ``outcome`` None: it wanted no notice (requeued at once);
+    ENDED: not requeued, only its notice dropped (:attr:`requeues`)."""
 
     job_id: int
     outcome: Outcome | None = None
     noticed_at: float | None = None
+
+    @property
+    def requeues(self) -> bool:
+        """Whether ``scontrol requeue`` is owed (not for a job that ended on its own)."""
+        return self.outcome is not Outcome.ENDED
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +131,17 @@ def plan_departure(
     signalled: Set[int],
     now: float,
     grace_s: float,
+    ended: Mapping[int, Ended],
 ) -> DeparturePlan:
     """What to do with the running jobs of one node that must be emptied now.
 
     ``jobs``: the jobs running on the node; ``notices``: the notices recorded for it (job
     id -> wall-clock time of the first notice); ``signalled``: the jobs this process has
     signalled already; ``grace_s`` <= 0 turns notices off (every job requeued at once).
-    A recorded job no longer running on the node has left it: it is requeued (Slurm
-    requeues a finished batch job, and refuses one already pending: nothing lost).
+    ``ended``: Slurm's records of jobs that hold no node any more. A recorded job no
+    longer running on the node has left it: it is requeued if it departed (exit code
+    :data:`DEPARTED_EXIT_CODE`; Slurm requeues a finished batch job), else only its
+    notice is dropped (outcome ENDED, :func:`_left`).
     """
     notice: list[int] = []
     requeue: list[Requeue] = []
@@ -121,7 +168,7 @@ def plan_departure(
         else:
             requeue.append(Requeue(job.job_id))
     for job_id in sorted(set(notices) - running):
-        requeue.append(Requeue(job_id, Outcome.LEFT, notices[job_id]))
+        requeue.append(_left(job_id, notices[job_id], ended))
     return DeparturePlan(
         tuple(notice),
         tuple(requeue),
@@ -132,10 +179,15 @@ def plan_departure(
 
 
 def after_drain(
-    jobs: Sequence[JobView], notices: Mapping[int, float], now: float, grace_s: float
+    jobs: Sequence[JobView],
+    notices: Mapping[int, float],
+    now: float,
+    grace_s: float,
+    ended: Mapping[int, Ended],
 ) -> tuple[tuple[Requeue, ...], tuple[int, ...]]:
     """The node is back (our drain went) with notices recorded: ``(requeue, keep)``. The
-    noticed jobs that left are still owed their requeue (the notice made them exit); one
+    noticed jobs that departed are still owed their requeue (the notice made them exit;
+    those that ended otherwise are dropped, :func:`_left`); one
     still running within its grace is kept on record (it may be leaving: owed a requeue
     then); one running past its grace is forgotten and keeps running (the node is back)."""
     running = {j.job_id for j in jobs}
@@ -143,7 +195,7 @@ def after_drain(
     keep: list[int] = []
     for job_id, at in sorted(notices.items()):
         if job_id not in running:
-            requeue.append(Requeue(job_id, Outcome.LEFT, at))
+            requeue.append(_left(job_id, at, ended))
         elif now < at + grace_s:
             keep.append(job_id)
     return tuple(requeue), tuple(keep)

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet.domain import agent_requests, domain_burnin, well_known
+from gpufleet.domain import agent_requests, departure, domain_burnin, well_known
 from gpufleet.domain.defaults import DEFAULT_POLICY_YAML
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
@@ -506,11 +506,18 @@ def _job(world: World, pick: int, uses_gpu: bool, requeueable: bool, lifetime: f
         return "no idle undrained node: stays pending"
     node = candidates[pick % len(candidates)]
     # A third of the requeueable jobs ask for a departure notice (dst.notices): most leave
-    # 1-12 s after it, one in nine ignores it. Drawn from ``pick``: seeds stay as they were.
+    # 1-12 s after it (exit 75), one in nine finishes its work then instead (exit 0: not
+    # to be requeued, invariant 18), a third ignore it. Drawn from ``pick``.
     notice = requeueable and pick % 3 == 0
     depart_s = None if pick % 9 == 0 else float(1 + pick % 12)
+    code = 0 if pick % 27 == 6 else departure.DEPARTED_EXIT_CODE
     job = world.slurm.start_job(
-        node, requeueable=requeueable, uses_gpu=uses_gpu, notice=notice, depart_s=depart_s
+        node,
+        requeueable=requeueable,
+        uses_gpu=uses_gpu,
+        notice=notice,
+        depart_s=depart_s,
+        depart_code=code,
     )
 
     def done() -> None:

@@ -4,8 +4,9 @@ slurmctld's part that matters to gpufleet's safety: nodes with a base state, fla
 and a drain reason; running jobs allocated onto idle, undrained nodes at times the
 scenario picks (so a job can land between the syncer's read and its DRAIN);
 requeue (also of a job that finished after a departure notice: Slurm requeues a
-finished batch job); ``scancel --signal`` (the departure notice, which a job that
-asks for one answers by leaving after a while, or ignores: :mod:`gpufleet.dst.notices`);
+finished batch job, whatever its exit code); ``scancel --signal`` (the departure notice,
+which a job that asks for one answers by leaving after a while with exit code 75, by
+finishing its work with exit 0, or ignores: :mod:`gpufleet.dst.notices`);
 an administrator's drain and ``scontrol update state=resume`` (which clears any
 drain, gpufleet's included); a node that reboots (down, its jobs lost, then idle
 again with its drain kept); slurmctld or slurmrestd down; each node's slurmd, which
@@ -18,11 +19,11 @@ every call a scheduling point of the run (:meth:`World.port_call`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpufleet.domain import slurm_sync
+from gpufleet.domain import departure, slurm_sync
 from gpufleet.domain.slurm_reasons import NOT_RESPONDING_SUFFIX
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError, SlurmUnavailable
 from gpufleet.slurm.ports import ScontrolPort, SlurmRestPort
@@ -61,6 +62,9 @@ class Job:
     depart_s: float | None = None
     """Seconds after its first notice it leaves (its steps end, the batch script with
     them); None: it ignores the notice."""
+    depart_code: int = departure.DEPARTED_EXIT_CODE
+    """The exit code it ends with then: 75, it wants to come back; 0, its work was done
+    (it must not run again, docs/decisions/0279)."""
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -98,6 +102,13 @@ class SlurmModel:
         still requeues them (MinJobAge)."""
         self.requeued_finished: set[int] = set()
         """Finished jobs a ``scontrol requeue`` brought back."""
+        self.ended: dict[int, departure.Ended] = {}
+        """Jobs that asked for a notice and ended (not requeued since): what ``/jobs``
+        says of them (kept for the whole run; Slurm keeps them for MinJobAge)."""
+        self.done_noticed: dict[int, float] = {}
+        """Signalled jobs that ended by themselves otherwise than departing (wall time)."""
+        self.rerun: set[int] = set()
+        """Jobs of :attr:`done_noticed` a ``scontrol requeue`` brought back (invariant 18)."""
         self.reason_at: dict[str, float] = {}
         """Node -> when its drain reason was last set (wall time)."""
         self.release: str = "22.05"
@@ -154,6 +165,8 @@ class SlurmModel:
             for other in j.nodes:
                 if other != name:
                     self._settle(other)
+            if j.notice:
+                self.ended[j.id] = departure.Ended("NODE_FAIL", 0)
             for hook in self.on_end:
                 hook(j.id, "NODE_FAIL")
         return lost
@@ -174,10 +187,13 @@ class SlurmModel:
         also: tuple[str, ...] = (),
         notice: bool = False,
         depart_s: float | None = None,
+        depart_code: int = departure.DEPARTED_EXIT_CODE,
     ) -> Job:
         """Allocate a job (``job_id``: a pending one's, keeping its id) onto its nodes."""
         jid = self.new_id() if job_id is None else job_id
-        job = Job(jid, node, requeueable, uses_gpu, self._now(), also, notice, depart_s)
+        job = Job(
+            jid, node, requeueable, uses_gpu, self._now(), also, notice, depart_s, depart_code
+        )
         self.jobs[job.id] = job
         for name in job.nodes:
             self._settle(name)
@@ -185,11 +201,18 @@ class SlurmModel:
         self._touch_jobs()
         return job
 
-    def end_job(self, job_id: int, *, by_itself: bool = True) -> Job | None:
+    def end_job(self, job_id: int, *, by_itself: bool = True, exit_code: int = 0) -> Job | None:
+        """The job ends: by itself with ``exit_code`` (a departure: 75), or requeued."""
         job = self.jobs.pop(job_id, None)
         if job is not None:
+            record = departure.Ended("COMPLETED" if exit_code == 0 else "FAILED", exit_code)
+            if by_itself and job.notice:
+                self.ended[job_id] = record
             if by_itself and job_id in self.signalled:
-                self.finished[job_id] = (job, self._now())
+                if record.departed:
+                    self.finished[job_id] = (job, self._now())
+                else:
+                    self.done_noticed[job_id] = self._now()
             for name in job.nodes:
                 self._settle(name)
             self._touch_nodes()
@@ -303,9 +326,12 @@ class SlurmModel:
         self._ctld("scontrol requeue")
         for jid in job_ids:
             job = self.jobs.get(jid)
-            if job is None and jid in self.finished:
-                del self.finished[jid]
-                self.requeued_finished.add(jid)
+            if job is None and jid in self.ended:
+                del self.ended[jid]
+                if self.finished.pop(jid, None) is not None:
+                    self.requeued_finished.add(jid)
+                if jid in self.done_noticed:
+                    self.rerun.add(jid)
                 self._touch_jobs()
                 for hook in self.on_requeue:
                     hook(jid)
@@ -330,6 +356,9 @@ class SlurmModel:
             for hook in self.on_signal:
                 hook(job)
 
+    def ended_views(self) -> dict[int, departure.Ended]:
+        return dict(self.ended)
+
     def job_views(self) -> list[slurm_sync.JobView]:
         return [
             slurm_sync.JobView(j.id, 100, j.requeueable, frozenset(j.nodes), wants_notice=j.notice)
@@ -345,6 +374,7 @@ class SlurmRest(SlurmRestPort):
         self.proc = proc
         self.model = world.slurm
         self._version: str | None = None
+        self.ended_jobs: Mapping[int, departure.Ended] = {}
 
     @property
     def version(self) -> str | None:
@@ -403,6 +433,7 @@ class SlurmRest(SlurmRestPort):
 
     def _jobs(self) -> list[slurm_sync.JobView]:
         self.world.job_looks[self.proc.label] = self.world.loop.time()
+        self.ended_jobs = self.model.ended_views()
         return self.model.job_views()
 
     async def running_jobs(self) -> list[slurm_sync.JobView]:

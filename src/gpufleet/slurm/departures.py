@@ -77,12 +77,18 @@ class Departures:
             else:
                 annotations[well_known.ANNOTATION_SLURM_NOTICES] = text
 
-    async def plan(self, name: str, jobs: Sequence[slurm_sync.JobView]) -> departure.DeparturePlan:
-        """Decide for ``name``'s running ``jobs`` and send the notices the plan wants
-        (recorded first). The plan's requeues are the caller's to carry out."""
+    async def plan(
+        self,
+        name: str,
+        jobs: Sequence[slurm_sync.JobView],
+        ended: Mapping[int, departure.Ended],
+    ) -> departure.DeparturePlan:
+        """Decide for ``name``'s running ``jobs`` (``ended``: Slurm's records of jobs
+        that hold no node any more) and send the notices the plan wants (recorded
+        first). The plan's requeues are the caller's to carry out."""
         notices = self.recorded(name)
         now = self._clock.now()
-        plan = departure.plan_departure(jobs, notices, self.signalled, now, self.grace_s)
+        plan = departure.plan_departure(jobs, notices, self.signalled, now, self.grace_s, ended)
         if not plan.notice:
             return plan
         if self._dry_run:
@@ -121,7 +127,8 @@ class Departures:
         return plan
 
     async def requeued(self, name: str, done: Sequence[departure.Requeue]) -> None:
-        """``done`` left the node (requeued, or refused by Slurm): their notices end."""
+        """``done`` left the node (requeued, refused by Slurm, or ended on their own and
+        not requeued): their notices end."""
         noticed = [r for r in done if r.outcome is not None]
         if not noticed:
             return
@@ -132,9 +139,10 @@ class Departures:
             waited = max(0.0, now - (r.noticed_at or now))
             self._metrics.notice_seconds.labels(outcome=r.outcome.value).observe(waited)
             log.info(
-                "node=%s job=%d requeued after its notice: %s after %.1f s",
+                "node=%s job=%d %s after its notice: %s after %.1f s",
                 name,
                 r.job_id,
+                "requeued" if r.requeues else "not requeued (it ended on its own)",
                 r.outcome.value,
                 waited,
             )
@@ -144,12 +152,16 @@ class Departures:
             await self._record(name, left)
 
     def owed(
-        self, name: str, jobs: Sequence[slurm_sync.JobView]
+        self,
+        name: str,
+        jobs: Sequence[slurm_sync.JobView],
+        ended: Mapping[int, departure.Ended],
     ) -> tuple[tuple[departure.Requeue, ...], tuple[int, ...]]:
-        """Our drain is gone: the noticed jobs that left, still to be requeued, and the
-        noticed jobs running within their grace, kept on record
-        (:func:`~gpufleet.domain.departure.after_drain`)."""
-        return departure.after_drain(jobs, self.recorded(name), self._clock.now(), self.grace_s)
+        """Our drain is gone: the noticed jobs that left, still to be requeued (or
+        dropped: they ended on their own), and the noticed jobs running within their
+        grace, kept on record (:func:`~gpufleet.domain.departure.after_drain`)."""
+        notices = self.recorded(name)
+        return departure.after_drain(jobs, notices, self._clock.now(), self.grace_s, ended)
 
     async def forget(self, name: str, kept: Sequence[int]) -> None:
         """Our drain is gone: the node's record of notices goes, but for ``kept`` (jobs

@@ -183,8 +183,9 @@ class SyncerMetrics:
         )
         self.notice_seconds = Histogram(
             "gpufleet_syncer_notice_seconds",
-            "From a job's first departure notice to its requeue, by outcome: left (the job "
-            "left the node within the grace) or grace_expired (it was requeued running).",
+            "From a job's first departure notice to its requeue or its notice dropped, by "
+            "outcome: left (it departed, exit code 75, and was requeued), grace_expired (it "
+            "was requeued running) or ended (it ended on its own: not requeued).",
             ["outcome"],
             buckets=_NOTICE_BUCKETS,
             registry=r,

@@ -16,10 +16,10 @@ then unknown: fail closed), and a write raises
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from gpufleet.domain import slurm_sync
+from gpufleet.domain import departure, slurm_sync
 from gpufleet.domain.maintenance import Reservation
 
 
@@ -55,6 +55,10 @@ class SlurmRestPort(Protocol):
     async def running_jobs_if_changed(self, since: float) -> list[slurm_sync.JobView] | None:
         """The jobs that hold nodes now if a job changed after ``since``; else None."""
         ...
+
+    ended_jobs: Mapping[int, departure.Ended]
+    """The jobs that asked for a departure notice and hold no node any more, as the last
+    jobs read saw them (how each ended decides whether it is requeued)."""
 
 
 class ScontrolPort(Protocol):

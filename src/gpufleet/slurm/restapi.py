@@ -36,7 +36,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import httpx
 
@@ -199,6 +199,44 @@ def is_running(raw: Mapping[str, Any]) -> bool:
     return job_state(raw) in RUNNING_STATES
 
 
+def job_exit_code(raw: Mapping[str, Any]) -> int | None:
+    """The exit code a finished job's batch script returned; None if a signal ended it
+    or none is given. v0.0.38 (Slurm 22.05) gives the wait status as an integer (exit
+    code << 8, or the signal in the low bits); v0.0.39+ an object with ``status``
+    (``SIGNALED`` for a signal) and ``return_code`` (a number, or v0.0.40+'s
+    ``{"set", "number"}``)."""
+    code = raw.get("exit_code")
+    if isinstance(code, Mapping):
+        status = code.get("status")
+        statuses = status if isinstance(status, list) else [status]
+        if "SIGNALED" in statuses:
+            return None
+        return number(code.get("return_code"))
+    status = number(code)
+    if status is None or status & 0x7F:
+        return None
+    return (status >> 8) & 0xFF
+
+
+def ended_job(raw: Mapping[str, Any]) -> tuple[int, departure.Ended]:
+    """A job that holds no node any more: its id and Slurm's record of how it ended."""
+    return int(raw["job_id"]), departure.Ended(job_state(raw), job_exit_code(raw))
+
+
+JobEntry: TypeAlias = slurm_sync.JobView | tuple[int, departure.Ended]
+"""One job of a ``/jobs`` answer that the syncer keeps: running, or ended after asking
+for a departure notice."""
+
+
+def split_jobs(
+    entries: Sequence[JobEntry],
+) -> tuple[list[slurm_sync.JobView], dict[int, departure.Ended]]:
+    """The running jobs, and the ended ones by id."""
+    running = [e for e in entries if isinstance(e, slurm_sync.JobView)]
+    ended = dict(e for e in entries if isinstance(e, tuple))
+    return running, ended
+
+
 class SlurmRest:
     """A connection to one slurmrestd."""
 
@@ -216,6 +254,9 @@ class SlurmRest:
         )
         self._slots = asyncio.Semaphore(config.max_in_flight)
         self._collection_timeouts: dict[str, CollectionTimeout] = {}
+        self.ended_jobs: Mapping[int, departure.Ended] = {}
+        """The jobs that asked for a departure notice and hold no node any more, as the
+        last ``/jobs`` read saw them."""
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -388,12 +429,19 @@ class SlurmRest:
         return None
 
     async def running_jobs(self) -> list[slurm_sync.JobView]:
-        """Jobs holding nodes (finished jobs stay in ``/jobs`` for MinJobAge: filtered here)."""
-        return await self._read_collection("jobs", _running_job)
+        """Jobs holding nodes (finished jobs stay in ``/jobs`` for MinJobAge: filtered
+        here, but for those that asked for a departure notice, kept in
+        :attr:`ended_jobs`)."""
+        running, self.ended_jobs = split_jobs(await self._read_collection("jobs", _job_entry))
+        return running
 
     async def running_jobs_if_changed(self, since: float) -> list[slurm_sync.JobView] | None:
         """:meth:`running_jobs` if any job changed after ``since``, else None."""
-        return await self._collection_if_changed("jobs", _running_job, since)
+        got: list[JobEntry] | None = await self._collection_if_changed("jobs", _job_entry, since)
+        if got is None:
+            return None
+        running, self.ended_jobs = split_jobs(got)
+        return running
 
     # -- writes (v0.0.40+) ---------------------------------------------------------
 
@@ -567,9 +615,14 @@ def _named_view(raw: Mapping[str, Any]) -> tuple[str, slurm_sync.SlurmView]:
     return str(raw["name"]), node_view(raw)
 
 
-def _running_job(raw: Mapping[str, Any]) -> slurm_sync.JobView | None:
-    """One job of a ``/jobs`` answer, if it holds nodes."""
-    return job_view(raw) if is_running(raw) else None
+def _job_entry(raw: Mapping[str, Any]) -> JobEntry | None:
+    """One job of a ``/jobs`` answer, if it holds nodes, or if it ended after asking for
+    a departure notice (whether it is requeued depends on how it ended)."""
+    if is_running(raw):
+        return job_view(raw)
+    if job_state(raw) != "PENDING" and departure.wants_notice(str(raw.get("comment") or "")):
+        return ended_job(raw)  # a pending one is left out: queued, its record of no use
+    return None
 
 
 class Refused(SlurmUnavailable):

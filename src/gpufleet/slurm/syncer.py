@@ -197,6 +197,9 @@ class Syncer:
         self.slurm: dict[str, slurm_sync.SlurmView] | None = None
         self._jobs: list[slurm_sync.JobView] | None = None
         self._jobs_by_node: dict[str, list[slurm_sync.JobView]] = {}
+        self.ended_jobs: Mapping[int, departure.Ended] = {}
+        """The jobs that asked for a notice and hold no node any more, as last polled
+        (whether a noticed job that left is requeued: docs/decisions/0279)."""
         self._seen: dict[str, tuple[Any, ...]] = {}
         """Per node, what its last poll-driven reconcile saw (Node resourceVersion, Slurm
         view, job ids) while it was at rest: the same again needs no reconcile."""
@@ -358,6 +361,7 @@ class Syncer:
             self.stats.slurm_errors += 1
             self.stats.slurm_up = False
             self.slurm, self.jobs = None, None
+            self.ended_jobs = {}
             self._view_current_at = None
             self.view_changed()
             m.poll_seconds.labels(result="failed").observe(self.clock.monotonic() - started)
@@ -375,6 +379,7 @@ class Syncer:
         self.slurm = views
         if jobs is not self.jobs:
             self.jobs = jobs  # re-indexes the jobs by node
+            self.ended_jobs = dict(self.rest.ended_jobs)
         self._view_current_at = began
         self._drained_at = {n: t for n, t in self._drained_at.items() if t >= started}
         if full:
@@ -822,7 +827,7 @@ class Syncer:
         jobs = [
             j for j in self.jobs_on(name) if now - self._requeued.get(j.job_id, -1e9) > cooldown
         ]
-        plan = await self.departures.plan(name, jobs)
+        plan = await self.departures.plan(name, jobs, self.ended_jobs)
         await self._requeue_jobs(name, plan.requeue)
         if self._stuck_reported.get(name) != plan.unrequeueable:
             self._stuck_reported[name] = plan.unrequeueable
@@ -841,7 +846,7 @@ class Syncer:
         finish) but has notices on record: a noticed job that left is still requeued."""
         if not self.departures.recorded(name):
             return
-        owed, within = self.departures.owed(name, self.jobs_on(name))
+        owed, within = self.departures.owed(name, self.jobs_on(name), self.ended_jobs)
         done = await self._requeue_jobs(name, owed)
         kept = [r.job_id for r in owed if r not in done]
         await self.departures.forget(name, [*kept, *within])
@@ -850,15 +855,20 @@ class Syncer:
         self, name: str, jobs: Sequence[departure.Requeue]
     ) -> list[departure.Requeue]:
         """``scontrol requeue`` each job not requeued within the cooldown; returns those
-        that left the node's account (requeued, or refused: already pending or gone)."""
+        that left the node's account (requeued, or refused: already pending or gone; or
+        ended on their own after a notice: not requeued, only their notice dropped)."""
         now = self.clock.monotonic()
+        done = [r for r in jobs if not r.requeues]
         fresh = [
             r
             for r in jobs
-            if now - self._requeued.get(r.job_id, -1e9) > self.settings.requeue_cooldown_s
+            if r.requeues
+            and now - self._requeued.get(r.job_id, -1e9) > self.settings.requeue_cooldown_s
         ]
-        done: list[departure.Requeue] = []
-        if not fresh or self.settings.dry_run:
+        if self.settings.dry_run:
+            return []
+        if not fresh:
+            await self.departures.requeued(name, done)
             return done
         for r in fresh:
             job = r.job_id

@@ -9,6 +9,7 @@ from gpufleet.domain.departure import Outcome, Requeue
 from gpufleet.domain.slurm_sync import JobView
 
 GRACE = 30.0
+DEPARTED = dp.Ended("FAILED", dp.DEPARTED_EXIT_CODE)
 
 
 def job(i: int, notice: bool = True, requeueable: bool = True) -> JobView:
@@ -32,48 +33,83 @@ def test_the_token_is_a_word_of_the_comment(comment: str | None, wants: bool) ->
 
 
 def test_a_job_without_the_token_is_requeued_at_once_as_before() -> None:
-    plan = dp.plan_departure([job(1, notice=False)], {}, set(), 100.0, GRACE)
+    plan = dp.plan_departure([job(1, notice=False)], {}, set(), 100.0, GRACE, {})
     assert plan.requeue == (Requeue(1),) and plan.notice == () and plan.waiting == ()
 
 
 def test_a_job_with_the_token_is_noticed_then_waits_for_its_grace() -> None:
-    first = dp.plan_departure([job(1)], {}, set(), 100.0, GRACE)
+    first = dp.plan_departure([job(1)], {}, set(), 100.0, GRACE, {})
     assert first.notice == (1,) and first.requeue == () and first.due_at == 100.0 + GRACE
-    waiting = dp.plan_departure([job(1)], {1: 100.0}, {1}, 129.9, GRACE)
+    waiting = dp.plan_departure([job(1)], {1: 100.0}, {1}, 129.9, GRACE, {})
     assert waiting.notice == () and waiting.requeue == () and waiting.waiting == (1,)
 
 
 def test_a_job_that_left_is_requeued_before_its_grace() -> None:
-    plan = dp.plan_departure([], {1: 100.0}, {1}, 103.0, GRACE)
+    plan = dp.plan_departure([], {1: 100.0}, {1}, 103.0, GRACE, {1: DEPARTED})
     assert plan.requeue == (Requeue(1, Outcome.LEFT, 100.0),)
+    assert plan.requeue[0].requeues
+
+
+@pytest.mark.parametrize(
+    "ended",
+    [
+        dp.Ended("COMPLETED", 0),
+        dp.Ended("CANCELLED", None),
+        dp.Ended("CANCELLED", 0),
+        dp.Ended("FAILED", 1),
+        dp.Ended("FAILED", None),
+        dp.Ended("NODE_FAIL", 0),
+        dp.Ended("TIMEOUT", None),
+        dp.Ended("OUT_OF_MEMORY", 0),
+        dp.Ended("COMPLETED", dp.DEPARTED_EXIT_CODE),  # not FAILED: not a departure
+        None,  # Slurm no longer has its record (purged after MinJobAge)
+    ],
+)
+def test_a_noticed_job_that_ended_any_other_way_is_dropped_not_requeued(
+    ended: dp.Ended | None,
+) -> None:
+    records = {} if ended is None else {1: ended}
+    plan = dp.plan_departure([], {1: 100.0}, {1}, 103.0, GRACE, records)
+    assert plan.requeue == (Requeue(1, Outcome.ENDED, 100.0),)
+    assert not plan.requeue[0].requeues
+    late = dp.plan_departure([], {1: 100.0}, set(), 500.0, GRACE, records)
+    assert late.requeue == (Requeue(1, Outcome.ENDED, 100.0),)
+    owed, keep = dp.after_drain([], {1: 100.0}, 103.0, GRACE, records)
+    assert owed == (Requeue(1, Outcome.ENDED, 100.0),) and keep == ()
+
+
+def test_a_job_that_departed_while_the_syncer_was_away_is_requeued_after_the_restart() -> None:
+    # Nothing signalled by this process, the grace long over: the record says it departed.
+    plan = dp.plan_departure([], {1: 100.0}, set(), 500.0, GRACE, {1: DEPARTED})
+    assert plan.requeue == (Requeue(1, Outcome.LEFT, 100.0),) and plan.notice == ()
 
 
 def test_a_job_that_ignores_its_notice_is_requeued_when_the_grace_ends() -> None:
-    plan = dp.plan_departure([job(1)], {1: 100.0}, {1}, 130.0, GRACE)
+    plan = dp.plan_departure([job(1)], {1: 100.0}, {1}, 130.0, GRACE, {})
     assert plan.requeue == (Requeue(1, Outcome.GRACE_EXPIRED, 100.0),) and plan.notice == ()
 
 
 def test_after_a_restart_the_notice_is_sent_again_and_the_deadline_kept() -> None:
     # The record says job 1 was noticed at 100; this process never signalled it.
-    plan = dp.plan_departure([job(1)], {1: 100.0}, set(), 110.0, GRACE)
+    plan = dp.plan_departure([job(1)], {1: 100.0}, set(), 110.0, GRACE, {})
     assert plan.notice == (1,) and plan.requeue == () and plan.due_at == 130.0
-    late = dp.plan_departure([job(1)], {1: 100.0}, set(), 131.0, GRACE)
+    late = dp.plan_departure([job(1)], {1: 100.0}, set(), 131.0, GRACE, {})
     assert late.notice == () and late.requeue == (Requeue(1, Outcome.GRACE_EXPIRED, 100.0),)
 
 
 def test_no_requeue_jobs_are_reported_never_noticed() -> None:
-    plan = dp.plan_departure([job(2, requeueable=False)], {}, set(), 100.0, GRACE)
+    plan = dp.plan_departure([job(2, requeueable=False)], {}, set(), 100.0, GRACE, {})
     assert plan.unrequeueable == (2,) and plan.notice == () and plan.requeue == ()
 
 
 def test_grace_zero_turns_notices_off() -> None:
-    plan = dp.plan_departure([job(1)], {}, set(), 100.0, 0.0)
+    plan = dp.plan_departure([job(1)], {}, set(), 100.0, 0.0, {})
     assert plan.requeue == (Requeue(1),) and plan.notice == ()
 
 
 def test_mixed_jobs_each_on_their_own_path() -> None:
     jobs = [job(3, notice=False), job(1), job(2, requeueable=False)]
-    plan = dp.plan_departure(jobs, {4: 90.0}, {4}, 100.0, GRACE)
+    plan = dp.plan_departure(jobs, {4: 90.0}, {4}, 100.0, GRACE, {4: DEPARTED})
     assert plan.notice == (1,)
     assert plan.requeue == (Requeue(3), Requeue(4, Outcome.LEFT, 90.0))
     assert plan.unrequeueable == (2,)
@@ -81,7 +117,8 @@ def test_mixed_jobs_each_on_their_own_path() -> None:
 
 def test_after_the_drain_goes_the_jobs_that_left_are_still_owed_their_requeue() -> None:
     jobs = [job(1), job(3)]
-    owed, keep = dp.after_drain(jobs, {1: 100.0, 2: 101.0, 3: 60.0}, 120.0, GRACE)
+    notices = {1: 100.0, 2: 101.0, 3: 60.0}
+    owed, keep = dp.after_drain(jobs, notices, 120.0, GRACE, {2: DEPARTED})
     assert owed == (Requeue(2, Outcome.LEFT, 101.0),)
     assert keep == (1,)  # within its grace: it may yet leave; 3 is past it: forgotten
 

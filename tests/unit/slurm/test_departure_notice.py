@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from gpufleet.clock import ManualClock
-from gpufleet.domain import slurm_sync, well_known
+from gpufleet.domain import departure, slurm_sync, well_known
 from gpufleet.slurm import restapi
+from gpufleet.slurm.metrics import SyncerMetrics
 from gpufleet.slurm.syncer import Syncer
 
 from ..fakes import FakeSlurm
@@ -17,6 +20,7 @@ from .fakes import RecordingKube
 from .test_metrics import make, node, value
 
 NOTICES = well_known.ANNOTATION_SLURM_NOTICES
+DEPARTED = departure.Ended("FAILED", departure.DEPARTED_EXIT_CODE)
 
 
 def job(job_id: int, on: str, notice: bool = True) -> slurm_sync.JobView:
@@ -51,25 +55,52 @@ def test_a_job_without_the_token_is_requeued_at_once_with_no_signal() -> None:
     assert value(m, "gpufleet_syncer_notices_total") == 0
 
 
-def test_noticed_recorded_first_then_requeued_once_it_left() -> None:
+def noticed() -> tuple[FakeSlurm, RecordingKube, ManualClock, Syncer, SyncerMetrics]:
+    """Job 1 on node a, which must be emptied: noticed (grace 30 s)."""
     slurm = FakeSlurm(["a"])
     slurm.jobs = [job(1, "a")]
     kube, clock = RecordingKube(), ManualClock()
     s, m = make(slurm, {"a": node("a", "Xid79")}, kube=kube, clock=clock, notice_grace_s=30)
     run(s, "a")
     assert ("signal", "1", "USR1") in slurm.calls
+    return slurm, kube, clock, s, m
+
+
+def test_noticed_recorded_first_then_requeued_once_it_left() -> None:
+    slurm, kube, clock, s, m = noticed()
     assert slurm.requeued == []
     assert notices_written(kube) == [f"1={clock.now():.3f}"]
     assert value(m, "gpufleet_syncer_notices_total") == 1
     run(s, "a")  # still running, within its grace: nothing more
     assert slurm.requeued == [] and value(m, "gpufleet_syncer_notices_total") == 1
     clock.advance(4)
-    slurm.jobs = []  # its steps ended, the batch script with them
+    slurm.jobs = []  # its steps ended, the batch script with them: exit 75
+    slurm.ended_jobs = {1: DEPARTED}
     run(s, "a")
     assert slurm.requeued == [1]
     assert value(m, "gpufleet_syncer_notice_seconds_count", outcome="left") == 1
     assert value(m, "gpufleet_syncer_notice_seconds_sum", outcome="left") == 4
     assert notices_written(kube)[-1] is None  # the record is gone with the requeue
+
+
+@pytest.mark.parametrize(
+    "ended",
+    [departure.Ended("COMPLETED", 0), departure.Ended("CANCELLED", None), None],
+)
+def test_a_noticed_job_that_ended_on_its_own_is_not_requeued(
+    ended: departure.Ended | None,
+) -> None:
+    slurm, kube, clock, s, m = noticed()
+    clock.advance(3)
+    slurm.jobs = []  # its work was done (or its owner cancelled it) within the grace
+    slurm.ended_jobs = {} if ended is None else {1: ended}
+    run(s, "a")
+    clock.advance(60)
+    run(s, "a")
+    assert slurm.requeued == [] and not [c for c in slurm.calls if c[0] == "requeue"]
+    assert value(m, "gpufleet_syncer_notice_seconds_count", outcome="ended") == 1
+    assert value(m, "gpufleet_syncer_notice_seconds_count", outcome="left") == 0
+    assert notices_written(kube)[-1] is None  # its notice is dropped
 
 
 def test_a_job_that_ignores_its_notice_is_requeued_when_the_grace_ends() -> None:
@@ -116,6 +147,7 @@ def test_a_restarted_syncer_sends_the_notice_again_and_keeps_the_deadline() -> N
 def test_a_job_that_left_while_the_syncer_was_away_is_requeued_after_the_restart() -> None:
     slurm = FakeSlurm(["a"])
     record = {NOTICES: "1=999990.000"}
+    slurm.ended_jobs = {1: DEPARTED}
     s, _ = make(slurm, {"a": node("a", "Xid79", **record)}, notice_grace_s=30)
     run(s, "a")
     assert slurm.requeued == [1]
@@ -132,12 +164,14 @@ def test_a_noticed_job_that_left_is_requeued_even_once_the_node_is_back() -> Non
     record = f"1={now - 10:.3f},2={now - 10:.3f},3={now - 40:.3f}"
     healthy: dict[str, Any] = node("a", None, **{NOTICES: record})
     slurm.jobs = [job(2, "a"), job(3, "a")]
+    slurm.ended_jobs = {1: DEPARTED}
     s, _ = make(slurm, {"a": healthy}, kube=kube, clock=clock, notice_grace_s=30)
     run(s, "a")  # undrains; 1 left (owed its requeue); 2 within its grace; 3 past it
     assert slurm.requeued == [1]
     assert notices_written(kube)[-1] == f"2={now - 10:.3f}"
     clock.advance(5)
     slurm.jobs = [job(3, "a")]  # 2 left after all
+    slurm.ended_jobs = {1: DEPARTED, 2: DEPARTED}
     run(s, "a")
     assert slurm.requeued == [1, 2]
     assert notices_written(kube)[-1] is None
@@ -161,3 +195,35 @@ def test_the_jobs_codec_reads_the_token_from_the_comment() -> None:
     assert not restapi.job_view(raw).wants_notice
     assert restapi.job_view({**raw, "comment": "team-a gpufleet.io/notice"}).wants_notice
     assert not restapi.job_view({**raw, "comment": "gpufleet.io/notices"}).wants_notice
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "code"),
+    [
+        (75 << 8, 75),  # v0.0.38 (Slurm 22.05): the wait status
+        (0, 0),
+        (9, None),  # killed by SIGKILL
+        ({"status": ["FAILED"], "return_code": {"set": True, "number": 75}}, 75),  # v0.0.40+
+        ({"status": "FAILED", "return_code": 75}, 75),  # v0.0.39
+        ({"status": ["SIGNALED"], "return_code": {"set": True, "number": 0}}, None),
+        (None, None),
+    ],
+)
+def test_the_jobs_codec_reads_an_ended_jobs_exit_code_in_each_shape(
+    exit_code: object, code: int | None
+) -> None:
+    raw = {"job_id": 5, "job_state": "FAILED", "nodes": "a", "exit_code": exit_code}
+    assert restapi.ended_job(raw) == (5, departure.Ended("FAILED", code))
+
+
+def test_the_jobs_codec_keeps_only_the_ended_jobs_that_asked_for_a_notice() -> None:
+    base = {"nodes": "a", "requeue": True, "comment": "gpufleet.io/notice"}
+    entries = [
+        restapi._job_entry({**base, "job_id": 1, "job_state": ["RUNNING"]}),
+        restapi._job_entry({**base, "job_id": 2, "job_state": ["FAILED"], "exit_code": 19200}),
+        restapi._job_entry({**base, "job_id": 3, "job_state": ["COMPLETED"], "comment": ""}),
+        restapi._job_entry({**base, "job_id": 4, "job_state": ["PENDING"], "exit_code": 19200}),
+    ]
+    running, ended = restapi.split_jobs([e for e in entries if e is not None])
+    assert [j.job_id for j in running] == [1]
+    assert ended == {2: DEPARTED} and ended[2].departed
