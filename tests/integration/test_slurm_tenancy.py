@@ -27,10 +27,11 @@ from gpufleet.domain import slurm_accounting, tenancy
 from gpufleet.domain.pod_groups import GPU_RESOURCE
 from gpufleet.domain.tenancy import SlurmAccount, SlurmTenancy
 from gpufleet.kubeapi import ApiError, KubeApi, NotFound
-from gpufleet.kubeapi.resources import NAMESPACES, PODS
+from gpufleet.kubeapi.resources import NAMESPACES, NODES, PODS
 from gpufleet.local import processes
 from gpufleet.local.cluster import ClusterInfo, ClusterSpec, LocalCluster
 from gpufleet.slurm.associations import SacctmgrAssociations
+from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
 from gpufleet.tenants.controller import RESOURCES, TENANTS, TenantController, TenantSettings
 
 pytestmark = pytest.mark.integration
@@ -257,3 +258,86 @@ async def _loop_scenario(cluster: ClusterInfo, port: SacctmgrAssociations) -> No
             run(cluster, "scancel", job)
         with contextlib.suppress(ApiError):  # the cluster is this module's: only the finalizer
             await kube.patch(TENANTS, ACCOUNT, {"metadata": {"finalizers": []}})
+
+
+def test_a_tenants_own_nodes_are_its_reservation_in_slurm(
+    cluster: ClusterInfo, port: SacctmgrAssociations
+) -> None:
+    """A Tenant owning one node gets ``gpufleet-tenant-<name>`` on its Slurm node for its
+    account: another account's job already running there runs on, the tenant's job runs
+    there with ``--reservation``, another account's new job is kept off; deleted, the
+    reservation stays while the tenant's job runs in it (Slurm refuses) and goes after."""
+    install(Api(cluster))
+    asyncio.run(_reservation_scenario(cluster, port))
+
+
+def _squeue(info: ClusterInfo, job: str) -> str:
+    return run(info, "squeue", "-h", "-j", job, "-o", "%T|%N").stdout.strip()
+
+
+async def _reservation_scenario(cluster: ClusterInfo, port: SacctmgrAssociations) -> None:
+    kube = await KubeApi.connect(str(cluster.kubeconfig))
+    scontrol = Scontrol(ScontrolConfig(scontrol="scontrol", env=cluster.slurm_env()))
+    ctl = TenantController(kube, port, TenantSettings(interval_s=60.0), reservations=scontrol)
+    node, ns, name = cluster.node_names[0], "tn-resv", "gpufleet-tenant-resv"
+    await kube.patch(NODES, node, {"metadata": {"labels": {"tn-resv": "own"}}})
+    await kube.create(NAMESPACES, {"metadata": {"name": ns}})
+    theirs = run(cluster, "sbatch", "--parsable", "-w", node, "-n1", "--wrap", "sleep 600")
+    jobs = [theirs.stdout.strip()]
+    try:
+        wait_for("their job running", lambda: _squeue(cluster, jobs[0]) == f"RUNNING|{node}", 30)
+        spec = {
+            "namespaces": [ns],
+            "users": [{"name": "root", "uid": 20001, "gid": 20001}],
+            "slurm": {"account": "resv"},
+            "nodes": {"selector": {"tn-resv": "own"}},
+        }
+        body = {"apiVersion": "gpufleet.io/v1alpha1", "kind": "Tenant", "spec": spec}
+        await kube.create(TENANTS, {**body, "metadata": {"name": "resv"}})
+        await ctl.reconcile()
+        (resv,) = [r for r in await scontrol.reservations() if r.name == name]
+        assert (resv.nodes, resv.accounts) == (frozenset({node}), frozenset({"resv"}))
+        assert _squeue(cluster, jobs[0]) == f"RUNNING|{node}"  # not killed, not requeued
+        mine = run(
+            cluster, "sbatch", "--parsable", "-A", "resv", f"--reservation={name}", "-n1",
+            "--gres=gpu:1", "--wrap", "sleep 600",
+        )  # fmt: skip
+        assert mine.returncode == 0, mine.stderr
+        jobs.append(mine.stdout.strip())
+        wait_for(
+            "the tenant's job running", lambda: _squeue(cluster, jobs[1]) == f"RUNNING|{node}", 30
+        )
+        other = run(cluster, "sbatch", "--parsable", "-w", node, "-n1", "--wrap", "sleep 600")
+        jobs.append(other.stdout.strip())
+        wait_for(
+            "another account's job kept off",
+            lambda: _squeue(cluster, jobs[2]).startswith("PENDING"),
+            30,
+        )
+        await ctl.reconcile()  # converged: nothing to change
+        assert [r for r in await scontrol.reservations() if r.name == name] == [resv]
+
+        # Deleted: Slurm keeps a reservation its jobs run in; it goes once they ended.
+        await kube.delete(TENANTS, "resv")
+        await ctl.reconcile()
+        assert _squeue(cluster, jobs[1]) == f"RUNNING|{node}"
+        assert [r for r in await scontrol.reservations() if r.name == name] == [resv]
+        run(cluster, "scancel", jobs[1])
+        wait_for("the tenant's job ended", lambda: _squeue(cluster, jobs[1]) == "", 30)
+        await ctl.reconcile()
+        assert not [r for r in await scontrol.reservations() if r.name == name]
+    finally:
+        run(cluster, "scancel", *jobs)
+        for job in jobs:
+            wait_for(f"job {job} ended", lambda j=job: _squeue(cluster, j) == "", 30)
+        for _ in range(25):  # the account goes once its job ended, then the finalizer
+            await ctl.reconcile()
+            try:
+                await kube.get(TENANTS, "resv")
+            except NotFound:
+                break
+            await asyncio.sleep(0.2)
+        with contextlib.suppress(ApiError):
+            await kube.patch(TENANTS, "resv", {"metadata": {"finalizers": []}})
+        run(cluster, "scontrol", "delete", f"ReservationName={name}")
+        await kube.patch(NODES, node, {"metadata": {"labels": {"tn-resv": None}}})

@@ -162,6 +162,7 @@ async def _run(
     from gpufleet.kubeapi.leadership import Leadership, default_identity
     from gpufleet.slurm.associations import SacctmgrAssociations
     from gpufleet.slurm.metrics import Endpoint
+    from gpufleet.slurm.scontrol import Scontrol, ScontrolConfig
     from gpufleet.tenants.controller import TenantController, TenantSettings
     from gpufleet.tenants.metrics import TenantMetrics
     from gpufleet.tenants.node_events import NodeEventCopier
@@ -185,6 +186,14 @@ async def _run(
         if slurm_conf is not None
         else None
     )
+    scontrol = (
+        ScontrolConfig(
+            scontrol=str(slurm_bin_dir / "scontrol") if slurm_bin_dir else "scontrol",
+            env={"SLURM_CONF": str(slurm_conf)},
+        )
+        if slurm_conf is not None
+        else None
+    )
     log.info(
         "tenant controller (%s; %s%s)",
         f"Slurm through {slurm_conf}" if slurm_conf is not None else "Kubernetes only",
@@ -198,6 +207,7 @@ async def _run(
         may_act=(lambda: leadership.leading) if leadership is not None else (lambda: True),
         metrics=metrics,
         node_events=NodeEventCopier(kube, instance=identity, metrics=metrics),
+        reservations=Scontrol(scontrol) if scontrol is not None else None,
     )
     try:
         await run_until_signalled(controller.run(), leadership, controller.wake, log)

@@ -698,6 +698,8 @@ class Reservation:
     name: str
     start: float
     nodes: frozenset[str]
+    accounts: frozenset[str] = frozenset()
+    """The accounts it admits (``Accounts=``; a tenant's reservation, domain.tenant_nodes)."""
 
 
 @dataclass(frozen=True, slots=True)

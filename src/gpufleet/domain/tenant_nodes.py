@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.domain.maintenance import Reservation
 from gpufleet.domain.tenancy import LABEL_TENANT, Tenant
 from gpufleet.domain.tenant_events import owns as selects
 
@@ -139,3 +140,71 @@ def _marked(labels: Mapping[str, str], key_taints: list[Mapping[str, Any]], want
     return labels.get(LABEL_TENANT) == want and key_taints == [
         {"key": TAINT_KEY, "value": want, "effect": EFFECT}
     ]
+
+
+# --- Slurm: a reservation per tenant on its own nodes (docs/decisions/0291) -------------
+
+RESERVATION_PREFIX = "gpufleet-tenant-"
+"""Slurm reservations of this name are the tenant controller's; no other is ever touched."""
+
+
+def reservation_name(tenant: str) -> str:
+    return RESERVATION_PREFIX + tenant
+
+
+def slurm_names(aliases: Mapping[str, frozenset[str]], known: frozenset[str]) -> dict[str, str]:
+    """Each Node's Slurm node, as the syncer finds it: by its name, else by one of the names
+    it goes by (host name label, addresses); a Node Slurm does not know is left out.
+
+    ``aliases``: per Node name, every name it may go by (its own included)."""
+    out: dict[str, str] = {}
+    for name, names in aliases.items():
+        if name in known:
+            out[name] = name
+        else:
+            found = sorted(names & known)
+            if found:
+                out[name] = found[0]
+    return out
+
+
+def wanted_reservations(
+    own: Ownership, accounts: Mapping[str, str], names: Mapping[str, str]
+) -> list[Reservation]:
+    """One reservation per tenant with a Slurm account (``accounts``: tenant -> account) and
+    at least one owned node Slurm knows (``names``: Node -> Slurm node), for its account."""
+    nodes: dict[str, set[str]] = {}
+    for node, tenant in own.owner.items():
+        if tenant in accounts and node in names:
+            nodes.setdefault(tenant, set()).add(names[node])
+    return [
+        Reservation(reservation_name(t), 0.0, frozenset(ns), frozenset({accounts[t]}))
+        for t, ns in sorted(nodes.items())
+    ]
+
+
+@dataclass(frozen=True)
+class ReservationWrite:
+    """``create``, ``update`` (its nodes or account) or ``delete`` one tenant reservation."""
+
+    op: str
+    reservation: Reservation
+
+
+def plan_reservations(
+    wanted: Iterable[Reservation], current: Iterable[Reservation]
+) -> list[ReservationWrite]:
+    """What makes Slurm's ``gpufleet-tenant-*`` reservations the wanted ones; a reservation
+    of any other name is never in the plan."""
+    have = {r.name: r for r in current if r.name.startswith(RESERVATION_PREFIX)}
+    want = {r.name: r for r in wanted}
+    out: list[ReservationWrite] = []
+    for name in sorted(want):
+        cur = have.get(name)
+        w = want[name]
+        if cur is None:
+            out.append(ReservationWrite("create", w))
+        elif (cur.nodes, cur.accounts) != (w.nodes, w.accounts):
+            out.append(ReservationWrite("update", w))
+    out.extend(ReservationWrite("delete", have[n]) for n in sorted(set(have) - set(want)))
+    return out

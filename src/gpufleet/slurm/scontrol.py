@@ -109,6 +109,30 @@ class Scontrol:
     async def delete_reservation(self, name: str) -> None:
         await self.run("delete", f"ReservationName={name}")
 
+    async def put_tenant_reservation(self, reservation: Reservation, *, create: bool) -> None:
+        """A tenant's reservation (docs/decisions/0291): its account only, from now, no end.
+        ``IGNORE_JOBS``: created or grown over nodes where others' jobs run, which run on
+        (a reservation never stops a job); others' new jobs stay off its nodes."""
+        r = reservation
+        nodes = f"Nodes={_names(sorted(r.nodes))}"
+        accounts = f"Accounts={','.join(sorted(r.accounts))}"
+        if create:
+            await self.run(
+                "create", "reservation", f"ReservationName={r.name}", "StartTime=now",
+                "Duration=UNLIMITED", nodes, accounts, "Flags=IGNORE_JOBS",
+            )  # fmt: skip
+        else:
+            await self.run("update", f"ReservationName={r.name}", nodes, accounts)
+
+    async def node_names(self) -> frozenset[str]:
+        """Every node slurmctld knows (``sinfo -h -N -o %N``: one name a line)."""
+        sinfo = os.path.join(os.path.dirname(self.config.scontrol), "sinfo")
+        async with self._slots:
+            out = await run_tool(
+                [sinfo, "-h", "-N", "-o", "%N"], self.config.env, self.config.timeout_s
+            )
+        return frozenset(line.strip() for line in out.splitlines() if line.strip())
+
 
 async def run_tool(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> str:
     """Run one of Slurm's command-line tools (scontrol, sbatch, squeue, scancel): its standard
@@ -160,7 +184,9 @@ def parse_reservations(text: str) -> list[Reservation]:
             start = 0.0
         nodes = fields.get("Nodes", "")
         names = frozenset(hostlist.expand(nodes)) if nodes and nodes != "(null)" else frozenset()
-        found.append(Reservation(name=name, start=start, nodes=names))
+        accounts = fields.get("Accounts", "")
+        admitted = frozenset(a for a in accounts.split(",") if a and a != "(null)")
+        found.append(Reservation(name=name, start=start, nodes=names, accounts=admitted))
     return found
 
 

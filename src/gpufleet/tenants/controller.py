@@ -27,9 +27,10 @@ from gpufleet.domain.tenancy import SlurmAccount, SlurmTenancy, Tenant
 from gpufleet.kubeapi import ApiError, Conflict, KubePort, NotFound, Resource, custom
 from gpufleet.kubeapi.events import event_body
 from gpufleet.kubeapi.resources import NODES, PODS
+from gpufleet.slurm.nodes import addresses_of
 from gpufleet.tenants.metrics import TenantMetrics
 from gpufleet.tenants.node_events import NodeEventCopier
-from gpufleet.tenants.ports import SlurmAssociations
+from gpufleet.tenants.ports import SlurmAssociations, TenantReservations
 
 log = logging.getLogger("gpufleet.tenants")
 
@@ -67,8 +68,10 @@ class TenantController:
         now: Callable[[], float] = time.time,
         metrics: TenantMetrics | None = None,
         node_events: NodeEventCopier | None = None,
+        reservations: TenantReservations | None = None,
     ) -> None:
         self.kube = kube
+        self.reservations = reservations
         self.metrics = metrics
         self.node_events = node_events
         self.slurm = slurm
@@ -148,6 +151,9 @@ class TenantController:
                 log.info("Slurm associations: %s", ops)
                 if not self.settings.dry_run:
                     await self.slurm.apply(ops)
+        if self.reservations is not None and nodes is not None:
+            accounts = {t.name: t.account for t in parsed.values()}
+            await self._reservations(nodes, accounts)
         if self.node_events is not None and not self.settings.dry_run:
             await self.node_events.copy(list(parsed.values()))
         self.passes += 1
@@ -181,7 +187,34 @@ class TenantController:
                 log.info("node %s: %s", w.node, what)
             except (Conflict, NotFound):
                 log.info("node %s changed meanwhile: marked at the next pass", w.node)
-        return _TenantNodes(own, plan.foreign)
+        aliases = {n: addresses_of(o) for n, o in by_name.items()}
+        return _TenantNodes(own, plan.foreign, aliases)
+
+    async def _reservations(self, nodes: _TenantNodes, accounts: Mapping[str, str]) -> None:
+        """Each tenant's Slurm reservation on its own nodes for its account (decision 0291);
+        a failure is logged and the next pass tries again (nodes stay marked either way)."""
+        assert self.reservations is not None
+        try:
+            known = await self.reservations.node_names()
+            current = await self.reservations.reservations()
+        except Exception as e:  # the port raises what its commands raise
+            log.warning("tenant reservations not read, none written this pass: %s", e)
+            return
+        names = tenant_nodes.slurm_names(nodes.aliases, known)
+        wanted = tenant_nodes.wanted_reservations(nodes.ownership, accounts, names)
+        for w in tenant_nodes.plan_reservations(wanted, current):
+            r = w.reservation
+            if self.settings.dry_run:
+                log.info("dry run: would %s reservation %s on %s", w.op, r.name, sorted(r.nodes))
+                continue
+            try:
+                if w.op == "delete":
+                    await self.reservations.delete_reservation(r.name)
+                else:
+                    await self.reservations.put_tenant_reservation(r, create=w.op == "create")
+                log.info("reservation %s: %s on %s", r.name, w.op, sorted(r.nodes))
+            except Exception as e:
+                log.warning("reservation %s: %s failed, tried again: %s", r.name, w.op, e)
 
     async def _owned(self) -> dict[str, dict[tuple[str, str, str], Any]]:
         """Every object gpufleet wrote for a tenant, per tenant, by (kind, namespace, name)."""
@@ -470,6 +503,8 @@ class _TenantNodes:
 
     ownership: tenant_nodes.Ownership
     foreign: Mapping[str, str]
+    aliases: Mapping[str, frozenset[str]]
+    """Per Node, the names its Slurm node may go by (its name, host name, addresses)."""
 
 
 def _message(status: Mapping[str, Any], type_: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from gpufleet.domain.maintenance import Reservation
 from gpufleet.domain.tenancy import AssociationOp, SlurmTenancy
 
 
@@ -23,3 +24,21 @@ class SlurmAssociations(Protocol):
     async def apply(self, ops: Sequence[AssociationOp]) -> None:
         """Apply ``ops`` in order; raises when Slurm refused one (the loop retries next poll)."""
         ...
+
+
+class TenantReservations(Protocol):
+    """Slurm reservations of tenants' own nodes (``gpufleet.slurm.scontrol.Scontrol``)."""
+
+    async def reservations(self) -> list[Reservation]:
+        """Every reservation Slurm has (the caller keeps only ``gpufleet-tenant-*``)."""
+        ...
+
+    async def node_names(self) -> frozenset[str]:
+        """Every node slurmctld knows."""
+        ...
+
+    async def put_tenant_reservation(self, reservation: Reservation, *, create: bool) -> None:
+        """Create it (from now, no end, its accounts only) or set its nodes and accounts."""
+        ...
+
+    async def delete_reservation(self, name: str) -> None: ...

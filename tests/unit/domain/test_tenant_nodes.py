@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.domain import tenant_nodes as tn
+from gpufleet.domain.maintenance import Reservation
 from gpufleet.domain.tenancy import Tenant
 
 POOL = "gpufleet.io/pool"
@@ -125,3 +126,35 @@ def test_a_node_moves_only_from_a_tenant_that_let_go() -> None:
     # vision still there: nlp is in conflict and nothing is written.
     own = tn.ownership([nlp, tenant("vision", "x")], labels_of(nodes))
     assert tn.plan_nodes(own, nodes).writes == ()
+
+
+def test_a_reservation_per_tenant_on_its_slurm_nodes_for_its_account() -> None:
+    nodes = {"a": {POOL: "x"}, "b": {POOL: "x"}, "c": {POOL: "y"}, "d": {POOL: "z"}}
+    own = tn.ownership([tenant("vision", "x"), tenant("speech", "y"), tenant("nlp", "z")], nodes)
+    aliases = {
+        "a": frozenset({"a"}),
+        "b": frozenset({"b", "10.0.0.2", "host-b"}),
+        "c": frozenset({"c"}),
+        "d": frozenset({"d"}),
+    }
+    names = tn.slurm_names(aliases, frozenset({"a", "host-b", "d"}))
+    assert names == {"a": "a", "b": "host-b", "d": "d"}  # c: not a Slurm node
+    wanted = tn.wanted_reservations(own, {"vision": "vis", "speech": "sp"}, names)
+    assert wanted == [
+        Reservation("gpufleet-tenant-vision", 0.0, frozenset({"a", "host-b"}), frozenset({"vis"}))
+    ]  # speech: no Slurm node; nlp: no account given
+
+
+def test_reservations_are_created_updated_and_deleted_only_when_gpufleets() -> None:
+    want = Reservation("gpufleet-tenant-vision", 0.0, frozenset({"a", "b"}), frozenset({"vis"}))
+    same = Reservation("gpufleet-tenant-vision", 12.0, frozenset({"a", "b"}), frozenset({"vis"}))
+    grown = Reservation("gpufleet-tenant-vision", 12.0, frozenset({"a"}), frozenset({"vis"}))
+    gone = Reservation("gpufleet-tenant-old", 12.0, frozenset({"c"}), frozenset({"old"}))
+    maint = Reservation("gpufleet-maint-plan", 12.0, frozenset({"c"}))
+    hand = Reservation("physics", 12.0, frozenset({"a"}), frozenset({"phys"}))
+    assert tn.plan_reservations([want], [maint, hand]) == [tn.ReservationWrite("create", want)]
+    assert tn.plan_reservations([want], [same, hand]) == []
+    assert tn.plan_reservations([want], [grown, gone, maint]) == [
+        tn.ReservationWrite("update", want),
+        tn.ReservationWrite("delete", gone),
+    ]
