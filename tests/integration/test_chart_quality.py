@@ -587,7 +587,7 @@ def test_chart_slurmdbd_writes_the_conf_slurmdbd_reads() -> None:
     expected = dict(line.split("=", 1) for line in reference.splitlines()[1:])
     assert written.keys() == expected.keys()
     same = ("AuthType", "DbdPort", "SlurmUser", "PidFile", "StorageType", "StorageUser",
-            "StorageLoc", "StorageHost")  # fmt: skip
+            "StorageLoc", "StorageHost", "PrivateData")  # fmt: skip
     assert {k: written[k] for k in same} == {k: expected[k] for k in same}
 
 

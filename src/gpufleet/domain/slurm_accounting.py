@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpufleet.domain import slurm_isolation
+
 GPU_TRES = "gres/gpu"
 """The trackable resource that counts a job's GPUs (sacct ``AllocTRES``)."""
 DEFAULT_DBD_PORT = 6819
@@ -84,6 +86,9 @@ class DbdConfig:
     """None: slurmdbd logs to stderr (a pod's log)."""
     auth_info: str | None = None
     """``AuthInfo`` (e.g. ``socket=/path/munge.socket``); None: munge's default socket."""
+    private_data: tuple[str, ...] = slurm_isolation.PRIVATE_DATA
+    """What sacct and sacctmgr show each user only of their own (``PrivateData``, as
+    slurmctld's for squeue; decision 0286); empty: everything visible to everyone."""
 
 
 def slurmdbd_conf(config: DbdConfig) -> str:
@@ -111,6 +116,7 @@ def slurmdbd_conf(config: DbdConfig) -> str:
         f"StorageUser={c.storage_user}",
         f"StoragePass={c.storage_password}",
         f"StorageLoc={c.database}",
+        *filter(None, [slurm_isolation.private_data_line(c.private_data)]),
     ]
     return "\n".join(lines) + "\n"
 
