@@ -283,6 +283,8 @@ def test_placement_values_reach_every_pod() -> None:
     spec = slurmd["spec"]["template"]["spec"]
     assert spec["nodeSelector"]["gpufleet.io/slurm-cluster"] == f"{NS}.gpufleet"
     assert {"key": "gpufleet.io/unhealthy", "operator": "Exists"} in spec["tolerations"]
+    # A tenant's dedicated node is tainted NoSchedule for others' pods, not for slurmd.
+    assert {"key": "gpufleet.io/tenant", "operator": "Exists"} in spec["tolerations"]
 
 
 # -- one acting replica ------------------------------------------------------------------

@@ -184,6 +184,9 @@ set -- $(cat "${CONF_DIR:-/etc/slurm}"/*.conf | sha256sum); echo "$1"
 - {key: gpufleet.io/unhealthy, operator: Exists}
 - {key: gpufleet.io/unverified, operator: Exists}
 - {key: gpufleet.io/spare, operator: Exists}
+# A tenant's own nodes (decision 0290): its Slurm reservation, not the taint, keeps
+# other accounts' jobs off them; slurmd must still run there.
+- {key: gpufleet.io/tenant, operator: Exists}
 - {key: node.kubernetes.io/unschedulable, operator: Exists, effect: NoSchedule}
 {{- end -}}
 {{- /* The BMC Secrets' namespace; never the release's, which holds the munge and JWT keys. */ -}}
