@@ -184,6 +184,12 @@ MetricsAddressOpt = Annotated[
     typer.Option(help="Address /metrics listens on (0.0.0.0 for a Prometheus off the host)."),
 ]
 
+LeaseNamespaceOpt = Annotated[
+    str,
+    typer.Option(envvar="POD_NAMESPACE", help="Namespace of the Lease; default: the pod's."),
+]
+"""Where a Lease-led service's replicas meet (the chart passes the release's namespace)."""
+
 BmcCaBundleOpt = Annotated[
     Path | None,
     typer.Option(

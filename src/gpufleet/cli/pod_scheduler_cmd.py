@@ -11,6 +11,7 @@ import typer
 from gpufleet.cli import logs
 from gpufleet.cli.options import (
     KubeconfigOpt,
+    LeaseNamespaceOpt,
     MetricsAddressOpt,
     MetricsPortOpt,
     VerboseOpt,
@@ -58,10 +59,7 @@ def pod_scheduler(
             "acts. --no-leader-election: this process acts alone (one replica only).",
         ),
     ] = True,
-    lease_namespace: Annotated[
-        str,
-        typer.Option(envvar="POD_NAMESPACE", help="Namespace of the Lease; default: the pod's."),
-    ] = "default",
+    lease_namespace: LeaseNamespaceOpt = "default",
     lease_name: Annotated[
         str, typer.Option(help="The Lease the replicas share; default: gpufleet-pod-scheduler.")
     ] = "",

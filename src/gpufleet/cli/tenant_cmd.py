@@ -12,6 +12,7 @@ from gpufleet.cli import logs
 from gpufleet.cli.errors import EXIT_NO, fail
 from gpufleet.cli.options import (
     KubeconfigOpt,
+    LeaseNamespaceOpt,
     MetricsAddressOpt,
     MetricsPortOpt,
     VerboseOpt,
@@ -93,10 +94,7 @@ def tenant_controller(
             help="Act only while holding the Lease gpufleet-tenant-controller.",
         ),
     ] = True,
-    lease_namespace: Annotated[
-        str,
-        typer.Option(envvar="POD_NAMESPACE", help="Namespace of the Lease; default: the pod's."),
-    ] = "default",
+    lease_namespace: LeaseNamespaceOpt = "default",
     lease_name: Annotated[
         str, typer.Option(help="The Lease the replicas share (one per release).")
     ] = "gpufleet-tenant-controller",
