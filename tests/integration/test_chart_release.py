@@ -74,6 +74,7 @@ OBJECTS: dict[str, dict[str, Any]] = {
         "kind": "MaintenancePlan",
         "spec": {"nodeSelector": {"gpufleet.io/pool": "none"}, "action": "noop"},
     },
+    "tenants": {"kind": "Tenant", "spec": {"namespaces": ["release-check"]}},
 }
 
 
