@@ -57,7 +57,13 @@ def _marks(node: Any) -> tuple[str | None, str | None, list[Any]]:
     return (
         (meta.get("labels") or {}).get("gpufleet.io/tenant"),
         (meta.get("annotations") or {}).get(tenant_nodes.ANNOTATION_SET),
-        list(node["spec"].get("taints") or []),
+        # The node lifecycle controller's own taints (not-ready, unreachable) come and go on
+        # the shared cluster's nodes: not the tenant controller's, and not what is checked.
+        [
+            t
+            for t in node["spec"].get("taints") or []
+            if not t.get("key", "").startswith("node.kubernetes.io/")
+        ],
     )
 
 
