@@ -44,7 +44,7 @@ cluster.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -314,14 +314,6 @@ class JobView:
     (``gpufleet.io/notice``, :mod:`gpufleet.domain.departure`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RequeuePlan:
-    requeue: tuple[int, ...]
-    """Jobs to requeue now (each once, even if it spans several drained nodes)."""
-    unrequeueable: tuple[int, ...]
-    """Jobs that must leave but cannot be requeued: reported, never killed."""
-
-
 def requeue_mode(view: KubeView) -> RequeueMode:
     """How to treat running jobs on a node Kubernetes wants out.
 
@@ -337,18 +329,6 @@ def requeue_mode(view: KubeView) -> RequeueMode:
     if view.problems:
         return RequeueMode.NOW
     return RequeueMode.LET_FINISH
-
-
-def plan_requeue(emptying: Iterable[str], jobs: Sequence[JobView]) -> RequeuePlan:
-    """Which running jobs to requeue, given the nodes that must be emptied now."""
-    nodes = frozenset(emptying)
-    requeue: list[int] = []
-    stuck: list[int] = []
-    for job in sorted(jobs, key=lambda j: j.job_id):
-        if not job.nodes & nodes:
-            continue
-        (requeue if job.requeueable else stuck).append(job.job_id)
-    return RequeuePlan(tuple(requeue), tuple(stuck))
 
 
 # -- preemption: which Slurm nodes to lend ------------------------------------

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpufleet.domain import departure, well_known
 from gpufleet.domain import slurm_sync as ss
-from gpufleet.domain import well_known
 from gpufleet.domain.policy import RequeueMode
 from gpufleet.domain.states import NodeState
 
@@ -166,10 +166,12 @@ def job(i: int, nodes: set[str], prio: int = 100, requeue: bool = True) -> ss.Jo
     return ss.JobView(i, prio, requeue, frozenset(nodes))
 
 
-def test_requeue_plan_splits_unrequeueable_jobs_and_skips_other_nodes() -> None:
-    jobs = [job(3, {"a", "b"}), job(1, {"a"}, requeue=False), job(2, {"c"})]
-    plan = ss.plan_requeue(["a", "b"], jobs)
-    assert plan == ss.RequeuePlan(requeue=(3,), unrequeueable=(1,))
+def test_requeue_plan_splits_unrequeueable_jobs() -> None:
+    """The syncer's requeue decision (domain.departure) for jobs that want no notice."""
+    jobs = [job(3, {"a", "b"}), job(1, {"a"}, requeue=False)]
+    plan = departure.plan_departure(jobs, {}, set(), 0.0, departure.DEFAULT_GRACE_S, {})
+    assert plan.requeue == (departure.Requeue(3),)
+    assert plan.unrequeueable == (1,)
 
 
 def test_requeue_mode_prefers_record_then_fault_then_let_finish() -> None:
@@ -196,11 +198,14 @@ def test_requeue_plan_covers_every_job_on_an_emptied_node_once(
     raw: list[tuple[str, int, bool]], emptied: set[str]
 ) -> None:
     jobs = [job(i, {n}, requeue=r) for i, (n, _, r) in enumerate(raw)]
-    plan = ss.plan_requeue(emptied, jobs)
-    touched = {j.job_id for j in jobs if j.nodes & emptied}
-    assert set(plan.requeue) | set(plan.unrequeueable) == touched
-    assert not set(plan.requeue) & set(plan.unrequeueable)
-    assert all(j.requeueable for j in jobs if j.job_id in plan.requeue)
+    on_emptied = [j for j in jobs if j.nodes & emptied]
+    plan = departure.plan_departure(on_emptied, {}, set(), 0.0, departure.DEFAULT_GRACE_S, {})
+    requeued = [r.job_id for r in plan.requeue]
+    touched = {j.job_id for j in on_emptied}
+    assert set(requeued) | set(plan.unrequeueable) == touched
+    assert len(requeued) == len(set(requeued))
+    assert not set(requeued) & set(plan.unrequeueable)
+    assert all(j.requeueable for j in jobs if j.job_id in requeued)
 
 
 # -- preemption ----------------------------------------------------------------
