@@ -4,7 +4,9 @@ One place builds URLs, sends JSON, and turns every kr8s/httpx failure into a
 :mod:`gpufleet.kubeapi.errors` class naming the request. ``max_in_flight``
 bounds requests at once (the provisioning service's boot storms queue here
 instead of opening a connection per request); Events then get at most
-``MAX_BACKGROUND`` of those slots, so a caller never waits behind audit Events.
+``MAX_BACKGROUND`` of those slots, so a caller never waits behind audit Events, and a
+request made under :func:`gpufleet.kubeapi.slots.urgent` takes the next slot before any
+other (decision 0292).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from gpufleet.kubeapi import contexts, pool
 from gpufleet.kubeapi.errors import ApiError, Gone, KubeconfigError, Unreachable, error_for
 from gpufleet.kubeapi.port import ObjectList, WatchEvent
 from gpufleet.kubeapi.resources import EVENTS, PODS, Json, Patch, Resource
+from gpufleet.kubeapi.slots import Slots
 
 MAX_BACKGROUND = 2
 """Of ``max_in_flight``, how many requests may be background work (Events)."""
@@ -37,6 +40,10 @@ request beyond the 20 the pool keeps alive (a handshake costs more CPU than the 
 carries), and httpcore looks at every pooled connection for each request: with 8, a burst
 of 32 at 2,000 nodes was cordoned with p99 0.54-0.66 s instead of 1.26 s
 (docs/controller.md)."""
+URGENT_RESERVE = 4
+"""Slots beyond ``max_in_flight`` that only urgent requests (:func:`gpufleet.kubeapi.slots.urgent`:
+the lifecycle controller's record writes) may use: one never waits for ordinary work to
+end (decision 0292)."""
 LIST_PAGE = 500
 """Objects per page of a list (the page size kubectl and client-go's informers use)."""
 LIST_RESTARTS = 3
@@ -67,7 +74,7 @@ class KubeApi:
         self.requests: Counter[tuple[str, str]] = Counter()
         """Requests sent, by HTTP method and resource (``nodes``, ``pods/eviction``):
         what a component costs the apiserver (the controller exports it as a metric)."""
-        self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self._slots = Slots(max_in_flight, URGENT_RESERVE) if max_in_flight else None
         self._background = (
             asyncio.Semaphore(min(MAX_BACKGROUND, max_in_flight)) if max_in_flight else None
         )
@@ -175,7 +182,7 @@ class KubeApi:
             pool.keep_sockets(session)
 
     def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        return self._slots if self._slots is not None else contextlib.nullcontext()
+        return self._slots.hold() if self._slots is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ verbs
 

@@ -14,6 +14,7 @@ fleet view, its faults are decided as they come) but written at a bounded pace
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -29,6 +30,7 @@ from gpufleet.domain.policy import Policy
 from gpufleet.domain.records import NodeRecord
 from gpufleet.domain.states import OUT_OF_SERVICE
 from gpufleet.kubeapi import NODES, ApiError, Conflict, KubePort, NotFound
+from gpufleet.kubeapi.slots import urgent
 from gpufleet.lifecycle import machines, nodes, remediations
 from gpufleet.lifecycle.core import ControllerSettings, Json, S, log
 from gpufleet.lifecycle.events import EventSink
@@ -329,7 +331,8 @@ class NodePass:
             [type(e).__name__ for e in events],
         )
         try:
-            written = await self.client.patch(NODES, name, patch)
+            with urgent() if _isolates(patch) else contextlib.nullcontext():
+                written = await self.client.patch(NODES, name, patch)
         except Conflict:
             async with self.fleet.lock:  # undo the reservation; decide again on fresh data
                 if previous is not None:
@@ -515,6 +518,12 @@ def _older(body: Mapping[str, Any], known: Mapping[str, Any] | None) -> bool:
         return False
     a, b = _version(body), _version(known)
     return a.isdigit() and b.isdigit() and int(a) < int(b)
+
+
+def _isolates(patch: Mapping[str, Any]) -> bool:
+    """Whether the write cordons the node: it goes before the work that follows earlier
+    decisions (drains, steps, Events), which waits while one does (decision 0292)."""
+    return bool((patch.get("spec") or {}).get("unschedulable"))
 
 
 def _frees_a_slot(previous: NodeRecord | None, record: NodeRecord) -> bool:
