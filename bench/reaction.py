@@ -1,6 +1,6 @@
 """Reaction time of the lifecycle controller: problem condition written -> node cordoned.
 
-Starts a local cluster with N KWOK nodes (8 GPUs each; no Slurm, no BMCs),
+Starts a local cluster with N KWOK nodes (8 GPUs each; no Slurm, no BMCs unless ``--bmc``),
 installs the CRDs and a FleetPolicy whose safety rails do not interfere
 (the point is reaction time, not the rails), starts ``gpufleet controller`` as
 a child process, then writes an XID 79 problem condition on ``--samples``
@@ -38,12 +38,52 @@ paced: decision 0124), and a restart. Run:
     .venv/bin/python bench/reaction.py --nodes 2000 --rounds 32 100 --repeat 3
     .venv/bin/python bench/reaction.py --nodes 12500 --rounds 32 100 1000/60
     .venv/bin/python bench/reaction.py --nodes 12500 --rounds 32 100 1000/60 --slurm-bursts 32 100
+    .venv/bin/python bench/reaction.py --nodes 300 --rounds 60/30 --repeat 1 --bmc
+    .venv/bin/python bench/reaction.py --nodes 12500 --rounds 1000/60 --bmc --bmc-seed 1
 
 ``--rounds`` runs several rounds on one cluster, one after another, each on nodes not
 faulted before (a burst of 32, of 100, then 1,000 spread over a minute). ``--slurm-bursts``
 then measures the Slurm side at the same fleet size (bench/slurm_sync.py, on a cluster of
 its own with Slurm: fault -> DRAIN one at a time and in bursts, the syncer at rest), so one
 command drives every figure of docs/controller.md's and docs/slurm.md's 12,500-node tables.
+
+A storm with BMCs (``--bmc``): without it a faulted node has no BMC, so every BMC rung of
+its ladder (XID 79 starts at reboot, then power-cycle, reimage) fails at once and it rushes
+to triage: the controller's work after the cordon is a few writes. With ``--bmc`` the bench
+starts the repository's Redfish emulator (``python -m gpufleet.local.redfish``, a child
+process, one endpoint per node on 127.0.0.1) serving one BMC for every node the rounds will
+fault (their faults summed over ``--repeat``: 1,000/60 x 3 is 3,000 BMCs, 3,000 ports of
+the 10,000 the local cluster picks from; not the floor's nodes, which the controller does
+not manage), and gives each the way production does: a Secret ``gpufleet-system/bmc-<node>``
+(``endpoint``, ``username``, ``password``; plain http, so no ``--bmc-ca-bundle``) and the
+Node annotation ``gpufleet.io/bmc-secret``; the controller reads the Secrets with the
+bench's admin kubeconfig. Each BMC draws its timings from ``--bmc-seed`` (printed; a random
+one by default): a boot of 90-300 s (``--bmc-boot-seconds``; PowerState reads Off until
+it is done, and a reset during a boot starts it over), an OS that takes 20-90 s to shut
+down for a graceful reset (``--bmc-shutdown-seconds``); 15% answer every reset only after
+2-8 s (past the controller's 4-second request timeout for the longer ones: an answer
+lost), 5% refuse their first reset (503, not performed), 5% perform it and answer 500
+(bench/bmc_storm.py). So
+the rungs of early faults run, minutes long and each BMC at its own pace, while later
+faults arrive, and the cordon latency is measured with that work going on. The controller
+is given ``--graceful-settle 300`` (the production default; the test harness's 20 s is
+for the emulator's 3-second OS). The ladder keeps the harness's 120 s per rung
+(controller_harness.policy_spec), so that a node's ladder ends within minutes and a
+round ends: a power cycle or reimage ends first at the controller's own wait for the
+machine to power on (60 s, remediate.redfish.POWER_WAIT_S, not an option), a reboot
+whose OS takes more than a minute to shut down at the rung's 120 s (the production
+default of 1,200 s would turn those timeouts into the same power-on failure). What the
+storm shows (run it to see): a boot of minutes, shown as PowerState Off, outlasts that
+60-second wait, so with the default 90-300 s boots every BMC rung fails, each after a
+minute or two and each BMC in its own time, and the node reaches triage about five
+minutes after its fault; ``--bmc-boot-seconds 30 300`` lets the fastest boots pass. Per
+round it adds: the Reset POSTs the emulator received while the faults were written, until
+every faulted node rested and over the run (by HTTP status), the emulator's CPU
+meanwhile ("BMC emulator CPU %") and at rest, and the BMC steps the controller finished
+(by step and outcome, with their mean duration); at the end, every BMC step and act of
+the run from the controller's /metrics and what the BMCs' own counters say. Each BMC's
+server thread looks for a shutdown every 5 s, not 0.5 s: 3,000 idle BMCs cost 9% of a
+core at 0.5 s and 1.2% at 5 s (measured on the 2-core machine).
 """
 
 from __future__ import annotations
@@ -51,6 +91,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -68,6 +109,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))  # controller_harness imports waiting
 
+import bmc_storm  # noqa: E402 (bench/)
 from gpufleet.domain import conditions, well_known  # noqa: E402
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind, Subsystem  # noqa: E402
 from gpufleet.local import processes  # noqa: E402
@@ -87,8 +129,8 @@ MANAGED = ("nvidia.com/gpu.present", "true")
 """The label the controller is told to manage (the chart's default selector); the floor's
 nodes carry it ``false``, so the controller decides nothing about them."""
 RESTING = ("triage", "rma", "production", "maintenance")
-"""States a faulted node rests in once its ladder is walked (no BMC in the bench: every BMC
-step fails and the node ends in triage)."""
+"""States a faulted node rests in once its ladder is walked (without ``--bmc`` every BMC
+step fails at once and the node ends in triage; with it, its rungs take minutes)."""
 
 
 def api_requests(metrics: str, verbs: tuple[str, ...] | None = None) -> dict[str, float]:
@@ -404,12 +446,15 @@ def measure_floor(
 def measure_round(
     api: Api, ctl: ControllerProcess, watch: CordonWatch, names: list[str], round_: Round,
     writers: int, n: int, managed: int, profile_s: float = 0.0,
+    bmcs: bmc_storm.Emulator | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One round on ``names`` (not faulted before): latency to cordon, the controller's CPU
     meanwhile and per fault, its own histogram's buckets, its API requests and writes per
     fault until cordoned and until every one of the ``managed`` nodes rests, and what else
     ran on the machine. With ``profile_s``, py-spy samples the controller for that long
-    from just before the first fault is written."""
+    from just before the first fault is written. With ``bmcs`` (``--bmc``): the Reset POSTs
+    the emulator received while the faults were written, until every node rests and
+    over the run so far, its CPU, and the BMC steps the controller finished meanwhile."""
     assert ctl.proc is not None
     pid = ctl.proc.pid
     sampler = None
@@ -425,9 +470,13 @@ def measure_round(
     metrics = ctl.metrics()
     own0 = histogram_counts(metrics, "gpufleet_time_to_cordon_seconds")
     requests0 = api_requests(metrics)
+    steps0 = bmc_storm.controller_steps(metrics)
+    posts0 = bmcs.posts() if bmcs is not None else None
     machine = Machine()
     c0, w0 = process_cpu_seconds(pid), time.monotonic()
+    e0 = bmcs.cpu_seconds() if bmcs is not None else 0.0
     written = write_faults(api, names, round_, writers)
+    posts_written = bmcs.posts() if bmcs is not None else None
     spread = max(written.values()) - min(written.values())
     wait_for("every cordon", lambda: all(x in watch.seen for x in names), timeout=900)
     cpu_cordon = process_cpu_seconds(pid) - c0
@@ -441,11 +490,37 @@ def measure_round(
     def resting() -> bool:
         return labelled(api, f"{well_known.LABEL_STATE} in ({','.join(RESTING)})") >= managed
 
-    wait_for("every faulted node at rest", resting, timeout=900, step=1.0)
+    # With BMCs, a ladder of three rungs of minutes each (and a boot that outlasts one).
+    wait_for("every faulted node at rest", resting, timeout=3600 if bmcs else 900, step=1.0)
     time.sleep(5)  # the last status and Event writes of the last decisions
     cpu_rest = process_cpu_seconds(pid) - c0
-    to_rest = per_fault(requests0, api_requests(ctl.metrics()), len(names))
+    metrics = ctl.metrics()
+    to_rest = per_fault(requests0, api_requests(metrics), len(names))
     ran = machine.done()
+    bmc_row: dict[str, float] = {}
+    if bmcs is not None and posts0 is not None and posts_written is not None:
+        took = time.monotonic() - w0
+        bmc_cpu = (bmcs.cpu_seconds() - e0) / took * 100
+        posts_rest = bmcs.posts()
+        in_window, how_window = bmc_storm.count_posts(posts0, posts_written)
+        to_rest_n, how_rest = bmc_storm.count_posts(posts0, posts_rest)
+        run_n = sum(posts_rest.values())
+        bmc_row = {
+            "bmc_posts_window": in_window,
+            "bmc_posts_rest": to_rest_n,
+            "bmc_posts_run": run_n,
+            "bmc_cpu_pct": bmc_cpu,
+            "rest_s": took,
+        }
+        print(
+            f"[{n} nodes, {round_.how}] BMC Reset POSTs received while the faults were"
+            f" written ({spread:.1f} s): {in_window} ({how_window}); until every faulted node"
+            f" rested ({took:.0f} s after the first fault): {to_rest_n} ({how_rest}); over the"
+            f" run: {run_n}. BMC emulator CPU {bmc_cpu:.1f}% of a core meanwhile. Steps the"
+            " controller finished meanwhile: "
+            + bmc_storm.step_delta(steps0, bmc_storm.controller_steps(metrics)),
+            flush=True,
+        )
     for title, table in (("until cordoned", to_cordon), ("until at rest", to_rest)):
         print(
             f"[{n} nodes, {round_.how}] API requests per fault {title}:"
@@ -470,6 +545,7 @@ def measure_round(
         "writes_rest": writes(to_rest),
         "load": ran["load"][1],
         "others_pct": ran["others_pct"],
+        **bmc_row,
     }
     print(
         f"[{n} nodes, {round_.how}] cordoned p50 {row['p50_ms']:.0f} ms, p99"
@@ -486,11 +562,14 @@ def writes(table: dict[str, float]) -> float:
     return sum(v for k, v in table.items() if k.split(" ", 1)[0] in WRITES)
 
 
-def controller(info: Any, logs: Path) -> ControllerProcess:
+def controller(info: Any, logs: Path, bmc: bool = False) -> ControllerProcess:
     """The controller the bench measures, managing only the nodes labelled
-    :data:`MANAGED` (not the floor's)."""
+    :data:`MANAGED` (not the floor's). With ``bmc``, a GracefulRestart is given the
+    production default of 300 s to show (``--graceful-settle``; the test harness gives
+    the emulator's 3-second OS 20 s, less than the minute the storm's OSes take)."""
+    settle = ("--graceful-settle", "300") if bmc else ()
     return ControllerProcess(
-        info, logs, policy="bench", extra_args=("--node-selector", "=".join(MANAGED))
+        info, logs, policy="bench", extra_args=("--node-selector", "=".join(MANAGED), *settle)
     )
 
 
@@ -503,11 +582,15 @@ def run_one(
     writers: int = 16,
     profile_rounds: float = 0.0,
     repeat: int = 1,
+    bmc: bmc_storm.Timings | None = None,
 ) -> list[dict[str, Any]]:
+    # The cluster's own BMCs would serve every node; with --bmc the bench serves only
+    # the nodes it will fault (bench/bmc_storm.py).
     spec = ClusterSpec(nodes=n, slurm=False, redfish=False, ready_timeout_s=1200)
     print(f"[{n} nodes] starting the local cluster ...", flush=True)
     t0 = time.monotonic()
-    with LocalCluster(spec) as info:
+    cluster = LocalCluster(spec)
+    with cluster as info:
         print(f"[{n} nodes] cluster ready in {time.monotonic() - t0:.0f} s", flush=True)
         api = Api(info)
         install(api)
@@ -517,8 +600,20 @@ def run_one(
         for x in floor_nodes:
             api.patch(f"/api/v1/nodes/{x}", {"metadata": {"labels": {MANAGED[0]: "false"}}})
         logs = info.run_dir / "logs"
+        bmcs = None
+        if bmc is not None:
+            faulted = managed[: sum(r.count for r in rounds) * repeat]
+            t1 = time.monotonic()
+            bmcs = bmc_storm.Emulator.start(cluster, info.run_dir, faulted, bmc)
+            bmcs.give_secrets(api)
+            print(
+                f"[{n} nodes] BMC emulator serving the {len(faulted)} nodes the rounds fault,"
+                f" Secrets and annotations written in {time.monotonic() - t1:.0f} s:"
+                f" {bmcs.describe()}; {bmc.describe()}; log {bmcs.log}",
+                flush=True,
+            )
         started = time.monotonic()
-        ctl = controller(info, logs).start()
+        ctl = controller(info, logs, bmc=bmcs is not None).start()
         try:
             assert ctl.proc is not None
             pid = ctl.proc.pid
@@ -532,10 +627,13 @@ def run_one(
             watch = CordonWatch(info)
             watch.start()
             settle(watch, n)
+            b0, bt0 = (bmcs.cpu_seconds() if bmcs else 0.0), time.monotonic()
             idle_cpu, idle_events = measure_idle(pid, watch, idle_s)
+            bmc_idle = (bmcs.cpu_seconds() - b0) / (time.monotonic() - bt0) * 100 if bmcs else 0.0
             print(
                 f"[{n} nodes] at rest: {idle_cpu:.1f}% of a core over the last"
-                f" {min(idle_s, 10):g} s; {idle_events:.1f} Node events/s",
+                f" {min(idle_s, 10):g} s; {idle_events:.1f} Node events/s"
+                + (f"; BMC emulator {bmc_idle:.1f}% over {idle_s:g} s" if bmcs else ""),
                 flush=True,
             )
             if profile_s:
@@ -552,14 +650,17 @@ def run_one(
                         api, watch, floor_nodes[: round_.count], round_, writers, n
                     )
                     row = measure_round(
-                        api, ctl, watch, names, round_, writers, n, len(managed), profile_rounds
-                    )
+                        api, ctl, watch, names, round_, writers, n, len(managed),
+                        profile_rounds, bmcs,
+                    )  # fmt: skip
                     row["ratio_p50"] = row["p50_ms"] / floor["floor_p50_ms"]
                     row["ratio_p99"] = row["p99_ms"] / floor["floor_p99_ms"]
                     rows.append({**row, **floor})
             watch.stop = True
             rss, rss_peak = rss_mib(pid), rss_mib(pid, "VmHWM")
-            restart_s, reads = restart(ctl, info, logs, len(managed))
+            if bmcs is not None:
+                bmc_summary(ctl, bmcs, n)
+            restart_s, reads = restart(ctl, info, logs, len(managed), bmc=bmcs is not None)
             print(
                 f"[{n} nodes] a restarted controller held every record {restart_s:.1f} s after"
                 f" start; requests it sent meanwhile: "
@@ -575,10 +676,13 @@ def run_one(
                 "adopted_s": adopted_s,
                 "acting_s": acting_s,
                 "restart_s": restart_s,
+                **({"bmc_idle_pct": bmc_idle} if bmcs else {}),
             }
             return [{**fleet, **row} for row in rows]
         finally:
             ctl.stop()
+            if bmcs is not None:
+                bmcs.close()
             if keep:
                 kept = Path(tempfile.gettempdir()) / f"reaction-controller-{n}.log"
                 shutil.copyfile(ctl.log, kept)
@@ -628,15 +732,34 @@ def adopt(
     return cordoned - started, probe_ms, time.monotonic() - started
 
 
+def bmc_summary(ctl: ControllerProcess, bmcs: bmc_storm.Emulator, n: int) -> None:
+    """Over the whole run: the BMC steps the controller finished (count, mean duration)
+    and its BMC acts by result, from its /metrics; what the BMCs say they received and
+    did, from each one's counters."""
+    metrics = ctl.metrics()
+    steps = bmc_storm.controller_steps(metrics)
+    acts = bmc_storm.controller_bmc_actions(metrics)
+    counters = bmcs.counters()
+    print(
+        f"[{n} nodes] over the run, steps the controller finished: "
+        + (", ".join(f"{k} x{c:.0f} (mean {t / c:.0f} s)" for k, (c, t) in steps.items()) or "none")
+        + "; its BMC acts: "
+        + (", ".join(f"{k} x{v:.0f}" for k, v in acts.items()) or "none")
+        + "; the BMCs' counters: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counters.items())),
+        flush=True,
+    )
+
+
 def restart(
-    ctl: ControllerProcess, info: Any, logs: Path, n: int
+    ctl: ControllerProcess, info: Any, logs: Path, n: int, bmc: bool = False
 ) -> tuple[float, dict[str, float]]:
     """Stop the controller, start another: how long until it holds every node's record
     (Nodes already labelled: a restart, not a first adoption), and the requests it sent
     meanwhile by ``VERB resource`` (a thundering herd shows here)."""
     ctl.stop()
     started = time.monotonic()
-    fresh = controller(info, logs).start()
+    fresh = controller(info, logs, bmc=bmc).start()
     try:
         wait_for(
             "every record held again",
@@ -714,6 +837,14 @@ FLEET = [
     ("CPU idle %", "cpu_idle_pct", 1), ("RSS MiB", "rss_mib", 0), ("peak MiB", "rss_peak_mib", 0),
     ("acting s", "acting_s", 1), ("adopt s", "adopted_s", 1), ("restart s", "restart_s", 1),
 ]  # fmt: skip
+BMC = [
+    ("resets in window", "bmc_posts_window", 0), ("resets to rest", "bmc_posts_rest", 0),
+    ("resets in run", "bmc_posts_run", 0), ("rest s", "rest_s", 0),
+    ("BMC emulator CPU %", "bmc_cpu_pct", 1),
+]  # fmt: skip
+"""With ``--bmc``: the Reset POSTs the emulator received while the round's faults were
+written, until every faulted node rested and over the run so far; seconds from the first
+fault to the last node at rest; the emulator's CPU meanwhile."""
 
 
 def main() -> None:
@@ -777,6 +908,35 @@ def main() -> None:
         " cluster of its own with --slurmd-nodes slurmd daemons",
     )
     parser.add_argument(
+        "--bmc",
+        action="store_true",
+        help="serve a Redfish BMC (the repository's emulator) for every node the rounds"
+        " fault, with realistic timings drawn per BMC from --bmc-seed: the ladder's BMC"
+        " rungs then take minutes while later faults arrive (bench/bmc_storm.py)",
+    )
+    parser.add_argument(
+        "--bmc-seed",
+        type=int,
+        default=None,
+        help="seed of the BMCs' timings (default: a random one, printed)",
+    )
+    parser.add_argument(
+        "--bmc-boot-seconds",
+        type=float,
+        nargs=2,
+        default=[90.0, 300.0],
+        metavar=("MIN", "MAX"),
+        help="with --bmc: a boot takes between MIN and MAX s (PowerState Off meanwhile)",
+    )
+    parser.add_argument(
+        "--bmc-shutdown-seconds",
+        type=float,
+        nargs=2,
+        default=[20.0, 90.0],
+        metavar=("MIN", "MAX"),
+        help="with --bmc: a graceful reset waits between MIN and MAX s for the OS",
+    )
+    parser.add_argument(
         "--slurmd-nodes",
         type=int,
         default=100,
@@ -787,6 +947,17 @@ def main() -> None:
         parser.error("--repeat needs at least one run")
     if args.slurm_bursts and max(args.slurm_bursts) > args.slurmd_nodes:
         parser.error("a Slurm burst needs as many nodes with a slurmd (--slurmd-nodes)")
+    bmc = None
+    if args.bmc:
+        seed = (
+            args.bmc_seed if args.bmc_seed is not None else random.SystemRandom().randrange(10**6)
+        )
+        bmc = bmc_storm.Timings(
+            seed=seed,
+            boot_s=(args.bmc_boot_seconds[0], args.bmc_boot_seconds[1]),
+            shutdown_s=(args.bmc_shutdown_seconds[0], args.bmc_shutdown_seconds[1]),
+        )
+        print(f"BMC timings: {bmc.describe()} (--bmc-seed {seed} repeats them)", flush=True)
     rows = []
     for n in args.nodes:
         if args.rounds:
@@ -801,12 +972,17 @@ def main() -> None:
         if needed > n:
             parser.error(f"the rounds and their floor need {needed} nodes, more than {n}")
         rows += run_one(n, rounds, args.keep_logs, args.profile_idle, args.idle_seconds,
-                        args.writers, args.profile_rounds, args.repeat)  # fmt: skip
+                        args.writers, args.profile_rounds, args.repeat, bmc)  # fmt: skip
     entries = summarise(rows)
     table("fault -> cordon (ms; x: gpufleet / floor)", entries, LATENCY)
     table("cost per fault (controller) and what else ran", entries, COST)
     fleets = {e["nodes"]: {**e, "repeat": 1} for e in entries}  # measured once per fleet
-    table("per fleet (measured once)", list(fleets.values()), FLEET, how=False)
+    if bmc is not None:
+        table("BMCs (--bmc): Reset POSTs received, the emulator's CPU", entries, BMC)
+        bmc_fleet = [*FLEET, ("BMC emulator CPU idle %", "bmc_idle_pct", 1)]
+        table("per fleet (measured once)", list(fleets.values()), bmc_fleet, how=False)
+    else:
+        table("per fleet (measured once)", list(fleets.values()), FLEET, how=False)
     print(
         f"\nmedian (min-max) of {args.repeat} run(s); bursts: {args.writers} writers; floor:"
         " the same faults on nodes the controller does not manage, each cordoned by the bench"
@@ -817,6 +993,12 @@ def main() -> None:
         " bench, its cluster and the controller; acting s: start -> a fault on the last node"
         f" cordoned; adopt s: -> every node labelled; machine: {os.cpu_count()} cores;"
         f" commit {commit()}"
+        + (
+            f"; BMCs: {bmc.describe()}; resets in window: Reset POSTs received while the"
+            " round's faults were written; to rest: until every faulted node rested"
+            if bmc is not None
+            else ""
+        )
     )
     print("json: " + json.dumps([as_json(e) for e in entries]))
     if args.slurm_bursts:

@@ -15,7 +15,8 @@ afterwards. Every action is recorded in the EventLog and counted under
 Run: ``python -m gpufleet.local.redfish CONFIG.json`` where the config is
 ``{"user": ..., "password": ..., "bmcs": [{"node": "gpu-node-0000", "port": 18000}]}``.
 Each BMC listens on 127.0.0.1 at its own port (0: a free one, read from the server's
-``server_address``) and shares nothing with the others.
+``server_address``) and shares nothing with the others. ``poll_interval`` (at the top;
+default 0.5 s) is how often each BMC's server thread looks for a shutdown request.
 With ``"tls": {"cert": PEM_FILE, "key": PEM_FILE}`` (at the top, for every BMC, or
 in a BMC's entry) it speaks HTTPS with that certificate, as a real BMC does
 (:func:`gpufleet.local.pki.create_bmc` makes one, signed by a CA of its own or
@@ -57,6 +58,10 @@ What real firmware does that remediation must live with (docs/local-cluster.md,
 - **Transitional power states** (``power_transitions``): ``PoweringOff`` while
   the OS shuts down, ``PoweringOn`` while the system boots (``boot_seconds``)
   instead of ``Off``.
+- **A reset during a boot starts the boot over** (``reset_restarts_boot``): a
+  machine power-cycled in POST starts POST again, so it is on ``boot_seconds``
+  after the last reset. Without it (the default) a boot under way still ends at
+  its first time, whatever reset came meanwhile.
 - **A one-time boot override is consumed by the boot that uses it** (it reads
   ``Disabled`` afterwards; above).
 
@@ -129,6 +134,11 @@ DEFAULT_OS_SHUTDOWN_S = 3.0
 """How long the OS of an emulated system takes to shut down after a graceful request,
 unless its entry says otherwise (``os_shutdown_seconds``; 0: at once). Real servers take
 from a few seconds to minutes; tests that probe a settle window set it longer."""
+DEFAULT_POLL_INTERVAL_S = 0.5
+"""How often each BMC's server thread wakes to look for a :meth:`shutdown` request
+(``serve_forever``'s default), unless the config's ``poll_interval`` says otherwise: a
+storm bench serving thousands of BMCs, never shut down that way, sets it longer, since
+every wake-up of every thread costs CPU."""
 GRACEFUL = ("GracefulRestart", "GracefulShutdown")
 FORCED = ("ForceOff", "ForceRestart", "PowerCycle")
 """Resets that cut the OS short: they override a graceful one under way."""
@@ -232,6 +242,8 @@ class BmcState:
     """Answer an accepted Reset 202 with a Task instead of 204."""
     power_transitions: bool = False
     """Report PoweringOff / PoweringOn while the OS shuts down / the system boots."""
+    reset_restarts_boot: bool = False
+    """A reset during a boot starts it over (see the module docstring)."""
     graceful_joined: int = 0
     """Graceful requests that joined a shutdown already under way."""
     tasks: dict[str, Json] = field(default_factory=dict)
@@ -242,6 +254,8 @@ class BmcState:
     _shutdown_type: str = ""
     _generations: int = 0
     _booting: bool = False
+    _boots_started: int = 0
+    """Boots started (by :meth:`_power_on`): which one a boot timer belongs to."""
     _reset_task: str | None = None
     """The Task of the reset just accepted (set by :meth:`reset` when ``task_reset``)."""
 
@@ -398,10 +412,13 @@ class BmcState:
             return
         self.power_state = "Off"
         self._booting = True
+        self._boots_started += 1
+        started = self._boots_started
 
         def later() -> None:
             with self.lock:
-                if self.power_state == "Off" and self._booting:
+                overtaken = self.reset_restarts_boot and started != self._boots_started
+                if self.power_state == "Off" and self._booting and not overtaken:
                     self.boot()
 
         timer = threading.Timer(self.boot_seconds, later)
@@ -999,6 +1016,7 @@ class _TlsServer(ThreadingHTTPServer):
 def serve(config: Json) -> list[ThreadingHTTPServer]:
     """Start one HTTP(S) server thread per BMC in ``config``; return the servers."""
     servers: list[ThreadingHTTPServer] = []
+    poll = float(config.get("poll_interval", DEFAULT_POLL_INTERVAL_S))
     for bmc in config["bmcs"]:
         address = ("127.0.0.1", int(bmc["port"]))
         tls = bmc.get("tls") or config.get("tls")
@@ -1016,6 +1034,7 @@ def serve(config: Json) -> list[ThreadingHTTPServer]:
             reset_types=tuple(bmc.get("reset_types") or RESET_TYPES),
             task_reset=bool(bmc.get("task_reset", False)),
             power_transitions=bool(bmc.get("power_transitions", False)),
+            reset_restarts_boot=bool(bmc.get("reset_restarts_boot", False)),
         )
         vm = vm_from_config(bmc["vm"], state.system_uuid) if bmc.get("vm") else None
         state.vm = vm
@@ -1026,7 +1045,7 @@ def serve(config: Json) -> list[ThreadingHTTPServer]:
         server.bmc = state  # type: ignore[attr-defined]
         server.credentials = (config["user"], config["password"])  # type: ignore[attr-defined]
         threading.Thread(
-            target=server.serve_forever, name=f"bmc-{bmc['node']}", daemon=True
+            target=server.serve_forever, args=(poll,), name=f"bmc-{bmc['node']}", daemon=True
         ).start()
         servers.append(server)
     return servers
