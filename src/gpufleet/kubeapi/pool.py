@@ -11,6 +11,11 @@ burst (docs/controller.md, "Where the remaining time goes"; decision 0253).
 :func:`keep_sockets` wraps the pool's network backend so that each stream keeps the raw
 socket it was opened on and answers ``is_readable`` by polling it, the same question asked
 of the same socket; everything else is handed to anyio's stream unchanged.
+
+It also keeps idle connections for :data:`KEEPALIVE_S` instead of httpx's 5 s (decision
+0293): a service at rest sends a request every few seconds (its Lease), so the pool closed
+every connection but one, and the next burst of faults opened up to 12 TLS connections while
+its cordons waited.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ SocketOption = (
     tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]
 )
 """httpcore's socket option, as its backends take it."""
+KEEPALIVE_S = 60.0
+"""How long an idle connection is kept: under the 90 s after which kube-apiserver closes an
+idle one (client-go keeps them 90 s); one the server closed sooner (a proxy in between) reads
+as readable and is dropped before it is used (above)."""
 
 
 def readable(sock: socket.socket | None) -> bool:
@@ -109,8 +118,9 @@ class KeptSocketBackend(httpcore.AsyncNetworkBackend):
 
 def keep_sockets(client: httpx.AsyncClient) -> bool:
     """Give ``client``'s connection pool streams that keep their socket (connections it
-    opens from now on); False where the client is not built as expected (another httpx:
-    then it stays as it is, correct and slower)."""
+    opens from now on) and idle connections kept :data:`KEEPALIVE_S`; False where the
+    client is not built as expected (another httpx: then it stays as it is, correct and
+    slower)."""
     pool = getattr(getattr(client, "_transport", None), "_pool", None)
     backend = getattr(pool, "_network_backend", None)
     if not isinstance(pool, httpcore.AsyncConnectionPool) or backend is None:
@@ -118,4 +128,7 @@ def keep_sockets(client: httpx.AsyncClient) -> bool:
         return False
     if not isinstance(backend, KeptSocketBackend):
         pool._network_backend = KeptSocketBackend(backend)
+    expiry = getattr(pool, "_keepalive_expiry", None)
+    if isinstance(expiry, int | float) and expiry < KEEPALIVE_S:
+        pool._keepalive_expiry = KEEPALIVE_S
     return True
