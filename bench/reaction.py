@@ -486,6 +486,13 @@ def measure_round(
     metrics = ctl.metrics()
     own = histogram_quantiles(metrics, "gpufleet_time_to_cordon_seconds", since=own0)
     to_cordon = per_fault(requests0, api_requests(metrics), len(names))
+    cordoned = quantiles(watch.seen, written, names)
+    print(
+        f"[{n} nodes, {round_.how}] every fault cordoned: p50 {cordoned['p50_ms']:.0f} ms,"
+        f" p99 {cordoned['p99_ms']:.0f} ms, max {cordoned['max_ms']:.0f} ms (now waiting for"
+        " every faulted node to rest)",
+        flush=True,
+    )
 
     def resting() -> bool:
         return labelled(api, f"{well_known.LABEL_STATE} in ({','.join(RESTING)})") >= managed
@@ -532,7 +539,7 @@ def measure_round(
     row = {
         "how": round_.how,
         "faults": len(names),
-        **quantiles(watch.seen, written, names),
+        **cordoned,
         "cpu_busy_pct": busy_cpu,
         "cpu_ms_cordon": cpu_cordon * 1000 / len(names),
         "cpu_ms_rest": cpu_rest * 1000 / len(names),

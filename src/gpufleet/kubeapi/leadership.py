@@ -39,6 +39,7 @@ from gpufleet.clock import SYSTEM_CLOCK, Clock
 from gpufleet.kubeapi.errors import ApiError, Conflict, NotFound
 from gpufleet.kubeapi.port import KubePort
 from gpufleet.kubeapi.resources import LEASES
+from gpufleet.kubeapi.slots import urgent
 
 DURATION_S = 30.0
 """How long a lease holds without a renewal."""
@@ -148,7 +149,15 @@ class Leadership:
                     await self.release()
 
     async def attempt(self) -> bool:
-        """One read and, if due, one compare-and-swap write of the Lease; whether held now."""
+        """One read and, if due, one compare-and-swap write of the Lease; whether held now.
+
+        Both go before the process's ordinary requests (decision 0292): queued behind a
+        storm's drains and steps, a renewal came too late, the lease was lost, every task
+        stopped, and the takeover's own work starved the next renewal again."""
+        with urgent():
+            return await self._attempt()
+
+    async def _attempt(self) -> bool:
         sent = self._clock.monotonic()
         try:
             lease = await self._client.get(LEASES, self.name, namespace=self.namespace)

@@ -87,3 +87,40 @@ def test_a_released_lease_is_taken_at_once_and_the_loop_says_who_acts() -> None:
         assert kube.custom[(LEASES.plural, "other")]["spec"].get("holderIdentity") is None
 
     asyncio.run(go())
+
+
+def test_lease_reads_and_writes_go_before_ordinary_requests() -> None:
+    """Decision 0292: a renewal queued behind a storm's drains and steps came too late and
+    the Lease was lost; its requests are made urgent."""
+    from typing import Any
+
+    from gpufleet.kubeapi.slots import is_urgent
+
+    class Noting(FakeKube):
+        def __init__(self) -> None:
+            super().__init__()
+            self.urgent: list[tuple[str, bool]] = []
+
+        async def get(self, resource: Any, name: str, **kw: Any) -> Any:
+            self.urgent.append(("get", is_urgent()))
+            return await super().get(resource, name, **kw)
+
+        async def create(self, resource: Any, body: Any, **kw: Any) -> Any:
+            self.urgent.append(("create", is_urgent()))
+            return await super().create(resource, body, **kw)
+
+        async def patch(self, resource: Any, name: str, patch: Any, **kw: Any) -> Any:
+            self.urgent.append(("patch", is_urgent()))
+            return await super().patch(resource, name, patch, **kw)
+
+    async def go() -> None:
+        kube, clock = Noting(), ManualClock(1_000.0)
+        a = replica(kube, clock, "a")
+        assert await a.attempt()  # created
+        clock.advance(5)
+        assert await a.attempt()  # renewed
+        assert [verb for verb, _ in kube.urgent] == ["get", "create", "get", "patch"]
+        assert all(hurry for _, hurry in kube.urgent)
+        assert not is_urgent()  # only inside the attempt
+
+    asyncio.run(go())
