@@ -8,6 +8,11 @@ the spread of repeated runs as error bars), and writes docs/img/reaction-latency
 Run:
 
     .venv/bin/python bench/plot_reaction.py [--data docs/data/reaction.json] [--out FILE]
+    .venv/bin/python bench/plot_reaction.py --since all   # every day's runs, not the last day's
+
+Runs that say when they ran are drawn from the last day only (``--since``: that date and
+later; the earlier ones stay in the JSON and in docs/controller.md): a day's runs compare
+with each other, and every day's on one plot hid them.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def plot(data: dict[str, Any], out: Path) -> None:
     by_fleet.set_xscale("log")
     by_fleet.set_xlabel("nodes in the fleet (8 GPUs each)")
     by_fleet.set_title("against fleet size")
-    by_fleet.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    by_fleet.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
 
     bursts_by_fleet: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
     for r in data["runs"]:
@@ -122,8 +127,25 @@ def main() -> None:
     )
     parser.add_argument("--data", type=Path, default=ROOT / "docs/data/reaction.json")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/img/reaction-latency.png")
+    parser.add_argument(
+        "--since",
+        default="",
+        metavar="YYYY-MM-DD|all",
+        help="draw runs that say when they ran from that day on (default: the last day)",
+    )
     args = parser.parse_args()
-    plot(json.loads(args.data.read_text()), args.out)
+    data = json.loads(args.data.read_text())
+    plot({**data, "runs": since(data["runs"], args.since)}, args.out)
+
+
+def since(runs: list[dict[str, Any]], day: str) -> list[dict[str, Any]]:
+    """The runs to draw: those without a date, and the dated ones from ``day`` on (""
+    the last date any run has, "all" every one). A date is the start of ``when``."""
+    dated = [r["when"][:10] for r in runs if r.get("when")]
+    if day == "all" or not dated:
+        return runs
+    first = day or max(dated)
+    return [r for r in runs if not r.get("when") or r["when"][:10] >= first]
 
 
 if __name__ == "__main__":
