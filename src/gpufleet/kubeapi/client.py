@@ -42,8 +42,8 @@ of 32 at 2,000 nodes was cordoned with p99 0.54-0.66 s instead of 1.26 s
 (docs/controller.md)."""
 URGENT_RESERVE = 4
 """Slots beyond ``max_in_flight`` that only urgent requests (:func:`gpufleet.kubeapi.slots.urgent`:
-the lifecycle controller's record writes) may use: one never waits for ordinary work to
-end (decision 0292)."""
+the lifecycle controller's cordoning record writes, the Lease's reads and writes) may use:
+one never waits for ordinary work to end (decision 0292)."""
 LIST_PAGE = 500
 """Objects per page of a list (the page size kubectl and client-go's informers use)."""
 LIST_RESTARTS = 3
