@@ -27,7 +27,6 @@ import re
 import secrets
 import statistics
 import sys
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.local import processes
 from gpufleet.local.cluster import LocalCluster
@@ -49,8 +49,6 @@ SIGTERM), and 3,000 threads waking twice a second cost CPU the bench would measu
 _RESET_LINE = re.compile(
     rb'"POST /redfish/v1/Systems/1/Actions/ComputerSystem\.Reset [^"]*" (\d{3})'
 )
-_STEP_LINE = re.compile(r"^gpufleet_remediation_step_seconds_(count|sum)\{([^}]*)\} (\S+)$")
-_ACTION_LINE = re.compile(r"^gpufleet_actions_total\{([^}]*)\} (\S+)$")
 
 
 @dataclass(frozen=True)
@@ -252,28 +250,26 @@ def count_posts(before: Counter[str], after: Counter[str]) -> tuple[int, str]:
     return sum(diff.values()), ", ".join(f"{k} x{v}" for k, v in sorted(diff.items())) or "none"
 
 
-def cpu_pct(emu: Emulator, seconds: float) -> float:
-    """The emulator's CPU over ``seconds`` from now, in per cent of one core."""
-    c0, t0 = emu.cpu_seconds(), time.monotonic()
-    time.sleep(seconds)
-    return (emu.cpu_seconds() - c0) / (time.monotonic() - t0) * 100
-
-
-def _labels(text: str) -> dict[str, str]:
-    return dict(p.split("=", 1) for p in text.replace('"', "").split(",") if "=" in p)
+def _samples(metrics: str, family: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of one metric family of the controller's /metrics: (sample name,
+    labels, value), parsed by prometheus_client."""
+    return [
+        (s.name, s.labels, s.value)
+        for f in text_string_to_metric_families(metrics)
+        if f.name == family
+        for s in f.samples
+    ]
 
 
 def controller_steps(metrics: str) -> dict[str, tuple[float, float]]:
     """The controller's finished remediation steps: ``"step outcome"`` -> (count, seconds
     in all), from ``gpufleet_remediation_step_seconds``."""
     out: dict[str, list[float]] = {}
-    for line in metrics.splitlines():
-        m = _STEP_LINE.match(line)
-        if m:
-            labels = _labels(m.group(2))
+    for name, labels, value in _samples(metrics, "gpufleet_remediation_step_seconds"):
+        part = name.rsplit("_", 1)[1]
+        if part in ("count", "sum"):
             key = f"{labels.get('step', '')} {labels.get('outcome', '')}"
-            entry = out.setdefault(key, [0.0, 0.0])
-            entry[0 if m.group(1) == "count" else 1] = float(m.group(3))
+            out.setdefault(key, [0.0, 0.0])[0 if part == "count" else 1] = value
     return {k: (v[0], v[1]) for k, v in sorted(out.items()) if v[0]}
 
 
@@ -281,12 +277,9 @@ def controller_bmc_actions(metrics: str) -> dict[str, float]:
     """The controller's BMC acts (``bmc-reboot ok``, ``bmc-power-cycle failed``, ...), from
     ``gpufleet_actions_total``."""
     out: dict[str, float] = {}
-    for line in metrics.splitlines():
-        m = _ACTION_LINE.match(line)
-        if m:
-            labels = _labels(m.group(1))
-            if labels.get("action", "").startswith("bmc-") and float(m.group(2)):
-                out[f"{labels['action']} {labels.get('result', '')}"] = float(m.group(2))
+    for name, labels, value in _samples(metrics, "gpufleet_actions"):
+        if name.endswith("_total") and labels.get("action", "").startswith("bmc-") and value:
+            out[f"{labels['action']} {labels.get('result', '')}"] = value
     return dict(sorted(out.items()))
 
 

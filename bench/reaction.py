@@ -984,12 +984,11 @@ def main() -> None:
     table("fault -> cordon (ms; x: gpufleet / floor)", entries, LATENCY)
     table("cost per fault (controller) and what else ran", entries, COST)
     fleets = {e["nodes"]: {**e, "repeat": 1} for e in entries}  # measured once per fleet
+    fleet_columns = FLEET
     if bmc is not None:
         table("BMCs (--bmc): Reset POSTs received, the emulator's CPU", entries, BMC)
-        bmc_fleet = [*FLEET, ("BMC emulator CPU idle %", "bmc_idle_pct", 1)]
-        table("per fleet (measured once)", list(fleets.values()), bmc_fleet, how=False)
-    else:
-        table("per fleet (measured once)", list(fleets.values()), FLEET, how=False)
+        fleet_columns = [*FLEET, ("BMC emulator CPU idle %", "bmc_idle_pct", 1)]
+    table("per fleet (measured once)", list(fleets.values()), fleet_columns, how=False)
     print(
         f"\nmedian (min-max) of {args.repeat} run(s); bursts: {args.writers} writers; floor:"
         " the same faults on nodes the controller does not manage, each cordoned by the bench"
