@@ -100,7 +100,8 @@ def test_both_trays_of_a_domain_wait_for_its_burn_in_through_the_real_controller
     verification while the other is out waits; a failed verdict naming n3 sends it back to
     its ladder and holds n1; only the passed verdict returns them. Whether both are out
     when one passes depends on the run's scheduling: over four seeds some wait, and every
-    tray that waited returns only with the passed verdict."""
+    tray that waited returns only with the passed verdict (n3, whose ladder the failed verdict
+    may find spent, goes to triage then)."""
     waited: list[str] = []
     awaits = domain_burnin.awaits
 
@@ -130,6 +131,11 @@ def test_both_trays_of_a_domain_wait_for_its_burn_in_through_the_real_controller
         ]
         if set(waited) == {"n1", "n3"}:
             runs_with_waits += 1
-            assert {n for _, n in back} == {"n1", "n3"}, back
+            # n3, sent back to its ladder by the failed verdict, returns with the passed one,
+            # or goes to triage when that ladder had no rung left (which depends on the
+            # run's scheduling: whether its first repair took one rung or more).
+            last_n3 = [line.call for line in r.story if " n3 cas {state=" in line.call][-1:]
+            assert "n1" in {n for _, n in back}, back
+            assert "n3" in {n for _, n in back} or "state=triage" in last_n3[0], (seed, back)
             assert all(at >= 250.0 for at, _ in back), (seed, back)
     assert runs_with_waits >= 1

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from gpufleet.dst.loop import Deadlock, DstLoop, VirtualClock
+from gpufleet.waits import within
 
 
 def _run(loop: DstLoop, coro: object) -> object:
@@ -36,7 +37,7 @@ def test_a_timeout_fires_in_virtual_time() -> None:
 
     async def main() -> float:
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(asyncio.Event().wait(), timeout=90)
+            await within(90, asyncio.Event().wait())
         return loop.time()
 
     assert _run(loop, main()) == 90.0

@@ -19,6 +19,7 @@ from gpufleet.provision import machines
 from gpufleet.provision.index import MachineIndex
 from gpufleet.provision.issuer import MACHINES, Provisioner, Refused, ServiceSettings, rearm
 from gpufleet.provision.server import ServeOptions, boot_config
+from gpufleet.waits import within
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +77,7 @@ def test_machines_created_changed_or_deleted_after_start_are_served_as_they_are_
         task = asyncio.create_task(index.run())
         prov = Provisioner(kube, boot_config(ServeOptions(kubeconfig=info.kubeconfig)), index=index)
         try:
-            await asyncio.wait_for(index.ready.wait(), 10)
+            await within(10, index.ready.wait())
 
             # Created after the service started: served at once (the index may not
             # have it yet: a miss reads the apiserver), then from the index.

@@ -77,6 +77,7 @@ from gpufleet.health.metrics import AgentMetrics
 from gpufleet.health.monitors import PassiveMonitors
 from gpufleet.health.results import CheckStatus
 from gpufleet.health.telemetry import JobTelemetry
+from gpufleet.waits import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -544,10 +545,7 @@ class Agent:
                 await asyncio.to_thread(self.check_suspected, self.clock())
             if self._active_due(now):
                 await asyncio.to_thread(self.run_active, now)
-            try:  # noqa: SIM105
-                await asyncio.wait_for(stop.wait(), timeout=self.settings.interval_s)
-            except TimeoutError:
-                pass
+            await wait_set(stop, self.settings.interval_s)
 
     def hardware_report(self) -> node_reports.AnnotationReport | None:
         """The ``gpufleet.io/hardware`` annotation: GPU model and count, HCA count.

@@ -19,7 +19,6 @@ cleanup`` deletes it on uninstall. Admission holds the agent to its own node's s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -30,6 +29,7 @@ from gpufleet.health.nvml_values import parse_gpu
 from gpufleet.kubeapi import NODES, ApiError, KubePort
 from gpufleet.kubeapi.port import get_or_none
 from gpufleet.kubeapi.resources import RESOURCE_SLICES
+from gpufleet.waits import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -144,5 +144,4 @@ class SlicePublisher:
                 passes += 1
             except Exception:  # publishing must never stop the agent
                 log.exception("node=%s ResourceSlice not published", self.node)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.every_s)
+            await wait_set(stop, self.every_s)

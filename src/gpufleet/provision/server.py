@@ -17,6 +17,7 @@ from gpufleet.kubeapi import KubeApi, KubePort
 from gpufleet.provision import cluster, render, service
 from gpufleet.provision.index import MachineIndex
 from gpufleet.provision.issuer import Provisioner, ServiceSettings
+from gpufleet.waits import wait_set
 
 log = logging.getLogger("gpufleet.provision")
 
@@ -104,8 +105,7 @@ async def _serve(
 ) -> None:
     # Requests before the index is synced read the apiserver; waiting a little
     # for it only spares the first boots that detour.
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(index.ready.wait(), 10)
+    await wait_set(index.ready, 10)
     provisioner = Provisioner(api, boot_config(options), settings, index=index)
     config = uvicorn.Config(
         service.create_app(provisioner, boot_dir=options.boot_dir),

@@ -33,6 +33,7 @@ from typing import Any
 from gpufleet.domain import hostlist, well_known
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError
 from gpufleet.slurm.scontrol import Scontrol
+from gpufleet.waits import within
 
 RESERVATION_PREFIX = "gpufleet-burnin-"
 
@@ -84,11 +85,11 @@ async def _exec(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -
         env={**os.environ, **env},
     )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        out, err = await within(timeout_s, proc.communicate())
     except TimeoutError:
         proc.terminate()  # srun cancels its job step on SIGTERM
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), 10)
+            out, err = await within(10, proc.communicate())
         except TimeoutError:
             proc.kill()
             out, err = await proc.communicate()

@@ -32,7 +32,6 @@ Slurm refused (tried again when their pods or namespace change, or after
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -52,6 +51,7 @@ from gpufleet.kubeapi.resources import NAMESPACES
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmError
 from gpufleet.slurm.metrics import Endpoint
 from gpufleet.slurm.pod_jobs import PodJobPort, SubmitRefused, never_starts
+from gpufleet.waits import wait_set
 
 log = logging.getLogger("gpufleet.slurm.pod_scheduler")
 
@@ -662,8 +662,7 @@ class PodScheduler:
 
     async def _wait(self, seconds: float) -> None:
         """Until the watch says a pod changed, or ``seconds``."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), max(0.0, seconds))
+        await wait_set(self.wake, seconds)
 
     async def watch(self) -> None:
         """Wake the loop on every change of this scheduler's pods. Starts from the last

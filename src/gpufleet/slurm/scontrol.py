@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from gpufleet.domain import hostlist
 from gpufleet.domain.maintenance import Reservation
 from gpufleet.slurm.errors import SlurmCommandFailed, SlurmUnavailable
+from gpufleet.waits import within
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +149,7 @@ async def run_tool(argv: Sequence[str], env: Mapping[str, str], timeout_s: float
     except OSError as e:
         raise SlurmUnavailable(f"cannot run {argv[0]}: {e}") from e
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        out, err = await within(timeout_s, proc.communicate())
     except TimeoutError as e:
         proc.kill()
         await proc.wait()

@@ -31,6 +31,7 @@ from gpufleet.slurm.nodes import addresses_of
 from gpufleet.tenants.metrics import TenantMetrics
 from gpufleet.tenants.node_events import NodeEventCopier
 from gpufleet.tenants.ports import SlurmAssociations, TenantReservations
+from gpufleet.waits import wait_set
 
 log = logging.getLogger("gpufleet.tenants")
 
@@ -99,8 +100,7 @@ class TenantController:
                         log.warning("tenant pass failed, retried: %s", e)
                     except Exception:  # the Slurm port raises what its commands raise
                         log.exception("tenant pass failed, retried")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), self.settings.interval_s)
+                if await wait_set(self.wake, self.settings.interval_s):
                     await asyncio.sleep(self.settings.coalesce_s)
         finally:
             for w in watches:

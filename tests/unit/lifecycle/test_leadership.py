@@ -8,6 +8,7 @@ import asyncio
 from gpufleet.clock import ManualClock
 from gpufleet.kubeapi import LEASES
 from gpufleet.lifecycle.leadership import Leadership
+from gpufleet.waits import within
 
 from .fakes import FakeKube
 
@@ -82,7 +83,7 @@ def test_a_released_lease_is_taken_at_once_and_the_loop_says_who_acts() -> None:
         task = asyncio.create_task(c.run(lead, lose, stopped=stop.is_set))
         await asyncio.sleep(0.05)
         stop.set()
-        await asyncio.wait_for(task, 5)
+        await within(5, task)
         assert said[0] == "lead" and said[-1].startswith("lose")
         assert kube.custom[(LEASES.plural, "other")]["spec"].get("holderIdentity") is None
 

@@ -20,6 +20,7 @@ from gpufleet.local import pki
 from gpufleet.local import redfish as emulator
 from gpufleet.remediate import bmc_tls, power, redfish
 from gpufleet.remediate.bmc_tls import BmcTls
+from gpufleet.waits import within
 
 SECRET = "gpufleet-bmc/bmc-n1"
 
@@ -172,7 +173,7 @@ def test_a_refused_certificate_is_not_retried_and_no_reset_is_posted(bmcs: Bmcs)
                     await client.reset("ForceRestart")
 
     before = (bmc.state.requests, bmc.state.reset_posts, bmc.state.reset_count)
-    asyncio.run(asyncio.wait_for(go(), 4.0))  # a retry would wait 5 s first
+    asyncio.run(within(4.0, go()))  # a retry would wait 5 s first
     assert (bmc.state.requests, bmc.state.reset_posts, bmc.state.reset_count) == before
 
 

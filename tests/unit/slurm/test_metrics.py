@@ -15,6 +15,7 @@ from gpufleet.clock import ManualClock
 from gpufleet.domain import slurm_sync, well_known
 from gpufleet.slurm.metrics import SLURM_STATES, SyncerMetrics
 from gpufleet.slurm.syncer import Syncer, SyncSettings
+from gpufleet.waits import within
 
 from ..fakes import FakeSlurm
 from .fakes import RecordingKube
@@ -296,7 +297,7 @@ def test_the_poll_loop_sets_the_gauges_after_each_pass() -> None:
 
     async def go() -> None:
         loop = asyncio.ensure_future(s.slurm_loop())
-        await asyncio.wait_for(s.synced.wait(), 5)
+        await within(5, s.synced.wait())
         loop.cancel()
 
     asyncio.run(go())
