@@ -11,7 +11,9 @@ every scheduling choice the default.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -107,3 +109,43 @@ def test_an_override_left_armed_in_the_last_seconds_of_a_run_is_still_judged(
     assert seen["armed"] == "Pxe"
     assert r.violation is not None and r.violation.invariant == "1b", r.violation
     assert r.violation.at > short.duration + short.calm_s
+
+
+def _slow_cleanup(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """The cleanup takes ``seconds`` (virtual) before it reaches the BMC: a slow BMC or
+    apiserver, as in the seed that found the pause below."""
+    cleanup = GatedSteps._cleanup
+
+    async def slow(self: GatedSteps, name: str, ended: tuple[Any, ...]) -> None:
+        await asyncio.sleep(seconds)
+        await cleanup(self, name, ended)
+
+    monkeypatch.setattr(GatedSteps, "_cleanup", slow)
+
+
+def test_a_pause_does_not_stop_the_cleanup_of_an_armed_network_boot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seed 32 of the bounded runs: the reimage failed after arming its network boot, the
+    node went to triage, and the policy was paused while the cleanup ran. The pause
+    cancelled the cleanup with the acts, and the tick's sweep skipped paused policies, so
+    the machine stayed set to reimage itself at its next reset for the whole pause (1b).
+    The cleanup now runs on under a pause (decision 0295)."""
+    _slow_cleanup(monkeypatch, 5.0)
+    r, seen = story(*NO_POWER_ON, Env(77.0, "pause", (200,)))
+    assert r.violation is None, r.violation.line()
+    assert seen == {"network_boots": 0, "armed": None}
+    assert clears(r) and min(clears(r)) < 77.0 + 30.0
+
+
+def test_a_paused_controller_sweeps_an_armed_network_boot_after_a_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller dies during that cleanup while the policy is paused: the restarted one
+    finds the reimage's mark on a node in triage and removes the override, paused."""
+    _slow_cleanup(monkeypatch, 5.0)
+    r, seen = story(*NO_POWER_ON, Env(76.0, "pause", (200,)), Env(77.0, "kill", ("ctl-1", 2)))
+    assert r.violation is None, r.violation.line()
+    assert any(ln.proc == "ctl-1#1" and ln.call == "killed" for ln in r.lines)
+    assert seen == {"network_boots": 0, "armed": None}
+    assert clears(r) and min(clears(r)) < 76.0 + 60.0

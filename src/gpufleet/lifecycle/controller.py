@@ -274,8 +274,9 @@ class Controller:
             await self.nodes.on_node(body)
 
     def deactivate(self, why: str) -> None:
-        """This replica stops acting (lease lost, or stopping): every acting task ends now."""
-        self.tasks.stop_acting(why)
+        """This replica stops acting (lease lost, or stopping): every acting and restoring
+        task ends now."""
+        self.tasks.stop_leading(why)
 
     # ------------------------------------------------------------- the watches
 

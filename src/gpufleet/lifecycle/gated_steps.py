@@ -125,16 +125,18 @@ class GatedSteps:
     def resume(self) -> None:
         """Tick: an act the records say is in progress and that no task of this process
         has (a restart, a hold lifted, a result the apiserver did not take) is asked
-        of the gate again; a mark of an attempt that ended is cleaned up."""
+        of the gate again, unless the policy is paused or dry-run; a mark of an attempt
+        that ended is cleaned up, paused or not: what it undoes (a one-time network boot
+        armed) would turn the machine's next reset, an operator's too, into a reimage
+        (decision 0295)."""
         policy = self.policies.effective()
-        if policy.paused or policy.dry_run:
-            return
-        for name, record in self.fleet.ticking():
-            attempt = attempt_in_progress(record)
-            if attempt is not None:
-                self._spawn(name, attempt)
-            elif record.state is NodeState.MAINTENANCE and agent_requests.request_id(record):
-                self._spawn(name, record.since)
+        if not (policy.paused or policy.dry_run):
+            for name, record in self.fleet.ticking():
+                attempt = attempt_in_progress(record)
+                if attempt is not None:
+                    self._spawn(name, attempt)
+                elif record.state is NodeState.MAINTENANCE and agent_requests.request_id(record):
+                    self._spawn(name, record.since)
         for name in self.book.marked():  # in any state: triage and production are not ticked
             marked = self.fleet.records.get(name)
             if marked is not None:
@@ -195,7 +197,7 @@ class GatedSteps:
             return ev.StepCompleted(step, True, outcome.detail)
         if isinstance(outcome, Failed):
             self.metrics.actions.labels(action=action, result="failed").inc()
-            log.info("node=%s %s failed: %s", name, step, outcome.detail)
+            # Not logged here: the decision's reason says "<step> failed: <detail>" once.
             if outcome.identity:
                 self._node_event(name, "Warning", "BmcIdentityMismatch", outcome.detail)
                 await self._identity(name, mismatch=True, detail=outcome.detail)
@@ -261,7 +263,8 @@ class GatedSteps:
     def _act_done(self, key: Key, task: asyncio.Task[Any]) -> None:
         """An act's task ended: the cleanups held back while it ran (a cleanup does not
         run beside it) run now, not a tick later. Not after a task that was stopped (a
-        lost lease, a pause): their marks stay, and the next holder's tick sweeps them."""
+        lost lease, a pause): their marks stay, and the next tick's sweep (the next
+        holder's, or this replica's while paused) comes back to them."""
         self._running.discard(key)
         held = self._held_back.pop(key[0], ())
         if held and not task.cancelled():
@@ -291,14 +294,15 @@ class GatedSteps:
         is between its mark and its POST (an operator's triage at that moment) would turn
         the reset it still sends into a plain power cycle (both found by the simulation,
         decision 0255). Held back, it runs when the node's act task ends; its mark stays
-        meanwhile, so a restart's sweep comes back to it."""
+        meanwhile, so a restart's sweep comes back to it. A pause does not stop it, a lost
+        lease does (decision 0295)."""
         if any(key[0] == name for key in self._running):
             if (name, CLEANUP) not in self._running:  # run when the node's act ends
                 self._held_back[name] = (*self._held_back.get(name, ()), *ended)
             return
         key: Key = (name, CLEANUP)
         self._running.add(key)
-        task = self.tasks.spawn(self._cleanup(name, ended), f"cleanup {name}", acting=True)
+        task = self.tasks.spawn(self._cleanup(name, ended), f"cleanup {name}", restoring=True)
         task.add_done_callback(functools.partial(_discard, self._running, key))
 
     async def _cleanup(self, name: str, ended: tuple[steps.Attempt, ...]) -> None:
