@@ -9,13 +9,14 @@ repeats into one Event (count and lastTimestamp), as Kubernetes' recorder does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 from gpufleet.clock import SYSTEM_CLOCK, Clock
-from gpufleet.kubeapi.errors import NotFound
+from gpufleet.kubeapi.errors import Conflict, NotFound
 from gpufleet.kubeapi.port import KubePort
 from gpufleet.kubeapi.resources import EVENTS, Json
 
@@ -96,7 +97,8 @@ class EventRecorder:
     this recorder's start time: a restarted process starts new Events (as
     Kubernetes' in-memory correlator does) and never needs to read an Event
     (the writer's RBAC is create and patch). An Event the apiserver has
-    expired (NotFound on the patch) is created anew.
+    expired (NotFound on the patch) is created anew; one whose create answered
+    AlreadyExists is this process's own, created by a try whose answer was lost.
     """
 
     def __init__(self, kube: KubePort, *, clock: Clock = SYSTEM_CLOCK, remember: int = 4096):
@@ -153,7 +155,12 @@ class EventRecorder:
             body = dict(event)
             body["metadata"] = {"name": name, "namespace": namespace}
             body["count"] = 1
-            await self.kube.create_event(namespace, body)
+            # A Conflict: the name carries this process's start, so it exists because our
+            # own create went through and its answer was lost. Taken for a failure, every
+            # repeat was refused again, and a Notice, which its decision's write waits
+            # for, held that write back for good.
+            with contextlib.suppress(Conflict):
+                await self.kube.create_event(namespace, body)
             self._remember_count(key, 1)
             return 1
 

@@ -4,8 +4,12 @@ message, whose count and lastTimestamp grow."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+import pytest
 
 from gpufleet.clock import ManualClock
+from gpufleet.kubeapi import Unreachable
 from gpufleet.kubeapi.events import EventRecorder, event_body
 
 from ..lifecycle.fakes import FakeKube
@@ -58,3 +62,34 @@ def test_an_expired_event_is_created_anew_and_a_restart_starts_new_events() -> N
     names = [e["metadata"]["name"] for e in kube.events]
     assert len(names) == 2 and len(set(names)) == 2
     assert all(n.startswith("gpu-node-0001.") for n in names)
+
+
+class _AnswerLost(FakeKube):
+    """The first create goes through and its answer is lost (a timeout, a dropped
+    connection): the caller sees an error, the Event exists."""
+
+    lose = True
+
+    async def create_event(self, namespace: str, event: Any) -> None:
+        await super().create_event(namespace, event)
+        if self.lose:
+            self.lose = False
+            raise Unreachable("create event", None, "no answer")
+
+
+def test_an_event_whose_create_answer_was_lost_is_counted_on_from_the_next_try() -> None:
+    """The next try of the same Event is refused AlreadyExists (its name carries this
+    process's start, so it is ours). It used to fail again on every try: a Notice, which
+    its decision's write waits for, held that write back for good (the simulation, seed
+    21 of tests/dst/test_runs.py)."""
+    kube = _AnswerLost()
+    rec = EventRecorder(kube, clock=ManualClock(1_800_000_000.0))
+
+    async def go() -> list[int]:
+        with pytest.raises(Unreachable):
+            await rec.record("default", _event("held fault let go", "t0"))
+        return [await rec.record("default", _event("held fault let go", f"t{i}")) for i in (1, 2)]
+
+    assert asyncio.run(go()) == [1, 2]
+    (event,) = kube.events
+    assert event["count"] == 2 and event["lastTimestamp"] == "t2"
