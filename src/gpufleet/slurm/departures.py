@@ -82,13 +82,17 @@ class Departures:
         name: str,
         jobs: Sequence[slurm_sync.JobView],
         ended: Mapping[int, departure.Ended],
+        seen_at: float | None,
     ) -> departure.DeparturePlan:
         """Decide for ``name``'s running ``jobs`` (``ended``: Slurm's records of jobs
-        that hold no node any more) and send the notices the plan wants (recorded
-        first). The plan's requeues are the caller's to carry out."""
+        that hold no node any more; ``seen_at``: when the read they come from began) and
+        send the notices the plan wants (recorded first). The plan's requeues are the
+        caller's to carry out."""
         notices = self.recorded(name)
         now = self._clock.now()
-        plan = departure.plan_departure(jobs, notices, self.signalled, now, self.grace_s, ended)
+        plan = departure.plan_departure(
+            jobs, notices, self.signalled, now, self.grace_s, ended, seen_at=seen_at
+        )
         if not plan.notice:
             return plan
         if self._dry_run:

@@ -827,7 +827,9 @@ class Syncer:
         jobs = [
             j for j in self.jobs_on(name) if now - self._requeued.get(j.job_id, -1e9) > cooldown
         ]
-        plan = await self.departures.plan(name, jobs, self.ended_jobs)
+        plan = await self.departures.plan(
+            name, jobs, self.ended_jobs, seen_at=self._view_current_at or 0.0
+        )
         await self._requeue_jobs(name, plan.requeue)
         if self._stuck_reported.get(name) != plan.unrequeueable:
             self._stuck_reported[name] = plan.unrequeueable

@@ -44,6 +44,15 @@ def test_a_job_with_the_token_is_noticed_then_waits_for_its_grace() -> None:
     assert waiting.notice == () and waiting.requeue == () and waiting.waiting == (1,)
 
 
+def test_a_grace_ends_only_for_a_read_begun_after_it() -> None:
+    """The job was running in a read taken before its grace ended: it may have finished its
+    work since (Slurm would run it again), so it waits for a newer read."""
+    stale = dp.plan_departure([job(1)], {1: 100.0}, {1}, 140.0, GRACE, {}, seen_at=129.0)
+    assert stale.requeue == () and stale.waiting == (1,) and stale.notice == ()
+    fresh = dp.plan_departure([job(1)], {1: 100.0}, {1}, 140.0, GRACE, {}, seen_at=131.0)
+    assert fresh.requeue == (Requeue(1, Outcome.GRACE_EXPIRED, 100.0),)
+
+
 def test_a_job_that_left_is_requeued_before_its_grace() -> None:
     plan = dp.plan_departure([], {1: 100.0}, {1}, 103.0, GRACE, {1: DEPARTED})
     assert plan.requeue == (Requeue(1, Outcome.LEFT, 100.0),)
