@@ -9,10 +9,10 @@ from gpufleet.domain import well_known
 from gpufleet.domain.faults import Evidence, FaultEvent, FaultKind
 from gpufleet.domain.ladder import Step
 from gpufleet.domain.policy import Policy
-from gpufleet.domain.records import Incident, NodeRecord, StepAttempt, record_to_json
+from gpufleet.domain.records import Incident, NodeRecord, Occurrence, StepAttempt, record_to_json
 from gpufleet.domain.states import NodeState
 from gpufleet.dst.bmc import BmcModel
-from gpufleet.dst.invariants import Invariants
+from gpufleet.dst.invariants import POLICIES, Invariants
 from gpufleet.dst.kube import node_body
 from gpufleet.dst.scenario import NVLINK_DOMAIN, RACK, dst_policy, nvlink_domain_of, rack_of
 from gpufleet.dst.world import Proc, World
@@ -225,3 +225,33 @@ def test_a_raised_fault_the_controller_never_saw() -> None:
     )
     inv.check_end()
     assert w.violations == []
+
+
+def _isolation_after_a_trip(decided_at: float) -> list[str]:
+    """The breaker trips on n2's fault at t=10 (its status saved); n4's isolation lands at
+    t=12, decided at ``decided_at`` (its incident opens then). The violations it draws."""
+    w, _ = _world()
+    wall = w.clock.now() - w.loop.time()  # wall time at t=0
+    w.api.create(CTL, POLICIES, {"metadata": {"name": "default"}}, None)
+    w.loop.run_until(10.0)
+    fault = Occurrence("xid-48", "node", wall + 10.0)
+    _write(w, CTL, "n2", NodeRecord("n2", NodeState.PRODUCTION, 1.0, "r", occurrences=(fault,)))
+    breaker = {"open": True, "trippedAt": wall + 10.0, "lastFaultAt": wall + 10.0}
+    w.api.patch(CTL, POLICIES, "default", {"status": {"breaker": breaker}}, status=True)
+    w.loop.run_until(12.0)
+    incident = Incident(
+        key="xid-79", description="x", opened_at=wall + decided_at, plan=Step.REBOOT
+    )
+    isolated = NodeRecord("n4", NodeState.DRAINING, wall + 12.0, "r", incident=incident)
+    _write(w, CTL, "n4", isolated)
+    return [v.invariant for v in w.violations]
+
+
+def test_an_isolation_decided_after_the_breaker_tripped_breaks_5a() -> None:
+    assert _isolation_after_a_trip(decided_at=11.0) == ["5a"]
+
+
+def test_an_isolation_decided_before_the_trip_whose_write_lands_after_it_is_allowed() -> None:
+    """Seed 67 of ``bench/dst_soak.py``: decided 0.8 s before the fault that tripped the
+    breaker, written 1.7 s after it; the breaker let it through (it counted it)."""
+    assert _isolation_after_a_trip(decided_at=9.0) == []
