@@ -22,28 +22,24 @@ async def _spawned() -> tuple[TaskGroup, dict[str, asyncio.Task[None]]]:
     return group, tasks
 
 
-def test_a_pause_cancels_the_acts_and_leaves_the_restoring_work() -> None:
+@pytest.mark.parametrize(
+    ("stop", "stopped", "cancelled"),
+    [
+        ("stop_acting", 1, {"act": True, "restore": False, "plain": False}),
+        ("stop_leading", 2, {"act": True, "restore": True, "plain": False}),
+    ],
+    ids=["a-pause-leaves-the-restoring-work", "a-lost-lease-ends-it-too"],
+)
+def test_what_each_stop_cancels(stop: str, stopped: int, cancelled: dict[str, bool]) -> None:
     async def main() -> tuple[int, dict[str, bool]]:
         group, tasks = await _spawned()
-        stopped = group.stop_acting("the policy is paused")
+        count = getattr(group, stop)("why")
         await asyncio.sleep(0)
         states = {k: t.cancelled() for k, t in tasks.items()}
         await group.close()
-        return stopped, states
+        return count, states
 
-    assert asyncio.run(main()) == (1, {"act": True, "restore": False, "plain": False})
-
-
-def test_a_lost_lease_cancels_the_acts_and_the_restoring_work() -> None:
-    async def main() -> tuple[int, dict[str, bool]]:
-        group, tasks = await _spawned()
-        stopped = group.stop_leading("the lease was lost")
-        await asyncio.sleep(0)
-        states = {k: t.cancelled() for k, t in tasks.items()}
-        await group.close()
-        return stopped, states
-
-    assert asyncio.run(main()) == (2, {"act": True, "restore": True, "plain": False})
+    assert asyncio.run(main()) == (stopped, cancelled)
 
 
 def test_a_task_is_not_both_acting_and_restoring() -> None:
