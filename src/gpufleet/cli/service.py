@@ -45,6 +45,35 @@ async def run_until_signalled(
             if task is not waiter and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
     finally:
-        for task in [*tasks, waiter]:
+        await _end([*tasks, waiter], log)
+
+
+STOP_ROUNDS = 3
+"""How many times the tasks are cancelled on the way out, each round waited for
+:data:`STOP_WAIT_S`: a task that lost one cancellation (decision 0294) gets another."""
+STOP_WAIT_S = 10.0
+"""Long enough for the Lease's release (a read and a write) on a busy apiserver."""
+
+
+async def _end(tasks: list[asyncio.Task[Any]], log: logging.Logger) -> None:
+    """Cancel ``tasks`` and wait for them; cancelled again while any is left, for at most
+    :data:`STOP_ROUNDS` rounds. A cancellation lost once does not hold the stop; a task
+    that outlives every round is named in the log, and the stop goes on without it."""
+    pending = {t for t in tasks if not t.done()}
+    for _ in range(STOP_ROUNDS):
+        if not pending:
+            break
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*tasks, waiter, return_exceptions=True)
+        _, pending = await asyncio.wait(pending, timeout=STOP_WAIT_S)
+    if pending:
+        names = ", ".join(sorted(t.get_name() for t in pending))
+        log.error(
+            "%d task(s) still running %.0f s after the stop, left behind: %s",
+            len(pending),
+            STOP_ROUNDS * STOP_WAIT_S,
+            names,
+        )
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: an error of a task that ended is not re-logged
