@@ -4,8 +4,9 @@
 caller is cancelled just as that work finishes, it returns the work's result and the
 cancellation is lost (CPython gh-86296, changed in 3.12). A service loop that waits for
 its wake-up event that way, on a cluster busy enough that the event fires often, can miss
-the cancellation of a clean stop and never end: ``gpufleet tenant-controller`` did, once,
-after SIGTERM (its Lease released, the process still running 30 s later). ``asyncio.timeout``
+the cancellation of a clean stop and never end: the likely cause of a ``gpufleet
+tenant-controller`` that released its Lease on SIGTERM and still ran 30 s later (seen once,
+not reproduced). ``asyncio.timeout``
 awaits in the caller's own task, so a cancellation is raised where it waits. Ruff bans
 ``asyncio.wait_for`` in this repository (decision 0294); these are what to use instead.
 """

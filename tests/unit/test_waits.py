@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 from gpufleet.waits import wait_set, within
 
 
-async def _loop_until_cancelled(wait: object) -> int:
+async def _loop_until_cancelled(wait: Callable[[asyncio.Event], Awaitable[object]]) -> int:
     """A service loop's shape: wait for the wake-up (or the interval), clear it, go on."""
     event = asyncio.Event()
     rounds = 0
@@ -24,7 +25,7 @@ async def _loop_until_cancelled(wait: object) -> int:
     async def loop() -> None:
         nonlocal rounds
         while True:
-            await wait(event)  # type: ignore[operator]
+            await wait(event)
             event.clear()
             rounds += 1
 

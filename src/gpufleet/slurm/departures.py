@@ -82,7 +82,7 @@ class Departures:
         name: str,
         jobs: Sequence[slurm_sync.JobView],
         ended: Mapping[int, departure.Ended],
-        seen_at: float | None,
+        seen_at: float,
     ) -> departure.DeparturePlan:
         """Decide for ``name``'s running ``jobs`` (``ended``: Slurm's records of jobs
         that hold no node any more; ``seen_at``: when the read they come from began) and
