@@ -135,7 +135,13 @@ def test_an_sbatch_job_and_a_kubernetes_gang_share_one_queue_by_priority(demo: D
     # All at once, one pod per node of the one Slurm job.
     nodes = demo.fleet.info.node_names
     assert len(f["gang_nodes"]) == len(nodes)
-    assert not gang.nodes or sorted(hostlist.expand(gang.nodes)) == f["gang_nodes"]
+    # squeue's node list of a COMPLETING job holds only the nodes not yet returned to
+    # service (squeue(1), %N), so a job read while it ends names a part of its nodes.
+    listed = sorted(hostlist.expand(gang.nodes)) if gang.nodes else []
+    if gang.state == "COMPLETING":
+        assert set(listed) <= set(f["gang_nodes"]), (gang, f["gang_nodes"])
+    else:
+        assert not listed or listed == f["gang_nodes"], (gang, f["gang_nodes"])
     work = f["work"]
     assert work is not None and work.steps == SHAPE.steps and work.restarts == 0
 
