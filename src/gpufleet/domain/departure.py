@@ -132,7 +132,8 @@ def plan_departure(
     now: float,
     grace_s: float,
     ended: Mapping[int, Ended],
-    seen_at: float | None = None,
+    *,
+    seen_at: float,
 ) -> DeparturePlan:
     """What to do with the running jobs of one node that must be emptied now.
 
@@ -144,14 +145,13 @@ def plan_departure(
     :data:`DEPARTED_EXIT_CODE`; Slurm requeues a finished batch job), else only its
     notice is dropped (outcome ENDED, :func:`_left`).
 
-    ``seen_at``: when the read that ``jobs`` and ``ended`` come from began (default
-    ``now``). A noticed job is requeued for its ended grace only if that read began after
-    the grace ended: an older one cannot tell a job still running from one that finished
-    its work since, and Slurm requeues a finished batch job, which would run it again.
-    Until a newer read, it waits (a pass held up behind a slow write once acted on a read
-    24 s old in the simulation, invariant 18).
+    ``seen_at``: when the read that ``jobs`` and ``ended`` come from began (no default:
+    ``now`` would be the unsafe one). A noticed job is requeued for its ended grace only
+    if that read began after the grace ended: an older one cannot tell a job still running
+    from one that finished its work since, and Slurm requeues a finished batch job, which
+    would run it again. Until a newer read, it waits (a pass held up behind a slow write
+    once acted on a read 24 s old in the simulation, invariant 18).
     """
-    seen = now if seen_at is None else seen_at
     notice: list[int] = []
     requeue: list[Requeue] = []
     waiting: list[int] = []
@@ -163,7 +163,7 @@ def plan_departure(
         at = notices.get(job.job_id)
         if not job.requeueable:
             stuck.append(job.job_id)
-        elif at is not None and seen >= at + grace_s:
+        elif at is not None and seen_at >= at + grace_s:
             requeue.append(Requeue(job.job_id, Outcome.GRACE_EXPIRED, at))
         elif at is not None:
             waiting.append(job.job_id)

@@ -33,14 +33,14 @@ def test_the_token_is_a_word_of_the_comment(comment: str | None, wants: bool) ->
 
 
 def test_a_job_without_the_token_is_requeued_at_once_as_before() -> None:
-    plan = dp.plan_departure([job(1, notice=False)], {}, set(), 100.0, GRACE, {})
+    plan = dp.plan_departure([job(1, notice=False)], {}, set(), 100.0, GRACE, {}, seen_at=100.0)
     assert plan.requeue == (Requeue(1),) and plan.notice == () and plan.waiting == ()
 
 
 def test_a_job_with_the_token_is_noticed_then_waits_for_its_grace() -> None:
-    first = dp.plan_departure([job(1)], {}, set(), 100.0, GRACE, {})
+    first = dp.plan_departure([job(1)], {}, set(), 100.0, GRACE, {}, seen_at=100.0)
     assert first.notice == (1,) and first.requeue == () and first.due_at == 100.0 + GRACE
-    waiting = dp.plan_departure([job(1)], {1: 100.0}, {1}, 129.9, GRACE, {})
+    waiting = dp.plan_departure([job(1)], {1: 100.0}, {1}, 129.9, GRACE, {}, seen_at=129.9)
     assert waiting.notice == () and waiting.requeue == () and waiting.waiting == (1,)
 
 
@@ -54,7 +54,7 @@ def test_a_grace_ends_only_for_a_read_begun_after_it() -> None:
 
 
 def test_a_job_that_left_is_requeued_before_its_grace() -> None:
-    plan = dp.plan_departure([], {1: 100.0}, {1}, 103.0, GRACE, {1: DEPARTED})
+    plan = dp.plan_departure([], {1: 100.0}, {1}, 103.0, GRACE, {1: DEPARTED}, seen_at=103.0)
     assert plan.requeue == (Requeue(1, Outcome.LEFT, 100.0),)
     assert plan.requeue[0].requeues
 
@@ -78,10 +78,10 @@ def test_a_noticed_job_that_ended_any_other_way_is_dropped_not_requeued(
     ended: dp.Ended | None,
 ) -> None:
     records = {} if ended is None else {1: ended}
-    plan = dp.plan_departure([], {1: 100.0}, {1}, 103.0, GRACE, records)
+    plan = dp.plan_departure([], {1: 100.0}, {1}, 103.0, GRACE, records, seen_at=103.0)
     assert plan.requeue == (Requeue(1, Outcome.ENDED, 100.0),)
     assert not plan.requeue[0].requeues
-    late = dp.plan_departure([], {1: 100.0}, set(), 500.0, GRACE, records)
+    late = dp.plan_departure([], {1: 100.0}, set(), 500.0, GRACE, records, seen_at=500.0)
     assert late.requeue == (Requeue(1, Outcome.ENDED, 100.0),)
     owed, keep = dp.after_drain([], {1: 100.0}, 103.0, GRACE, records)
     assert owed == (Requeue(1, Outcome.ENDED, 100.0),) and keep == ()
@@ -89,36 +89,38 @@ def test_a_noticed_job_that_ended_any_other_way_is_dropped_not_requeued(
 
 def test_a_job_that_departed_while_the_syncer_was_away_is_requeued_after_the_restart() -> None:
     # Nothing signalled by this process, the grace long over: the record says it departed.
-    plan = dp.plan_departure([], {1: 100.0}, set(), 500.0, GRACE, {1: DEPARTED})
+    plan = dp.plan_departure([], {1: 100.0}, set(), 500.0, GRACE, {1: DEPARTED}, seen_at=500.0)
     assert plan.requeue == (Requeue(1, Outcome.LEFT, 100.0),) and plan.notice == ()
 
 
 def test_a_job_that_ignores_its_notice_is_requeued_when_the_grace_ends() -> None:
-    plan = dp.plan_departure([job(1)], {1: 100.0}, {1}, 130.0, GRACE, {})
+    plan = dp.plan_departure([job(1)], {1: 100.0}, {1}, 130.0, GRACE, {}, seen_at=130.0)
     assert plan.requeue == (Requeue(1, Outcome.GRACE_EXPIRED, 100.0),) and plan.notice == ()
 
 
 def test_after_a_restart_the_notice_is_sent_again_and_the_deadline_kept() -> None:
     # The record says job 1 was noticed at 100; this process never signalled it.
-    plan = dp.plan_departure([job(1)], {1: 100.0}, set(), 110.0, GRACE, {})
+    plan = dp.plan_departure([job(1)], {1: 100.0}, set(), 110.0, GRACE, {}, seen_at=110.0)
     assert plan.notice == (1,) and plan.requeue == () and plan.due_at == 130.0
-    late = dp.plan_departure([job(1)], {1: 100.0}, set(), 131.0, GRACE, {})
+    late = dp.plan_departure([job(1)], {1: 100.0}, set(), 131.0, GRACE, {}, seen_at=131.0)
     assert late.notice == () and late.requeue == (Requeue(1, Outcome.GRACE_EXPIRED, 100.0),)
 
 
 def test_no_requeue_jobs_are_reported_never_noticed() -> None:
-    plan = dp.plan_departure([job(2, requeueable=False)], {}, set(), 100.0, GRACE, {})
+    plan = dp.plan_departure(
+        [job(2, requeueable=False)], {}, set(), 100.0, GRACE, {}, seen_at=100.0
+    )
     assert plan.unrequeueable == (2,) and plan.notice == () and plan.requeue == ()
 
 
 def test_grace_zero_turns_notices_off() -> None:
-    plan = dp.plan_departure([job(1)], {}, set(), 100.0, 0.0, {})
+    plan = dp.plan_departure([job(1)], {}, set(), 100.0, 0.0, {}, seen_at=100.0)
     assert plan.requeue == (Requeue(1),) and plan.notice == ()
 
 
 def test_mixed_jobs_each_on_their_own_path() -> None:
     jobs = [job(3, notice=False), job(1), job(2, requeueable=False)]
-    plan = dp.plan_departure(jobs, {4: 90.0}, {4}, 100.0, GRACE, {4: DEPARTED})
+    plan = dp.plan_departure(jobs, {4: 90.0}, {4}, 100.0, GRACE, {4: DEPARTED}, seen_at=100.0)
     assert plan.notice == (1,)
     assert plan.requeue == (Requeue(3), Requeue(4, Outcome.LEFT, 90.0))
     assert plan.unrequeueable == (2,)

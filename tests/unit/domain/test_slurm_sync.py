@@ -169,7 +169,9 @@ def job(i: int, nodes: set[str], prio: int = 100, requeue: bool = True) -> ss.Jo
 def test_requeue_plan_splits_unrequeueable_jobs() -> None:
     """The syncer's requeue decision (domain.departure) for jobs that want no notice."""
     jobs = [job(3, {"a", "b"}), job(1, {"a"}, requeue=False)]
-    plan = departure.plan_departure(jobs, {}, set(), 0.0, departure.DEFAULT_GRACE_S, {})
+    plan = departure.plan_departure(
+        jobs, {}, set(), 0.0, departure.DEFAULT_GRACE_S, {}, seen_at=0.0
+    )
     assert plan.requeue == (departure.Requeue(3),)
     assert plan.unrequeueable == (1,)
 
@@ -199,7 +201,9 @@ def test_requeue_plan_covers_every_job_on_an_emptied_node_once(
 ) -> None:
     jobs = [job(i, {n}, requeue=r) for i, (n, _, r) in enumerate(raw)]
     on_emptied = [j for j in jobs if j.nodes & emptied]
-    plan = departure.plan_departure(on_emptied, {}, set(), 0.0, departure.DEFAULT_GRACE_S, {})
+    plan = departure.plan_departure(
+        on_emptied, {}, set(), 0.0, departure.DEFAULT_GRACE_S, {}, seen_at=0.0
+    )
     requeued = [r.job_id for r in plan.requeue]
     touched = {j.job_id for j in on_emptied}
     assert set(requeued) | set(plan.unrequeueable) == touched
