@@ -6,9 +6,9 @@ cancellation is lost (CPython gh-86296, changed in 3.12). A service loop that wa
 its wake-up event that way, on a cluster busy enough that the event fires often, can miss
 the cancellation of a clean stop and never end: the likely cause of a ``gpufleet
 tenant-controller`` that released its Lease on SIGTERM and still ran 30 s later (seen once,
-not reproduced). ``asyncio.timeout``
-awaits in the caller's own task, so a cancellation is raised where it waits. Ruff bans
-``asyncio.wait_for`` in this repository (decision 0294); these are what to use instead.
+not reproduced). ``asyncio.timeout`` awaits in the caller's own task, so a cancellation is
+raised where it waits. Ruff bans ``asyncio.wait_for`` in this repository (decision 0294);
+these are what to use instead.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from gpufleet.cli import service
 async def _deaf(times: int, cancels: list[int]) -> None:
     """A loop that carries on after its first ``times`` cancellations, as one that waited
     with ``asyncio.wait_for`` on Python 3.11 could (decision 0294)."""
-
     while True:
         try:
             await asyncio.sleep(60)
