@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ from typing import Any
 
 import httpx
 import yaml
+from node_history import annotation_values
 from waiting import wait_for
 
 from gpufleet.domain import agent_requests, conditions, enrollment, node_reports, well_known
@@ -101,29 +101,8 @@ class Api:
         """Every record the Node carried since ``resource_version``, oldest first, read
         from a watch (the apiserver replays each change): a state that lasted less than
         one poll, such as a verification the simulated agent passes at once, is seen."""
-        records: list[NodeRecord] = []
-        last = None
-        with self.http.stream(
-            "GET",
-            "/api/v1/nodes",
-            params={
-                "watch": "1",
-                "fieldSelector": f"metadata.name={name}",
-                "resourceVersion": resource_version,
-                "timeoutSeconds": "1",
-            },
-        ) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                event = json.loads(line)
-                assert event["type"] != "ERROR", event  # history compacted: read sooner
-                text = (event["object"]["metadata"].get("annotations") or {}).get(
-                    well_known.ANNOTATION_RECORD
-                )
-                if text and text != last:
-                    records.append(record_from_json(text))
-                    last = text
-        return records
+        texts = annotation_values(self.http, name, well_known.ANNOTATION_RECORD, resource_version)
+        return [record_from_json(text) for text in texts]
 
     def set_condition(self, name: str, cond: conditions.ConditionReport) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

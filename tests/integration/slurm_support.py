@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from node_history import annotation_values
 from waiting import wait_for
 
 from gpufleet.domain import well_known
@@ -72,6 +73,15 @@ class Kube:
 
     def annotation(self, name: str, key: str) -> str | None:
         return (self.node(name)["metadata"].get("annotations") or {}).get(key)
+
+    def resource_version(self, name: str) -> str:
+        """The Node's resourceVersion now: where :meth:`annotations_since` starts reading."""
+        return str(self.node(name)["metadata"]["resourceVersion"])
+
+    def annotations_since(self, name: str, key: str, since: str) -> list[str]:
+        """Every value annotation ``key`` took since resourceVersion ``since``, from a watch:
+        one set and removed between two reads is seen too."""
+        return annotation_values(self.http, name, key, since)
 
     def reset_node(self, name: str) -> None:
         """Remove everything gpufleet put on a Node: our conditions, taints, cordon, and
